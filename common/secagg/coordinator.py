@@ -1,0 +1,741 @@
+"""Coordinator side of secure aggregation: explicit, transport-free state machines.
+
+:class:`SecAggCoordinator` allocates epoch ids and round ids (monotonic, never
+reused) and creates one state machine per epoch setup and per round:
+
+* :class:`CoordinatorEpochSetup` — stages ``CollectingAdverts →
+  CollectingShareKeys → SetupComplete`` (or ``SetupAborted``);
+* :class:`CoordinatorRound` — stages ``CollectingInputs →
+  CollectingSignatures → CollectingShares → RoundComplete`` (or
+  ``RoundFailed``).
+
+``receive_*`` methods validate one site message and either record it or
+refuse it with :class:`~common.secagg.errors.InvalidMessage` (the site is then
+treated as silent).  ``close_*`` methods are called by the transport when it
+stops waiting (all expected messages in, or a timeout); they move to the next
+stage and return the messages to send, or raise
+:class:`~common.secagg.errors.ProtocolAbort` when fewer than ``t`` sites
+remain.  :meth:`CoordinatorRound.finalize` reconstructs the needed secrets,
+checks every one against its commitment (blaming sites whose shares fail) and
+returns the exact int64 sum over the survivor set U3.
+
+By construction the coordinator only ever *accepts* seed shares of U3 members
+and mask-key shares of P_r \\ U3 members, so it never holds both unmasking
+secrets of one site for one round.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..fixedpoint import from_ring
+from . import shamir
+from .config import SessionConfig
+from .encoding import Reader, Writer
+from .errors import InvalidMessage, OutOfOrder, ProtocolAbort, SecAggError, StorageError
+from .messages import (
+    CONSISTENCY_DOMAIN,
+    KIND_KEY,
+    KIND_SEED,
+    AdvertiseKeys,
+    ConsistencyRequest,
+    ConsistencySignature,
+    EpochAnnounce,
+    EpochRoster,
+    EpochShares,
+    MaskedInput,
+    Message,
+    RoundStart,
+    RoutedShares,
+    ShareKeys,
+    SignedCommitments,
+    UnmaskRequest,
+    UnmaskResponse,
+    consistency_payload,
+    decode_message,
+)
+from .primitives import (
+    commit_self_mask_seed,
+    commit_share,
+    ed25519_verify,
+    pair_mask_key,
+    prg_expand,
+    row_digest,
+    self_mask_key,
+    x25519_agree,
+    x25519_public,
+)
+from .site import share_blob_size
+from .storage import Storage
+
+_META_KEY = "coordinator/meta"
+
+
+def _check_digest(config: SessionConfig, msg) -> None:
+    if msg.session_digest != config.digest:
+        raise InvalidMessage(f"{type(msg).__name__} from {getattr(msg, 'sender', '?')!r} carries a different session digest")
+
+
+def _known(config: SessionConfig, site: str) -> None:
+    if not config.in_roster(site):
+        raise InvalidMessage(f"message from {site!r}, which is not in the session roster")
+
+
+# =========================================================================== ready epoch
+
+@dataclass
+class CoordinatorEpoch:
+    """Everything the coordinator keeps about a set-up epoch (public material only)."""
+
+    announce: EpochAnnounce
+    roster: EpochRoster
+    share_keys: dict[str, ShareKeys]  # dealer -> its ShareKeys (blobs stripped)
+
+    def __post_init__(self) -> None:
+        self.epoch_digest = self.roster.epoch_digest()
+        self.mask_keys = {a.sender: a.mask_keys for a in self.roster.adverts}
+        self.dealers = tuple(sorted(self.share_keys))
+        self.rows = {d: {row.holder: row for row in sk.rows} for d, sk in self.share_keys.items()}
+
+    @property
+    def epoch(self) -> int:
+        return self.announce.epoch
+
+    def slot(self, round_id: int) -> int:
+        a = self.announce
+        if not a.first_round <= round_id <= a.last_round:
+            raise SecAggError(f"round {round_id} is not a slot of epoch {a.epoch}")
+        return round_id - a.first_round
+
+    def to_bytes(self) -> bytes:
+        w = Writer().var(self.announce.to_bytes()).var(self.roster.to_bytes()).u32(len(self.share_keys))
+        for d in self.dealers:
+            w.var(self.share_keys[d].to_bytes())
+        return w.getvalue()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> "CoordinatorEpoch":
+        try:
+            r = Reader(data, "coordinator epoch")
+            ann = decode_message(r.var("announce", 1 << 20))
+            roster = decode_message(r.var("roster", 1 << 30))
+            n = r.count("dealers", 1 << 16)
+            sks = [decode_message(r.var("share keys", 1 << 30)) for _ in range(n)]
+            r.done()
+        except InvalidMessage as exc:
+            raise StorageError(f"corrupt stored coordinator epoch: {exc}") from None
+        if not isinstance(ann, EpochAnnounce) or not isinstance(roster, EpochRoster) or not all(isinstance(s, ShareKeys) for s in sks):
+            raise StorageError("corrupt stored coordinator epoch: unexpected record types")
+        return cls(ann, roster, {s.sender: s for s in sks})
+
+
+# =========================================================================== epoch setup stages
+
+class SetupStage:
+    name = "setup"
+
+    def receive_advertise(self, setup: "CoordinatorEpochSetup", msg: AdvertiseKeys) -> None:
+        raise OutOfOrder(f"AdvertiseKeys is not accepted in epoch stage {self.name}")
+
+    def receive_share_keys(self, setup: "CoordinatorEpochSetup", msg: ShareKeys) -> None:
+        raise OutOfOrder(f"ShareKeys is not accepted in epoch stage {self.name}")
+
+    def close(self, setup: "CoordinatorEpochSetup"):
+        raise OutOfOrder(f"nothing to close in epoch stage {self.name}")
+
+
+@dataclass
+class CollectingAdverts(SetupStage):
+    adverts: dict[str, AdvertiseKeys] = field(default_factory=dict)
+    name = "collecting-adverts"
+
+    def receive_advertise(self, setup, msg):
+        cfg, ann = setup.config, setup.announce
+        _check_digest(cfg, msg)
+        _known(cfg, msg.sender)
+        if msg.epoch != ann.epoch or msg.first_round != ann.first_round or msg.num_rounds != ann.num_rounds:
+            raise InvalidMessage(
+                f"advertisement of {msg.sender!r} is for epoch {msg.epoch} / first round {msg.first_round} / "
+                f"{msg.num_rounds} keys; expected {ann.epoch} / {ann.first_round} / {ann.num_rounds}"
+            )
+        prev = self.adverts.get(msg.sender)
+        if prev is not None:
+            if prev == msg:
+                return
+            raise InvalidMessage(f"{msg.sender!r} already advertised different keys for epoch {ann.epoch}")
+        if not ed25519_verify(cfg.identity_key(msg.sender), AdvertiseKeys.SIGN_DOMAIN, msg.signing_bytes(), msg.signature):
+            raise InvalidMessage(f"advertisement of {msg.sender!r} has an invalid signature")
+        used = {k for a in self.adverts.values() for k in (a.encryption_key, *a.mask_keys)}
+        if used & {msg.encryption_key, *msg.mask_keys}:
+            raise InvalidMessage(f"advertisement of {msg.sender!r} repeats a public key of another site")
+        self.adverts[msg.sender] = msg
+
+    def close(self, setup):
+        n = len(self.adverts)
+        if n < setup.config.threshold:
+            raise ProtocolAbort(f"epoch {setup.announce.epoch}: only {n} sites advertised keys, threshold is {setup.config.threshold}")
+        roster = EpochRoster(setup.config.digest, setup.announce.epoch, tuple(self.adverts[s] for s in sorted(self.adverts)))
+        return CollectingShareKeys(roster), roster
+
+
+@dataclass
+class CollectingShareKeys(SetupStage):
+    roster: EpochRoster
+    received: dict[str, ShareKeys] = field(default_factory=dict)
+    name = "collecting-share-keys"
+
+    def __post_init__(self) -> None:
+        self.epoch_digest = self.roster.epoch_digest()
+        self.holders = self.roster.senders
+
+    def receive_share_keys(self, setup, msg):
+        cfg, ann = setup.config, setup.announce
+        _check_digest(cfg, msg)
+        _known(cfg, msg.sender)
+        s = msg.sender
+        if msg.epoch != ann.epoch:
+            raise InvalidMessage(f"ShareKeys of {s!r} is for epoch {msg.epoch}, not {ann.epoch}")
+        if s not in self.holders:
+            raise InvalidMessage(f"ShareKeys from {s!r}, which did not advertise keys this epoch")
+        prev = self.received.get(s)
+        if prev is not None:
+            if prev == msg:
+                return
+            raise InvalidMessage(f"{s!r} already sent different ShareKeys for epoch {ann.epoch}")
+        c = msg.commitments
+        if not ed25519_verify(cfg.identity_key(s), SignedCommitments.SIGN_DOMAIN, c.signing_bytes(), c.signature):
+            raise InvalidMessage(f"commitments of {s!r} have an invalid signature")
+        if c.epoch_digest != self.epoch_digest:
+            raise InvalidMessage(f"{s!r} answered a different roster (epoch digest mismatch)")
+        e = ann.num_rounds
+        if len(c.seed_commitments) != e:
+            raise InvalidMessage(f"{s!r} committed to {len(c.seed_commitments)} seeds, expected {e}")
+        if tuple(h for h, _ in c.row_digests) != self.holders or tuple(r.holder for r in msg.rows) != self.holders:
+            raise InvalidMessage(f"ShareKeys of {s!r} does not commit to shares for exactly the epoch's holders")
+        for (h, dig), row in zip(c.row_digests, msg.rows):
+            if row_digest(row.commitments) != dig:
+                raise InvalidMessage(f"commitment row of {s!r} for {h!r} does not match its signed digest")
+        recipients = tuple(b.recipient for b in msg.encrypted)
+        expected = tuple(h for h in self.holders if h != s)
+        if recipients != expected:
+            raise InvalidMessage(f"ShareKeys of {s!r} must carry one encrypted blob for each other holder {list(expected)}")
+        for b in msg.encrypted:
+            if len(b.ciphertext) != share_blob_size(s, b.recipient, e):
+                raise InvalidMessage(f"encrypted shares from {s!r} to {b.recipient!r} have the wrong size")
+        self.received[s] = msg
+
+    def close(self, setup):
+        cfg, ann = setup.config, setup.announce
+        n = len(self.received)
+        if n < cfg.threshold:
+            raise ProtocolAbort(f"epoch {ann.epoch}: only {n} sites shared keys, threshold is {cfg.threshold}")
+        dealers = sorted(self.received)
+        routed: dict[str, EpochShares] = {}
+        blobs = {d: {b.recipient: b for b in self.received[d].encrypted} for d in dealers}
+        for h in dealers:
+            entries = tuple(
+                RoutedShares(self.received[d].commitments, None if d == h else blobs[d][h]) for d in dealers
+            )
+            routed[h] = EpochShares(cfg.digest, ann.epoch, h, entries)
+        stripped = {
+            d: ShareKeys(m.session_digest, m.epoch, m.sender, m.commitments, m.rows, ()) for d, m in self.received.items()
+        }
+        epoch = CoordinatorEpoch(ann, self.roster, stripped)
+        return SetupComplete(epoch), routed
+
+
+@dataclass
+class SetupComplete(SetupStage):
+    epoch: CoordinatorEpoch
+    name = "complete"
+
+
+@dataclass
+class SetupAborted(SetupStage):
+    reason: str
+    name = "aborted"
+
+
+class CoordinatorEpochSetup:
+    """State machine of one epoch's setup at the coordinator."""
+
+    def __init__(self, coordinator: "SecAggCoordinator", announce: EpochAnnounce) -> None:
+        self._coordinator = coordinator
+        self.config = coordinator.config
+        self.announce = announce
+        self.stage: SetupStage = CollectingAdverts()
+
+    @property
+    def epoch(self) -> int:
+        return self.announce.epoch
+
+    @property
+    def advertised(self) -> tuple[str, ...]:
+        st = self.stage
+        if isinstance(st, CollectingAdverts):
+            return tuple(sorted(st.adverts))
+        if isinstance(st, CollectingShareKeys):
+            return st.holders
+        if isinstance(st, SetupComplete):
+            return st.epoch.roster.senders
+        return ()
+
+    def receive_advertise(self, msg: AdvertiseKeys) -> None:
+        """Validate and record one site's advertisement."""
+        self.stage.receive_advertise(self, msg)
+
+    def close_advertise(self) -> EpochRoster:
+        """Stop collecting advertisements; returns the roster to broadcast to every advertiser (A1)."""
+        if not isinstance(self.stage, CollectingAdverts):
+            raise OutOfOrder(f"cannot close advertisements in epoch stage {self.stage.name}")
+        return self._close()
+
+    def receive_share_keys(self, msg: ShareKeys) -> None:
+        """Validate and record one site's ShareKeys."""
+        self.stage.receive_share_keys(self, msg)
+
+    def close_share_keys(self) -> dict[str, EpochShares]:
+        """Stop collecting ShareKeys; returns the EpochShares to send to each dealer (A2). The epoch is then ready."""
+        if not isinstance(self.stage, CollectingShareKeys):
+            raise OutOfOrder(f"cannot close share keys in epoch stage {self.stage.name}")
+        routed = self._close()
+        assert isinstance(self.stage, SetupComplete)
+        self._coordinator._epoch_ready(self.stage.epoch)
+        return routed
+
+    def _close(self):
+        try:
+            self.stage, out = self.stage.close(self)
+        except ProtocolAbort as exc:
+            self.stage = SetupAborted(str(exc))
+            raise
+        return out
+
+
+# =========================================================================== round stages
+
+@dataclass(frozen=True)
+class RoundResult:
+    """Outcome of a completed round: the exact int64 sum of the survivors' inputs."""
+
+    epoch: int
+    round_id: int
+    participants: tuple[str, ...]
+    survivors: tuple[str, ...]
+    dropped: tuple[str, ...]
+    total: np.ndarray
+    blamed: tuple[str, ...] = ()
+
+
+class RoundStage:
+    name = "round"
+
+    def receive(self, rnd: "CoordinatorRound", msg) -> None:
+        raise OutOfOrder(f"{type(msg).__name__} is not accepted in round stage {self.name}")
+
+
+@dataclass
+class CollectingInputs(RoundStage):
+    inputs: dict[str, MaskedInput] = field(default_factory=dict)
+    name = "collecting-inputs"
+
+    def receive(self, rnd, msg):
+        if not isinstance(msg, MaskedInput):
+            return super().receive(rnd, msg)
+        rnd._check_common(msg)
+        if msg.sender not in rnd.participants:
+            raise InvalidMessage(f"round {rnd.round_id}: masked input from non-participant {msg.sender!r}")
+        if msg.masked.shape[0] != rnd.vector_len:
+            raise InvalidMessage(
+                f"round {rnd.round_id}: masked input of {msg.sender!r} has length {msg.masked.shape[0]}, expected {rnd.vector_len}"
+            )
+        prev = self.inputs.get(msg.sender)
+        if prev is not None and prev != msg:
+            raise InvalidMessage(f"round {rnd.round_id}: {msg.sender!r} sent two different masked inputs")
+        self.inputs[msg.sender] = msg
+
+    def close(self, rnd):
+        u3 = tuple(sorted(self.inputs))
+        if len(u3) < rnd.t:
+            raise ProtocolAbort(f"round {rnd.round_id}: only {len(u3)} masked inputs, threshold is {rnd.t}")
+        req = ConsistencyRequest(rnd.config.digest, rnd.epoch.epoch, rnd.round_id, u3)
+        return CollectingSignatures(self.inputs, req), req
+
+
+@dataclass
+class CollectingSignatures(RoundStage):
+    inputs: dict[str, MaskedInput]
+    request: ConsistencyRequest
+    signatures: dict[str, bytes] = field(default_factory=dict)
+    name = "collecting-signatures"
+
+    def __post_init__(self) -> None:
+        self._payload: bytes | None = None
+
+    def receive(self, rnd, msg):
+        if not isinstance(msg, ConsistencySignature):
+            return super().receive(rnd, msg)
+        rnd._check_common(msg)
+        if msg.sender not in self.request.survivors:
+            raise InvalidMessage(f"round {rnd.round_id}: consistency signature from non-survivor {msg.sender!r}")
+        if self._payload is None:
+            self._payload = consistency_payload(
+                rnd.config.digest, rnd.epoch.epoch, rnd.epoch.epoch_digest, rnd.round_id, rnd.vector_len,
+                rnd.participants, self.request.survivors,
+            )
+        if not ed25519_verify(rnd.config.identity_key(msg.sender), CONSISTENCY_DOMAIN, self._payload, msg.signature):
+            raise InvalidMessage(f"round {rnd.round_id}: invalid consistency signature from {msg.sender!r}")
+        self.signatures[msg.sender] = msg.signature
+
+    def close(self, rnd):
+        if len(self.signatures) < rnd.t:
+            raise ProtocolAbort(f"round {rnd.round_id}: only {len(self.signatures)} consistency signatures, threshold is {rnd.t}")
+        u3 = self.request.survivors
+        dropped = tuple(p for p in rnd.participants if p not in self.inputs)
+        req = UnmaskRequest(
+            rnd.config.digest, rnd.epoch.epoch, rnd.round_id, u3, dropped,
+            tuple(sorted(self.signatures.items())),
+        )
+        return CollectingShares(self.inputs, self.request, req), req
+
+
+@dataclass
+class CollectingShares(RoundStage):
+    inputs: dict[str, MaskedInput]
+    consistency: ConsistencyRequest
+    request: UnmaskRequest
+    responses: dict[str, UnmaskResponse] = field(default_factory=dict)
+    name = "collecting-shares"
+
+    def receive(self, rnd, msg):
+        if not isinstance(msg, UnmaskResponse):
+            return super().receive(rnd, msg)
+        rnd._check_common(msg)
+        req = self.request
+        if msg.sender not in req.survivors:
+            raise InvalidMessage(f"round {rnd.round_id}: unmask response from non-survivor {msg.sender!r}")
+        if tuple(d for d, _ in msg.seed_shares) != req.survivors:
+            raise InvalidMessage(f"round {rnd.round_id}: {msg.sender!r} must reveal seed shares for exactly the survivors")
+        if tuple(d for d, _ in msg.key_shares) != req.dropped:
+            raise InvalidMessage(f"round {rnd.round_id}: {msg.sender!r} must reveal mask-key shares for exactly the dropped sites")
+        prev = self.responses.get(msg.sender)
+        if prev is not None and prev != msg:
+            raise InvalidMessage(f"round {rnd.round_id}: {msg.sender!r} sent two different unmask responses")
+        self.responses[msg.sender] = msg
+
+    def finalize(self, rnd) -> RoundResult:
+        t = rnd.t
+        if len(self.responses) < t:
+            raise ProtocolAbort(f"round {rnd.round_id}: only {len(self.responses)} unmask responses, threshold is {t}")
+        ep, slot, r, d = rnd.epoch, rnd.slot, rnd.round_id, rnd.vector_len
+        digest = rnd.config.digest
+        holders = sorted(self.responses, key=rnd.config.x_coordinate)
+        blamed: set[str] = set()
+        seed_tab = {h: dict(self.responses[h].seed_shares) for h in holders}
+        key_tab = {h: dict(self.responses[h].key_shares) for h in holders}
+
+        def seed_ok(dealer: str, secret: bytes) -> bool:
+            return commit_self_mask_seed(secret, digest, ep.epoch, slot, dealer) == ep.share_keys[dealer].commitments.seed_commitments[slot]
+
+        def key_ok(dealer: str, secret: bytes) -> bool:
+            return x25519_public(secret) == ep.mask_keys[dealer][slot]
+
+        seeds = rnd._recover(self.request.survivors, seed_tab, holders, KIND_SEED, seed_ok, blamed)
+        keys = rnd._recover(self.request.dropped, key_tab, holders, KIND_KEY, key_ok, blamed)
+
+        u3 = self.request.survivors
+        total = np.zeros(d, dtype=np.uint64)
+        for u in u3:
+            total += self.inputs[u].masked
+        for v in u3:
+            total -= prg_expand(self_mask_key(seeds[v], digest, ep.epoch, r, v, d), d)
+        for w in self.request.dropped:
+            for v in u3:
+                s = x25519_agree(keys[w], ep.mask_keys[v][slot])
+                m = prg_expand(pair_mask_key(s, digest, ep.epoch, r, v, w, d), d)
+                if v < w:  # v added +PRG(s_vw)
+                    total -= m
+                else:
+                    total += m
+        return RoundResult(ep.epoch, r, rnd.participants, u3, self.request.dropped, from_ring(total).copy(), tuple(sorted(blamed)))
+
+
+@dataclass
+class RoundComplete(RoundStage):
+    result: RoundResult
+    name = "complete"
+
+
+@dataclass
+class RoundFailed(RoundStage):
+    reason: str
+    name = "failed"
+
+
+class CoordinatorRound:
+    """State machine of one round at the coordinator (create with :meth:`SecAggCoordinator.begin_round`)."""
+
+    def __init__(self, config: SessionConfig, epoch: CoordinatorEpoch, start: RoundStart) -> None:
+        self.config = config
+        self.epoch = epoch
+        self.start = start
+        self.round_id = start.round_id
+        self.vector_len = start.vector_len
+        self.participants = start.participants
+        self.slot = epoch.slot(start.round_id)
+        self.t = config.threshold
+        self.stage: RoundStage = CollectingInputs()
+
+    # ---------------------------------------------------------------- incoming
+    def receive(self, message: Message | bytes) -> None:
+        """Validate and record any site→coordinator round message (object or canonical bytes)."""
+        msg = decode_message(message) if isinstance(message, (bytes, bytearray, memoryview)) else message
+        self.stage.receive(self, msg)
+
+    receive_masked_input = receive
+    receive_consistency = receive
+    receive_unmask = receive
+
+    # ---------------------------------------------------------------- transitions
+    def close_inputs(self) -> ConsistencyRequest:
+        """Stop collecting masked inputs; returns the ConsistencyRequest to send to every survivor (U3)."""
+        return self._advance(CollectingInputs, "close inputs")
+
+    def close_consistency(self) -> UnmaskRequest:
+        """Stop collecting signatures; returns the UnmaskRequest to send to the signers (U4)."""
+        return self._advance(CollectingSignatures, "close consistency")
+
+    def finalize(self) -> RoundResult:
+        """Reconstruct, unmask and return the exact sum over U3 (needs ≥ t unmask responses)."""
+        st = self.stage
+        if not isinstance(st, CollectingShares):
+            raise OutOfOrder(f"cannot finalize in round stage {st.name}")
+        try:
+            result = st.finalize(self)
+        except ProtocolAbort as exc:
+            self.stage = RoundFailed(str(exc))
+            raise
+        self.stage = RoundComplete(result)
+        return result
+
+    def abort(self, reason: str) -> None:
+        """Abandon the round (e.g. on a transport timeout); nothing more is accepted."""
+        self.stage = RoundFailed(reason)
+
+    # ---------------------------------------------------------------- views for the transport
+    @property
+    def survivors(self) -> tuple[str, ...]:
+        st = self.stage
+        if isinstance(st, CollectingInputs):
+            return tuple(sorted(st.inputs))
+        req = getattr(st, "request", None)
+        if isinstance(req, ConsistencyRequest):
+            return req.survivors
+        if isinstance(req, UnmaskRequest):
+            return req.survivors
+        if isinstance(st, RoundComplete):
+            return st.result.survivors
+        return ()
+
+    def awaiting(self) -> tuple[str, ...]:
+        """Sites whose message the current stage still waits for."""
+        st = self.stage
+        if isinstance(st, CollectingInputs):
+            return tuple(p for p in self.participants if p not in st.inputs)
+        if isinstance(st, CollectingSignatures):
+            return tuple(s for s in st.request.survivors if s not in st.signatures)
+        if isinstance(st, CollectingShares):
+            return tuple(s for s, _ in st.request.signatures if s not in st.responses)
+        return ()
+
+    # ---------------------------------------------------------------- internals
+    def _advance(self, expected: type, what: str):
+        st = self.stage
+        if not isinstance(st, expected):
+            raise OutOfOrder(f"cannot {what} in round stage {st.name}")
+        try:
+            self.stage, out = st.close(self)
+        except ProtocolAbort as exc:
+            self.stage = RoundFailed(str(exc))
+            raise
+        return out
+
+    def _check_common(self, msg) -> None:
+        _check_digest(self.config, msg)
+        _known(self.config, msg.sender)
+        if msg.round_id != self.round_id or msg.epoch != self.epoch.epoch:
+            raise InvalidMessage(
+                f"{type(msg).__name__} from {msg.sender!r} is for epoch {msg.epoch} round {msg.round_id}, "
+                f"not epoch {self.epoch.epoch} round {self.round_id}"
+            )
+
+    def _recover(self, dealers, table, holders, kind, check, blamed: set[str]) -> dict[str, bytes]:
+        """Reconstruct one secret per dealer; verify it against the dealer's commitment.
+
+        Fast path: interpolate from the first t responders (one set of Lagrange
+        coefficients for all dealers).  If a result fails its commitment, check
+        every share against the dealer's per-share commitments, blame holders
+        whose shares fail, and retry with valid shares only.
+        """
+        t, ep, slot = self.t, self.epoch, self.slot
+        out: dict[str, bytes] = {}
+        if not dealers:
+            return out
+        xs = [self.config.x_coordinate(h) for h in holders]
+        fast = shamir.reconstruct_many(
+            xs, [[int.from_bytes(table[h][dlr], "big") for h in holders[:t]] for dlr in dealers], t
+        )
+        for dlr, value in zip(dealers, fast):
+            if value < 2**256:
+                secret = value.to_bytes(32, "big")
+                if check(dlr, secret):
+                    out[dlr] = secret
+                    continue
+            good = []
+            for h, x in zip(holders, xs):
+                share = table[h][dlr]
+                expected = ep.rows[dlr][h].commitment(slot, kind)
+                if commit_share(share, self.config.digest, ep.epoch, slot, kind, dlr, h) == expected:
+                    good.append((x, int.from_bytes(share, "big")))
+                else:
+                    blamed.add(h)
+            if len(good) < t:
+                raise ProtocolAbort(
+                    f"round {self.round_id}: only {len(good)} valid shares for {dlr!r} (threshold {t}); "
+                    f"shares failing their commitments came from {sorted(blamed)}",
+                    blame=tuple(sorted(blamed)),
+                )
+            value = shamir.reconstruct(good, t)
+            secret = value.to_bytes(32, "big") if value < 2**256 else b""
+            if not secret or not check(dlr, secret):
+                raise ProtocolAbort(
+                    f"round {self.round_id}: shares dealt by {dlr!r} are inconsistent with its commitment",
+                    blame=(dlr,),
+                )
+            out[dlr] = secret
+        return out
+
+
+# =========================================================================== facade
+
+@dataclass(frozen=True)
+class _Meta:
+    next_epoch: int = 0  # next epoch id to announce
+    next_round: int = 0  # next round id a round may use
+    free_round: int = 0  # first round id not covered by an announced epoch
+
+    def to_bytes(self) -> bytes:
+        return Writer().u64(self.next_epoch).u64(self.next_round).u64(self.free_round).getvalue()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> "_Meta":
+        try:
+            r = Reader(data, "coordinator meta")
+            out = cls(r.u64("next epoch"), r.u64("next round"), r.u64("free round"))
+            r.done()
+            return out
+        except InvalidMessage as exc:
+            raise StorageError(str(exc)) from None
+
+
+class SecAggCoordinator:
+    """Allocates epochs and rounds for one session and creates their state machines.
+
+    Args:
+        config: the session parameters.
+        storage: optional durable storage; if given, epoch/round id counters
+            and ready epochs are persisted (before ids are handed out) and
+            restored on construction, so a restarted coordinator never reuses
+            an id and can continue a ready epoch.
+    """
+
+    def __init__(self, config: SessionConfig, storage: Storage | None = None) -> None:
+        self.config = config
+        self._storage = storage
+        self._meta = _Meta()
+        self._epochs: dict[int, CoordinatorEpoch] = {}
+        self._excluded: set[str] = set()
+        if storage is not None:
+            raw = storage.get(_META_KEY)
+            if raw is not None:
+                self._meta = _Meta.from_bytes(raw)
+            for key in storage.keys("coordinator/epoch/"):
+                ep = CoordinatorEpoch.from_bytes(storage.get(key))  # type: ignore[arg-type]
+                if ep.announce.last_round >= self._meta.next_round:
+                    self._epochs[ep.epoch] = ep
+
+    # ---------------------------------------------------------------- epochs
+    def begin_epoch(self, num_rounds: int) -> tuple[CoordinatorEpochSetup, EpochAnnounce]:
+        """Allocate the next epoch id and ``num_rounds`` fresh round ids; returns the setup and its announcement."""
+        if not 1 <= num_rounds <= self.config.max_epoch_rounds:
+            raise SecAggError(f"num_rounds must be in [1, {self.config.max_epoch_rounds}]")
+        m = self._meta
+        ann = EpochAnnounce(self.config.digest, m.next_epoch, max(m.next_round, m.free_round), num_rounds)
+        self._set_meta(_Meta(ann.epoch + 1, m.next_round, ann.last_round + 1))
+        return CoordinatorEpochSetup(self, ann), ann
+
+    def _epoch_ready(self, epoch: CoordinatorEpoch) -> None:
+        if self._storage is not None:
+            self._storage.put(f"coordinator/epoch/{epoch.epoch:020d}", epoch.to_bytes())
+        self._epochs[epoch.epoch] = epoch
+
+    def ready_epochs(self) -> list[int]:
+        return sorted(self._epochs)
+
+    def epoch(self, epoch_id: int) -> CoordinatorEpoch:
+        return self._epochs[epoch_id]
+
+    def slots_remaining(self) -> int:
+        """Unused round slots in ready epochs (prepare the next epoch before this reaches 0)."""
+        nxt = self._meta.next_round
+        return sum(max(0, ep.announce.last_round - max(nxt, ep.announce.first_round) + 1) for ep in self._epochs.values())
+
+    # ---------------------------------------------------------------- sites
+    def exclude(self, site_id: str) -> None:
+        """Leave a site out of all later default participant sets (it dropped for good)."""
+        self._excluded.add(site_id)
+
+    @property
+    def excluded(self) -> frozenset[str]:
+        return frozenset(self._excluded)
+
+    # ---------------------------------------------------------------- rounds
+    def begin_round(
+        self, vector_len: int, participants: tuple[str, ...] | list[str] | None = None
+    ) -> tuple[CoordinatorRound, RoundStart]:
+        """Allocate the next round id (next free slot of the earliest ready epoch) and start a round.
+
+        ``participants`` defaults to the epoch's dealers (A2) minus excluded sites.
+        A round that fails is retried by calling this again: it gets a new id.
+        """
+        if not 1 <= vector_len <= self.config.max_vector_len:
+            raise SecAggError(f"vector_len must be in [1, {self.config.max_vector_len}]")
+        nxt = self._meta.next_round
+        candidates = [ep for ep in self._epochs.values() if ep.announce.last_round >= nxt]
+        if not candidates:
+            raise SecAggError("no ready epoch has a free round slot; set up the next epoch first")
+        ep = min(candidates, key=lambda e: e.announce.first_round)
+        if participants is None:
+            participants = tuple(d for d in ep.dealers if d not in self._excluded)
+        participants = tuple(sorted(participants))
+        outside = set(participants) - set(ep.dealers)
+        if outside:
+            raise SecAggError(f"participants {sorted(outside)} did not complete the setup of epoch {ep.epoch}")
+        if len(participants) < self.config.threshold:
+            raise ProtocolAbort(
+                f"only {len(participants)} sites available for a round, threshold is {self.config.threshold}"
+            )
+        round_id = max(nxt, ep.announce.first_round)
+        self._set_meta(_Meta(self._meta.next_epoch, round_id + 1, max(self._meta.free_round, round_id + 1)))
+        for e in [e for e, x in self._epochs.items() if x.announce.last_round < round_id + 1]:
+            del self._epochs[e]
+            if self._storage is not None:
+                self._storage.delete(f"coordinator/epoch/{e:020d}")
+        start = RoundStart(self.config.digest, ep.epoch, round_id, vector_len, participants)
+        return CoordinatorRound(self.config, ep, start), start
+
+    def _set_meta(self, meta: _Meta) -> None:
+        if self._storage is not None:
+            self._storage.put(_META_KEY, meta.to_bytes())
+        self._meta = meta

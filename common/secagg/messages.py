@@ -1,0 +1,768 @@
+"""Protocol messages: typed, immutable dataclasses with a canonical binary encoding.
+
+Every message has ``to_bytes()`` and ``Class.from_bytes(data)``; the
+encoding is deterministic (see ``encoding.py``) and starts with a 5-byte
+header ``b"FSA" ‖ version ‖ type-tag``, so :func:`decode_message` can turn
+any opaque ``bytes`` field carried by a transport back into the right type.
+Construction validates *structure* (sizes, counts, id syntax, sort order,
+duplicates) and raises :class:`~common.secagg.errors.InvalidMessage`;
+*semantic* checks (membership, signatures, stage, replay) belong to the state
+machines in ``site.py`` and ``coordinator.py``.  Two messages are equal iff
+their encodings are equal.
+
+Message flow (C = coordinator, S = site); one epoch prepares ``E`` rounds::
+
+    C→S  EpochAnnounce        epoch id, first round id, E
+    S→C  AdvertiseKeys        signed: encryption key c_u and E mask keys
+    C→S  EpochRoster          all adverts received (A1)
+    S→C  ShareKeys            signed commitments, commitment rows, one AEAD blob per recipient
+    C→S  EpochShares          per recipient: each dealer's signed commitments + its blob (A2)
+    --- per round r (slot r − first_round of its epoch) ---
+    C→S  RoundStart           round id, vector length d, participant set P_r
+    S→C  MaskedInput          y_u = x_u + PRG(b_u) + Σ ±PRG(s_uv)
+    C→S  ConsistencyRequest   survivor set U3
+    S→C  ConsistencySignature signed (session, epoch, round, d, P_r, U3)
+    C→S  UnmaskRequest        U3, dropped = P_r \\ U3, ≥ t signatures on U3
+    S→C  UnmaskResponse       shares of b_v for v ∈ U3, of mask keys of v ∈ dropped
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from .encoding import (
+    MAX_EPOCH_ROUNDS,
+    MAX_ID,
+    MAX_SITES,
+    MAX_VECTOR_LEN,
+    Reader,
+    Writer,
+    check_bytes,
+    check_int,
+    check_site_id,
+    check_sorted_ids,
+)
+from .errors import InvalidMessage
+from .primitives import (
+    KEY_SIZE,
+    LABEL_EPOCH,
+    LABEL_SIG_ADVERTISE,
+    LABEL_SIG_COMMITMENTS,
+    LABEL_SIG_CONSISTENCY,
+    NONCE_SIZE,
+    SIGNATURE_SIZE,
+    TAG_SIZE,
+    label,
+    sha256,
+)
+from .shamir import PRIME, SHARE_SIZE
+
+MAGIC = b"FSA"
+VERSION = 1
+#: Share kinds inside a commitment row / an unmask response.
+KIND_SEED = 0  # share of the self-mask seed b_{u,r}
+KIND_KEY = 1  # share of the round's X25519 mask private key
+#: Upper bound on one AEAD share blob (header + 2·E shares + tag).
+_MAX_BLOB = 256 + 2 * MAX_EPOCH_ROUNDS * SHARE_SIZE + TAG_SIZE
+
+_REGISTRY: dict[int, type["Message"]] = {}
+
+
+def _sorted_unique(items: tuple, key, what: str) -> tuple:
+    keys = [key(i) for i in items]
+    check_sorted_ids(keys, what)
+    return items
+
+
+class Message:
+    """Base class: framing, (de)serialisation and equality by canonical encoding."""
+
+    TAG: ClassVar[int] = 0
+
+    def __init_subclass__(cls, **kw) -> None:
+        super().__init_subclass__(**kw)
+        if cls.TAG:
+            if cls.TAG in _REGISTRY:
+                raise TypeError(f"duplicate message tag {cls.TAG}")
+            _REGISTRY[cls.TAG] = cls
+
+    # subclasses implement
+    def _write(self, w: Writer) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    @classmethod
+    def _read(cls, r: Reader) -> "Message":  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def to_bytes(self) -> bytes:
+        """Canonical encoding ``b"FSA" ‖ version ‖ tag ‖ body``."""
+        w = Writer().raw(MAGIC).u8(VERSION).u8(self.TAG)
+        self._write(w)
+        return w.getvalue()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> "Message":
+        """Decode and structurally validate; raises :class:`InvalidMessage` on any defect."""
+        msg = decode_message(data)
+        if not isinstance(msg, cls):
+            raise InvalidMessage(f"expected a {cls.__name__} message, got {type(msg).__name__}")
+        return msg
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        return self.to_bytes() == other.to_bytes()  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash(self.to_bytes())
+
+
+def decode_message(data: bytes) -> Message:
+    """Decode any protocol message from its canonical encoding."""
+    r = Reader(data, "secagg message")
+    if r.raw(3, "magic") != MAGIC:
+        raise InvalidMessage("not a secure-aggregation message (bad magic bytes)")
+    version = r.u8("version")
+    if version != VERSION:
+        raise InvalidMessage(f"unsupported secure-aggregation message version {version} (expected {VERSION})")
+    tag = r.u8("message type")
+    cls = _REGISTRY.get(tag)
+    if cls is None:
+        raise InvalidMessage(f"unknown secure-aggregation message type {tag}")
+    r2 = Reader(data[5:], cls.__name__)
+    msg = cls._read(r2)
+    r2.done()
+    return msg
+
+
+def _digest(v: bytes, what: str) -> bytes:
+    return check_bytes(v, KEY_SIZE, what)
+
+
+def _id(v: int, what: str) -> int:
+    return check_int(v, 0, MAX_ID, what)
+
+
+# =========================================================================== epoch setup
+
+@dataclass(frozen=True, eq=False)
+class EpochAnnounce(Message):
+    """C→S: open epoch ``epoch`` covering round ids ``first_round … first_round + num_rounds − 1``."""
+
+    TAG: ClassVar[int] = 1
+    session_digest: bytes
+    epoch: int
+    first_round: int
+    num_rounds: int
+
+    def __post_init__(self) -> None:
+        _digest(self.session_digest, "session digest")
+        _id(self.epoch, "epoch id")
+        _id(self.first_round, "first round id")
+        check_int(self.num_rounds, 1, MAX_EPOCH_ROUNDS, "rounds per epoch")
+        _id(self.first_round + self.num_rounds - 1, "last round id")
+
+    @property
+    def last_round(self) -> int:
+        return self.first_round + self.num_rounds - 1
+
+    def _write(self, w: Writer) -> None:
+        w.raw(self.session_digest).u64(self.epoch).u64(self.first_round).u32(self.num_rounds)
+
+    @classmethod
+    def _read(cls, r: Reader) -> "EpochAnnounce":
+        return cls(r.raw(KEY_SIZE, "session digest"), r.u64("epoch"), r.u64("first round"), r.u32("num rounds"))
+
+
+@dataclass(frozen=True, eq=False)
+class AdvertiseKeys(Message):
+    """S→C: a site's fresh X25519 encryption key and one X25519 mask key per round slot, signed."""
+
+    TAG: ClassVar[int] = 2
+    session_digest: bytes
+    epoch: int
+    first_round: int
+    sender: str
+    encryption_key: bytes
+    mask_keys: tuple[bytes, ...]
+    signature: bytes
+
+    def __post_init__(self) -> None:
+        _digest(self.session_digest, "session digest")
+        _id(self.epoch, "epoch id")
+        _id(self.first_round, "first round id")
+        check_site_id(self.sender, "sender")
+        check_bytes(self.encryption_key, KEY_SIZE, "encryption public key")
+        object.__setattr__(self, "mask_keys", tuple(self.mask_keys))
+        check_int(len(self.mask_keys), 1, MAX_EPOCH_ROUNDS, "number of mask keys")
+        for k in self.mask_keys:
+            check_bytes(k, KEY_SIZE, "mask public key")
+        if len(set(self.mask_keys) | {self.encryption_key}) != len(self.mask_keys) + 1:
+            raise InvalidMessage(f"advertisement of {self.sender!r} contains duplicate public keys")
+        check_bytes(self.signature, SIGNATURE_SIZE, "signature")
+
+    @property
+    def num_rounds(self) -> int:
+        return len(self.mask_keys)
+
+    def _body(self, w: Writer) -> Writer:
+        w.raw(self.session_digest).u64(self.epoch).u64(self.first_round).text(self.sender)
+        w.raw(self.encryption_key).u32(len(self.mask_keys))
+        for k in self.mask_keys:
+            w.raw(k)
+        return w
+
+    def signing_bytes(self) -> bytes:
+        """What the sender signs (domain ``sig-advertise``): every field except the signature."""
+        return self._body(Writer()).getvalue()
+
+    SIGN_DOMAIN: ClassVar[bytes] = LABEL_SIG_ADVERTISE
+
+    def _write(self, w: Writer) -> None:
+        self._body(w).raw(self.signature)
+
+    @classmethod
+    def _read(cls, r: Reader) -> "AdvertiseKeys":
+        digest = r.raw(KEY_SIZE, "session digest")
+        epoch = r.u64("epoch")
+        first = r.u64("first round")
+        sender = r.site_id("sender")
+        enc = r.raw(KEY_SIZE, "encryption key")
+        n = r.count("mask keys", MAX_EPOCH_ROUNDS)
+        keys = tuple(r.raw(KEY_SIZE, "mask key") for _ in range(n))
+        return cls(digest, epoch, first, sender, enc, keys, r.raw(SIGNATURE_SIZE, "signature"))
+
+
+@dataclass(frozen=True, eq=False)
+class EpochRoster(Message):
+    """C→S: the advertisements the coordinator accepted for this epoch (the set A1)."""
+
+    TAG: ClassVar[int] = 3
+    session_digest: bytes
+    epoch: int
+    adverts: tuple[AdvertiseKeys, ...]
+
+    def __post_init__(self) -> None:
+        _digest(self.session_digest, "session digest")
+        _id(self.epoch, "epoch id")
+        object.__setattr__(self, "adverts", tuple(self.adverts))
+        _sorted_unique(self.adverts, lambda a: a.sender, "roster advertisements")
+        for a in self.adverts:
+            if not isinstance(a, AdvertiseKeys):
+                raise InvalidMessage("roster entries must be AdvertiseKeys messages")
+            if a.session_digest != self.session_digest or a.epoch != self.epoch:
+                raise InvalidMessage(f"advertisement of {a.sender!r} is for another session or epoch")
+
+    @property
+    def senders(self) -> tuple[str, ...]:
+        return tuple(a.sender for a in self.adverts)
+
+    def epoch_digest(self) -> bytes:
+        """Digest of the whole roster; bound into share encryption and all later signatures."""
+        return sha256(label(LABEL_EPOCH), self.to_bytes())
+
+    def _write(self, w: Writer) -> None:
+        w.raw(self.session_digest).u64(self.epoch).u32(len(self.adverts))
+        for a in self.adverts:
+            a._write(w)
+
+    @classmethod
+    def _read(cls, r: Reader) -> "EpochRoster":
+        digest = r.raw(KEY_SIZE, "session digest")
+        epoch = r.u64("epoch")
+        n = r.count("advertisements", MAX_SITES)
+        return cls(digest, epoch, tuple(AdvertiseKeys._read(r) for _ in range(n)))
+
+
+@dataclass(frozen=True, eq=False)
+class SignedCommitments:
+    """A dealer's signed commitments for one epoch (part of :class:`ShareKeys`).
+
+    ``seed_commitments[j]`` commits to the self-mask seed b_{u,j} of slot j;
+    ``row_digests`` maps each holder in A1 (the dealer included) to the digest
+    of that holder's row of share commitments (see :class:`ShareRow`).  The
+    dealer's X25519 mask public keys already commit to its mask private keys.
+    """
+
+    session_digest: bytes
+    epoch: int
+    dealer: str
+    epoch_digest: bytes
+    seed_commitments: tuple[bytes, ...]
+    row_digests: tuple[tuple[str, bytes], ...]
+    signature: bytes
+
+    def __post_init__(self) -> None:
+        _digest(self.session_digest, "session digest")
+        _id(self.epoch, "epoch id")
+        check_site_id(self.dealer, "dealer")
+        _digest(self.epoch_digest, "epoch digest")
+        object.__setattr__(self, "seed_commitments", tuple(self.seed_commitments))
+        check_int(len(self.seed_commitments), 1, MAX_EPOCH_ROUNDS, "number of seed commitments")
+        for c in self.seed_commitments:
+            _digest(c, "seed commitment")
+        object.__setattr__(self, "row_digests", tuple((h, d) for h, d in self.row_digests))
+        _sorted_unique(self.row_digests, lambda e: e[0], "row digests")
+        for _, d in self.row_digests:
+            _digest(d, "row digest")
+        check_bytes(self.signature, SIGNATURE_SIZE, "signature")
+
+    SIGN_DOMAIN: ClassVar[bytes] = LABEL_SIG_COMMITMENTS
+
+    def _body(self, w: Writer) -> Writer:
+        w.raw(self.session_digest).u64(self.epoch).text(self.dealer).raw(self.epoch_digest)
+        w.u32(len(self.seed_commitments))
+        for c in self.seed_commitments:
+            w.raw(c)
+        w.u32(len(self.row_digests))
+        for h, d in self.row_digests:
+            w.text(h).raw(d)
+        return w
+
+    def signing_bytes(self) -> bytes:
+        return self._body(Writer()).getvalue()
+
+    def _write(self, w: Writer) -> None:
+        self._body(w).raw(self.signature)
+
+    @classmethod
+    def _read(cls, r: Reader) -> "SignedCommitments":
+        digest = r.raw(KEY_SIZE, "session digest")
+        epoch = r.u64("epoch")
+        dealer = r.site_id("dealer")
+        edig = r.raw(KEY_SIZE, "epoch digest")
+        n = r.count("seed commitments", MAX_EPOCH_ROUNDS)
+        seeds = tuple(r.raw(KEY_SIZE, "seed commitment") for _ in range(n))
+        m = r.count("row digests", MAX_SITES)
+        rows = tuple((r.site_id("row holder"), r.raw(KEY_SIZE, "row digest")) for _ in range(m))
+        return cls(digest, epoch, dealer, edig, seeds, rows, r.raw(SIGNATURE_SIZE, "signature"))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, SignedCommitments):
+            return NotImplemented
+        w1, w2 = Writer(), Writer()
+        self._write(w1)
+        other._write(w2)
+        return w1.getvalue() == w2.getvalue()
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+@dataclass(frozen=True, eq=False)
+class ShareRow:
+    """Commitments to the 2·E shares one holder received from one dealer.
+
+    ``commitments`` is ``E · 2 · 32`` bytes, slot-major: for slot j the
+    commitment to the seed share (kind 0) then to the mask-key share (kind 1).
+    """
+
+    holder: str
+    commitments: bytes
+
+    def __post_init__(self) -> None:
+        check_site_id(self.holder, "row holder")
+        if not isinstance(self.commitments, bytes) or len(self.commitments) % (2 * KEY_SIZE) or not self.commitments:
+            raise InvalidMessage("a commitment row must be a non-empty multiple of 64 bytes")
+
+    def commitment(self, slot: int, kind: int) -> bytes:
+        off = (2 * slot + kind) * KEY_SIZE
+        return self.commitments[off : off + KEY_SIZE]
+
+
+@dataclass(frozen=True, eq=False)
+class EncryptedShares:
+    """One AEAD blob: all of a dealer's shares for one recipient for one epoch."""
+
+    recipient: str
+    nonce: bytes
+    ciphertext: bytes
+
+    def __post_init__(self) -> None:
+        check_site_id(self.recipient, "recipient")
+        check_bytes(self.nonce, NONCE_SIZE, "AEAD nonce")
+        if not isinstance(self.ciphertext, bytes) or not TAG_SIZE < len(self.ciphertext) <= _MAX_BLOB:
+            raise InvalidMessage("encrypted share blob has an impossible length")
+
+    def _write(self, w: Writer) -> None:
+        w.text(self.recipient).raw(self.nonce).var(self.ciphertext)
+
+    @classmethod
+    def _read(cls, r: Reader) -> "EncryptedShares":
+        return cls(r.site_id("recipient"), r.raw(NONCE_SIZE, "nonce"), r.var("ciphertext", _MAX_BLOB))
+
+
+@dataclass(frozen=True, eq=False)
+class ShareKeys(Message):
+    """S→C: signed commitments, commitment rows for every holder, one AEAD blob per other holder."""
+
+    TAG: ClassVar[int] = 4
+    session_digest: bytes
+    epoch: int
+    sender: str
+    commitments: SignedCommitments
+    rows: tuple[ShareRow, ...]
+    encrypted: tuple[EncryptedShares, ...]
+
+    def __post_init__(self) -> None:
+        _digest(self.session_digest, "session digest")
+        _id(self.epoch, "epoch id")
+        check_site_id(self.sender, "sender")
+        c = self.commitments
+        if not isinstance(c, SignedCommitments):
+            raise InvalidMessage("ShareKeys.commitments must be SignedCommitments")
+        if c.dealer != self.sender or c.epoch != self.epoch or c.session_digest != self.session_digest:
+            raise InvalidMessage("ShareKeys commitments belong to another sender, epoch or session")
+        object.__setattr__(self, "rows", tuple(self.rows))
+        object.__setattr__(self, "encrypted", tuple(self.encrypted))
+        _sorted_unique(self.rows, lambda x: x.holder, "commitment rows")
+        _sorted_unique(self.encrypted, lambda x: x.recipient, "encrypted share blobs")
+        e = len(c.seed_commitments)
+        for row in self.rows:
+            if len(row.commitments) != 2 * KEY_SIZE * e:
+                raise InvalidMessage(f"commitment row for {row.holder!r} does not cover {e} round slots")
+
+    def _write(self, w: Writer) -> None:
+        w.raw(self.session_digest).u64(self.epoch).text(self.sender)
+        self.commitments._write(w)
+        w.u32(len(self.rows))
+        for row in self.rows:
+            w.text(row.holder).var(row.commitments)
+        w.u32(len(self.encrypted))
+        for blob in self.encrypted:
+            blob._write(w)
+
+    @classmethod
+    def _read(cls, r: Reader) -> "ShareKeys":
+        digest = r.raw(KEY_SIZE, "session digest")
+        epoch = r.u64("epoch")
+        sender = r.site_id("sender")
+        comm = SignedCommitments._read(r)
+        n = r.count("rows", MAX_SITES)
+        rows = tuple(ShareRow(r.site_id("row holder"), r.var("row", 2 * KEY_SIZE * MAX_EPOCH_ROUNDS)) for _ in range(n))
+        m = r.count("encrypted blobs", MAX_SITES)
+        blobs = tuple(EncryptedShares._read(r) for _ in range(m))
+        return cls(digest, epoch, sender, comm, rows, blobs)
+
+
+@dataclass(frozen=True, eq=False)
+class RoutedShares:
+    """One dealer's entry in :class:`EpochShares`: its signed commitments and the blob for the recipient
+    (``None`` when the recipient is the dealer itself)."""
+
+    commitments: SignedCommitments
+    encrypted: EncryptedShares | None
+
+    @property
+    def dealer(self) -> str:
+        return self.commitments.dealer
+
+
+@dataclass(frozen=True, eq=False)
+class EpochShares(Message):
+    """C→S: for one recipient, every dealer that completed ShareKeys (the set A2)."""
+
+    TAG: ClassVar[int] = 5
+    session_digest: bytes
+    epoch: int
+    recipient: str
+    entries: tuple[RoutedShares, ...]
+
+    def __post_init__(self) -> None:
+        _digest(self.session_digest, "session digest")
+        _id(self.epoch, "epoch id")
+        check_site_id(self.recipient, "recipient")
+        object.__setattr__(self, "entries", tuple(self.entries))
+        _sorted_unique(self.entries, lambda e: e.dealer, "routed share entries")
+        for e in self.entries:
+            if e.commitments.session_digest != self.session_digest or e.commitments.epoch != self.epoch:
+                raise InvalidMessage(f"commitments of {e.dealer!r} belong to another session or epoch")
+            if (e.encrypted is None) != (e.dealer == self.recipient):
+                raise InvalidMessage(
+                    f"entry of dealer {e.dealer!r} must carry an encrypted blob exactly when the dealer is not the recipient"
+                )
+            if e.encrypted is not None and e.encrypted.recipient != self.recipient:
+                raise InvalidMessage(f"blob from {e.dealer!r} is addressed to {e.encrypted.recipient!r}, not {self.recipient!r}")
+
+    @property
+    def dealers(self) -> tuple[str, ...]:
+        return tuple(e.dealer for e in self.entries)
+
+    def _write(self, w: Writer) -> None:
+        w.raw(self.session_digest).u64(self.epoch).text(self.recipient).u32(len(self.entries))
+        for e in self.entries:
+            e.commitments._write(w)
+            if e.encrypted is None:
+                w.u8(0)
+            else:
+                w.u8(1)
+                e.encrypted._write(w)
+
+    @classmethod
+    def _read(cls, r: Reader) -> "EpochShares":
+        digest = r.raw(KEY_SIZE, "session digest")
+        epoch = r.u64("epoch")
+        recipient = r.site_id("recipient")
+        n = r.count("entries", MAX_SITES)
+        entries = []
+        for _ in range(n):
+            comm = SignedCommitments._read(r)
+            flag = r.u8("blob flag")
+            if flag not in (0, 1):
+                raise InvalidMessage("EpochShares: blob flag must be 0 or 1")
+            entries.append(RoutedShares(comm, EncryptedShares._read(r) if flag else None))
+        return cls(digest, epoch, recipient, tuple(entries))
+
+
+# =========================================================================== rounds
+
+@dataclass(frozen=True, eq=False)
+class RoundStart(Message):
+    """C→S: run round ``round_id`` (a slot of ``epoch``) over ``participants`` with vectors of ``vector_len``."""
+
+    TAG: ClassVar[int] = 6
+    session_digest: bytes
+    epoch: int
+    round_id: int
+    vector_len: int
+    participants: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        _digest(self.session_digest, "session digest")
+        _id(self.epoch, "epoch id")
+        _id(self.round_id, "round id")
+        check_int(self.vector_len, 1, MAX_VECTOR_LEN, "vector length")
+        object.__setattr__(self, "participants", check_sorted_ids(self.participants, "participant set"))
+
+    def _write(self, w: Writer) -> None:
+        w.raw(self.session_digest).u64(self.epoch).u64(self.round_id).u32(self.vector_len).ids(self.participants)
+
+    @classmethod
+    def _read(cls, r: Reader) -> "RoundStart":
+        return cls(r.raw(KEY_SIZE, "session digest"), r.u64("epoch"), r.u64("round"), r.u32("vector length"), r.ids("participants"))
+
+
+@dataclass(frozen=True, eq=False)
+class MaskedInput(Message):
+    """S→C: the masked vector ``y_u`` (ring elements, uint64)."""
+
+    TAG: ClassVar[int] = 7
+    session_digest: bytes
+    epoch: int
+    round_id: int
+    sender: str
+    masked: np.ndarray
+
+    def __post_init__(self) -> None:
+        _digest(self.session_digest, "session digest")
+        _id(self.epoch, "epoch id")
+        _id(self.round_id, "round id")
+        check_site_id(self.sender, "sender")
+        m = self.masked
+        if not isinstance(m, np.ndarray) or m.dtype != np.uint64 or m.ndim != 1:
+            raise InvalidMessage("masked input must be a 1-D numpy uint64 vector")
+        check_int(m.shape[0], 1, MAX_VECTOR_LEN, "masked vector length")
+        m = m.copy()
+        m.setflags(write=False)
+        object.__setattr__(self, "masked", m)
+
+    def _write(self, w: Writer) -> None:
+        w.raw(self.session_digest).u64(self.epoch).u64(self.round_id).text(self.sender).ring(self.masked)
+
+    @classmethod
+    def _read(cls, r: Reader) -> "MaskedInput":
+        return cls(r.raw(KEY_SIZE, "session digest"), r.u64("epoch"), r.u64("round"), r.site_id("sender"), r.ring("masked vector"))
+
+
+@dataclass(frozen=True, eq=False)
+class ConsistencyRequest(Message):
+    """C→S: the survivor set U3 (sites whose masked input the coordinator holds)."""
+
+    TAG: ClassVar[int] = 8
+    session_digest: bytes
+    epoch: int
+    round_id: int
+    survivors: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        _digest(self.session_digest, "session digest")
+        _id(self.epoch, "epoch id")
+        _id(self.round_id, "round id")
+        object.__setattr__(self, "survivors", check_sorted_ids(self.survivors, "survivor set"))
+
+    def _write(self, w: Writer) -> None:
+        w.raw(self.session_digest).u64(self.epoch).u64(self.round_id).ids(self.survivors)
+
+    @classmethod
+    def _read(cls, r: Reader) -> "ConsistencyRequest":
+        return cls(r.raw(KEY_SIZE, "session digest"), r.u64("epoch"), r.u64("round"), r.ids("survivors"))
+
+
+def consistency_payload(
+    session_digest: bytes,
+    epoch: int,
+    epoch_digest: bytes,
+    round_id: int,
+    vector_len: int,
+    participants: tuple[str, ...],
+    survivors: tuple[str, ...],
+) -> bytes:
+    """The statement a site signs in the consistency check (domain ``sig-consistency``)."""
+    return (
+        Writer()
+        .raw(session_digest)
+        .u64(epoch)
+        .raw(epoch_digest)
+        .u64(round_id)
+        .u32(vector_len)
+        .ids(participants)
+        .ids(survivors)
+        .getvalue()
+    )
+
+
+CONSISTENCY_DOMAIN = LABEL_SIG_CONSISTENCY
+
+
+@dataclass(frozen=True, eq=False)
+class ConsistencySignature(Message):
+    """S→C: the sender's signature over :func:`consistency_payload` for this round."""
+
+    TAG: ClassVar[int] = 9
+    session_digest: bytes
+    epoch: int
+    round_id: int
+    sender: str
+    signature: bytes
+
+    def __post_init__(self) -> None:
+        _digest(self.session_digest, "session digest")
+        _id(self.epoch, "epoch id")
+        _id(self.round_id, "round id")
+        check_site_id(self.sender, "sender")
+        check_bytes(self.signature, SIGNATURE_SIZE, "signature")
+
+    def _write(self, w: Writer) -> None:
+        w.raw(self.session_digest).u64(self.epoch).u64(self.round_id).text(self.sender).raw(self.signature)
+
+    @classmethod
+    def _read(cls, r: Reader) -> "ConsistencySignature":
+        return cls(
+            r.raw(KEY_SIZE, "session digest"), r.u64("epoch"), r.u64("round"), r.site_id("sender"), r.raw(SIGNATURE_SIZE, "signature")
+        )
+
+
+@dataclass(frozen=True, eq=False)
+class UnmaskRequest(Message):
+    """C→S: reveal shares; ``survivors`` = U3, ``dropped`` = P_r \\ U3, ≥ t signatures on U3."""
+
+    TAG: ClassVar[int] = 10
+    session_digest: bytes
+    epoch: int
+    round_id: int
+    survivors: tuple[str, ...]
+    dropped: tuple[str, ...]
+    signatures: tuple[tuple[str, bytes], ...]
+
+    def __post_init__(self) -> None:
+        _digest(self.session_digest, "session digest")
+        _id(self.epoch, "epoch id")
+        _id(self.round_id, "round id")
+        object.__setattr__(self, "survivors", check_sorted_ids(self.survivors, "survivor set"))
+        object.__setattr__(self, "dropped", check_sorted_ids(self.dropped, "dropped set"))
+        object.__setattr__(self, "signatures", tuple((s, sig) for s, sig in self.signatures))
+        _sorted_unique(self.signatures, lambda e: e[0], "consistency signatures")
+        for _, sig in self.signatures:
+            check_bytes(sig, SIGNATURE_SIZE, "consistency signature")
+
+    def _write(self, w: Writer) -> None:
+        w.raw(self.session_digest).u64(self.epoch).u64(self.round_id).ids(self.survivors).ids(self.dropped)
+        w.u32(len(self.signatures))
+        for s, sig in self.signatures:
+            w.text(s).raw(sig)
+
+    @classmethod
+    def _read(cls, r: Reader) -> "UnmaskRequest":
+        digest = r.raw(KEY_SIZE, "session digest")
+        epoch, rnd = r.u64("epoch"), r.u64("round")
+        surv, drop = r.ids("survivors"), r.ids("dropped")
+        n = r.count("signatures", MAX_SITES)
+        sigs = tuple((r.site_id("signer"), r.raw(SIGNATURE_SIZE, "signature")) for _ in range(n))
+        return cls(digest, epoch, rnd, surv, drop, sigs)
+
+
+def _check_shares(entries: tuple, what: str) -> tuple:
+    entries = tuple((d, s) for d, s in entries)
+    _sorted_unique(entries, lambda e: e[0], what)
+    for _, s in entries:
+        check_bytes(s, SHARE_SIZE, f"{what} value")
+        if int.from_bytes(s, "big") >= PRIME:
+            raise InvalidMessage(f"{what} value is not a field element")
+    return entries
+
+
+@dataclass(frozen=True, eq=False)
+class UnmaskResponse(Message):
+    """S→C: the sender's shares of b_{v,r} for survivors and of the mask key of dropped sites."""
+
+    TAG: ClassVar[int] = 11
+    session_digest: bytes
+    epoch: int
+    round_id: int
+    sender: str
+    seed_shares: tuple[tuple[str, bytes], ...]
+    key_shares: tuple[tuple[str, bytes], ...]
+
+    def __post_init__(self) -> None:
+        _digest(self.session_digest, "session digest")
+        _id(self.epoch, "epoch id")
+        _id(self.round_id, "round id")
+        check_site_id(self.sender, "sender")
+        object.__setattr__(self, "seed_shares", _check_shares(self.seed_shares, "seed shares"))
+        object.__setattr__(self, "key_shares", _check_shares(self.key_shares, "mask-key shares"))
+        both = {d for d, _ in self.seed_shares} & {d for d, _ in self.key_shares}
+        if both:
+            raise InvalidMessage(f"unmask response reveals both shares for {sorted(both)}")
+
+    def _write(self, w: Writer) -> None:
+        w.raw(self.session_digest).u64(self.epoch).u64(self.round_id).text(self.sender)
+        for entries in (self.seed_shares, self.key_shares):
+            w.u32(len(entries))
+            for d, s in entries:
+                w.text(d).raw(s)
+
+    @classmethod
+    def _read(cls, r: Reader) -> "UnmaskResponse":
+        digest = r.raw(KEY_SIZE, "session digest")
+        epoch, rnd = r.u64("epoch"), r.u64("round")
+        sender = r.site_id("sender")
+        lists = []
+        for what in ("seed shares", "mask-key shares"):
+            n = r.count(what, MAX_SITES)
+            lists.append(tuple((r.site_id("dealer"), r.raw(SHARE_SIZE, "share")) for _ in range(n)))
+        return cls(digest, epoch, rnd, sender, lists[0], lists[1])
+
+
+__all__ = [
+    "KIND_KEY",
+    "KIND_SEED",
+    "AdvertiseKeys",
+    "ConsistencyRequest",
+    "ConsistencySignature",
+    "EncryptedShares",
+    "EpochAnnounce",
+    "EpochRoster",
+    "EpochShares",
+    "MaskedInput",
+    "Message",
+    "RoundStart",
+    "RoutedShares",
+    "ShareKeys",
+    "ShareRow",
+    "SignedCommitments",
+    "UnmaskRequest",
+    "UnmaskResponse",
+    "consistency_payload",
+    "decode_message",
+]
