@@ -63,7 +63,7 @@ from .primitives import (
     prg_expand,
     row_digest,
     self_mask_key,
-    x25519_agree,
+    x25519_agree_many,
     x25519_public,
 )
 from .site import share_blob_size
@@ -451,8 +451,7 @@ class CollectingShares(RoundStage):
         for v in u3:
             total -= prg_expand(self_mask_key(seeds[v], digest, ep.epoch, r, v, d), d)
         for w in self.request.dropped:
-            for v in u3:
-                s = x25519_agree(keys[w], ep.mask_keys[v][slot])
+            for v, s in zip(u3, x25519_agree_many(keys[w], [ep.mask_keys[v][slot] for v in u3])):
                 m = prg_expand(pair_mask_key(s, digest, ep.epoch, r, v, w, d), d)
                 if v < w:  # v added +PRG(s_vw)
                     total -= m

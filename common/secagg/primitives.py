@@ -156,10 +156,14 @@ def x25519_public(private_raw: bytes) -> bytes:
 
 def x25519_agree(private_raw: bytes, peer_public_raw: bytes) -> bytes:
     """X25519 shared secret; a low-order or malformed peer key raises :class:`InvalidMessage`."""
+    return x25519_agree_many(private_raw, [peer_public_raw])[0]
+
+
+def x25519_agree_many(private_raw: bytes, peer_public_raws: "list[bytes] | tuple[bytes, ...]") -> list[bytes]:
+    """X25519 shared secrets of one private key with several peers (the key is loaded once)."""
     try:
-        return X25519PrivateKey.from_private_bytes(private_raw).exchange(
-            X25519PublicKey.from_public_bytes(peer_public_raw)
-        )
+        sk = X25519PrivateKey.from_private_bytes(private_raw)
+        return [sk.exchange(X25519PublicKey.from_public_bytes(pk)) for pk in peer_public_raws]
     except ValueError as exc:
         raise InvalidMessage(f"X25519 key agreement failed (invalid or low-order public key): {exc}") from None
 

@@ -75,6 +75,7 @@ from .primitives import (
     share_associated_data,
     share_encryption_key,
     x25519_agree,
+    x25519_agree_many,
     x25519_generate,
 )
 from .records import (
@@ -356,11 +357,9 @@ class EpochReady(EpochStage):
         j = self.slot(r)
         acc = np.array(value, dtype=np.uint64, copy=True)
         acc += prg_expand(self_mask_key(self.secrets.seeds[j], digest, epoch, r, me, d), d)
-        sk = self.secrets.mask_private[j]
-        for v in start.participants:
-            if v == me:
-                continue
-            s = x25519_agree(sk, self.mask_keys[v][j])
+        peers = [v for v in start.participants if v != me]
+        shared = x25519_agree_many(self.secrets.mask_private[j], [self.mask_keys[v][j] for v in peers])
+        for v, s in zip(peers, shared):
             m = prg_expand(pair_mask_key(s, digest, epoch, r, me, v, d), d)
             if me < v:
                 acc += m
@@ -481,12 +480,21 @@ class RoundSigned(RoundStage):
             raise ProtocolAbort(f"round {r}: only {len(signers)} consistency signatures, threshold is {ctx.t}")
         payload = consistency_payload(ctx.digest, s.epoch, epoch.epoch_digest, r, s.vector_len, s.participants, u3)
         cfg = ctx.config
+        # The decision needs t valid signatures on U3: this site's own one (compared byte-wise) first,
+        # then the others in signer order until t are verified.  Signatures beyond the t-th are not
+        # needed for the decision and are not verified; an invalid one met before that is refused.
+        own = dict(msg.signatures).get(ctx.site_id)
+        if own is not None and own != self.signature.signature:
+            raise InvalidMessage(f"round {r}: this site's own consistency signature was altered")
+        valid = 0 if own is None else 1
         for signer, sig in msg.signatures:
+            if valid >= ctx.t:
+                break
             if signer == ctx.site_id:
-                if sig != self.signature.signature:
-                    raise InvalidMessage(f"round {r}: this site's own consistency signature was altered")
-            elif not ed25519_verify(cfg.identity_key(signer), CONSISTENCY_DOMAIN, payload, sig):
+                continue
+            if not ed25519_verify(cfg.identity_key(signer), CONSISTENCY_DOMAIN, payload, sig):
                 raise InvalidMessage(f"round {r}: invalid consistency signature from {signer!r}")
+            valid += 1
         seeds, keys = epoch.reveal(r, msg.survivors, msg.dropped)
         resp = UnmaskResponse(ctx.digest, s.epoch, r, ctx.site_id, seeds, keys)
         record = RoundRevealedRecord(msg, resp)
