@@ -1,0 +1,150 @@
+"""Canonical encodings: round trips, size validation, garbage and truncation refused."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from common.secagg import InvalidMessage, messages as M
+from common.secagg.encoding import Reader, Writer
+
+from .conftest import make_federation, random_inputs
+
+
+@pytest.fixture(scope="module")
+def transcript():
+    fed = make_federation(4, 3, seed=b"messages")
+    fed.run_epoch(2)
+    rng = np.random.default_rng(1)
+    fed.run_round(random_inputs(fed.config.site_ids, 5, rng), 5, drop_before_input=["site-01"])
+    return [hop.data for hop in fed.transcript]
+
+
+ALL_TYPES = {
+    M.EpochAnnounce, M.AdvertiseKeys, M.EpochRoster, M.ShareKeys, M.EpochShares, M.RoundStart,
+    M.MaskedInput, M.ConsistencyRequest, M.ConsistencySignature, M.UnmaskRequest, M.UnmaskResponse,
+}
+
+
+def test_every_message_type_round_trips(transcript):
+    seen = set()
+    for data in transcript:
+        msg = M.decode_message(data)
+        seen.add(type(msg))
+        assert msg.to_bytes() == data  # canonical: re-encoding is byte-identical
+        assert type(msg).from_bytes(data) == msg
+        assert M.decode_message(msg.to_bytes()) == msg
+    assert seen == ALL_TYPES
+
+
+def test_from_bytes_checks_the_type(transcript):
+    data = next(d for d in transcript if isinstance(M.decode_message(d), M.RoundStart))
+    with pytest.raises(InvalidMessage, match="expected a MaskedInput"):
+        M.MaskedInput.from_bytes(data)
+
+
+def test_truncation_and_trailing_bytes_refused(transcript):
+    for data in transcript:
+        step = max(1, len(data) // 40)  # every prefix for small messages, a sample for large ones
+        for cut in list(range(0, len(data), step)) + [len(data) - 1]:
+            with pytest.raises(InvalidMessage):
+                M.decode_message(data[:cut])
+        with pytest.raises(InvalidMessage, match="trailing"):
+            M.decode_message(data + b"\x00")
+
+
+def test_header_checks(transcript):
+    data = transcript[0]
+    with pytest.raises(InvalidMessage, match="magic"):
+        M.decode_message(b"XXX" + data[3:])
+    with pytest.raises(InvalidMessage, match="version"):
+        M.decode_message(data[:3] + b"\x02" + data[4:])
+    with pytest.raises(InvalidMessage, match="unknown"):
+        M.decode_message(data[:4] + b"\xee" + data[5:])
+    with pytest.raises(InvalidMessage):
+        M.decode_message("not bytes")  # type: ignore[arg-type]
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(st.binary(max_size=400))
+def test_random_garbage_only_raises_invalid_message(blob):
+    for data in (blob, b"FSA\x01" + blob[:1] + blob[1:]):
+        try:
+            M.decode_message(data)
+        except InvalidMessage:
+            pass
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(st.data())
+def test_bit_flips_never_crash(transcript, data):
+    raw = bytearray(data.draw(st.sampled_from(transcript)))
+    i = data.draw(st.integers(0, len(raw) - 1))
+    raw[i] ^= 1 << data.draw(st.integers(0, 7))
+    try:
+        msg = M.decode_message(bytes(raw))
+    except InvalidMessage:
+        return
+    assert msg.to_bytes() == bytes(raw)  # if it decodes, the encoding is still canonical
+
+
+D = b"\x11" * 32
+
+
+def test_structural_validation_on_construction():
+    with pytest.raises(InvalidMessage, match="exactly 32 bytes"):
+        M.EpochAnnounce(b"\x00" * 31, 0, 0, 1)
+    with pytest.raises(InvalidMessage, match="rounds per epoch"):
+        M.EpochAnnounce(D, 0, 0, 0)
+    with pytest.raises(InvalidMessage, match="exactly 32 bytes"):
+        M.AdvertiseKeys(D, 0, 0, "a", b"e" * 31, (b"k" * 32,), b"s" * 64)
+    with pytest.raises(InvalidMessage, match="duplicate public keys"):
+        M.AdvertiseKeys(D, 0, 0, "a", b"e" * 32, (b"k" * 32, b"k" * 32), b"s" * 64)
+    with pytest.raises(InvalidMessage, match="duplicate public keys"):
+        M.AdvertiseKeys(D, 0, 0, "a", b"k" * 32, (b"k" * 32,), b"s" * 64)
+    with pytest.raises(InvalidMessage, match="64 bytes"):
+        M.AdvertiseKeys(D, 0, 0, "a", b"e" * 32, (b"k" * 32,), b"s" * 63)
+    with pytest.raises(InvalidMessage, match="strictly sorted"):
+        M.RoundStart(D, 0, 0, 4, ("b", "a"))
+    with pytest.raises(InvalidMessage, match="strictly sorted"):
+        M.RoundStart(D, 0, 0, 4, ("a", "a"))
+    with pytest.raises(InvalidMessage, match="valid site id"):
+        M.RoundStart(D, 0, 0, 4, ("a b",))
+    with pytest.raises(InvalidMessage, match="uint64"):
+        M.MaskedInput(D, 0, 0, "a", np.zeros(3, dtype=np.int64))
+    with pytest.raises(InvalidMessage, match="33 bytes"):
+        M.UnmaskResponse(D, 0, 0, "a", (("b", b"\x00" * 32),), ())
+    with pytest.raises(InvalidMessage, match="field element"):
+        M.UnmaskResponse(D, 0, 0, "a", (("b", b"\xff" * 33),), ())
+    with pytest.raises(InvalidMessage, match="both shares"):
+        M.UnmaskResponse(D, 0, 0, "a", (("b", b"\x00" * 33),), (("b", b"\x00" * 33),))
+    with pytest.raises(InvalidMessage, match="integer"):
+        M.RoundStart(D, -1, 0, 4, ("a",))
+    with pytest.raises(InvalidMessage, match="integer"):
+        M.RoundStart(D, 0, 2**63, 4, ("a",))
+
+
+def test_masked_input_is_immutable_and_equal_by_encoding():
+    v = np.arange(4, dtype=np.uint64)
+    m = M.MaskedInput(D, 0, 1, "a", v)
+    v[0] = 99  # the message holds its own copy
+    assert int(m.masked[0]) == 0
+    with pytest.raises(ValueError):
+        m.masked[0] = 5
+    assert m == M.MaskedInput(D, 0, 1, "a", np.arange(4, dtype=np.uint64))
+    assert m != M.MaskedInput(D, 0, 1, "a", np.arange(1, 5, dtype=np.uint64))
+    assert len({m, M.MaskedInput.from_bytes(m.to_bytes())}) == 1
+
+
+def test_reader_limits_are_checked_before_allocation():
+    huge = Writer().u32(2**31).getvalue()
+    with pytest.raises(InvalidMessage, match="exceeds the limit"):
+        Reader(huge, "x").var("field", 1000)
+    with pytest.raises(InvalidMessage, match="exceeds the limit"):
+        Reader(huge, "x").ring("vec", 10)
+    with pytest.raises(InvalidMessage, match="truncated"):
+        Reader(Writer().u32(10).getvalue(), "x").var("field", 1000)
+    bad_utf8 = Writer().var(b"\xff\xfe").getvalue()
+    with pytest.raises(InvalidMessage, match="UTF-8"):
+        Reader(bad_utf8, "x").text("name")
