@@ -1,2 +1,296 @@
-def main(argv=None):
-    print("fedsbdt")
+"""The ``fedsbdt`` command line (design.md "Command line" — a contract other tools rely on).
+
+``--json`` prints exactly one JSON object on stdout and nothing else there;
+human-readable output and progress go to stderr.  Expected failures (bad
+input, impossible privacy parameters) exit with status 2 and one clear line.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .config import ConfigError, Hyperparameters
+
+EXIT_USAGE = 2
+
+
+class CliError(Exception):
+    """An expected, user-facing failure."""
+
+
+# --------------------------------------------------------------------------- hyperparameter flags
+
+_HELP = {
+    "epsilon": "total privacy budget ε of the released model",
+    "delta": "δ of the (ε, δ) guarantee",
+    "trees": "T_regular: accounted boosting rounds",
+    "extra_trees": "T_extra: extra rounds (free with --filter, accounted otherwise)",
+    "depth": "tree depth d (2^d leaves)",
+    "subsample": "γ: Poisson subsampling rate per tree",
+    "learning_rate": "η",
+    "l2": "λ: leaf regularisation",
+    "leaf_clip": "β: leaf values are clamped to [−β, β]",
+    "grad_clip": "g*: gradient clip",
+    "hess_clip": "h*: Hessian clip (default 1 for regression, 0.25 for binary)",
+    "label_clip": "m*: label clip of the initial score",
+    "r1": "Hessian share of the leaf noise budget (r2 = 1 − r1)",
+    "init_share": "ε_init/ε: share of ε for the initial score (0 disables it)",
+    "eps_ds": "ε_ds: budget for the dataset size of the initial score",
+    "accountant": "rdp (paper; needed by --filter) or pld (dp-accounting, tighter)",
+    "filter": "individual Rényi filter (extra rounds reuse unspent budget)",
+    "cyclical": "cyclical feature interactions (one feature per tree)",
+    "split_candidates": "N equidistant threshold candidates (0 = uniform over the range)",
+    "seed": "public seed of the random splits (never used for noise or subsampling)",
+    "scale_bits": "fixed-point scale 2^k",
+}
+
+
+def add_hyperparameter_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("hyperparameters (plan keys with '-' for '_')")
+    defaults = Hyperparameters()
+    for f in dataclasses.fields(Hyperparameters):
+        flag = "--" + f.name.replace("_", "-")
+        d = getattr(defaults, f.name)
+        help_ = f"{_HELP.get(f.name, f.name)} (default: {d})"
+        if f.type == "bool":
+            g.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=help_)
+        elif f.name == "accountant":
+            g.add_argument(flag, dest=f.name, choices=["rdp", "pld"], default=None, help=help_)
+        elif f.type in ("int", "int | None"):
+            g.add_argument(flag, dest=f.name, type=int, default=None, metavar="N", help=help_)
+        else:
+            g.add_argument(flag, dest=f.name, type=float, default=None, metavar="X", help=help_)
+
+
+def hyperparameters_from_args(args: argparse.Namespace, base: Hyperparameters | None = None) -> Hyperparameters:
+    base = base or Hyperparameters()
+    changes = {f.name: getattr(args, f.name) for f in dataclasses.fields(Hyperparameters)
+               if getattr(args, f.name, None) is not None}
+    return base.replace(**changes)
+
+
+# --------------------------------------------------------------------------- output helpers
+
+
+def emit(args: argparse.Namespace, result: dict[str, Any], human: str) -> None:
+    if getattr(args, "json", False):
+        sys.stdout.write(json.dumps(result, sort_keys=True) + "\n")
+    else:
+        sys.stdout.write(human.rstrip() + "\n")
+
+
+class Progress:
+    """Progress on stderr: a rich bar on a terminal, plain log lines otherwise."""
+
+    def __init__(self, label: str, total: int, quiet: bool = False, extra: str = ""):
+        self.label, self.total, self.extra = label, total, extra
+        self.quiet = quiet
+        self.t0 = time.perf_counter()
+        self._bar = None
+        self._next_log = 0.1
+        if not quiet and sys.stderr.isatty():
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress as RP, TextColumn, TimeRemainingColumn
+
+            self._bar = RP(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                           TextColumn("{task.fields[extra]}"), TimeRemainingColumn(), transient=True)
+            self._bar.start()
+            self._task = self._bar.add_task(label, total=total, extra=extra)
+
+    def __call__(self, done: int, total: int) -> None:
+        if self.quiet:
+            return
+        if self._bar is not None:
+            self._bar.update(self._task, completed=done)
+        elif done / max(total, 1) >= self._next_log or done == total:
+            el = time.perf_counter() - self.t0
+            eta = el / done * (total - done) if done else 0.0
+            print(f"{self.label}: round {done}/{total} {self.extra} elapsed {el:.1f}s eta {eta:.1f}s",
+                  file=sys.stderr)
+            self._next_log = (int(done / max(total, 1) * 10) + 1) / 10
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+
+# --------------------------------------------------------------------------- commands
+
+
+def _load_data(data: str, schema):
+    from .data import load
+
+    return load(data, schema)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from .engine import train
+    from .schema import Schema
+
+    schema = Schema.load(args.schema)
+    hp = hyperparameters_from_args(args)
+    ds = _load_data(args.data, schema)
+    from .engine import calibration_for
+
+    cal = calibration_for(hp)  # fail fast on impossible budgets, before any work
+    prog = Progress("train", hp.total_rounds, quiet=args.json or args.quiet, extra=f"ε={cal.epsilon:.4g}")
+    try:
+        res = train(ds, hp, progress=prog)
+    finally:
+        prog.close()
+    res.model.save(args.out)
+    p = res.model.privacy
+    out = {"epsilon": p["epsilon"], "delta": p["delta"], "sigma": p["sigma"], "alpha": p["alpha"],
+           "trees": len(res.model.trees), "seconds": round(res.seconds, 4), "rows": ds.n, "model": str(args.out)}
+    if hp.filter:
+        from .engine import filter_for
+        from .rdp_filter import exhausted_share
+
+        out["filter_budget_reached"] = exhausted_share(res.local.spent, filter_for(hp, cal))
+    emit(args, out, f"trained {len(res.model.trees)} trees on {ds.n} rows in {res.seconds:.2f}s\n"
+                    f"privacy: (ε={p['epsilon']:.6g}, δ={p['delta']:.3g}) accountant={p['accountant']} "
+                    f"σ={p['sigma']:.6g}\nmodel written to {args.out}")
+    return 0
+
+
+def evaluate_model(model, ds) -> dict[str, Any]:
+    from .metrics import accuracy, auc, rmse
+
+    pred = model.predict(ds.X)
+    if model.task == "regression":
+        return {"n": ds.n, "rmse": rmse(ds.y, pred)}
+    return {"n": ds.n, "auc": auc(ds.y, pred), "accuracy": accuracy(ds.y, pred)}
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from .model import Ensemble
+
+    model = Ensemble.load(args.model)
+    ds = _load_data(args.data, model.schema)
+    res = evaluate_model(model, ds)
+    human = " ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}" for k, v in res.items())
+    emit(args, res, human)
+    return 0
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    import pandas as pd
+
+    from .model import Ensemble
+
+    model = Ensemble.load(args.model)
+    ds = _load_data(args.data, model.schema)
+    pred = model.predict(ds.X)
+    frame = pd.DataFrame({"id": ds.ids})
+    if model.task == "regression":
+        frame["prediction"] = pred
+    else:
+        frame["probability"] = pred
+        frame["prediction"] = (pred >= 0.5).astype(int)
+    out = Path(args.out)
+    tmp = out.with_name(out.name + ".tmp")
+    frame.to_csv(tmp, index=False)
+    tmp.replace(out)
+    emit(args, {"n": ds.n, "out": str(out)}, f"wrote {ds.n} predictions to {out}")
+    return 0
+
+
+def cmd_account(args: argparse.Namespace) -> int:
+    from .engine import calibration_for
+
+    hp = hyperparameters_from_args(args)
+    cal = calibration_for(hp)
+    res = {"sigma": cal.sigma, "alpha": cal.alpha, "rho": cal.rho, "epsilon": cal.epsilon, "delta": cal.delta,
+           "accountant": cal.accountant, "rounds": cal.rounds, "eps_init": cal.eps_init, "eps_ds": cal.eps_ds}
+    human = (f"accountant   {cal.accountant}\n"
+             f"sigma        {cal.sigma:.6g}   (unweighted leaf noise σ_leaf)\n"
+             f"alpha        {cal.alpha}   (RDP order α̂)\n"
+             f"rho          {cal.rho:.6g}   (per-record RDP budget ρ(α̂) of the trees)\n"
+             f"epsilon      {cal.epsilon:.6g}   (achieved, target {hp.epsilon:g}; δ = {cal.delta:.3g})\n"
+             f"rounds       {cal.rounds} accounted trees, γ = {cal.gamma:g}")
+    emit(args, res, human)
+    return 0
+
+
+# --------------------------------------------------------------------------- parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="fedsbdt", description=(
+        "Federated, differentially private gradient-boosted decision trees (S-BDT)."))
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    t = sub.add_parser("train", help="train a DP model on one local file (central noise)")
+    t.add_argument("--data", required=True, help="CSV or Parquet file described by the schema")
+    t.add_argument("--schema", required=True, help="public schema (TOML), e.g. examples/abalone/schema.toml")
+    t.add_argument("--out", required=True, help="where to write the model (JSON)")
+    t.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    t.add_argument("--quiet", action="store_true", help="no progress output")
+    add_hyperparameter_flags(t)
+    t.set_defaults(func=cmd_train)
+
+    e = sub.add_parser("evaluate", help="rmse (regression) or auc/accuracy (binary) of a model on a file")
+    e.add_argument("--model", required=True)
+    e.add_argument("--data", required=True)
+    e.add_argument("--json", action="store_true")
+    e.set_defaults(func=cmd_evaluate)
+
+    pr = sub.add_parser("predict", help="write predictions for a file as CSV (id, prediction[, probability])")
+    pr.add_argument("--model", required=True)
+    pr.add_argument("--data", required=True)
+    pr.add_argument("--out", required=True)
+    pr.add_argument("--json", action="store_true")
+    pr.set_defaults(func=cmd_predict)
+
+    a = sub.add_parser("account", help="noise scale and privacy accounting for hyperparameters (no data needed)")
+    a.add_argument("--json", action="store_true")
+    add_hyperparameter_flags(a)
+    a.set_defaults(func=cmd_account)
+
+    _register_optional(sub)
+    return p
+
+
+def _register_optional(sub) -> None:
+    """Federation commands live in server/ and client/; they register themselves when present."""
+    import importlib
+
+    for mod in ("server.cli", "client.cli"):
+        try:
+            m = importlib.import_module(mod)
+        except ModuleNotFoundError as e:
+            if e.name != mod:
+                raise
+            continue
+        m.register(sub)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    from .accountant import AccountingError
+    from .data import DataError
+    from .fixedpoint import FixedPointError
+    from .model import ModelError
+    from .schema import SchemaError
+
+    try:
+        return int(args.func(args) or 0)
+    except (CliError, ConfigError, DataError, SchemaError, ModelError, AccountingError, FixedPointError,
+            FileNotFoundError, PermissionError, IsADirectoryError) as e:
+        print(f"fedsbdt {args.command}: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print(f"fedsbdt {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,170 @@
+"""S-BDT boosting: per-site leaf sums, DP noise scales and leaf values.
+
+The split between "compute per-leaf sums on some records" (:class:`LocalData`,
+run at every site) and "turn noisy sums into leaf values" (:func:`leaf_values`,
+run once on the aggregate) is what lets the same code serve the centralised
+engine (one party, full noise) and the federation (many parties, secure sum,
+noise shares).  Everything summed is an int64 vector in fixed-point units, so
+the federated sum equals the centralised sum exactly.
+
+Round vector layout (length 2·2^d): ``[w_0 … w_{L−1}, u_0 … u_{L−1}]`` —
+clipped Hessian sums then clipped gradient sums per leaf (Alg. 5 lines 2, 4).
+Initial-score vector (length 2): ``[record count, clipped label sum]``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import kernels
+from .accountant import PrivacyCalibration
+from .config import Hyperparameters
+from .fixedpoint import FixedPointCodec
+from .model import scale_labels
+from .rdp_filter import FilterTable
+from .splits import Splits
+
+TASK_CODE = {"regression": kernels.REGRESSION, "binary": kernels.BINARY}
+
+
+# --------------------------------------------------------------------------- encoding and noise
+
+
+@dataclass(frozen=True)
+class Encoding:
+    """Fixed-point codecs of the three summed quantities (their bound = the clip = the sensitivity)."""
+
+    grad: FixedPointCodec
+    hess: FixedPointCodec
+    label: FixedPointCodec
+
+    @classmethod
+    def for_task(cls, hp: Hyperparameters, task: str) -> "Encoding":
+        return cls(FixedPointCodec(hp.grad_clip, hp.scale_bits),
+                   FixedPointCodec(hp.hess_clip_for(task), hp.scale_bits),
+                   FixedPointCodec(hp.label_clip, hp.scale_bits))
+
+    @property
+    def scale(self) -> float:
+        return self.grad.scale
+
+
+def leaf_noise_scales(hp: Hyperparameters, enc: Encoding, sigma: float, shares: int = 1) -> np.ndarray:
+    """Per-coordinate std of the leaf noise in integer units (Thm. 16, Alg. 5 lines 3 and 5).
+
+    Hessian sums: ``h*·σ/√(2·r1)``; gradient sums: ``g*·σ/√(2·r2)`` — with the
+    sensitivities h*, g* taken as the integer clip bounds.  With ``shares = t``
+    each of t parties adds a share of variance 1/t of that (distributed mode).
+    """
+    L = hp.leaves
+    sh = enc.hess.bound_units * sigma / math.sqrt(2.0 * hp.r1) / math.sqrt(shares)
+    sg = enc.grad.bound_units * sigma / math.sqrt(2.0 * hp.r2) / math.sqrt(shares)
+    return np.concatenate([np.full(L, sh), np.full(L, sg)])
+
+
+def init_noise_scales(hp: Hyperparameters, enc: Encoding, cal: PrivacyCalibration) -> np.ndarray:
+    """Discrete-Laplace scales for ``[count, label sum]``: 1/ε_ds and m*/ε_init (Alg. 3 lines 1, 4)."""
+    return np.array([1.0 / cal.eps_ds, enc.label.bound_units / cal.eps_init])
+
+
+def leaf_values(noisy_sums: np.ndarray, hp: Hyperparameters, enc: Encoding) -> np.ndarray:
+    """DPLeaf post-processing (Alg. 5 line 6): ``clamp(ũ / (w̃ + λ), −β, β)`` per leaf.
+
+    A negative noisy Hessian sum w̃ (noise swamped an almost empty leaf) gives
+    the leaf value 0, as the reference implementation does: this is
+    post-processing of the released sums, so it costs no privacy, and it
+    avoids a leaf of the wrong sign and maximal size.
+    """
+    L = hp.leaves
+    s = np.asarray(noisy_sums, dtype=np.int64)
+    w = enc.hess.decode(s[:L])
+    u = enc.grad.decode(s[L:])
+    den = w + hp.l2
+    with np.errstate(divide="ignore", invalid="ignore"):
+        v = np.where((w >= 0) & (den > 0), u / np.where(den > 0, den, 1.0), 0.0)
+    return np.clip(v, -hp.leaf_clip, hp.leaf_clip)
+
+
+def init_score(noisy: np.ndarray, task: str, enc: Encoding) -> float:
+    """Alg. 3 lines 3–9 from the noisy ``[count, label sum]``."""
+    count = max(float(noisy[0]), 1.0)
+    mean = float(enc.label.decode(np.asarray(noisy[1:2]))[0]) / count
+    if task == "regression":
+        return float(np.clip(mean, -1.0, 1.0))
+    p = float(np.clip(mean, 1e-3, 1.0 - 1e-3))
+    return math.log(p / (1.0 - p))
+
+
+# --------------------------------------------------------------------------- per-site state
+
+
+@dataclass
+class Contribution:
+    """What one party computed for one round, before noise and masking."""
+
+    sums: np.ndarray  # int64 (2L): per-leaf clipped Hessian and gradient sums
+    leaf: np.ndarray  # int32 (n): leaf of every local record in this round's tree
+    new_spent: np.ndarray | None  # int64 (n): ledger after this round (filter on), to persist before sending
+    active: int  # records that passed the filter (private: never leaves the site)
+    sampled: int  # records in the Poisson subsample (private)
+
+
+class LocalData:
+    """One party's records and training state (predictions, Rényi ledger)."""
+
+    def __init__(self, X: np.ndarray, y: np.ndarray, ids: np.ndarray, task: str, hp: Hyperparameters,
+                 label_range: tuple[float, float] | None = None, arrival: np.ndarray | None = None,
+                 is_categorical: np.ndarray | None = None):
+        self.X = np.ascontiguousarray(X, dtype=np.float64)
+        self.ids = np.asarray(ids, dtype=np.int64)
+        self.task = task
+        self.hp = hp
+        self.enc = Encoding.for_task(hp, task)
+        self.y = scale_labels(y, label_range) if task == "regression" else np.asarray(y, dtype=np.float64)
+        self.arrival = np.zeros(len(self.ids), np.int64) if arrival is None else np.asarray(arrival, np.int64)
+        self.is_cat = (np.zeros(self.X.shape[1], bool) if is_categorical is None
+                       else np.asarray(is_categorical, dtype=bool))
+        self.pred = np.zeros(len(self.ids))
+        self.spent = np.zeros(len(self.ids), dtype=np.int64)  # ledger units (rdp_filter)
+
+    @property
+    def n(self) -> int:
+        return len(self.ids)
+
+    def init_sums(self) -> np.ndarray:
+        """``[count, Σ clamp(y)]`` over records present at the start (Alg. 3 lines 1, 3, 7)."""
+        present = self.arrival <= 0
+        lo = -self.hp.label_clip if self.task == "regression" else 0.0
+        labels = np.clip(self.y[present], lo, self.hp.label_clip)
+        return np.array([int(present.sum()), int(self.enc.label.encode(labels).sum())], dtype=np.int64)
+
+    def set_init_score(self, score: float) -> None:
+        self.pred = np.full(self.n, float(score))
+
+    def contribution(self, splits: Splits, round_id: int, randomness, table: FilterTable | None) -> Contribution:
+        """Alg. 2 lines 6–9 for the local records: gradients, filter, subsample, leaf sums."""
+        hp, enc = self.hp, self.enc
+        gq, hq = kernels.grad_hess_units(self.pred, self.y, TASK_CODE[self.task], enc.scale,
+                                         enc.grad.bound_units, enc.hess.bound_units)
+        available = self.arrival <= round_id
+        new_spent = None
+        if table is not None:
+            active, new_spent = kernels.filter_step(gq, hq, enc.grad.bound_units, enc.hess.bound_units,
+                                                    table.cost_units, self.spent, table.budget_units, available)
+        else:
+            active = available
+        sampled = active & randomness.subsample(hp.subsample, self.ids, round_id)
+        leaf = kernels.leaf_index(self.X, splits.features, splits.thresholds, self.is_cat, hp.depth)
+        sums = kernels.leaf_sums(leaf, gq, hq, sampled, hp.leaves)
+        return Contribution(sums, leaf, new_spent, int(active.sum()), int(sampled.sum()))
+
+    def commit(self, c: Contribution) -> None:
+        """Adopt the ledger of a contribution (after it was persisted)."""
+        if c.new_spent is not None:
+            self.spent = c.new_spent
+
+    def apply(self, leaf: np.ndarray, values: np.ndarray) -> None:
+        """Add the released tree to the local predictions."""
+        self.pred = kernels.apply_leaves(self.pred, leaf, values, self.hp.learning_rate)

@@ -1,0 +1,154 @@
+"""Typed, validated hyperparameters (design.md "Session" and "Command line").
+
+Every field name is the plan key; the CLI flag is the same name with ``-``
+(``grad_clip`` ↔ ``--grad-clip``).  Validation happens in ``__post_init__`` so
+an invalid object cannot exist.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+TASKS = ("regression", "binary")
+MAX_DEPTH = 12  # 2·2^12 fixed-point values per round: well inside the gRPC message limit
+
+
+class ConfigError(ValueError):
+    """A hyperparameter or plan value is missing or out of range."""
+
+
+@dataclass(frozen=True)
+class Hyperparameters:
+    """S-BDT hyperparameters (paper Table 1).  ``None`` clip values take the task's default."""
+
+    epsilon: float = 1.0  # total ε of the released model (initial score + trees)
+    delta: float = 5e-8  # δ
+    trees: int = 100  # T_regular (accounted rounds)
+    extra_trees: int = 0  # T_extra (free with the filter; accounted without it)
+    depth: int = 3  # d
+    subsample: float = 0.1  # γ, Poisson rate
+    learning_rate: float = 0.1  # η
+    l2: float = 1.0  # λ
+    leaf_clip: float = 2.0  # β
+    grad_clip: float = 0.5  # g*
+    hess_clip: float | None = None  # h*: regression 1.0, binary 0.25
+    label_clip: float = 1.0  # m*
+    r1: float = 0.2  # Hessian share of the leaf noise (r2 = 1 − r1)
+    init_share: float = 0.1  # ε_init / ε (0 disables the initial score)
+    eps_ds: float = 0.005  # ε for the dataset size of the initial score
+    accountant: str = "rdp"  # "rdp" (paper, supports the filter) or "pld" (dp-accounting, tighter)
+    filter: bool = False  # individual Rényi filter (Alg. 1)
+    cyclical: bool = False  # cyclical feature interactions (Nori et al.)
+    split_candidates: int = 0  # 0 = thresholds uniform over the public range
+    seed: int | None = None  # public randomness (splits only)
+    scale_bits: int = 20  # fixed-point scale 2^scale_bits
+
+    def __post_init__(self) -> None:
+        def bad(name: str, why: str) -> ConfigError:
+            return ConfigError(f"{name} = {getattr(self, name)!r}: {why}")
+
+        for name in ("epsilon", "delta", "subsample", "learning_rate", "l2", "leaf_clip", "grad_clip",
+                     "label_clip", "r1", "init_share", "eps_ds"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise bad(name, "must be a finite number")
+        if self.hess_clip is not None and (not isinstance(self.hess_clip, (int, float)) or not self.hess_clip > 0):
+            raise bad("hess_clip", "must be a positive number")
+        for name in ("trees", "extra_trees", "depth", "split_candidates", "scale_bits"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise bad(name, "must be an integer")
+        if not self.epsilon > 0:
+            raise bad("epsilon", "must be > 0")
+        if not 0 < self.delta < 1:
+            raise bad("delta", "must be in (0, 1)")
+        if self.trees < 1:
+            raise bad("trees", "must be ≥ 1")
+        if self.extra_trees < 0:
+            raise bad("extra_trees", "must be ≥ 0")
+        if not 1 <= self.depth <= MAX_DEPTH:
+            raise bad("depth", f"must be in 1..{MAX_DEPTH}")
+        if not 0 < self.subsample <= 1:
+            raise bad("subsample", "γ must be in (0, 1]")
+        if not self.learning_rate > 0:
+            raise bad("learning_rate", "must be > 0")
+        if not self.l2 >= 0:
+            raise bad("l2", "must be ≥ 0")
+        for name in ("leaf_clip", "grad_clip", "label_clip"):
+            if not getattr(self, name) > 0:
+                raise bad(name, "must be > 0")
+        if not 0 < self.r1 < 1:
+            raise bad("r1", "the Hessian noise share must be in (0, 1)")
+        if not 0 <= self.init_share < 1:
+            raise bad("init_share", "ε_init/ε must be in [0, 1)")
+        if not self.eps_ds > 0:
+            raise bad("eps_ds", "must be > 0")
+        if self.init_share > 0 and self.init_share * self.epsilon + self.eps_ds >= self.epsilon:
+            raise ConfigError(
+                f"the initial score would use ε_init + ε_ds = {self.init_share * self.epsilon + self.eps_ds:g} "
+                f"of the total ε = {self.epsilon:g}, leaving nothing for the trees; lower init_share or eps_ds"
+            )
+        if self.accountant not in ("rdp", "pld"):
+            raise bad("accountant", "must be 'rdp' or 'pld'")
+        if self.accountant == "pld" and self.filter:
+            raise ConfigError("the individual Rényi filter needs the RDP accountant (accountant = 'rdp')")
+        if self.split_candidates < 0:
+            raise bad("split_candidates", "must be ≥ 0")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0):
+            raise bad("seed", "must be a non-negative integer")
+        if not 8 <= self.scale_bits <= 30:
+            raise bad("scale_bits", "must be in 8..30")
+
+    # ------------------------------------------------------------------ derived
+
+    @property
+    def r2(self) -> float:
+        return 1.0 - self.r1
+
+    @property
+    def leaves(self) -> int:
+        return 2**self.depth
+
+    @property
+    def total_rounds(self) -> int:
+        return self.trees + self.extra_trees
+
+    @property
+    def accounted_rounds(self) -> int:
+        """Rounds the accountant charges: extra rounds are free only with the filter."""
+        return self.trees if self.filter else self.trees + self.extra_trees
+
+    def hess_clip_for(self, task: str) -> float:
+        if self.hess_clip is not None:
+            return float(self.hess_clip)
+        return 1.0 if task == "regression" else 0.25
+
+    # ------------------------------------------------------------------ (de)serialisation
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Hyperparameters":
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ConfigError(f"unknown hyperparameter(s): {', '.join(unknown)} (known: {', '.join(sorted(names))})")
+        kw = {}
+        for f in dataclasses.fields(cls):
+            if f.name in d:
+                v = d[f.name]
+                if f.type in ("float", "float | None") and isinstance(v, int) and not isinstance(v, bool):
+                    v = float(v)
+                kw[f.name] = v
+        return cls(**kw)
+
+    def replace(self, **changes: Any) -> "Hyperparameters":
+        return dataclasses.replace(self, **changes)
+
+
+def hyperparameter_names() -> list[str]:
+    return [f.name for f in dataclasses.fields(Hyperparameters)]
+

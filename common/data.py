@@ -1,0 +1,316 @@
+"""Loading and validating private data against the public schema.
+
+Every problem is refused with a :class:`DataError` naming the file, the line
+and the column, and nothing partial is returned.  Categorical values are
+encoded as their level index (a float) so that trees see one numeric matrix.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .schema import Schema
+
+MAX_REPORTED = 5
+
+
+class DataError(ValueError):
+    """Private data does not match the public schema."""
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """Validated records: features ``X`` (n × m, categorical as level index), labels ``y``, record ids."""
+
+    X: np.ndarray
+    y: np.ndarray  # regression: raw label; binary: 0.0 / 1.0
+    ids: np.ndarray  # int64, unique: the key of the per-record Rényi ledger
+    schema: Schema
+    source: str = "<arrays>"
+    dropped: int = 0  # rows dropped for missing values (format.on_missing = "drop")
+
+    @property
+    def n(self) -> int:
+        return int(self.y.shape[0])
+
+    def subset(self, idx: np.ndarray) -> "Dataset":
+        return Dataset(self.X[idx], self.y[idx], self.ids[idx], self.schema, self.source, self.dropped)
+
+    # ------------------------------------------------------------------ arrays
+
+    @classmethod
+    def from_arrays(cls, X, y, schema: Schema, ids=None, source: str = "<arrays>") -> "Dataset":
+        """Validate in-memory arrays: categorical columns as level strings or integer level codes."""
+        X = np.asarray(X)
+        if X.ndim != 2 or X.shape[1] != schema.n_features:
+            raise DataError(f"{source}: expected a 2-D array with {schema.n_features} feature columns "
+                            f"({', '.join(schema.feature_names)}), got shape {X.shape}")
+        y = np.asarray(y)
+        if y.shape != (X.shape[0],):
+            raise DataError(f"{source}: {X.shape[0]} rows but {y.shape} labels")
+        frame = pd.DataFrame({f.name: X[:, j] for j, f in enumerate(schema.features)})
+        frame[schema.target] = y
+        if ids is not None:
+            frame["__id__"] = np.asarray(ids)
+        return _validate(frame, schema, source, lines=np.arange(1, len(frame) + 1),
+                         id_col="__id__" if ids is not None else None, row_word="row")
+
+
+# ---------------------------------------------------------------------- files
+
+
+def load(path: str | Path, schema: Schema) -> Dataset:
+    """Read a CSV (as described by ``schema.format``) or a Parquet file and validate it."""
+    p = Path(path)
+    if not p.exists():
+        raise DataError(f"data file not found: {p}")
+    if p.is_dir():
+        raise DataError(f"{p} is a directory, not a data file")
+    if p.suffix.lower() in (".parquet", ".pq"):
+        return _load_parquet(p, schema)
+    return _load_csv(p, schema)
+
+
+def _load_parquet(p: Path, schema: Schema) -> Dataset:
+    try:
+        frame = pd.read_parquet(p)
+    except Exception as e:  # pyarrow raises many types for corrupt files
+        raise DataError(f"{p}: not a readable Parquet file ({type(e).__name__}: {e})") from None
+    frame.columns = [str(c) for c in frame.columns]
+    return _validate(frame, schema, str(p), lines=np.arange(1, len(frame) + 1), id_col=schema.id_column,
+                     row_word="row")
+
+
+def _data_lines(p: Path, fmt) -> np.ndarray:
+    """1-based line numbers of the data rows (skipping blank lines, comments and the header)."""
+    with open(p, "rb") as fh:
+        raw = fh.read()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(f"{p}: not UTF-8 text (byte {e.start}); is this a CSV file?") from None
+    if "\x00" in text:
+        raise DataError(f"{p}: contains NUL bytes; is this a CSV file?")
+    lines = []
+    header_seen = not fmt.header
+    for i, line in enumerate(text.splitlines(), start=1):
+        s = line.strip()
+        if not s or (fmt.comment and s.startswith(fmt.comment)):
+            continue
+        if not header_seen:
+            header_seen = True
+            continue
+        lines.append(i)
+    return np.asarray(lines, dtype=np.int64)
+
+
+def _load_csv(p: Path, schema: Schema) -> Dataset:
+    fmt = schema.format
+    lines = _data_lines(p, fmt)
+    if lines.size == 0:
+        raise DataError(f"{p}: the file holds no data rows")
+    sep = fmt.separator
+    kw = dict(sep=sep.strip() or sep, skipinitialspace=sep != sep.strip(), dtype=str, keep_default_na=False,
+              na_filter=False, skip_blank_lines=True, comment=None, engine="c", index_col=False)
+    if fmt.header:
+        kw["header"] = 0
+    else:
+        kw["header"] = None
+        kw["names"] = list(schema.columns)
+    import io
+    import warnings
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", pd.errors.ParserWarning)
+            if fmt.comment:
+                with open(p, encoding="utf-8") as fh:
+                    body = "".join(line for line in fh if not line.lstrip().startswith(fmt.comment))
+                frame = pd.read_csv(io.StringIO(body), **kw)
+            else:
+                frame = pd.read_csv(p, **kw)
+    except (pd.errors.ParserError, pd.errors.ParserWarning) as e:
+        raise DataError(f"{p}: malformed CSV: {e}") from None
+    except pd.errors.EmptyDataError:
+        raise DataError(f"{p}: the file holds no data rows") from None
+    if len(frame) != lines.size:
+        raise DataError(f"{p}: could not align {len(frame)} parsed rows with {lines.size} data lines; "
+                        "check the separator and quoting")
+    if not fmt.header:
+        # pandas pads short rows with "" and refuses long ones; report short rows precisely.
+        last = schema.columns[-1]
+        short = np.flatnonzero(frame[last].astype(str).to_numpy() == "")
+        if short.size:
+            raise DataError(f"{p}: line {lines[short[0]]}: expected {len(schema.columns)} fields "
+                            f"(columns {', '.join(schema.columns)})")
+    return _validate(frame, schema, str(p), lines=lines, id_col=schema.id_column, row_word="line")
+
+
+# ---------------------------------------------------------------------- validation
+
+
+def _fail(source: str, problems: list[str], total: int) -> DataError:
+    more = f" (and {total - len(problems)} more)" if total > len(problems) else ""
+    return DataError(f"{source}: " + "; ".join(problems) + more)
+
+
+def _validate(frame: pd.DataFrame, schema: Schema, source: str, lines: np.ndarray, id_col: str | None,
+              row_word: str) -> Dataset:
+    needed = schema.feature_names + [schema.target] + ([id_col] if id_col else [])
+    missing_cols = [c for c in needed if c not in frame.columns]
+    if missing_cols:
+        raise DataError(f"{source}: missing column(s) {', '.join(repr(c) for c in missing_cols)}; "
+                        f"found {', '.join(repr(str(c)) for c in frame.columns)}")
+    n = len(frame)
+    if n == 0:
+        raise DataError(f"{source}: the file holds no data rows")
+    fmt = schema.format
+    keep = np.ones(n, dtype=bool)
+    dropped = 0
+    if fmt.missing is not None:
+        miss = np.zeros(n, dtype=bool)
+        first_col = {}
+        for c in needed:
+            col = frame[c]
+            m = ((col.astype(str).str.strip() == fmt.missing).to_numpy() if col.dtype.kind not in "fiub"
+                 else np.zeros(n, bool))
+            for i in np.flatnonzero(m & ~miss)[:1]:
+                first_col.setdefault(int(i), c)
+            miss |= m
+        if miss.any():
+            if fmt.on_missing == "drop":
+                keep &= ~miss
+                dropped = int(miss.sum())
+            else:
+                bad = np.flatnonzero(miss)
+                probs = [f"{row_word} {lines[i]}: missing value {fmt.missing!r}" for i in bad[:MAX_REPORTED]]
+                raise _fail(source, probs, bad.size)
+    if not keep.any():
+        raise DataError(f"{source}: no rows left after dropping {dropped} rows with missing values")
+    frame = frame.loc[keep]
+    lines = lines[keep]
+    row_index = np.flatnonzero(keep)
+    n = len(frame)
+
+    X = np.empty((n, schema.n_features), dtype=np.float64)
+    for j, f in enumerate(schema.features):
+        col = frame[f.name]
+        if f.is_categorical:
+            X[:, j] = _categorical(col, f, source, lines, row_word)
+        else:
+            X[:, j] = _numeric(col, f.name, source, lines, row_word, f.lo, f.hi, fmt.out_of_range)
+    y = _labels(frame[schema.target], schema, source, lines, row_word)
+    if id_col:
+        ids = _ids(frame[id_col], id_col, source, lines, row_word)
+    else:
+        ids = row_index.astype(np.int64)
+    return Dataset(np.ascontiguousarray(X), y, ids, schema, source, dropped)
+
+
+def _to_float(col: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+    if col.dtype.kind in "fiub":
+        v = col.to_numpy(dtype=np.float64)
+        return v, np.zeros(v.shape, bool)
+    s = col.astype(str).str.strip()
+    v = pd.to_numeric(s, errors="coerce").to_numpy(dtype=np.float64)
+    unparsable = np.isnan(v) & ~s.str.lower().isin(["nan", "+nan", "-nan"]).to_numpy()
+    return v, unparsable
+
+
+def _numeric(col, name, source, lines, row_word, lo, hi, out_of_range) -> np.ndarray:
+    v, unparsable = _to_float(col)
+    bad = np.flatnonzero(unparsable)
+    if bad.size:
+        vals = col.to_numpy()
+        raise _fail(source, [f"{row_word} {lines[i]}, column {name!r}: {vals[i]!r} is not a number"
+                             for i in bad[:MAX_REPORTED]], bad.size)
+    bad = np.flatnonzero(~np.isfinite(v))
+    if bad.size:
+        raise _fail(source, [f"{row_word} {lines[i]}, column {name!r}: {v[i]} (NaN/inf) is not allowed"
+                             for i in bad[:MAX_REPORTED]], bad.size)
+    outside = np.flatnonzero((v < lo) | (v > hi))
+    if outside.size:
+        if out_of_range == "clip":
+            return np.clip(v, lo, hi)
+        raise _fail(source, [f"{row_word} {lines[i]}, column {name!r}: {v[i]:g} is outside the public range "
+                             f"[{lo:g}, {hi:g}]" for i in outside[:MAX_REPORTED]], outside.size)
+    return v
+
+
+def _categorical(col, f, source, lines, row_word) -> np.ndarray:
+    if col.dtype.kind in "fiub":
+        v = col.to_numpy(dtype=np.float64)
+        bad = np.flatnonzero(~np.isfinite(v) | (v != np.round(v)) | (v < 0) | (v >= len(f.levels)))
+        if bad.size:
+            raise _fail(source, [f"{row_word} {lines[i]}, column {f.name!r}: {v[i]!r} is not a level code "
+                                 f"0..{len(f.levels) - 1}" for i in bad[:MAX_REPORTED]], bad.size)
+        return v
+    lookup = {lvl: float(k) for k, lvl in enumerate(f.levels)}
+    s = col.astype(str).str.strip()
+    codes = s.map(lookup)
+    bad = np.flatnonzero(codes.isna().to_numpy())
+    if bad.size:
+        vals = s.to_numpy()
+        raise _fail(source, [f"{row_word} {lines[i]}, column {f.name!r}: unknown category {vals[i]!r} "
+                             f"(public levels: {', '.join(f.levels)})" for i in bad[:MAX_REPORTED]], bad.size)
+    return codes.to_numpy(dtype=np.float64)
+
+
+def _labels(col, schema: Schema, source, lines, row_word) -> np.ndarray:
+    name = schema.target
+    if schema.task == "regression":
+        lo, hi = schema.label_range
+        v, unparsable = _to_float(col)
+        bad = np.flatnonzero(unparsable | ~np.isfinite(v))
+        if bad.size:
+            vals = col.to_numpy()
+            raise _fail(source, [f"{row_word} {lines[i]}, label {name!r}: {vals[i]!r} is not a finite number"
+                                 for i in bad[:MAX_REPORTED]], bad.size)
+        bad = np.flatnonzero((v < lo) | (v > hi))
+        if bad.size:
+            raise _fail(source, [f"{row_word} {lines[i]}, label {name!r}: {v[i]:g} is outside the public label "
+                                 f"range [{lo:g}, {hi:g}]" for i in bad[:MAX_REPORTED]], bad.size)
+        return v
+    if col.dtype.kind in "fiub":
+        s = pd.Series([_num_str(x) for x in col.to_numpy()])
+    else:
+        s = col.astype(str).str.strip()
+    mapping = {p: 1.0 for p in schema.positive} | {q: 0.0 for q in schema.negative}
+    y = s.map(mapping)
+    bad = np.flatnonzero(y.isna().to_numpy())
+    if bad.size:
+        vals = s.to_numpy()
+        allowed = ", ".join(repr(x) for x in schema.positive + schema.negative)
+        raise _fail(source, [f"{row_word} {lines[i]}, label {name!r}: {vals[i]!r} is not a class label of this "
+                             f"binary task (allowed: {allowed})" for i in bad[:MAX_REPORTED]], bad.size)
+    return y.to_numpy(dtype=np.float64)
+
+
+def _num_str(x) -> str:
+    f = float(x)
+    return str(int(f)) if f.is_integer() else str(f)
+
+
+def _ids(col, name, source, lines, row_word) -> np.ndarray:
+    s = col.astype(str).str.strip().to_numpy()
+    empty = np.flatnonzero(s == "")
+    if empty.size:
+        raise _fail(source, [f"{row_word} {lines[i]}, id column {name!r}: empty record id"
+                             for i in empty[:MAX_REPORTED]], empty.size)
+    as_int = pd.to_numeric(pd.Series(s), errors="coerce")
+    if not as_int.isna().any() and (as_int == np.round(as_int)).all() and (as_int.abs() < 2**62).all():
+        ids = as_int.to_numpy().astype(np.int64)
+    else:
+        ids = np.array([int.from_bytes(hashlib.blake2b(x.encode(), digest_size=8).digest(), "big") >> 1
+                        for x in s], dtype=np.int64)
+    order = np.argsort(ids, kind="stable")
+    dup = np.flatnonzero(ids[order][1:] == ids[order][:-1])
+    if dup.size:
+        pairs = [f"{row_word}s {lines[order[i]]} and {lines[order[i + 1]]} share id {s[order[i]]!r}"
+                 for i in dup[:MAX_REPORTED]]
+        raise _fail(source, ["duplicate record ids: " + "; ".join(pairs)], dup.size)
+    return ids

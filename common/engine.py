@@ -1,0 +1,109 @@
+"""Centralised S-BDT training (paper Alg. 2): one party, the full noise.
+
+The federation runs the very same steps with the sums of many
+:class:`~common.boosting.LocalData` instead of one; see ``server/`` and
+``client/``.
+"""
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from .accountant import PrivacyCalibration, calibrate
+from .boosting import Encoding, LocalData, init_noise_scales, init_score, leaf_noise_scales, leaf_values
+from .config import Hyperparameters
+from .data import Dataset
+from .fixedpoint import check_capacity
+from .model import Ensemble, Tree
+from .rdp_filter import FilterTable, filter_table
+from .randomness import SecureRandomness, prefetched_gaussian
+from .splits import random_splits
+
+Progress = Callable[[int, int], None]
+
+
+def calibration_for(hp: Hyperparameters) -> PrivacyCalibration:
+    """Alg. 6 for these hyperparameters (cached)."""
+    return calibrate(hp.epsilon, hp.delta, hp.subsample, hp.accounted_rounds, hp.init_share, hp.eps_ds,
+                     hp.accountant)
+
+
+def filter_for(hp: Hyperparameters, cal: PrivacyCalibration) -> FilterTable | None:
+    if not hp.filter:
+        return None
+    return filter_table(cal.alpha, cal.sigma, hp.subsample, hp.r1, hp.trees)
+
+
+def privacy_receipt(hp: Hyperparameters, cal: PrivacyCalibration, rounds_completed: int, noise_mode: str,
+                    randomness: str, parties: list[str] | None = None) -> dict:
+    """The public statement released with the model (design.md "Session" 5)."""
+    return {
+        "guarantee": (f"({cal.epsilon:.6g}, {cal.delta:.3g})-differential privacy for every record "
+                      "(add/remove one record), covering the initial score and all released trees"),
+        "epsilon": cal.epsilon,
+        "target_epsilon": hp.epsilon,
+        "delta": cal.delta,
+        "accountant": cal.accountant,
+        "sigma": cal.sigma,
+        "alpha": cal.alpha,
+        "rho": cal.rho,
+        "eps_init": cal.eps_init,
+        "eps_ds": cal.eps_ds,
+        "subsample": cal.gamma,
+        "rounds_accounted": cal.rounds,
+        "rounds_completed": int(rounds_completed),
+        "filter": bool(hp.filter),
+        "noise_mode": noise_mode,
+        "randomness": randomness,
+        "parties": list(parties or []),
+    }
+
+
+@dataclass
+class TrainResult:
+    model: Ensemble
+    local: LocalData
+    seconds: float
+
+
+def train(dataset: Dataset, hp: Hyperparameters, randomness=None, progress: Progress | None = None,
+          arrival: np.ndarray | None = None) -> TrainResult:
+    """Train S-BDT on one dataset with central noise.  Returns the model and the local state (ledger)."""
+    t0 = time.perf_counter()
+    schema = dataset.schema
+    randomness = randomness or SecureRandomness()
+    if hp.seed is None:
+        hp = hp.replace(seed=secrets.randbits(63))  # public split seed, recorded in the model
+    cal = calibration_for(hp)
+    table = filter_for(hp, cal)
+    enc = Encoding.for_task(hp, schema.task)
+    local = LocalData(dataset.X, dataset.y, dataset.ids, schema.task, hp, schema.label_range, arrival,
+                      np.array([f.is_categorical for f in schema.features]))
+    check_capacity(max(enc.grad.bound_units, enc.hess.bound_units) * max(local.n, 1), 1,
+                   float(leaf_noise_scales(hp, enc, cal.sigma).max()))
+
+    score = 0.0
+    if hp.init_share > 0:
+        noisy = local.init_sums() + randomness.discrete_laplace(init_noise_scales(hp, enc, cal))
+        score = init_score(noisy, schema.task, enc)
+    local.set_init_score(score)
+
+    model = Ensemble(schema, hp, score)
+    scales = leaf_noise_scales(hp, enc, cal.sigma)
+    total = hp.total_rounds
+    noise = prefetched_gaussian(randomness, scales, total)
+    for r in range(total):
+        splits = random_splits(schema, hp.depth, hp.seed, r, hp.cyclical, hp.split_candidates)
+        c = local.contribution(splits, r, randomness, table)
+        local.commit(c)
+        values = leaf_values(c.sums + next(noise), hp, enc)
+        local.apply(c.leaf, values)
+        model.trees.append(Tree(splits.features, splits.thresholds, values))
+        if progress is not None:
+            progress(r + 1, total)
+    model.privacy = privacy_receipt(hp, cal, total, "central", randomness.describe())
+    return TrainResult(model, local, time.perf_counter() - t0)

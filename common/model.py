@@ -1,0 +1,162 @@
+"""The released model: initial score, trees and privacy receipt, as versioned JSON.
+
+Serialisation is canonical (sorted keys, fixed separators, floats in their
+shortest round-trip form) so every party of a federation writes a
+byte-identical file for the same model.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import kernels
+from .config import Hyperparameters
+from .schema import Schema
+
+FORMAT = "fedsbdt-model"
+VERSION = 1
+
+
+class ModelError(ValueError):
+    """A model file is missing, malformed or of an unsupported version."""
+
+
+def scale_labels(y: np.ndarray, label_range: tuple[float, float]) -> np.ndarray:
+    """Public affine map of regression labels from ``[lo, hi]`` to ``[−1, 1]``."""
+    lo, hi = label_range
+    return 2.0 * (np.asarray(y, dtype=np.float64) - lo) / (hi - lo) - 1.0
+
+
+def unscale_labels(z: np.ndarray, label_range: tuple[float, float]) -> np.ndarray:
+    lo, hi = label_range
+    return (np.asarray(z, dtype=np.float64) + 1.0) * (hi - lo) / 2.0 + lo
+
+
+@dataclass
+class Tree:
+    features: np.ndarray  # int32 (2^d − 1)
+    thresholds: np.ndarray  # float64 (2^d − 1)
+    leaves: np.ndarray  # float64 (2^d), already clamped to ±β
+
+
+@dataclass
+class Ensemble:
+    schema: Schema
+    hyperparameters: Hyperparameters
+    init_score: float = 0.0
+    trees: list[Tree] = field(default_factory=list)
+    privacy: dict[str, Any] = field(default_factory=dict)  # the privacy receipt
+    training: dict[str, Any] = field(default_factory=dict)  # public per-round facts (sites alive, …)
+
+    @property
+    def task(self) -> str:
+        return self.schema.task
+
+    @property
+    def depth(self) -> int:
+        return self.hyperparameters.depth
+
+    def is_categorical(self) -> np.ndarray:
+        return np.array([f.is_categorical for f in self.schema.features], dtype=bool)
+
+    # ------------------------------------------------------------------ prediction
+
+    def stacked(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        n_inner = 2**self.depth - 1
+        if not self.trees:
+            return (np.zeros((0, n_inner), np.int32), np.zeros((0, n_inner)), np.zeros((0, 2**self.depth)))
+        return (np.stack([t.features for t in self.trees]).astype(np.int32),
+                np.stack([t.thresholds for t in self.trees]),
+                np.stack([t.leaves for t in self.trees]))
+
+    def predict_margin(self, X: np.ndarray) -> np.ndarray:
+        """Raw score ``init + η·Σ_t v_t(x)`` (regression: in the scaled label space)."""
+        f, th, lv = self.stacked()
+        return kernels.predict_margin(X, f, th, lv, self.is_categorical(), self.depth,
+                                      self.hyperparameters.learning_rate, self.init_score)
+
+    def predict(self, X: np.ndarray) -> np.ndarray:
+        """Regression: predicted label in original units.  Binary: probability of the positive class."""
+        m = self.predict_margin(X)
+        if self.task == "regression":
+            return unscale_labels(m, self.schema.label_range)
+        return 1.0 / (1.0 + np.exp(-m))
+
+    # ------------------------------------------------------------------ (de)serialisation
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "version": VERSION,
+            "schema": self.schema.to_dict(),
+            "hyperparameters": self.hyperparameters.to_dict(),
+            "privacy": self.privacy,
+            "training": self.training,
+            "init_score": float(self.init_score),
+            "trees": [{"features": t.features.astype(int).tolist(), "thresholds": [float(x) for x in t.thresholds],
+                       "leaves": [float(x) for x in t.leaves]} for t in self.trees],
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"), allow_nan=False) + "\n"
+
+    def save(self, path: str | Path) -> None:
+        """Write atomically (temp file + rename) so a crash never leaves half a model."""
+        p = Path(path)
+        tmp = p.with_name(p.name + ".tmp")
+        tmp.write_text(self.to_json(), encoding="utf-8")
+        tmp.replace(p)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], source: str = "model") -> "Ensemble":
+        if not isinstance(d, dict) or d.get("format") != FORMAT:
+            raise ModelError(f"{source}: not a fedsbdt model file (missing format = {FORMAT!r})")
+        if d.get("version") != VERSION:
+            raise ModelError(f"{source}: model format version {d.get('version')!r} is not supported "
+                             f"(this fedsbdt reads version {VERSION})")
+        try:
+            schema = Schema.from_dict(d["schema"], source=f"{source} (schema)")
+            hp = Hyperparameters.from_dict(d["hyperparameters"])
+            n_inner, n_leaves = 2**hp.depth - 1, 2**hp.depth
+            trees = []
+            for i, t in enumerate(d["trees"]):
+                tr = Tree(np.asarray(t["features"], dtype=np.int32), np.asarray(t["thresholds"], dtype=np.float64),
+                          np.asarray(t["leaves"], dtype=np.float64))
+                if tr.features.shape != (n_inner,) or tr.thresholds.shape != (n_inner,) or \
+                        tr.leaves.shape != (n_leaves,):
+                    raise ModelError(f"{source}: tree {i} does not have depth {hp.depth}")
+                if tr.features.size and (tr.features.min() < 0 or tr.features.max() >= schema.n_features):
+                    raise ModelError(f"{source}: tree {i} uses a feature index outside the schema")
+                if not (np.isfinite(tr.thresholds).all() and np.isfinite(tr.leaves).all()):
+                    raise ModelError(f"{source}: tree {i} holds non-finite numbers")
+                trees.append(tr)
+            init = float(d["init_score"])
+            if not math.isfinite(init):
+                raise ModelError(f"{source}: non-finite initial score")
+            return cls(schema, hp, init, trees, dict(d.get("privacy", {})), dict(d.get("training", {})))
+        except KeyError as e:
+            raise ModelError(f"{source}: missing field {e}") from None
+        except (TypeError, ValueError) as e:
+            if isinstance(e, ModelError):
+                raise
+            raise ModelError(f"{source}: malformed model: {e}") from None
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Ensemble":
+        p = Path(path)
+        try:
+            text = p.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise ModelError(f"model file not found: {p}") from None
+        except UnicodeDecodeError:
+            raise ModelError(f"{p}: not a text (JSON) file") from None
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ModelError(f"{p}: not valid JSON ({e})") from None
+        return cls.from_dict(d, source=str(p))

@@ -1,0 +1,194 @@
+"""Sources of privacy-relevant randomness (design.md "Noise").
+
+* :class:`SecureRandomness` — the only source allowed outside tests.  DP noise
+  comes from OpenDP's exact discrete Gaussian and discrete Laplace samplers
+  (integer, fixed-point units); the Poisson subsample from exact integer
+  comparisons against a CSPRNG stream (AES-256-CTR keyed with 32 fresh bytes
+  from ``os.urandom`` per call — a key-erasure DRBG).  Never numpy's
+  floating-point generators (Mironov 2012).
+* :class:`InsecureTestRandomness` — deterministic, *clearly insecure*, for
+  tests only: noise can be switched off and the subsample is a public hash
+  of (seed, round, record id), so a federated run and a centralised run select
+  exactly the same records.  It refuses to be constructed unless the caller
+  passes ``i_understand_this_is_insecure=True``.
+
+All samplers return int64 numpy arrays in fixed-point units.
+"""
+from __future__ import annotations
+
+import math
+import os
+import threading
+from dataclasses import dataclass, field
+
+import numpy as np
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+_U64 = 2.0**64
+
+
+class InsecureRandomnessError(RuntimeError):
+    pass
+
+
+def bernoulli_threshold(p: float) -> int:
+    """Integer threshold k with P[U < k] = k/2^64 ≤ p for U uniform on 64 bits (never above p)."""
+    if not 0 <= p <= 1:
+        raise ValueError(f"probability must be in [0, 1], got {p}")
+    if p == 1:
+        return 2**64
+    return int(math.floor(p * _U64))
+
+
+def csprng_bytes(n: int) -> bytes:
+    """``n`` bytes of AES-256-CTR keystream under a fresh ``os.urandom`` key (key erasure: never reused)."""
+    enc = Cipher(algorithms.AES(os.urandom(32)), modes.CTR(b"\x00" * 16)).encryptor()
+    return enc.update(b"\x00" * n) + enc.finalize()
+
+
+def csprng_uint64(n: int) -> np.ndarray:
+    return np.frombuffer(csprng_bytes(8 * n), dtype="<u8")
+
+
+def _bernoulli_from_u64(u: np.ndarray, p: float) -> np.ndarray:
+    k = bernoulli_threshold(p)
+    if k >= 2**64:
+        return np.ones(u.shape, dtype=bool)
+    return u < np.uint64(k)
+
+
+@dataclass
+class SecureRandomness:
+    """Exact samplers from OpenDP fed by OS randomness; Poisson subsample from the CSPRNG."""
+
+    insecure: bool = field(default=False, init=False)
+    _cache: dict = field(default_factory=dict, init=False, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+
+    def _measurement(self, kind: str, scale: float, size: int):
+        key = (kind, float(scale), int(size))
+        with self._lock:
+            m = self._cache.get(key)
+            if m is None:
+                # Import the parts we need: opendp.prelude also imports scikit-learn (seconds).
+                from opendp import domains, measurements, metrics, mod
+
+                mod.enable_features("contrib")
+                domain = domains.vector_domain(domains.atom_domain(T=int), size=int(size))
+                if kind == "gaussian":
+                    m = measurements.make_gaussian(domain, metrics.l2_distance(T=int), scale=float(scale))
+                else:
+                    m = measurements.make_laplace(domain, metrics.l1_distance(T=int), scale=float(scale))
+                if len(self._cache) > 256:
+                    self._cache.clear()
+                self._cache[key] = m
+        return m
+
+    def _sample(self, kind: str, scales: np.ndarray) -> np.ndarray:
+        scales = np.asarray(scales, dtype=np.float64)
+        if np.any(~np.isfinite(scales)) or np.any(scales < 0):
+            raise ValueError("noise scales must be finite and non-negative")
+        out = np.zeros(scales.shape, dtype=np.int64)
+        for s in np.unique(scales):
+            idx = np.flatnonzero(scales == s)
+            if s == 0:
+                continue
+            out[idx] = np.asarray(self._measurement(kind, s, idx.size)([0] * idx.size), dtype=np.int64)
+        return out
+
+    def discrete_gaussian(self, scales: np.ndarray) -> np.ndarray:
+        """One exact discrete Gaussian N_Z(0, s²) per entry of ``scales`` (integer units)."""
+        return self._sample("gaussian", scales)
+
+    def discrete_laplace(self, scales: np.ndarray) -> np.ndarray:
+        """One exact discrete Laplace with scale s per entry of ``scales`` (integer units)."""
+        return self._sample("laplace", scales)
+
+    def subsample(self, p: float, record_ids: np.ndarray, round_id: int) -> np.ndarray:
+        """Poisson subsample: each record independently with probability ≤ p (exactly floor(p·2^64)/2^64)."""
+        return _bernoulli_from_u64(csprng_uint64(len(record_ids)), p)
+
+    def describe(self) -> str:
+        return "opendp-exact+aes-ctr-drbg"
+
+
+def _splitmix64(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.uint64)
+    with np.errstate(over="ignore"):
+        x = x + np.uint64(0x9E3779B97F4A7C15)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return x ^ (x >> np.uint64(31))
+
+
+@dataclass
+class InsecureTestRandomness:
+    """Deterministic randomness for tests.  NOT differentially private.  Never use on real data."""
+
+    seed: int = 0
+    noise: bool = True
+    i_understand_this_is_insecure: bool = False
+    insecure: bool = field(default=True, init=False)
+
+    def __post_init__(self) -> None:
+        if not self.i_understand_this_is_insecure:
+            raise InsecureRandomnessError(
+                "InsecureTestRandomness is deterministic and offers no privacy; it exists for tests only")
+        self._rng = np.random.default_rng(self.seed)
+
+    def discrete_gaussian(self, scales: np.ndarray) -> np.ndarray:
+        scales = np.asarray(scales, dtype=np.float64)
+        if not self.noise:
+            return np.zeros(scales.shape, dtype=np.int64)
+        return np.rint(self._rng.normal(0.0, 1.0, scales.shape) * scales).astype(np.int64)
+
+    def discrete_laplace(self, scales: np.ndarray) -> np.ndarray:
+        scales = np.asarray(scales, dtype=np.float64)
+        if not self.noise:
+            return np.zeros(scales.shape, dtype=np.int64)
+        return np.rint(self._rng.laplace(0.0, 1.0, scales.shape) * scales).astype(np.int64)
+
+    def subsample(self, p: float, record_ids: np.ndarray, round_id: int) -> np.ndarray:
+        """A public function of (seed, round, record id): identical wherever the record lives."""
+        with np.errstate(over="ignore"):
+            key = _splitmix64(np.asarray(record_ids, dtype=np.int64).view(np.uint64)
+                              ^ _splitmix64(np.array([self.seed * 1_000_003 + round_id], dtype=np.uint64)))
+        return _bernoulli_from_u64(_splitmix64(key), p)
+
+    def describe(self) -> str:
+        return f"INSECURE-TEST(seed={self.seed}, noise={'on' if self.noise else 'off'})"
+
+
+def prefetched_gaussian(randomness, scales: np.ndarray, rounds: int, chunk: int = 16, workers: int = 2,
+                        lookahead: int = 4):
+    """Yield ``rounds`` discrete-Gaussian vectors with per-coordinate ``scales``, drawn ahead of use.
+
+    Leaf noise does not depend on the data, so it is drawn in background
+    threads (OpenDP's sampler releases the GIL) while the training thread
+    computes leaf sums.  Deterministic test sources are drawn in order, inline.
+    """
+    scales = np.asarray(scales, dtype=np.float64)
+    if getattr(randomness, "insecure", False) or rounds <= chunk:
+        for _ in range(rounds):
+            yield randomness.discrete_gaussian(scales)
+        return
+    from collections import deque
+    from concurrent.futures import ThreadPoolExecutor
+
+    def draw(k: int) -> np.ndarray:
+        return randomness.discrete_gaussian(np.tile(scales, k)).reshape(k, scales.size)
+
+    sizes = [min(chunk, rounds - i) for i in range(0, rounds, chunk)]
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dp-noise") as ex:
+        pending: deque = deque()
+        it = iter(sizes)
+        for k in it:
+            pending.append(ex.submit(draw, k))
+            if len(pending) >= lookahead:
+                break
+        while pending:
+            block = pending.popleft().result()
+            nxt = next(it, None)
+            if nxt is not None:
+                pending.append(ex.submit(draw, nxt))
+            yield from block

@@ -1,0 +1,53 @@
+"""Public random splits (paper Alg. 4 line 2, Alg. 7 lines 13–16, §4.1).
+
+Splits are data-independent: a feature per inner node (uniform, or one
+feature per tree cycling through the features — "cyclical feature
+interactions", Nori et al.) and a threshold uniform over the feature's
+*public* range, or uniform over ``N`` equidistant candidates inside it;
+categorical nodes pick one public level.  The randomness is public and
+reproducible: tree *r* is a function of ``(seed, r)`` only, so every party can
+recompute (and check) what the coordinator broadcasts.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .schema import Schema
+
+
+@dataclass(frozen=True)
+class Splits:
+    """The inner nodes of one complete tree of depth ``depth`` (heap order)."""
+
+    features: np.ndarray  # int32, 2^d − 1
+    thresholds: np.ndarray  # float64, 2^d − 1 (categorical: level index)
+
+    @property
+    def depth(self) -> int:
+        return int(np.log2(self.features.shape[0] + 1))
+
+
+def random_splits(schema: Schema, depth: int, seed: int, round_id: int, cyclical: bool = False,
+                  split_candidates: int = 0) -> Splits:
+    """The public random tree of round ``round_id`` (0-based)."""
+    rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([int(seed), int(round_id)])))
+    m = schema.n_features
+    n_inner = 2**depth - 1
+    if cyclical:
+        features = np.full(n_inner, round_id % m, dtype=np.int32)
+    else:
+        features = rng.integers(0, m, size=n_inner).astype(np.int32)
+    thresholds = np.empty(n_inner, dtype=np.float64)
+    u = rng.random(n_inner)
+    cand = rng.integers(0, max(split_candidates, 1), size=n_inner)
+    for k in range(n_inner):
+        f = schema.features[features[k]]
+        if f.is_categorical:
+            thresholds[k] = float(min(int(u[k] * len(f.levels)), len(f.levels) - 1))
+        elif split_candidates > 0:
+            thresholds[k] = f.lo + (f.hi - f.lo) * (cand[k] + 1) / (split_candidates + 1)
+        else:
+            thresholds[k] = f.lo + (f.hi - f.lo) * u[k]
+    return Splits(features, thresholds)

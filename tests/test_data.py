@@ -1,0 +1,150 @@
+"""Schemas and data loading: the UCI files read unchanged; every kind of bad input is refused clearly."""
+import numpy as np
+import pandas as pd
+import pytest
+
+from common.data import DataError, Dataset, load
+from common.schema import Schema, SchemaError
+
+from conftest import DATASETS, EXAMPLES
+
+TOY = """
+name = "toy"
+task = "binary"
+target = "label"
+positive = ["yes"]
+negative = ["no"]
+id_column = "pid"
+[format]
+header = true
+separator = ","
+missing = "NA"
+[[features]]
+name = "age"
+type = "numeric"
+range = [0, 120]
+[[features]]
+name = "ward"
+type = "categorical"
+levels = ["A", "B"]
+"""
+
+
+@pytest.fixture
+def toy_schema(tmp_path):
+    p = tmp_path / "schema.toml"
+    p.write_text(TOY)
+    return Schema.load(p)
+
+
+def write(tmp_path, text, name="d.csv"):
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+def test_uci_files_read_unchanged(abalone, adult):
+    assert abalone.X.shape == (4177, 8) and abalone.schema.task == "regression"
+    assert abalone.y.min() == 1 and abalone.y.max() == 29
+    assert adult.n == 30162 and adult.dropped == 2399  # the reference protocol's rows
+    assert adult.y.mean() == pytest.approx(7508 / 30162)
+    test = load(DATASETS / "adult.test", adult.schema)  # comment line, labels with a trailing period
+    assert test.n == 15060 and set(np.unique(test.y)) == {0.0, 1.0}
+
+
+def test_parquet_equals_csv(tmp_path, toy_schema):
+    p = write(tmp_path, "pid,age,ward,label\n7,30,A,yes\n9,50.5,B,no\n")
+    a = load(p, toy_schema)
+    pd.read_csv(p).to_parquet(tmp_path / "d.parquet")
+    b = load(tmp_path / "d.parquet", toy_schema)
+    np.testing.assert_array_equal(a.X, b.X)
+    np.testing.assert_array_equal(a.y, b.y)
+    np.testing.assert_array_equal(a.ids, b.ids)
+    assert a.ids.tolist() == [7, 9]
+
+
+@pytest.mark.parametrize("body,needle", [
+    ("pid,age,ward,label\n1,30,A,yes\n2,abc,B,no\n", "line 3, column 'age': 'abc' is not a number"),
+    ("pid,age,ward,label\n1,30,A,yes\n2,nan,B,no\n", "line 3, column 'age'"),
+    ("pid,age,ward,label\n1,inf,A,yes\n", "line 2, column 'age'"),
+    ("pid,age,ward,label\n1,130,A,yes\n", "outside the public range [0, 120]"),
+    ("pid,age,ward,label\n1,30,C,yes\n", "unknown category 'C'"),
+    ("pid,age,ward,label\n1,30,A,maybe\n", "'maybe' is not a class label"),
+    ("pid,age,ward,label\n1,30,A,yes\n1,31,B,no\n", "duplicate record ids"),
+    ("pid,age,ward,label\n1,NA,A,yes\n", "line 2: missing value 'NA'"),
+    ("pid,age,label\n1,30,yes\n", "missing column(s) 'ward'"),
+    ("pid,age,ward,label\n", "no data rows"),
+    ("", "no data rows"),
+    ("pid,age,ward,label\n1,30,A,yes,extra,fields\n", "malformed CSV"),
+])
+def test_bad_csv_is_refused_with_file_line_and_column(tmp_path, toy_schema, body, needle):
+    p = write(tmp_path, body)
+    with pytest.raises(DataError) as e:
+        load(p, toy_schema)
+    assert needle in str(e.value)
+    assert str(p) in str(e.value)
+
+
+def test_binary_garbage_and_missing_files(tmp_path, toy_schema):
+    p = tmp_path / "x.csv"
+    p.write_bytes(b"\x89PNG\x00\x01\x02")
+    with pytest.raises(DataError, match="not UTF-8|NUL"):
+        load(p, toy_schema)
+    with pytest.raises(DataError, match="not found"):
+        load(tmp_path / "nope.csv", toy_schema)
+    q = tmp_path / "bad.parquet"
+    q.write_bytes(b"not parquet at all")
+    with pytest.raises(DataError, match="Parquet"):
+        load(q, toy_schema)
+
+
+def test_regression_labels_outside_public_range(tmp_path):
+    s = Schema.load(EXAMPLES / "abalone" / "schema.toml")
+    p = write(tmp_path, "M,0.4,0.3,0.1,0.5,0.2,0.1,0.15,31\n")
+    with pytest.raises(DataError, match="outside the public label range"):
+        load(p, s)
+    p = write(tmp_path, "M,0.4,0.3,0.1,0.5,0.2,0.1,0.15\n")
+    with pytest.raises(DataError, match="expected 9 fields"):
+        load(p, s)
+
+
+@pytest.mark.parametrize("patch,needle", [
+    ("task = \"binary\"", None),
+    ("task = \"clustering\"", "task must be one of"),
+])
+def test_schema_task_validation(tmp_path, patch, needle):
+    p = tmp_path / "s.toml"
+    p.write_text(TOY.replace('task = "binary"', patch))
+    if needle is None:
+        Schema.load(p)
+    else:
+        with pytest.raises(SchemaError, match=needle):
+            Schema.load(p)
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("this is = not toml [", "not valid TOML"),
+    (TOY.replace("range = [0, 120]", "range = [5, 1]"), "lo < hi"),
+    (TOY.replace('levels = ["A", "B"]', 'levels = ["A", "A"]'), "duplicate levels"),
+    (TOY.replace('target = "label"', 'target = "age"'), "also listed as a feature"),
+    (TOY.replace("header = true", "header = false"), "needs 'columns'"),
+    (TOY.replace('type = "numeric"', 'type = "float"'), "type must be"),
+])
+def test_malformed_schema(tmp_path, text, needle):
+    p = tmp_path / "s.toml"
+    p.write_text(text)
+    with pytest.raises(SchemaError, match=needle):
+        Schema.load(p)
+
+
+def test_from_arrays_validates(toy_schema):
+    ok = Dataset.from_arrays(np.array([[30.0, 0], [40.0, 1]]), np.array(["yes", "no"]), toy_schema)
+    assert ok.y.tolist() == [1.0, 0.0]
+    with pytest.raises(DataError, match="level code"):
+        Dataset.from_arrays(np.array([[30.0, 2]]), np.array(["yes"]), toy_schema)
+    with pytest.raises(DataError, match="feature columns"):
+        Dataset.from_arrays(np.array([[30.0]]), np.array(["yes"]), toy_schema)
+
+
+def test_schema_digest_is_stable(abalone):
+    assert abalone.schema.digest() == Schema.from_dict(abalone.schema.to_dict()).digest()

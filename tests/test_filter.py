@@ -1,0 +1,77 @@
+"""The individual Rényi filter never lets a record exceed ρ(α̂) and lets small records keep training."""
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from common import kernels
+from common.accountant import calibrate, subsampled_rdp
+from common.rdp_filter import UNITS_PER_ROUND, filter_table
+
+G_UNITS, H_UNITS = 524288, 26214  # g* = 0.5, h* = 0.025 at 2^20
+
+
+@pytest.fixture(scope="module")
+def table():
+    cal = calibrate(0.5, 5e-8, 0.1, 20)
+    return filter_table(cal.alpha, cal.sigma, 0.1, 0.2, 20), cal
+
+
+def exact_cost(table, g, h):
+    c = 0.2 * (h / H_UNITS) ** 2 + 0.8 * (g / G_UNITS) ** 2
+    return subsampled_rdp(table.alpha, table.gamma, c / table.sigma**2)
+
+
+def test_table_rounds_up_and_is_monotone_in_both_gradient_and_hessian(table):
+    t, cal = table
+    u = t.cost_units
+    assert u[-1, -1] == UNITS_PER_ROUND
+    assert (np.diff(u, axis=0) >= 0).all() and (np.diff(u, axis=1) >= 0).all()
+    # the Hessian matters: the reference code's lookup ignored it
+    assert u[-1, 0] > u[0, 0] and u[-1, 5] > u[0, 5]
+    assert t.budget_units * t.unit_rdp == pytest.approx(cal.rho, rel=1e-9)
+    rng = np.random.default_rng(1)
+    for _ in range(500):
+        g, h = int(rng.integers(0, G_UNITS + 1)), int(rng.integers(0, H_UNITS + 1))
+        _, new = kernels.filter_step(np.array([g]), np.array([h]), G_UNITS, H_UNITS, u, np.array([0]),
+                                     t.budget_units, np.array([True]))
+        assert new[0] * t.unit_rdp >= exact_cost(t, g, h) * (1 - 1e-9)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(-G_UNITS, G_UNITS), st.integers(0, H_UNITS)), min_size=1, max_size=8),
+       st.integers(1, 80), st.integers(0, 2**32))
+def test_no_record_ever_exceeds_its_budget(table, pattern, rounds, seed):
+    """Adversarial gradients: any sequence of (g, h) per round keeps every ledger ≤ ρ(α̂)."""
+    t, cal = table
+    rng = np.random.default_rng(seed)
+    n = 16
+    spent = np.zeros(n, np.int64)
+    exact = np.zeros(n)
+    for r in range(rounds):
+        gh = np.array([pattern[(r + i) % len(pattern)] for i in range(n)])
+        g = gh[:, 0] * (rng.random(n) < 0.9)
+        h = gh[:, 1]
+        active, new = kernels.filter_step(g, h, G_UNITS, H_UNITS, t.cost_units, spent, t.budget_units,
+                                          np.ones(n, bool))
+        assert (new[~active] == spent[~active]).all()
+        for i in np.flatnonzero(active):
+            exact[i] += exact_cost(t, int(g[i]), int(h[i]))
+        spent = new
+        assert (spent <= t.budget_units).all()
+        assert (exact <= cal.rho * (1 + 1e-9)).all()
+
+
+def test_worst_case_records_train_exactly_t_regular_rounds_and_small_ones_continue(table):
+    t, cal = table
+    n = 4
+    g = np.array([G_UNITS, G_UNITS // 4, G_UNITS // 20, 0])
+    h = np.array([H_UNITS, H_UNITS, H_UNITS // 10, 0])
+    spent = np.zeros(n, np.int64)
+    participated = np.zeros(n, int)
+    for _ in range(20 + 200):  # T_regular = 20 plus 200 extra rounds
+        active, spent = kernels.filter_step(g, h, G_UNITS, H_UNITS, t.cost_units, spent, t.budget_units,
+                                            np.ones(n, bool))
+        participated += active
+    assert participated[0] == 20
+    assert participated[1] > 20 and participated[2] > participated[1]
+    assert participated[3] == 220  # zero sensitivity costs nothing
