@@ -259,10 +259,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _register_optional(sub) -> None:
-    """Federation commands live in server/ and client/; they register themselves when present."""
+    """Further commands live next to their code and register themselves when present."""
     import importlib
 
-    for mod in ("server.cli", "client.cli"):
+    for mod in ("common.cli_tools", "server.cli", "client.cli"):
         try:
             m = importlib.import_module(mod)
         except ModuleNotFoundError as e:
