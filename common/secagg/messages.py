@@ -745,6 +745,7 @@ class UnmaskResponse(Message):
 
 
 __all__ = [
+    "Writer",
     "KIND_KEY",
     "KIND_SEED",
     "AdvertiseKeys",
