@@ -117,3 +117,11 @@ def test_invalid_parameters_are_refused():
         A.subsampled_rdp(1, 0.1, 1.0)
     with pytest.raises(A.AccountingError):
         A.calibrate(1e-9, 1e-12, 1.0, 100000)
+
+
+def test_subsampled_rdp_is_monotone_in_gamma():
+    """Sampling with probability ⌊γ·2^64⌋/2^64 ≤ γ is covered by the bound for γ (monotonicity)."""
+    for sigma in (0.8, 5.0, 50.0):
+        for a in (2, 9, 100, 1500):
+            vals = [A.subsampled_rdp(a, g, 1 / sigma**2) for g in np.linspace(0.001, 1.0, 60)]
+            assert all(y >= x * (1 - 1e-12) for x, y in zip(vals, vals[1:]))
