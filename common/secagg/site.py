@@ -656,7 +656,7 @@ class SecAggSite:
         try:
             new, reply, record = stage.on_roster(self.ctx, msg)
         except ProtocolAbort as exc:
-            self._epochs[msg.epoch] = EpochAborted(str(exc), getattr(stage, "announce", None))
+            self._abort_epoch(msg.epoch, stage, str(exc))
             raise
         if record is not None:
             self._put(epoch_key(msg.epoch, "shared"), record.to_bytes())
@@ -669,7 +669,7 @@ class SecAggSite:
         try:
             new, record = stage.on_shares(self.ctx, msg)
         except ProtocolAbort as exc:
-            self._epochs[msg.epoch] = EpochAborted(str(exc), getattr(stage, "announce", None))
+            self._abort_epoch(msg.epoch, stage, str(exc))
             raise
         if record is not None:
             self._put(epoch_key(msg.epoch, "ready"), record.to_bytes())
@@ -708,13 +708,17 @@ class SecAggSite:
         if msg.vector_len > ctx.config.max_vector_len:
             raise InvalidMessage(f"round {r}: vector length {msg.vector_len} exceeds the session limit {ctx.config.max_vector_len}")
         p = msg.participants
+        problem = None
         outside = set(p) - set(epoch.dealers)
         if outside:
-            raise ProtocolAbort(f"round {r}: participants {sorted(outside)} did not complete this epoch's setup")
-        if ctx.site_id not in p:
-            raise ProtocolAbort(f"round {r}: participant set does not include this site")
-        if len(p) < ctx.t:
-            raise ProtocolAbort(f"round {r}: only {len(p)} participants, threshold is {ctx.t}")
+            problem = f"round {r}: participants {sorted(outside)} did not complete this epoch's setup"
+        elif ctx.site_id not in p:
+            problem = f"round {r}: participant set does not include this site"
+        elif len(p) < ctx.t:
+            problem = f"round {r}: only {len(p)} participants, threshold is {ctx.t}"
+        if problem is not None:
+            self._abort_round(r, problem)
+            raise ProtocolAbort(problem)
         x = self._check_value(value, msg.vector_len, "input")
         ring = to_ring(x).copy()
         if noise is not None:
@@ -750,12 +754,22 @@ class SecAggSite:
             new, reply, record = getattr(stage, method)(self.ctx, epoch, msg)
         except ProtocolAbort as exc:
             if not isinstance(stage, RoundAborted):
-                self._rounds[r] = RoundAborted(r, str(exc))
+                self._abort_round(r, str(exc))
             raise
         if record is not None:
             self._put(round_key(r, part), record.to_bytes())
         self._rounds[r] = new
         return reply
+
+    def _abort_epoch(self, epoch: int, stage: EpochStage, reason: str) -> None:
+        """Persist and enter the aborted stage: this epoch's material is never used again."""
+        self._put(epoch_key(epoch, "aborted"), reason.encode())
+        self._epochs[epoch] = EpochAborted(reason, getattr(stage, "announce", None))
+
+    def _abort_round(self, round_id: int, reason: str) -> None:
+        """Persist and enter the aborted stage: nothing more is sent or revealed for this round."""
+        self._put(round_key(round_id, "aborted"), reason.encode())
+        self._rounds[round_id] = RoundAborted(round_id, reason)
 
     def _epoch(self, epoch: int, msg) -> EpochStage:
         _check_digest(self.ctx, msg)
@@ -820,6 +834,8 @@ class SecAggSite:
                 stage = EpochSharesSent(sec, shared)
                 if "ready" in parts:
                     stage = EpochReady(sec, shared, EpochReadyRecord.from_bytes(parts["ready"]))
+            if "aborted" in parts:
+                stage = EpochAborted(parts["aborted"].decode("utf-8", "replace"), sec.announce)
             self._epochs[e] = stage
             wm = self._wm
             if wm.max_epoch is None or e > wm.max_epoch:  # crash between the record and the watermark
@@ -829,7 +845,11 @@ class SecAggSite:
             _, r, part = key.split("/")
             rounds.setdefault(int(r), {})[part] = st.get(key)  # type: ignore[assignment]
         for r, parts in rounds.items():
-            if "input" not in parts:
+            if "aborted" in parts:
+                self._rounds[r] = RoundAborted(r, parts["aborted"].decode("utf-8", "replace"))
+                if "input" not in parts:
+                    continue
+            elif "input" not in parts:
                 raise StorageError(f"stored round {r} has no input record")
             inp = RoundInputRecord.from_bytes(parts["input"])
             rstage: RoundStage = RoundInputSent(inp.request, inp.response)
@@ -839,6 +859,7 @@ class SecAggSite:
                 if "revealed" in parts:
                     rev = RoundRevealedRecord.from_bytes(parts["revealed"])
                     rstage = RoundRevealed(inp.request, inp.response, rev.request, rev.response)
-            self._rounds[r] = rstage
+            if "aborted" not in parts:
+                self._rounds[r] = rstage
             if self._wm.max_round is None or r > self._wm.max_round:
                 self._wm = Watermark(self._wm.max_epoch, self._wm.max_last_round, r)

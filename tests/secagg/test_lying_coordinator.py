@@ -131,19 +131,26 @@ def test_different_survivor_sets_to_different_sites_never_yield_both_shares():
     with pytest.raises(ReplayError, match="different survivor set"):
         sign(fed, start, u3b, ("site-00",))
     responses = [fed.sites[s].handle_unmask_request(unmask_req(fed, start, u3a, ("site-04",), sigs_a)) for s in sigs_a]
-    attempts = [
-        (u3b, ("site-03",), sigs_b, ProtocolAbort, "only 2 consistency signatures"),
-        (u3b, ("site-03",), {**sigs_b, "site-00": sigs_a["site-00"]}, InvalidMessage, "invalid consistency signature"),
-        (u3b, ("site-03",), {**sigs_b, "site-01": sigs_a["site-01"], "site-00": sigs_a["site-00"]}, InvalidMessage, "invalid"),
-        (u3a, ("site-04",), sigs_a, ProtocolAbort, "different from the one this site signed"),
+    # forged combinations are refused without changing state …
+    forged = [
+        {**sigs_b, "site-00": sigs_a["site-00"]},  # a U3a signature presented as one on U3b
+        {**sigs_b, "site-01": sigs_a["site-01"], "site-00": sigs_a["site-00"]},
     ]
-    for surv, drop, sigs, exc, msg in attempts:
+    for sigs in forged:
         for s in ("site-02", "site-04"):
-            # a restart forgets an in-memory abort, so every attempt meets a site in stage "signed":
-            # the checks themselves (on persisted state) are what refuse it
-            fed.restart_site(s)
+            with pytest.raises(InvalidMessage, match="invalid consistency signature"):
+                fed.sites[s].handle_unmask_request(unmask_req(fed, start, u3b, ("site-03",), sigs))
             assert fed.sites[s].round_stage(start.round_id) == "signed"
-            with pytest.raises(exc, match=msg):
+    # … and the genuine but insufficient or mismatched sets abort the round at the site, durably
+    with pytest.raises(ProtocolAbort, match="only 2 consistency signatures"):
+        fed.sites["site-02"].handle_unmask_request(unmask_req(fed, start, u3b, ("site-03",), sigs_b))
+    with pytest.raises(ProtocolAbort, match="different from the one this site signed"):
+        fed.sites["site-04"].handle_unmask_request(unmask_req(fed, start, u3a, ("site-04",), sigs_a))
+    for s in ("site-02", "site-04"):
+        fed.restart_site(s)
+        assert fed.sites[s].round_stage(start.round_id) == "aborted"
+        for surv, drop, sigs in ((u3a, ("site-04",), sigs_a), (u3b, ("site-03",), sigs_b)):
+            with pytest.raises(ProtocolAbort, match="was aborted"):
                 fed.sites[s].handle_unmask_request(unmask_req(fed, start, surv, drop, sigs))
     kinds = audit(responses)
     assert all(len(k) == 1 for k in kinds.values()), kinds
@@ -151,20 +158,31 @@ def test_different_survivor_sets_to_different_sites_never_yield_both_shares():
 
 
 def test_participant_set_checks():
-    fed = setup(n=5, t=3)
+    fed = setup(n=5, t=3, e=6)
     digest = fed.config.digest
     x = np.zeros(DIM, dtype=np.int64)
-    base = M.RoundStart(digest, 0, 0, DIM, ("site-00", "site-01", "site-02"))
     site = fed.sites["site-00"]
-    with pytest.raises(ProtocolAbort, match="only 2 participants"):
-        site.handle_round_start(dataclasses.replace(base, participants=("site-00", "site-01")), x)
-    with pytest.raises(ProtocolAbort, match="does not include this site"):
-        site.handle_round_start(dataclasses.replace(base, participants=("site-01", "site-02", "site-03")), x)
-    with pytest.raises(ProtocolAbort, match="did not complete"):
-        site.handle_round_start(dataclasses.replace(base, participants=("site-00", "site-01", "site-99")), x)
-    assert site.round_stage(0) is None
-    site.handle_round_start(base, x)  # a valid start for the same (unused) round still works
-    assert site.round_stage(0) == "input-sent"
+    bad = [
+        (("site-00", "site-01"), "only 2 participants"),
+        (("site-01", "site-02", "site-03"), "does not include this site"),
+        (("site-00", "site-01", "site-99"), "did not complete"),
+    ]
+    for r, (participants, msg) in enumerate(bad):
+        with pytest.raises(ProtocolAbort, match=msg):
+            site.handle_round_start(M.RoundStart(digest, 0, r, DIM, participants), x)
+        assert site.round_stage(r) == "aborted"
+    good = M.RoundStart(digest, 0, 2, DIM, ("site-00", "site-01", "site-02"))
+    # an aborted round is burnt at this site: not even a valid participant set is accepted for it
+    with pytest.raises(ReplayError, match="was aborted"):
+        site.handle_round_start(good, x)
+    fed.restart_site("site-00")  # durably
+    with pytest.raises(ReplayError, match="was aborted"):
+        fed.sites["site-00"].handle_round_start(good, x)
+    fed.sites["site-01"].handle_round_start(good, x)
+    assert fed.sites["site-01"].round_stage(2) == "input-sent"
+    # the retry takes a new slot
+    fed.sites["site-00"].handle_round_start(M.RoundStart(digest, 0, 3, DIM, good.participants), x)
+    assert fed.sites["site-00"].round_stage(3) == "input-sent"
 
 
 def test_consistency_request_checks():

@@ -144,6 +144,10 @@ def test_site_refuses_bad_rosters():
     with pytest.raises(ProtocolAbort, match="omits this site"):
         site.handle_epoch_roster(dataclasses.replace(roster, adverts=tuple(adv[1:])))
     assert site.epoch_stage(0) == "aborted"
+    run.fed.restart_site("site-00")  # the abort is durable: the epoch's keys are never used
+    assert run.fed.sites["site-00"].epoch_stage(0) == "aborted"
+    with pytest.raises(ProtocolAbort, match="was aborted"):
+        run.fed.sites["site-00"].handle_epoch_roster(roster)
     with pytest.raises(ProtocolAbort, match="only 2 sites"):
         run.sites["site-01"].handle_epoch_roster(dataclasses.replace(roster, adverts=tuple(adv[:2])))
     # the untouched roster still works at a site that was not aborted
