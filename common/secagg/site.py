@@ -24,7 +24,7 @@ int64 noise share) in Z_{2^64}.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np

@@ -2,7 +2,6 @@
 different survivor sets to different sites, or runs a round with too small a participant set."""
 from __future__ import annotations
 
-import dataclasses
 
 import numpy as np
 import pytest

@@ -65,20 +65,17 @@ def test_every_t_subset_reconstructs_and_t_minus_1_fails(n, t):
 
 
 def test_t_minus_1_shares_are_consistent_with_any_secret():
-    """Perfect secrecy, concretely: for t−1 shares and any candidate secret there is a
-    degree t−1 polynomial through both, so the shares cannot rule out any value."""
+    """Perfect secrecy, concretely: for t−1 shares and any candidate secret there is a degree
+    t−1 polynomial through (0, candidate) and the shares, so the shares rule out no value."""
     t, xs = 3, [1, 2, 3, 4]
     shares = shamir.split(12345, t, xs, os.urandom)
     known = list(zip(xs[: t - 1], shares[: t - 1]))
     for candidate in (0, 1, 12345, PRIME - 1):
-        poly_pts = known + [(PRIME - 1, 0)]  # any extra point; we then shift
-        # build the polynomial through (0, candidate) and the known shares, evaluate at x=4
-        pts = [(0, candidate)] + known
-        # Lagrange through t points defines the polynomial; its value at 0 is the candidate
-        lam = shamir.lagrange_coefficients(tuple(x for x, _ in known) + (xs[-1],))
-        y4 = shamir._interpolate_at(pts, xs[-1])
-        assert shamir.reconstruct(known + [(xs[-1], y4)], t) == candidate
-        del poly_pts, lam
+        # the polynomial through (0, candidate) and the known shares, evaluated at a fresh x
+        y4 = shamir._interpolate_at([(0, candidate)] + known, xs[-1])
+        completed = known + [(xs[-1], y4)]
+        assert shamir.reconstruct(completed, t) == candidate
+        assert shamir.reconstruct_checked(completed + [(0 + 7, shamir._interpolate_at(completed, 7))], t) == candidate
 
 
 @settings(max_examples=40, deadline=None, derandomize=True)
