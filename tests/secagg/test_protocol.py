@@ -294,3 +294,44 @@ def test_excluded_site_left_out_and_its_material_never_revealed():
 def test_ring_helpers_roundtrip():
     v = np.array([-1, 0, 2**62], dtype=np.int64)
     assert np.array_equal(from_ring(to_ring(v)), v)
+
+
+def test_coordinator_itself_aborts_each_stage_below_t():
+    """The coordinator refuses to proceed with fewer than t (independently of the sites' own checks)."""
+    fed = make_federation(5, 3)
+    coord = fed.coordinator
+    setup, ann = coord.begin_epoch(4)
+    adverts = {s: fed.sites[s].handle_epoch_announce(ann) for s in fed.config.site_ids}
+    for s in ("site-00", "site-01"):
+        setup.receive_advertise(adverts[s])
+    with pytest.raises(ProtocolAbort, match="only 2 sites advertised"):
+        setup.close_advertise()
+    assert setup.stage.name == "aborted"
+    fed.run_epoch(4)
+    xs = random_inputs(fed.config.site_ids, D, np.random.default_rng(9))
+    for stage in ("inputs", "signatures", "shares"):
+        rnd, start = coord.begin_round(D)
+        ys = {s: fed.sites[s].handle_round_start(start, xs[s]) for s in start.participants}
+        senders = list(start.participants) if stage != "inputs" else ["site-00", "site-01"]
+        for s in senders:
+            rnd.receive(ys[s])
+        if stage == "inputs":
+            with pytest.raises(ProtocolAbort, match="only 2 masked inputs"):
+                rnd.close_inputs()
+            assert rnd.stage.name == "failed"
+            continue
+        creq = rnd.close_inputs()
+        sigs = {s: fed.sites[s].handle_consistency_request(creq) for s in creq.survivors}
+        for s in (list(sigs) if stage != "signatures" else ["site-00", "site-01"]):
+            rnd.receive(sigs[s])
+        if stage == "signatures":
+            with pytest.raises(ProtocolAbort, match="only 2 consistency signatures"):
+                rnd.close_consistency()
+            assert rnd.stage.name == "failed"
+            continue
+        ureq = rnd.close_consistency()
+        for s in ("site-00", "site-01"):
+            rnd.receive(fed.sites[s].handle_unmask_request(ureq))
+        with pytest.raises(ProtocolAbort, match="only 2 unmask responses"):
+            rnd.finalize()
+        assert rnd.stage.name == "failed"
