@@ -32,13 +32,15 @@ class Dataset:
     schema: Schema
     source: str = "<arrays>"
     dropped: int = 0  # rows dropped for missing values (format.on_missing = "drop")
+    arrival: np.ndarray | None = None  # int64 round from which each record is available (schema.arrival_column)
 
     @property
     def n(self) -> int:
         return int(self.y.shape[0])
 
     def subset(self, idx: np.ndarray) -> "Dataset":
-        return Dataset(self.X[idx], self.y[idx], self.ids[idx], self.schema, self.source, self.dropped)
+        return Dataset(self.X[idx], self.y[idx], self.ids[idx], self.schema, self.source, self.dropped,
+                       None if self.arrival is None else self.arrival[idx])
 
     # ------------------------------------------------------------------ arrays
 
@@ -160,7 +162,8 @@ def _fail(source: str, problems: list[str], total: int) -> DataError:
 
 def _validate(frame: pd.DataFrame, schema: Schema, source: str, lines: np.ndarray, id_col: str | None,
               row_word: str) -> Dataset:
-    needed = schema.feature_names + [schema.target] + ([id_col] if id_col else [])
+    needed = (schema.feature_names + [schema.target] + ([id_col] if id_col else [])
+              + ([schema.arrival_column] if schema.arrival_column else []))
     missing_cols = [c for c in needed if c not in frame.columns]
     if missing_cols:
         raise DataError(f"{source}: missing column(s) {', '.join(repr(c) for c in missing_cols)}; "
@@ -208,7 +211,17 @@ def _validate(frame: pd.DataFrame, schema: Schema, source: str, lines: np.ndarra
         ids = _ids(frame[id_col], id_col, source, lines, row_word)
     else:
         ids = row_index.astype(np.int64)
-    return Dataset(np.ascontiguousarray(X), y, ids, schema, source, dropped)
+    arrival = None
+    if schema.arrival_column:
+        name = schema.arrival_column
+        v, unparsable = _to_float(frame[name])
+        bad = np.flatnonzero(unparsable | ~np.isfinite(v) | (v < 0) | (v != np.round(v)))
+        if bad.size:
+            vals = frame[name].to_numpy()
+            raise _fail(source, [f"{row_word} {lines[i]}, column {name!r}: {vals[i]!r} is not a round number ≥ 0"
+                                 for i in bad[:MAX_REPORTED]], bad.size)
+        arrival = v.astype(np.int64)
+    return Dataset(np.ascontiguousarray(X), y, ids, schema, source, dropped, arrival)
 
 
 def _to_float(col: pd.Series) -> tuple[np.ndarray, np.ndarray]:

@@ -86,6 +86,7 @@ class Schema:
     features: tuple[Feature, ...]
     columns: tuple[str, ...] = ()  # file column order; required when the file has no header
     id_column: str | None = None  # stable record id (ledger key); default: data row number
+    arrival_column: str | None = None  # non-IID streams: boosting round from which a record is available
     label_range: tuple[float, float] | None = None  # regression: public label range, scaled to [-1, 1]
     positive: tuple[str, ...] = ()  # binary: label strings meaning 1
     negative: tuple[str, ...] = ()  # binary: label strings meaning 0
@@ -168,9 +169,15 @@ class Schema:
         id_column = d.get("id_column")
         if id_column is not None and columns and id_column not in columns:
             raise SchemaError(f"{source}: id_column {id_column!r} is not in columns")
+        arrival_column = d.get("arrival_column")
+        if arrival_column is not None:
+            if columns and arrival_column not in columns:
+                raise SchemaError(f"{source}: arrival_column {arrival_column!r} is not in columns")
+            if arrival_column in names + [target]:
+                raise SchemaError(f"{source}: arrival_column {arrival_column!r} must not be a feature or the target")
         return cls(
             name=str(d.get("name", "dataset")), task=task, target=target, features=tuple(feats),
-            columns=columns, id_column=id_column, label_range=label_range, positive=positive,
+            columns=columns, id_column=id_column, arrival_column=arrival_column, label_range=label_range, positive=positive,
             negative=negative, format=fmt,
         )
 
@@ -193,6 +200,8 @@ class Schema:
             d["columns"] = list(self.columns)
         if self.id_column:
             d["id_column"] = self.id_column
+        if self.arrival_column:
+            d["arrival_column"] = self.arrival_column
         if self.label_range is not None:
             d["label_range"] = list(self.label_range)
         if self.task == "binary":

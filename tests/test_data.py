@@ -148,3 +148,17 @@ def test_from_arrays_validates(toy_schema):
 
 def test_schema_digest_is_stable(abalone):
     assert abalone.schema.digest() == Schema.from_dict(abalone.schema.to_dict()).digest()
+
+
+def test_arrival_column_for_non_iid_streams(tmp_path):
+    text = TOY.replace('id_column = "pid"', 'id_column = "pid"\narrival_column = "when"')
+    (tmp_path / "s.toml").write_text(text)
+    s = Schema.load(tmp_path / "s.toml")
+    ds = load(write(tmp_path, "pid,age,ward,label,when\n1,30,A,yes,0\n2,40,B,no,25\n"), s)
+    assert ds.arrival.tolist() == [0, 25]
+    assert ds.subset(np.array([1])).arrival.tolist() == [25]
+    with pytest.raises(DataError, match="'when': '-1' is not a round number"):
+        load(write(tmp_path, "pid,age,ward,label,when\n1,30,A,yes,-1\n"), s)
+    (tmp_path / "s2.toml").write_text(TOY.replace('id_column = "pid"', 'id_column = "pid"\narrival_column = "age"'))
+    with pytest.raises(SchemaError, match="must not be a feature"):
+        Schema.load(tmp_path / "s2.toml")
