@@ -77,14 +77,8 @@ def leaf_values(noisy_sums: np.ndarray, hp: Hyperparameters, enc: Encoding) -> n
     post-processing of the released sums, so it costs no privacy, and it
     avoids a leaf of the wrong sign and maximal size.
     """
-    L = hp.leaves
-    s = np.asarray(noisy_sums, dtype=np.int64)
-    w = enc.hess.decode(s[:L])
-    u = enc.grad.decode(s[L:])
-    den = w + hp.l2
-    with np.errstate(divide="ignore", invalid="ignore"):
-        v = np.where((w >= 0) & (den > 0), u / np.where(den > 0, den, 1.0), 0.0)
-    return np.clip(v, -hp.leaf_clip, hp.leaf_clip)
+    return kernels.leaf_values(np.asarray(noisy_sums, dtype=np.int64), hp.leaves, enc.hess.scale, enc.grad.scale,
+                               hp.l2, hp.leaf_clip)
 
 
 def init_score(noisy: np.ndarray, task: str, enc: Encoding) -> float:
@@ -111,12 +105,32 @@ class Contribution:
     sampled: int  # records in the Poisson subsample (private)
 
 
+def split_edges(schema, split_candidates: int) -> list | None:
+    """Public candidate thresholds per feature (None for categorical ones), or None without candidates.
+
+    Mirrors the candidate formula of :func:`common.splits.random_splits`.
+    They only let :class:`LocalData` walk trees on one-byte codes; if they
+    ever disagree with the splits, the affected trees silently take the
+    float path (:func:`kernels.code_bounds`), so results never change.
+    """
+    if not 0 < split_candidates <= 255:
+        return None
+    j = np.arange(split_candidates, dtype=np.int64)
+    return [None if f.is_categorical else f.lo + (f.hi - f.lo) * (j + 1) / (split_candidates + 1)
+            for f in schema.features]
+
+
 class LocalData:
-    """One party's records and training state (predictions, Rényi ledger)."""
+    """One party's records and training state (predictions, Rényi ledger).
+
+    ``edges`` (optional, public): candidate thresholds per feature, see
+    :func:`split_edges`; with them trees are walked on one-byte codes of the
+    records (same leaves, less memory traffic).
+    """
 
     def __init__(self, X: np.ndarray, y: np.ndarray, ids: np.ndarray, task: str, hp: Hyperparameters,
                  label_range: tuple[float, float] | None = None, arrival: np.ndarray | None = None,
-                 is_categorical: np.ndarray | None = None):
+                 is_categorical: np.ndarray | None = None, *, edges: list | None = None):
         self.X = np.ascontiguousarray(X, dtype=np.float64)
         self.ids = np.asarray(ids, dtype=np.int64)
         self.task = task
@@ -128,6 +142,28 @@ class LocalData:
                        else np.asarray(is_categorical, dtype=bool))
         self.pred = np.zeros(len(self.ids))
         self.spent = np.zeros(len(self.ids), dtype=np.int64)  # ledger units (rdp_filter)
+        self._edges = None
+        if edges is not None and len(edges) == self.X.shape[1]:
+            self._edges = [None if e is None else np.unique(np.asarray(e, np.float64)) for e in edges]
+            if not all(e is None or e.size <= 255 for e in self._edges):
+                self._edges = None
+        self._packed = None if self._edges is None else kernels.pack_edges(self._edges)
+        self._codes_key = None  # (X, is_cat) the codes were built from
+        self._codes = None
+        self._arrival_key = None  # (arrival, its maximum)
+
+    def _all_available(self, round_id: int) -> bool:
+        if self._arrival_key is None or self._arrival_key[0] is not self.arrival:
+            self._arrival_key = (self.arrival, int(self.arrival.max()) if self.arrival.size else 0)
+        return round_id >= self._arrival_key[1]
+
+    def _record_codes(self) -> np.ndarray | None:
+        if self._edges is None:
+            return None
+        if self._codes_key is None or self._codes_key[0] is not self.X or self._codes_key[1] is not self.is_cat:
+            self._codes = kernels.bin_codes(self.X, self._edges, self.is_cat)
+            self._codes_key = (self.X, self.is_cat)
+        return self._codes
 
     @property
     def n(self) -> int:
@@ -146,19 +182,23 @@ class LocalData:
     def contribution(self, splits: Splits, round_id: int, randomness, table: FilterTable | None) -> Contribution:
         """Alg. 2 lines 6–9 for the local records: gradients, filter, subsample, leaf sums."""
         hp, enc = self.hp, self.enc
-        gq, hq = kernels.grad_hess_units(self.pred, self.y, TASK_CODE[self.task], enc.scale,
-                                         enc.grad.bound_units, enc.hess.bound_units)
-        available = self.arrival <= round_id
-        new_spent = None
-        if table is not None:
-            active, new_spent = kernels.filter_step(gq, hq, enc.grad.bound_units, enc.hess.bound_units,
-                                                    table.cost_units, self.spent, table.budget_units, available)
-        else:
-            active = available
-        sampled = active & randomness.subsample(hp.subsample, self.ids, round_id)
-        leaf = kernels.leaf_index(self.X, splits.features, splits.thresholds, self.is_cat, hp.depth)
-        sums = kernels.leaf_sums(leaf, gq, hq, sampled, hp.leaves)
-        return Contribution(sums, leaf, new_spent, int(active.sum()), int(sampled.sum()))
+        available = None if self._all_available(round_id) else self.arrival <= round_id
+        sampled = randomness.subsample(hp.subsample, self.ids, round_id)
+        leaf = self.leaf_index(splits)
+        filter_args = None if table is None else (table.cost_units, self.spent, table.budget_units)
+        sums, new_spent, n_active, n_sampled = kernels.round_sums(
+            leaf, self.pred, self.y, TASK_CODE[self.task], enc.scale, enc.grad.bound_units, enc.hess.bound_units,
+            sampled, available, hp.leaves, filter_args)
+        return Contribution(sums, leaf, new_spent, n_active, n_sampled)
+
+    def leaf_index(self, splits: Splits) -> np.ndarray:
+        """Leaf of every local record in the tree ``splits`` (int32)."""
+        codes = self._record_codes()
+        if codes is not None:
+            b = kernels.code_bounds(splits.features, splits.thresholds, self.is_cat, self._packed)
+            if b is not None:
+                return kernels.leaf_index_codes(codes, splits.features, b[0], b[1], self.hp.depth)
+        return kernels.leaf_index(self.X, splits.features, splits.thresholds, self.is_cat, self.hp.depth)
 
     def commit(self, c: Contribution) -> None:
         """Adopt the ledger of a contribution (after it was persisted)."""

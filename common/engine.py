@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .accountant import PrivacyCalibration, calibrate
-from .boosting import Encoding, LocalData, init_noise_scales, init_score, leaf_noise_scales, leaf_values
+from .boosting import (Encoding, LocalData, init_noise_scales, init_score, leaf_noise_scales, leaf_values,
+                       split_edges)
 from .config import Hyperparameters
 from .data import Dataset
 from .fixedpoint import check_capacity
@@ -82,7 +83,8 @@ def train(dataset: Dataset, hp: Hyperparameters, randomness=None, progress: Prog
     table = filter_for(hp, cal)
     enc = Encoding.for_task(hp, schema.task)
     local = LocalData(dataset.X, dataset.y, dataset.ids, schema.task, hp, schema.label_range, arrival,
-                      np.array([f.is_categorical for f in schema.features]))
+                      np.array([f.is_categorical for f in schema.features]),
+                      edges=split_edges(schema, hp.split_candidates))
     check_capacity(max(enc.grad.bound_units, enc.hess.bound_units) * max(local.n, 1), 1,
                    float(leaf_noise_scales(hp, enc, cal.sigma).max()))
 

@@ -7,6 +7,26 @@ categorical node iff ``x[f] == level`` (one level against the rest).
 
 All kernels are pure: they read their inputs and return fresh arrays.
 Compilation is cached on disk (``cache=True``).
+
+Performance notes (results never depend on which path runs):
+
+* Tree walks are branchless and interleave :data:`BLOCK` records, so the
+  CPU overlaps their dependency chains (``node → feature → x → compare``)
+  instead of stalling on one record at a time.  Numeric and categorical
+  nodes share one test: a record goes left iff ``lo ≤ x < hi`` with
+  ``(lo, hi) = (−inf, t)`` for ``x < t`` and ``(l, nextafter(l, +inf))``
+  for ``x == l`` (see :func:`node_bounds`).  Feature matrices larger than
+  :data:`STREAMING_BYTES` are walked one record at a time with branches
+  instead: there, speculation past the branches is what prefetches rows.
+* With a finite public set of candidate thresholds per feature
+  (``split_candidates > 0``) the records can be coded once as small
+  integers (:func:`bin_codes`): ``x < c_j ⟺ code(x) < j + 1`` exactly, so
+  trees are walked on one byte per value (:func:`leaf_index_codes`), and a
+  tree whose inner nodes all test the same feature (cyclical trees) becomes
+  a 256-entry table lookup.
+* :func:`round_sums` fuses gradient/Hessian computation, the individual
+  filter and the leaf-sum accumulation in one pass; without the filter it
+  computes gradients for the subsampled records only.
 """
 from __future__ import annotations
 
@@ -14,6 +34,81 @@ import numpy as np
 from numba import njit
 
 REGRESSION, BINARY = 0, 1
+
+#: records walked together by the interleaved tree walks
+BLOCK = 8
+#: feature matrices above this size are walked with the streaming (branchy) kernel
+STREAMING_BYTES = 32 << 20
+#: code of a categorical value that is not a level index 0..254 (matches no node)
+NO_LEVEL = 255
+_U1 = np.uint64(1)
+_U2 = np.uint64(2)
+
+
+@njit(cache=True, nogil=True)
+def _walk_blocked(M, features, lo, hi, depth):
+    """Leaf of every row of ``M`` (row i, column f = feature f): left iff ``lo[k] <= M[i, f] < hi[k]``."""
+    n = M.shape[0]
+    out = np.empty(n, dtype=np.int32)
+    first = (1 << depth) - 1
+    ks = np.zeros(BLOCK, dtype=np.uint64)
+    nb = n // BLOCK
+    for b in range(nb):
+        base = b * BLOCK
+        for j in range(BLOCK):
+            ks[j] = 0
+        for _ in range(depth):
+            for j in range(BLOCK):
+                k = ks[j]
+                x = M[np.uint64(base + j), np.uint64(features[k])]
+                left = (x >= lo[k]) & (x < hi[k])
+                ks[j] = _U2 * k + _U2 - np.uint64(left)
+        for j in range(BLOCK):
+            out[base + j] = np.int32(ks[j]) - first
+    for i in range(nb * BLOCK, n):
+        k = 0
+        for _ in range(depth):
+            x = M[i, features[k]]
+            left = (x >= lo[k]) & (x < hi[k])
+            k = 2 * k + 2 - (1 if left else 0)
+        out[i] = k - first
+    return out
+
+
+@njit(cache=True, nogil=True)
+def _walk_table(lo, hi, depth, size):
+    """Leaf reached by each code value 0 … size−1 in a tree whose nodes all test one feature."""
+    out = np.empty(size, dtype=np.int32)
+    first = (1 << depth) - 1
+    for c in range(size):
+        k = 0
+        for _ in range(depth):
+            left = (c >= lo[k]) & (c < hi[k])
+            k = 2 * k + 2 - (1 if left else 0)
+        out[c] = k - first
+    return out
+
+
+@njit(cache=True, nogil=True)
+def _lookup(codes, table):
+    n = codes.shape[0]
+    out = np.empty(n, dtype=np.int32)
+    for i in range(n):
+        out[i] = table[codes[i]]
+    return out
+
+
+def node_bounds(features: np.ndarray, thresholds: np.ndarray, is_cat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per inner node ``(lo, hi)`` with "goes left" ⟺ ``lo ≤ x < hi`` for every float x (NaN goes right).
+
+    Numeric ``x < t``: ``(−inf, t)``.  Categorical ``x == l``: ``(l, nextafter(l, +inf))``.
+    """
+    features = np.asarray(features, np.int64)
+    thresholds = np.asarray(thresholds, np.float64)
+    cat = np.asarray(is_cat, np.bool_)[features]
+    lo = np.where(cat, thresholds, -np.inf)
+    hi = np.where(cat, np.nextafter(thresholds, np.inf), thresholds)
+    return lo, hi
 
 
 @njit(cache=True, nogil=True)
@@ -38,8 +133,140 @@ def _leaf_index(X, features, thresholds, is_cat, depth):
 def leaf_index(X: np.ndarray, features: np.ndarray, thresholds: np.ndarray, is_cat: np.ndarray,
                depth: int) -> np.ndarray:
     """Leaf (0 … 2^d−1) of every row of ``X`` in one tree."""
-    return _leaf_index(np.ascontiguousarray(X, dtype=np.float64), np.asarray(features, np.int32),
-                       np.asarray(thresholds, np.float64), np.asarray(is_cat, np.bool_), int(depth))
+    X = np.ascontiguousarray(X, dtype=np.float64)
+    features = np.asarray(features, np.int32)
+    if X.nbytes > STREAMING_BYTES:
+        return _leaf_index(X, features, np.asarray(thresholds, np.float64), np.asarray(is_cat, np.bool_),
+                           int(depth))
+    lo, hi = node_bounds(features, thresholds, is_cat)
+    return _walk_blocked(X, features, lo, hi, int(depth))
+
+
+def bin_codes(X: np.ndarray, edges: list, is_cat: np.ndarray) -> np.ndarray:
+    """Column-major ``(m, n)`` uint8 codes of ``X`` for :func:`leaf_index_codes`.
+
+    Numeric feature f with sorted public candidate thresholds ``edges[f]``
+    (at most 255): ``code = #{j : edges[f][j] ≤ x}`` (NaN → ``len(edges[f])``).
+    Categorical feature: the level index if x is one of 0 … 254, else
+    :data:`NO_LEVEL`.  Features with ``edges[f] is None`` (numeric) get code 0
+    and cannot be used by the code path.
+    """
+    X = np.asarray(X, dtype=np.float64)
+    n, m = X.shape
+    out = np.zeros((m, n), dtype=np.uint8)
+    for f in range(m):
+        col = X[:, f]
+        if is_cat[f]:
+            ok = (col >= 0) & (col < NO_LEVEL) & (col == np.floor(col))
+            out[f] = np.where(ok, col, NO_LEVEL).astype(np.uint8)
+        elif edges[f] is not None:
+            e = np.asarray(edges[f], np.float64)
+            if e.size > 255 or np.any(np.diff(e) < 0):
+                raise ValueError("edges must be sorted and hold at most 255 values")
+            out[f] = np.searchsorted(e, col, side="right").astype(np.uint8)
+    return out
+
+
+def pack_edges(edges: list) -> tuple[np.ndarray, np.ndarray]:
+    """``edges`` (per feature: sorted candidate thresholds or None) as a padded ``(m, 255)`` matrix and counts.
+
+    Counts are −1 for features without edges.  This is the form
+    :func:`code_bounds` takes; build it once per dataset.
+    """
+    m = len(edges)
+    E = np.full((m, 255), np.nan)
+    counts = np.full(m, -1, dtype=np.int64)
+    for f, e in enumerate(edges):
+        if e is None:
+            continue
+        e = np.asarray(e, np.float64)
+        if e.size > 255 or np.any(np.diff(e) < 0):
+            raise ValueError("edges must be sorted and hold at most 255 values")
+        E[f, :e.size] = e
+        counts[f] = e.size
+    return E, counts
+
+
+@njit(cache=True, nogil=True)
+def _code_bounds(features, thresholds, is_cat, E, counts):
+    n_inner = features.shape[0]
+    lo = np.zeros(n_inner, dtype=np.int64)
+    hi = np.zeros(n_inner, dtype=np.int64)
+    for k in range(n_inner):
+        f = features[k]
+        t = thresholds[k]
+        if is_cat[f]:
+            if not (t >= 0 and t < NO_LEVEL and t == np.floor(t)):
+                return False, lo, hi
+            lo[k] = np.int64(t)
+            hi[k] = np.int64(t) + 1
+        else:
+            c = counts[f]
+            a, b = 0, c  # first index with E[f, j] >= t (binary search)
+            while a < b:
+                mid = (a + b) // 2
+                if E[f, mid] < t:
+                    a = mid + 1
+                else:
+                    b = mid
+            if c < 0 or a >= c or E[f, a] != t:
+                return False, lo, hi
+            hi[k] = a + 1
+    return True, lo, hi
+
+
+def code_bounds(features: np.ndarray, thresholds: np.ndarray, is_cat: np.ndarray,
+                packed: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray] | None:
+    """Integer ``(lo, hi)`` per node for :func:`leaf_index_codes`, or None if a threshold is not codable.
+
+    ``packed`` is :func:`pack_edges` of the edges the codes were built with.
+    A numeric threshold must equal one of its feature's edges exactly
+    (``t = edges[j]`` gives ``x < t ⟺ code < j + 1``); a categorical one must
+    be a level index 0 … 254 (``x == l ⟺ l ≤ code < l + 1``).
+    """
+    ok, lo, hi = _code_bounds(np.asarray(features, np.int64), np.asarray(thresholds, np.float64),
+                              np.asarray(is_cat, np.bool_), packed[0], packed[1])
+    return (lo, hi) if ok else None
+
+
+def leaf_index_codes(codes: np.ndarray, features: np.ndarray, lo: np.ndarray, hi: np.ndarray,
+                     depth: int) -> np.ndarray:
+    """Leaf of every record from its :func:`bin_codes` (``codes`` is ``(m, n)`` uint8, C order).
+
+    Equal to :func:`leaf_index` on the original matrix when ``(lo, hi)`` come
+    from :func:`code_bounds`.  A tree whose inner nodes all test one feature
+    is evaluated as a table lookup on that feature's codes.
+    """
+    features = np.asarray(features, np.int32)
+    lo = np.asarray(lo, np.int64)
+    hi = np.asarray(hi, np.int64)
+    if features.size and (features == features[0]).all():
+        table = _walk_table(lo, hi, int(depth), 256)
+        return _lookup(codes[int(features[0])], table)
+    return _walk_blocked(codes.T, features, lo, hi, int(depth))
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _gh_units(pred, y, task, scale, g_units, h_units):
+    """Clipped (gradient, Hessian) of one record in integer units (see :func:`grad_hess_units`)."""
+    if task == 0:
+        g = y - pred
+        h = 1.0
+    else:
+        p = 1.0 / (1.0 + np.exp(-pred))
+        g = y - p
+        h = p * (1.0 - p)
+    a = np.rint(g * scale)
+    if a > g_units:
+        a = g_units
+    elif a < -g_units:
+        a = -g_units
+    b = np.rint(h * scale)
+    if b > h_units:
+        b = h_units
+    elif b < 0:
+        b = 0
+    return np.int64(a), np.int64(b)
 
 
 @njit(cache=True, nogil=True)
@@ -48,25 +275,7 @@ def _grad_hess_units(pred, y, task, scale, g_units, h_units):
     gq = np.empty(n, dtype=np.int64)
     hq = np.empty(n, dtype=np.int64)
     for i in range(n):
-        if task == 0:
-            g = y[i] - pred[i]
-            h = 1.0
-        else:
-            p = 1.0 / (1.0 + np.exp(-pred[i]))
-            g = y[i] - p
-            h = p * (1.0 - p)
-        a = np.rint(g * scale)
-        if a > g_units:
-            a = g_units
-        elif a < -g_units:
-            a = -g_units
-        b = np.rint(h * scale)
-        if b > h_units:
-            b = h_units
-        elif b < 0:
-            b = 0
-        gq[i] = np.int64(a)
-        hq[i] = np.int64(b)
+        gq[i], hq[i] = _gh_units(pred[i], y[i], task, scale, g_units, h_units)
     return gq, hq
 
 
@@ -82,6 +291,15 @@ def grad_hess_units(pred: np.ndarray, y: np.ndarray, task: int, scale: float, g_
                             int(g_units), int(h_units))
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _cell_cost(gq, hq, g_units, h_units, grid, cost_table):
+    """Ledger cost of one record: |g|, h rounded up to the grid (see :func:`filter_step`)."""
+    ag = gq if gq >= 0 else -gq
+    kg = (ag * grid + g_units - 1) // g_units
+    kh = (hq * grid + h_units - 1) // h_units
+    return cost_table[kh, kg]
+
+
 @njit(cache=True, nogil=True)
 def _filter_step(gq, hq, g_units, h_units, grid, cost_table, spent, budget, available):
     n = gq.shape[0]
@@ -90,10 +308,7 @@ def _filter_step(gq, hq, g_units, h_units, grid, cost_table, spent, budget, avai
     for i in range(n):
         if not available[i]:
             continue
-        ag = gq[i] if gq[i] >= 0 else -gq[i]
-        kg = (ag * grid + g_units - 1) // g_units
-        kh = (hq[i] * grid + h_units - 1) // h_units
-        c = cost_table[kh, kg]
+        c = _cell_cost(gq[i], hq[i], g_units, h_units, grid, cost_table)
         if spent[i] + c <= budget:
             active[i] = True
             new_spent[i] = spent[i] + c
@@ -130,6 +345,99 @@ def leaf_sums(leaf: np.ndarray, gq: np.ndarray, hq: np.ndarray, selected: np.nda
     """Per-leaf sums of clipped Hessians then gradients, ``[w_0 … w_{L−1}, u_0 … u_{L−1}]`` (int64 units)."""
     return _leaf_sums(np.asarray(leaf, np.int32), np.asarray(gq, np.int64), np.asarray(hq, np.int64),
                       np.asarray(selected, np.bool_), int(n_leaves))
+
+
+@njit(cache=True, nogil=True)
+def _round_sums(leaf, pred, y, task, scale, g_units, h_units, sampled, available, all_available, n_leaves):
+    out = np.zeros(2 * n_leaves, dtype=np.int64)
+    n_active = 0
+    n_sampled = 0
+    for i in range(leaf.shape[0]):
+        if not (all_available or available[i]):
+            continue
+        n_active += 1
+        if sampled[i]:
+            gq, hq = _gh_units(pred[i], y[i], task, scale, g_units, h_units)
+            out[leaf[i]] += hq
+            out[n_leaves + leaf[i]] += gq
+            n_sampled += 1
+    return out, n_active, n_sampled
+
+
+@njit(cache=True, nogil=True)
+def _round_sums_filtered(leaf, pred, y, task, scale, g_units, h_units, sampled, available, all_available,
+                         n_leaves, grid, cost_table, spent, budget):
+    out = np.zeros(2 * n_leaves, dtype=np.int64)
+    new_spent = spent.copy()
+    n_active = 0
+    n_sampled = 0
+    for i in range(leaf.shape[0]):
+        if not (all_available or available[i]):
+            continue
+        gq, hq = _gh_units(pred[i], y[i], task, scale, g_units, h_units)
+        c = _cell_cost(gq, hq, g_units, h_units, grid, cost_table)
+        if spent[i] + c > budget:
+            continue
+        new_spent[i] = spent[i] + c
+        n_active += 1
+        if sampled[i]:
+            out[leaf[i]] += hq
+            out[n_leaves + leaf[i]] += gq
+            n_sampled += 1
+    return out, new_spent, n_active, n_sampled
+
+
+def round_sums(leaf: np.ndarray, pred: np.ndarray, y: np.ndarray, task: int, scale: float, g_units: int,
+               h_units: int, sampled: np.ndarray, available: np.ndarray | None, n_leaves: int,
+               filter_args: tuple | None = None) -> tuple[np.ndarray, np.ndarray | None, int, int]:
+    """One round of a site in one pass: gradients, filter, subsample and leaf sums.
+
+    Equals ``gq, hq = grad_hess_units(…)``; ``active, new_spent =
+    filter_step(…)`` (with the filter) or ``active = available`` (without);
+    ``leaf_sums(leaf, gq, hq, active & sampled, n_leaves)``.  ``available``
+    None means every record is available.  ``filter_args`` is ``(cost_table,
+    spent, budget)``.  Without the filter only subsampled records have their
+    gradients computed.  Returns ``(sums, new_spent or None, #active,
+    #active-and-sampled)``.
+    """
+    leaf = np.asarray(leaf, np.int32)
+    pred = np.asarray(pred, np.float64)
+    y = np.asarray(y, np.float64)
+    sampled = np.asarray(sampled, np.bool_)
+    all_available = available is None
+    available = sampled if all_available else np.asarray(available, np.bool_)  # placeholder when all
+    if filter_args is None:
+        sums, n_active, n_sampled = _round_sums(leaf, pred, y, int(task), float(scale), int(g_units), int(h_units),
+                                                sampled, available, all_available, int(n_leaves))
+        return sums, None, int(n_active), int(n_sampled)
+    cost_table, spent, budget = filter_args
+    cost_table = np.ascontiguousarray(cost_table, np.int64)
+    sums, new_spent, n_active, n_sampled = _round_sums_filtered(
+        leaf, pred, y, int(task), float(scale), int(g_units), int(h_units), sampled, available, all_available,
+        int(n_leaves), int(cost_table.shape[0] - 1), cost_table, np.asarray(spent, np.int64), np.int64(budget))
+    return sums, new_spent, int(n_active), int(n_sampled)
+
+
+@njit(cache=True, nogil=True)
+def _leaf_values(sums, n_leaves, h_scale, g_scale, l2, beta):
+    out = np.empty(n_leaves, dtype=np.float64)
+    for k in range(n_leaves):
+        w = np.float64(sums[k]) / h_scale
+        u = np.float64(sums[n_leaves + k]) / g_scale
+        den = w + l2
+        v = u / den if (w >= 0 and den > 0) else 0.0
+        out[k] = min(max(v, -beta), beta)
+    return out
+
+
+def leaf_values(noisy_sums: np.ndarray, n_leaves: int, h_scale: float, g_scale: float, l2: float,
+                beta: float) -> np.ndarray:
+    """``clamp(u/(w + λ), −β, β)`` per leaf from ``[w_0 … w_{L−1}, u_0 … u_{L−1}]`` in units; 0 if w < 0.
+
+    ``w = sum/h_scale`` and ``u = sum/g_scale`` (the fixed-point scales).
+    """
+    return _leaf_values(np.ascontiguousarray(noisy_sums, np.int64), int(n_leaves), float(h_scale), float(g_scale),
+                        float(l2), float(beta))
 
 
 @njit(cache=True, nogil=True)

@@ -50,6 +50,39 @@ def csprng_uint64(n: int) -> np.ndarray:
     return np.frombuffer(csprng_bytes(8 * n), dtype="<u8")
 
 
+_zero_block = b""
+_zero_lock = threading.Lock()
+_scratch = threading.local()
+
+
+def _zeros(nbytes: int) -> memoryview:
+    """A shared read-only block of ``nbytes`` zero bytes (grown on demand, never written)."""
+    global _zero_block
+    if len(_zero_block) < nbytes:
+        with _zero_lock:
+            if len(_zero_block) < nbytes:
+                _zero_block = bytes(max(nbytes, 2 * len(_zero_block)))
+    return memoryview(_zero_block)[:nbytes]
+
+
+def _csprng_uint64_scratch(n: int) -> np.ndarray:
+    """Like :func:`csprng_uint64` (same fresh-key AES-256-CTR keystream), written into a per-thread buffer.
+
+    The result is only valid until the calling thread's next call: for
+    consumers that reduce it at once (the subsample mask), it saves two
+    allocations and a copy of 8n bytes per call.
+    """
+    nbytes = 8 * n
+    buf = getattr(_scratch, "buf", None)
+    if buf is None or buf.size < nbytes + 16:
+        buf = _scratch.buf = np.empty(nbytes + 16, dtype=np.uint8)
+    enc = Cipher(algorithms.AES(os.urandom(32)), modes.CTR(b"\x00" * 16)).encryptor()
+    written = enc.update_into(_zeros(nbytes), buf)
+    enc.finalize()
+    assert written == nbytes
+    return buf[:nbytes].view("<u8")
+
+
 def _bernoulli_from_u64(u: np.ndarray, p: float) -> np.ndarray:
     k = bernoulli_threshold(p)
     if k >= 2**64:
@@ -106,7 +139,7 @@ class SecureRandomness:
 
     def subsample(self, p: float, record_ids: np.ndarray, round_id: int) -> np.ndarray:
         """Poisson subsample: each record independently with probability ≤ p (exactly floor(p·2^64)/2^64)."""
-        return _bernoulli_from_u64(csprng_uint64(len(record_ids)), p)
+        return _bernoulli_from_u64(_csprng_uint64_scratch(len(record_ids)), p)
 
     def describe(self) -> str:
         return "opendp-exact+aes-ctr-drbg"
@@ -159,36 +192,97 @@ class InsecureTestRandomness:
         return f"INSECURE-TEST(seed={self.seed}, noise={'on' if self.noise else 'off'})"
 
 
+class _ChunkDraws:
+    """Chunks of noise drawn by background threads *and* by the consumer while it would otherwise wait."""
+
+    def __init__(self, draw, sizes: list[int], lookahead: int):
+        self.draw, self.sizes, self.lookahead = draw, sizes, max(1, lookahead)
+        self.cond = threading.Condition()
+        self.next_claim = 0  # chunks below this are claimed by some thread
+        self.consumed = 0  # chunks below this were handed to the consumer
+        self.done: dict[int, tuple[np.ndarray | None, BaseException | None]] = {}
+        self.closed = False
+
+    def _claim(self, limit: int) -> int | None:
+        if self.next_claim < min(limit, len(self.sizes)):
+            self.next_claim += 1
+            return self.next_claim - 1
+        return None
+
+    def _run(self, j: int) -> None:
+        try:
+            res = (self.draw(self.sizes[j]), None)
+        except BaseException as e:  # handed to the consumer when it reaches chunk j
+            res = (None, e)
+        with self.cond:
+            self.done[j] = res
+            self.cond.notify_all()
+
+    def worker(self) -> None:
+        while True:
+            with self.cond:
+                while True:
+                    if self.closed or self.next_claim >= len(self.sizes):
+                        return
+                    j = self._claim(self.consumed + self.lookahead)
+                    if j is not None:
+                        break
+                    self.cond.wait()
+            self._run(j)
+
+    def get(self, j: int) -> np.ndarray:
+        while True:
+            with self.cond:
+                if j in self.done:
+                    block, err = self.done.pop(j)
+                    self.consumed = j + 1
+                    self.cond.notify_all()
+                    if err is not None:
+                        raise err
+                    return block
+                k = self._claim(j + self.lookahead)  # help instead of waiting
+                if k is None:
+                    self.cond.wait()
+                    continue
+            self._run(k)
+
+    def close(self) -> None:
+        with self.cond:
+            self.closed = True
+            self.cond.notify_all()
+
+
 def prefetched_gaussian(randomness, scales: np.ndarray, rounds: int, chunk: int = 16, workers: int = 2,
                         lookahead: int = 4):
     """Yield ``rounds`` discrete-Gaussian vectors with per-coordinate ``scales``, drawn ahead of use.
 
-    Leaf noise does not depend on the data, so it is drawn in background
-    threads (OpenDP's sampler releases the GIL) while the training thread
-    computes leaf sums.  Deterministic test sources are drawn in order, inline.
+    Leaf noise does not depend on the data, so it is drawn in chunks of
+    ``chunk`` rounds by ``workers − 1`` background threads (OpenDP's sampler
+    releases the GIL) while the training thread computes leaf sums; when the
+    training thread needs a chunk that is not ready it draws the next
+    unclaimed chunk itself instead of idling.  So at most ``workers`` threads
+    compute at any time (training included) and none of them waits while
+    noise is outstanding.  At most ``lookahead`` chunks are drawn ahead.
+    Deterministic test sources are drawn in order, inline.
     """
     scales = np.asarray(scales, dtype=np.float64)
-    if getattr(randomness, "insecure", False) or rounds <= chunk:
+    if getattr(randomness, "insecure", False) or rounds <= chunk or workers <= 1:
         for _ in range(rounds):
             yield randomness.discrete_gaussian(scales)
         return
-    from collections import deque
-    from concurrent.futures import ThreadPoolExecutor
 
     def draw(k: int) -> np.ndarray:
         return randomness.discrete_gaussian(np.tile(scales, k)).reshape(k, scales.size)
 
     sizes = [min(chunk, rounds - i) for i in range(0, rounds, chunk)]
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dp-noise") as ex:
-        pending: deque = deque()
-        it = iter(sizes)
-        for k in it:
-            pending.append(ex.submit(draw, k))
-            if len(pending) >= lookahead:
-                break
-        while pending:
-            block = pending.popleft().result()
-            nxt = next(it, None)
-            if nxt is not None:
-                pending.append(ex.submit(draw, nxt))
-            yield from block
+    draws = _ChunkDraws(draw, sizes, lookahead)
+    threads = [threading.Thread(target=draws.worker, name=f"dp-noise-{i}", daemon=True) for i in range(workers - 1)]
+    for t in threads:
+        t.start()
+    try:
+        for j in range(len(sizes)):
+            yield from draws.get(j)
+    finally:
+        draws.close()
+        for t in threads:
+            t.join()
