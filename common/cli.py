@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 import sys
 import time
 from pathlib import Path
@@ -87,10 +88,13 @@ def emit(args: argparse.Namespace, result: dict[str, Any], human: str) -> None:
 
 
 class Progress:
-    """Progress on stderr: a rich bar on a terminal, plain log lines otherwise."""
+    """Progress on stderr: a rich bar on a terminal, otherwise a log record (logger ``fedsbdt.<label>``)
+    every 10% carrying ``round``, ``total``, ``elapsed``, ``eta`` and the given ``fields`` (e.g. ``epsilon``)."""
 
-    def __init__(self, label: str, total: int, quiet: bool = False, extra: str = ""):
+    def __init__(self, label: str, total: int, quiet: bool = False, extra: str = "",
+                 fields: dict[str, Any] | None = None):
         self.label, self.total, self.extra = label, total, extra
+        self.fields = dict(fields or {})
         self.quiet = quiet
         self.t0 = time.perf_counter()
         self._bar = None
@@ -111,8 +115,9 @@ class Progress:
         elif done / max(total, 1) >= self._next_log or done == total:
             el = time.perf_counter() - self.t0
             eta = el / done * (total - done) if done else 0.0
-            print(f"{self.label}: round {done}/{total} {self.extra} elapsed {el:.1f}s eta {eta:.1f}s",
-                  file=sys.stderr)
+            logging.getLogger(f"fedsbdt.{self.label}").info(
+                f"{self.label}: round {done}/{total} {self.extra} elapsed {el:.1f}s eta {eta:.1f}s",
+                extra={"round": done, "total": total, **self.fields, "elapsed": round(el, 3), "eta": round(eta, 3)})
             self._next_log = (int(done / max(total, 1) * 10) + 1) / 10
 
     def close(self) -> None:
@@ -139,7 +144,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     from .engine import calibration_for
 
     cal = calibration_for(hp)  # fail fast on impossible budgets, before any work
-    prog = Progress("train", hp.total_rounds, quiet=args.json or args.quiet, extra=f"ε={cal.epsilon:.4g}")
+    quiet = args.quiet or (args.json and getattr(args, "log_format", "text") != "json")
+    prog = Progress("train", hp.total_rounds, quiet=quiet, extra=f"ε={cal.epsilon:.4g}",
+                    fields={"epsilon": cal.epsilon})
     try:
         res = train(ds, hp, progress=prog)
     finally:
@@ -224,6 +231,10 @@ def cmd_account(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fedsbdt", description=(
         "Federated, differentially private gradient-boosted decision trees (S-BDT)."))
+    p.add_argument("--log-format", choices=["text", "json"], default="text",
+                   help="stderr log lines as text or as JSON objects (ts, level, logger, msg, fields)")
+    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="info",
+                   help="least severe log level shown (progress lines are info)")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
@@ -275,6 +286,9 @@ def _register_optional(sub) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    from .logging_setup import configure_logging
+
+    log = configure_logging(args.log_format, args.log_level)
     from .accountant import AccountingError
     from .data import DataError
     from .fixedpoint import FixedPointError
@@ -285,7 +299,10 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except (CliError, ConfigError, DataError, SchemaError, ModelError, AccountingError, FixedPointError,
             FileNotFoundError, PermissionError, IsADirectoryError) as e:
-        print(f"fedsbdt {args.command}: error: {e}", file=sys.stderr)
+        if args.log_format == "json":
+            log.error(f"fedsbdt {args.command}: error: {e}", extra={"command": args.command, "exit": EXIT_USAGE})
+        else:
+            print(f"fedsbdt {args.command}: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print(f"fedsbdt {args.command}: interrupted", file=sys.stderr)

@@ -1,0 +1,464 @@
+"""A privacy report for a trained model: one self-contained HTML page (``fedsbdt report``).
+
+The page is what an ethics board files next to a model: the guarantee in
+plain words, the accountant's numbers, the hyperparameters, the sites that
+took part in every round (federated training) and — when a site passes its
+own ledger — the share of that site's records that used up their individual
+privacy budget.  CSS is inline and plots are PNGs embedded as base64, so the
+file can be archived and opened anywhere without network access.
+
+Pure functions: :func:`build_report` returns the HTML text;
+:func:`write_report` loads the inputs and writes the file atomically.
+"""
+from __future__ import annotations
+
+import base64
+import datetime as _dt
+import hashlib
+import html
+import io
+import json
+import math
+import sqlite3
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+
+from .model import Ensemble
+from .rdp_filter import UNITS_PER_ROUND
+
+
+class ReportError(ValueError):
+    """An input of the report (model receipt or ledger) is missing or malformed."""
+
+
+# --------------------------------------------------------------------------- ledger interface
+
+
+def exhausted_share(spent: np.ndarray, budget_units: int) -> float:
+    """Share of records that have reached their budget: they cannot afford one more worst-case round.
+
+    ``spent`` holds each record's spent RDP in integer ledger units (see
+    :mod:`common.rdp_filter`); ``budget_units`` is the per-record budget
+    ρ(α̂) in the same units (``T_regular · UNITS_PER_ROUND``).  This is the
+    site's own statistic of private data; it is never sent anywhere.
+    """
+    spent = np.asarray(spent, dtype=np.int64)
+    if spent.size == 0:
+        return 0.0
+    return float(np.mean(spent > int(budget_units) - UNITS_PER_ROUND))
+
+
+def budget_units(privacy: dict[str, Any]) -> int:
+    """The per-record filter budget in ledger units, from a model's privacy receipt."""
+    try:
+        rounds = int(privacy["rounds_accounted"])
+    except (KeyError, TypeError, ValueError):
+        raise ReportError("the model's privacy receipt lacks 'rounds_accounted'; is this a fedsbdt model?") from None
+    return rounds * UNITS_PER_ROUND
+
+
+def load_ledger(path: str | Path) -> np.ndarray:
+    """A site's spent units per record from ``.npy``, ``.json`` or a SQLite ledger (``.sqlite``/``.db``).
+
+    JSON: a list of integers, or an object with a ``"spent"`` list.  SQLite:
+    the first table with an integer column named ``spent`` or ``spent_units``
+    (the federation's site ledger; its final layout is pending, see
+    docs/deployment.md).
+    """
+    p = Path(path)
+    if not p.exists():
+        raise ReportError(f"ledger file not found: {p}")
+    suffix = p.suffix.lower()
+    try:
+        if suffix == ".npy":
+            arr = np.load(p, allow_pickle=False)
+        elif suffix == ".json":
+            d = json.loads(p.read_text(encoding="utf-8"))
+            arr = np.asarray(d["spent"] if isinstance(d, dict) else d)
+        elif suffix in (".sqlite", ".sqlite3", ".db"):
+            arr = _ledger_from_sqlite(p)
+        else:
+            raise ReportError(f"{p}: unknown ledger format {suffix!r}; use .npy, .json or .sqlite")
+    except (ValueError, KeyError, OSError, sqlite3.Error) as e:
+        if isinstance(e, ReportError):
+            raise
+        raise ReportError(f"{p}: not a readable ledger ({type(e).__name__}: {e})") from None
+    arr = np.asarray(arr)
+    if arr.ndim != 1 or arr.dtype.kind not in "iuf" or (arr.dtype.kind == "f" and not np.isfinite(arr).all()):
+        raise ReportError(f"{p}: a ledger is a flat list of spent units per record (integers)")
+    if arr.dtype.kind == "f" and not (arr == np.round(arr)).all():
+        raise ReportError(f"{p}: ledger units are integers; found fractional values")
+    if (arr < 0).any():
+        raise ReportError(f"{p}: ledger holds negative spent units")
+    return arr.astype(np.int64)
+
+
+def _ledger_from_sqlite(p: Path) -> np.ndarray:
+    con = sqlite3.connect(f"file:{p}?mode=ro", uri=True)
+    try:
+        tables = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table' ORDER BY name")]
+        for t in tables:
+            cols = [r[1] for r in con.execute(f'PRAGMA table_info("{t}")')]
+            for c in ("spent", "spent_units"):
+                if c in cols:
+                    return np.asarray([r[0] for r in con.execute(f'SELECT "{c}" FROM "{t}"')], dtype=np.int64)
+        raise ReportError(f"{p}: no table with a 'spent' column (tables: {', '.join(tables) or 'none'})")
+    finally:
+        con.close()
+
+
+@dataclass(frozen=True)
+class LedgerSummary:
+    """What the report says about one site's ledger."""
+
+    site: str
+    records: int
+    budget_units: int
+    exhausted_share: float
+    used_fraction: np.ndarray = field(repr=False)  # spent / budget per record, in [0, ∞)
+
+
+def summarise_ledger(spent: np.ndarray, privacy: dict[str, Any], site: str = "this site") -> LedgerSummary:
+    b = budget_units(privacy)
+    spent = np.asarray(spent, dtype=np.int64)
+    return LedgerSummary(site, int(spent.size), b, exhausted_share(spent, b), spent / float(b))
+
+
+# --------------------------------------------------------------------------- plain-language numbers
+
+
+def posterior_bound(prior: float, epsilon: float) -> float:
+    """Largest belief an observer can reach that a record was used, starting from ``prior`` (ignoring δ)."""
+    odds = prior / (1.0 - prior) * math.exp(epsilon)
+    return odds / (1.0 + odds)
+
+
+def one_in(delta: float) -> str:
+    """``5e-8`` → ``"1 in 20 million"``."""
+    if not delta > 0:
+        return "0"
+    n = 1.0 / delta
+    for unit, name in ((1e12, "trillion"), (1e9, "billion"), (1e6, "million"), (1e3, "thousand")):
+        if n >= unit:
+            return f"1 in {n / unit:.3g} {name}"
+    return f"1 in {n:.3g}"
+
+
+def epsilon_curve(privacy: dict[str, Any], points: int = 40) -> tuple[np.ndarray, np.ndarray]:
+    """ε after r accounted trees (RDP accountant at the model's σ), for a grid of r up to the total."""
+    from .accountant import epsilon_rdp
+
+    T = int(privacy.get("rounds_accounted", 0) or 0)
+    sigma = float(privacy.get("sigma", 0) or 0)
+    if T < 1 or not sigma > 0:
+        return np.zeros(0), np.zeros(0)
+    rs = np.unique(np.linspace(1, T, min(points, T)).round().astype(int))
+    eps = [epsilon_rdp(sigma, float(privacy["subsample"]), int(r), float(privacy["delta"]),
+                       float(privacy.get("eps_init", 0.0)), float(privacy.get("eps_ds", 0.0)))[0] for r in rs]
+    return rs, np.asarray(eps)
+
+
+def round_groups(rounds: list[dict[str, Any]]) -> list[tuple[int, int, list[str]]]:
+    """Consecutive rounds with the same site set, as ``(first, last, sites)`` (1-based round numbers)."""
+    out: list[tuple[int, int, list[str]]] = []
+    for i, r in enumerate(rounds, start=1):
+        sites = sorted(str(s) for s in (r.get("sites") or []))
+        if out and out[-1][2] == sites and out[-1][1] == i - 1:
+            out[-1] = (out[-1][0], i, sites)
+        else:
+            out.append((i, i, sites))
+    return out
+
+
+# --------------------------------------------------------------------------- plots
+
+
+def _png(fig) -> str:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(fig)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100, bbox_inches="tight", metadata={"Software": None})
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _figure():
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6.4, 2.6))
+    ax = fig.add_subplot(1, 1, 1)
+    ax.grid(True, alpha=0.3)
+    return fig, ax
+
+
+def plot_epsilon(rs: np.ndarray, eps: np.ndarray, final: float) -> str:
+    fig, ax = _figure()
+    ax.plot(rs, eps, color="#1f5f8b", lw=2, label="ε after r trees (RDP bound)")
+    ax.axhline(final, color="#b03a2e", ls="--", lw=1, label=f"released ε = {final:.4g}")
+    ax.set_ylim(0, max(float(np.max(eps)), final) * 1.08)
+    ax.set_xlabel("accounted trees r")
+    ax.set_ylabel("ε")
+    ax.legend(loc="lower right", fontsize=8)
+    return _png(fig)
+
+
+def plot_sites(rounds: list[dict[str, Any]]) -> str:
+    fig, ax = _figure()
+    n = [len(r.get("sites") or []) for r in rounds]
+    ax.step(np.arange(1, len(n) + 1), n, where="mid", color="#1f5f8b", lw=2)
+    ax.set_ylim(0, max(n + [1]) + 0.5)
+    ax.set_xlabel("round")
+    ax.set_ylabel("sites alive")
+    return _png(fig)
+
+
+def plot_ledger(used: np.ndarray) -> str:
+    fig, ax = _figure()
+    ax.hist(np.clip(used, 0, 1.0), bins=40, range=(0, 1.0), color="#1f5f8b")
+    ax.set_xlabel("share of the individual budget ρ(α̂) spent")
+    ax.set_ylabel("records")
+    return _png(fig)
+
+
+# --------------------------------------------------------------------------- HTML
+
+
+_CSS = """
+body{font-family:Georgia,'DejaVu Serif',serif;max-width:54em;margin:2em auto;padding:0 1em;color:#1b1b1b;
+line-height:1.5}
+h1{font-size:1.6em;border-bottom:3px solid #1f5f8b;padding-bottom:.3em}
+h2{font-size:1.25em;color:#1f5f8b;margin-top:2em;border-bottom:1px solid #ccd}
+table{border-collapse:collapse;margin:.8em 0;font-size:.95em}
+th,td{border:1px solid #ccd;padding:.25em .7em;text-align:left;vertical-align:top}
+th{background:#eef2f7;font-weight:normal}
+td.num{font-family:'DejaVu Sans Mono',monospace;text-align:right}
+.summary{background:#eef6ee;border-left:5px solid #2e7d32;padding:.8em 1em;margin:1em 0}
+.note{background:#fff8e1;border-left:5px solid #f9a825;padding:.6em 1em;margin:1em 0}
+.muted{color:#666;font-size:.9em}
+img{max-width:100%;display:block;margin:.5em 0}
+code{font-family:'DejaVu Sans Mono',monospace;font-size:.9em}
+@media print{body{margin:0;max-width:none}h2{page-break-after:avoid}}
+"""
+
+
+def _e(x: Any) -> str:
+    return html.escape(str(x), quote=True)
+
+
+def _num(x: Any) -> str:
+    if isinstance(x, bool):
+        return "yes" if x else "no"
+    if isinstance(x, float):
+        return f"{x:.6g}"
+    if x is None:
+        return "—"
+    return str(x)
+
+
+def _table(rows: Iterable[tuple[str, Any, str]], head: tuple[str, ...] = ("quantity", "value", "meaning"),
+           cls: str = "") -> str:
+    out = [f'<table class="{_e(cls)}"><tr>' + "".join(f"<th>{_e(h)}</th>" for h in head) + "</tr>"]
+    for name, value, meaning in rows:
+        out.append(f'<tr><th>{_e(name)}</th><td class="num">{_e(_num(value))}</td><td>{_e(meaning)}</td></tr>')
+    out.append("</table>")
+    return "".join(out)
+
+
+def _img(b64: str, alt: str) -> str:
+    return f'<img alt="{_e(alt)}" src="data:image/png;base64,{b64}">'
+
+
+def _section(sid: str, title: str, body: str) -> str:
+    return f'<section id="{_e(sid)}"><h2>{_e(title)}</h2>{body}</section>'
+
+
+def _guarantee(p: dict[str, Any], task: str) -> str:
+    eps, delta = float(p["epsilon"]), float(p["delta"])
+    factor = math.exp(eps)
+    priors = (0.01, 0.1, 0.5)
+    rows = "".join(f'<tr><td class="num">{q:.0%}</td><td class="num">{posterior_bound(q, eps):.1%}</td></tr>'
+                   for q in priors)
+    warn = ""
+    if "insecure" in str(p.get("randomness", "")).lower():
+        warn = ('<div class="note"><strong>Warning:</strong> this model was trained with the deterministic, '
+                "insecure test randomness. The guarantee below does not hold. Do not release this model.</div>")
+    return warn + f"""
+<div class="summary"><p><strong>({_e(_num(eps))}, {_e(f"{delta:.3g}")})-differential privacy for every
+record</strong>, covering the initial score and every released tree.</p></div>
+<p><strong>What this means for a patient.</strong> The model was trained with random noise calibrated so that
+it would look almost the same whether or not any one patient's record had been used. Whatever anyone
+concludes from the model — the published trees, their predictions, this report — the probability of any
+conclusion changes by at most a factor of <strong>e<sup>ε</sup> = {factor:.3g}</strong> when one record is
+added or removed. No one, including the people who trained the model, can tell with confidence from the model
+whether a particular patient took part.</p>
+<p>Concretely: someone who, before seeing the model, believed with some probability that your record was used
+can, after studying the model, believe it with at most (ignoring the tiny δ below):</p>
+<table><tr><th>belief before</th><th>largest belief after</th></tr>{rows}</table>
+<p><strong>δ = {_e(f"{delta:.3g}")}</strong> ({_e(one_in(delta))}) is the probability that this bound is allowed to
+fail. It should be far below one over the number of records n, so that it cannot be spent on exposing someone;
+this δ is at least 100 times below 1/n for every data set of up to {_e(f"{0.01 / delta:,.0f}")} records.</p>
+<p><strong>What it does not promise.</strong> The guarantee is per record. A patient with several records
+(for example at two hospitals) is protected with roughly ε per record. Differential privacy protects
+whether a person took part; it does not hide facts that are true of the population as a whole, which is what
+a {_e("regression" if task == "regression" else "classification")} model is meant to learn. The public schema
+(feature names, value ranges, categories) is not protected: it was declared public before training.</p>
+"""
+
+
+def _accountant(p: dict[str, Any], curve: str | None) -> str:
+    rows = [
+        ("guarantee", p.get("guarantee", ""), "the statement released with the model"),
+        ("ε (achieved)", p.get("epsilon"), "total privacy loss of the released model"),
+        ("ε (target)", p.get("target_epsilon"), "what was asked for; achieved ε ≤ target"),
+        ("δ", p.get("delta"), "probability the ε bound may fail"),
+        ("accountant", p.get("accountant"), "rdp: Rényi DP (paper Alg. 6); pld: privacy-loss distributions"),
+        ("σ (sigma)", p.get("sigma"), "leaf noise scale σ_leaf (unweighted)"),
+        ("α̂ (alpha)", p.get("alpha"), "Rényi order at which ε is attained (0: PLD accountant)"),
+        ("ρ(α̂) (rho)", p.get("rho"), "per-record Rényi budget of the trees at α̂"),
+        ("rounds accounted", p.get("rounds_accounted"), "trees charged by the accountant"),
+        ("rounds completed", p.get("rounds_completed"), "trees in the released model"),
+        ("γ (subsample)", p.get("subsample"), "Poisson sampling rate per tree"),
+        ("ε_init", p.get("eps_init"), "budget of the initial score (label mean)"),
+        ("ε_ds", p.get("eps_ds"), "budget of the record count used by the initial score"),
+        ("individual filter", p.get("filter"), "records stop taking part once their own budget is used"),
+        ("noise mode", p.get("noise_mode"), "central: one party added all noise; distributed: each site a share"),
+        ("randomness", p.get("randomness"), "source of noise and subsampling"),
+    ]
+    body = _table(rows)
+    if curve:
+        note = (" The curve uses the RDP accountant; the PLD accountant's released ε is tighter."
+                if p.get("accountant") == "pld" else "")
+        body += ("<p>How the privacy loss accumulated over the trees (every tree costs the same; "
+                 f"the initial score is charged up front).{_e(note)}</p>" + _img(curve, "epsilon over trees"))
+    return body
+
+
+def _hyperparameters(hp: dict[str, Any]) -> str:
+    from .cli import _HELP
+
+    return _table(((k, v, _HELP.get(k, "")) for k, v in sorted(hp.items())), head=("name", "value", "meaning"))
+
+
+def _training(model: Ensemble, sites_png: str | None) -> str:
+    rounds = model.training.get("rounds")
+    parties = list(model.privacy.get("parties") or [])
+    if not rounds:
+        who = f" ({', '.join(parties)})" if parties else ""
+        return (f"<p><strong>Centralised training</strong>{_e(who)}: one party held all records and added the "
+                f"full noise itself. {len(model.trees)} trees were released.</p>")
+    all_sites = sorted({str(s) for r in rounds for s in (r.get("sites") or [])})
+    rows = "".join(
+        f'<tr><td class="num">{a}{"" if a == b else "–" + str(b)}</td><td class="num">{len(s)}</td>'
+        f"<td>{_e(', '.join(s)) or '—'}</td></tr>" for a, b, s in round_groups(rounds))
+    body = (f"<p><strong>Federated training</strong> over {len(rounds)} rounds with {len(all_sites)} site(s): "
+            f"{_e(', '.join(all_sites))}. Each released tree is the noisy sum of the sites alive in that round; "
+            "the coordinator saw only masked vectors and that noisy sum.</p>")
+    if sites_png:
+        body += _img(sites_png, "sites alive per round")
+    body += f"<table><tr><th>rounds</th><th>sites alive</th><th>which</th></tr>{rows}</table>"
+    return body
+
+
+def _ledger(s: LedgerSummary, png: str | None) -> str:
+    body = (f"<p>Of <strong>{s.records}</strong> records at <strong>{_e(s.site)}</strong>, "
+            f"<strong>{s.exhausted_share:.1%}</strong> reached their individual privacy budget "
+            "(they cannot afford one more worst-case round and took part in no further trees). "
+            "The others contributed less than the worst case, which the accountant assumed for everyone.</p>")
+    body += _table([("records", s.records, "records in the site's ledger"),
+                    ("exhausted share", s.exhausted_share, "share of records at their budget"),
+                    ("budget (ledger units)", s.budget_units, "ρ(α̂) in ledger units (T_regular · 2^30)"),
+                    ("median share spent", float(np.median(s.used_fraction)) if s.records else 0.0,
+                     "half of the records spent at most this share of their budget")])
+    if png:
+        body += _img(png, "histogram of spent budget")
+    body += ('<div class="note">This section describes the site\'s own private data. It is for the site\'s '
+             "governance; do not publish it with the model.</div>")
+    return body
+
+
+def _schema(model: Ensemble) -> str:
+    s = model.schema
+    rows = []
+    for f in s.features:
+        if f.is_categorical:
+            rows.append((f.name, "categorical", ", ".join(f.levels)))
+        else:
+            rows.append((f.name, "numeric", f"[{f.lo:g}, {f.hi:g}]"))
+    tr = "".join(f"<tr><td>{_e(a)}</td><td>{_e(b)}</td><td>{_e(c)}</td></tr>" for a, b, c in rows)
+    target = (f"label range [{s.label_range[0]:g}, {s.label_range[1]:g}]" if s.task == "regression"
+              else f"positive: {', '.join(s.positive)}; negative: {', '.join(s.negative)}")
+    return (f"<p>Declared public before training (never computed from records): task <code>{_e(s.task)}</code>, "
+            f"target <code>{_e(s.target)}</code> ({_e(target)}), schema digest <code>{_e(s.digest()[:16])}…</code>."
+            f"</p><table><tr><th>feature</th><th>type</th><th>public range / levels</th></tr>{tr}</table>")
+
+
+def build_report(model: Ensemble, ledger: LedgerSummary | None = None, model_name: str = "model",
+                 model_sha256: str | None = None, generated: _dt.datetime | None = None, plots: bool = True) -> str:
+    """The report as one self-contained HTML document (string)."""
+    p = model.privacy
+    missing = [k for k in ("epsilon", "delta", "sigma", "accountant") if k not in p]
+    if missing:
+        raise ReportError(f"{model_name}: the model carries no privacy receipt ({', '.join(missing)} missing)")
+    generated = generated or _dt.datetime.now(_dt.timezone.utc)
+    curve = None
+    if plots:
+        rs, eps = epsilon_curve(p)
+        curve = plot_epsilon(rs, eps, float(p["epsilon"])) if rs.size else None
+    rounds = model.training.get("rounds")
+    sites_png = plot_sites(rounds) if plots and rounds else None
+    ledger_png = plot_ledger(ledger.used_fraction) if plots and ledger is not None and ledger.records else None
+    ident = [("model", model_name, "file this report describes"),
+             ("SHA-256", model_sha256 or "—", "fingerprint of the model file"),
+             ("task", model.task, ""), ("trees", len(model.trees), "released trees"),
+             ("generated", generated.strftime("%Y-%m-%d %H:%M UTC"), "")]
+    sections = [
+        _section("summary", "Model", _table(ident, head=("", "", ""))),
+        _section("guarantee", "The guarantee in plain words", _guarantee(p, model.task)),
+        _section("accountant", "Privacy accounting", _accountant(p, curve)),
+        _section("hyperparameters", "Hyperparameters", _hyperparameters(model.hyperparameters.to_dict())),
+        _section("training", "Training and participating sites", _training(model, sites_png)),
+    ]
+    if ledger is not None:
+        sections.append(_section("ledger", f"Site ledger: {ledger.site}", _ledger(ledger, ledger_png)))
+    sections.append(_section("schema", "Public schema", _schema(model)))
+    sections.append(_section("about", "About this report", (
+        "<p class=\"muted\">Generated by fedsbdt from the model file and its privacy receipt. It contains no "
+        "patient records. The algorithm is S-BDT (Peinemann, Kirschte et al.): random public splits, Poisson "
+        "subsampling, leaf-balanced Gaussian noise and a subsampled-RDP accountant.</p>")))
+    title = f"Privacy report — {model.schema.name}"
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>"
+            f"<h1>{_e(title)}</h1>" + "".join(sections) + "</body></html>\n")
+
+
+@dataclass(frozen=True)
+class ReportSummary:
+    out: str
+    epsilon: float
+    delta: float
+    sections: list[str]
+    exhausted_share: float | None = None
+
+
+def write_report(model_path: str | Path, out: str | Path, ledger_path: str | Path | None = None,
+                 site: str | None = None) -> ReportSummary:
+    """Load the model (and ledger), write the HTML report atomically, summarise it."""
+    mp = Path(model_path)
+    model = Ensemble.load(mp)
+    sha = hashlib.sha256(mp.read_bytes()).hexdigest()
+    ledger = None
+    if ledger_path is not None:
+        spent = load_ledger(ledger_path)
+        ledger = summarise_ledger(spent, model.privacy, site or Path(ledger_path).stem)
+    text = build_report(model, ledger, model_name=mp.name, model_sha256=sha)
+    o = Path(out)
+    tmp = o.with_name(o.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(o)
+    secs = ["summary", "guarantee", "accountant", "hyperparameters", "training"] + (["ledger"] if ledger else []) \
+        + ["schema", "about"]
+    return ReportSummary(str(o), float(model.privacy["epsilon"]), float(model.privacy["delta"]), secs,
+                         ledger.exhausted_share if ledger else None)

@@ -1,0 +1,66 @@
+"""Structured logging: --log-format/--log-level, progress records, and the --json stdout contract."""
+import io
+import json
+import logging
+
+import numpy as np
+import pytest
+
+from common.cli import main
+from common.logging_setup import configure_logging
+
+from conftest import DATASETS, EXAMPLES
+
+TRAIN = ["train", "--data", str(DATASETS / "abalone.data"), "--schema", str(EXAMPLES / "abalone/schema.toml"),
+         "--trees", "30", "--depth", "2"]
+
+
+def test_json_logs_and_json_stdout(tmp_path, capsys):
+    assert main(["--log-format", "json", *TRAIN, "--out", str(tmp_path / "m.json"), "--json"]) == 0
+    cap = capsys.readouterr()
+    result = json.loads(cap.out)  # stdout: exactly one JSON object, nothing else
+    assert cap.out.count("\n") == 1 and result["trees"] == 30
+    records = [json.loads(line) for line in cap.err.splitlines()]  # stderr: only JSON lines
+    progress = [r for r in records if r["logger"] == "fedsbdt.train"]
+    assert [r["round"] for r in progress] == [3, 6, 9, 12, 15, 18, 21, 24, 27, 30]  # every 10 %
+    for r in progress:
+        assert {"ts", "level", "logger", "msg", "round", "total", "epsilon", "elapsed", "eta"} <= set(r)
+        assert r["level"] == "INFO" and r["total"] == 30 and r["ts"].endswith("Z")
+        assert r["epsilon"] == pytest.approx(result["epsilon"]) and r["eta"] >= 0
+    assert progress[-1]["eta"] == 0.0
+
+
+def test_text_logs_keep_the_plain_progress_line(tmp_path, capsys):
+    assert main([*TRAIN, "--out", str(tmp_path / "m.json")]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 10 and "INFO fedsbdt.train: train: round 30/30 ε=" in err[-1] and "eta 0.0s" in err[-1]
+
+
+def test_json_flag_alone_stays_quiet_and_level_filters(tmp_path, capsys):
+    assert main([*TRAIN, "--out", str(tmp_path / "m.json"), "--json"]) == 0
+    assert capsys.readouterr().err == ""
+    assert main(["--log-format", "json", "--log-level", "warning", *TRAIN, "--out", str(tmp_path / "m.json")]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_errors_are_one_json_line(capsys):
+    assert main(["--log-format", "json", "evaluate", "--model", "/nonexistent.json", "--data", "x"]) == 2
+    cap = capsys.readouterr()
+    assert cap.out == ""
+    (line,) = cap.err.splitlines()
+    rec = json.loads(line)
+    assert rec["level"] == "ERROR" and "model file not found" in rec["msg"] and rec["exit"] == 2
+
+
+def test_formatter_extra_fields_and_idempotent_configuration():
+    buf = io.StringIO()
+    configure_logging("json", "debug", stream=buf)
+    log = configure_logging("json", "debug", stream=buf)  # reconfiguring replaces, never duplicates
+    logging.getLogger("fedsbdt.x").debug("hello %s", "you", extra={"n": np.int64(3), "arr": (np.float32(0.5),)})
+    (line,) = buf.getvalue().splitlines()
+    rec = json.loads(line)
+    assert rec["msg"] == "hello you" and rec["n"] == 3 and rec["arr"] == [0.5] and rec["logger"] == "fedsbdt.x"
+    assert len(log.handlers) == 1 and not log.propagate
+    with pytest.raises(ValueError, match="log format"):
+        configure_logging("xml")
+    configure_logging("text", "info")
