@@ -256,16 +256,15 @@ def _gh_units(pred, y, task, scale, g_units, h_units):
         p = 1.0 / (1.0 + np.exp(-pred))
         g = y - p
         h = p * (1.0 - p)
+    # Clamp with selects, not branches: LLVM makes them branch-free (the sign of g is a coin flip).
+    gu = np.float64(g_units)
+    hu = np.float64(h_units)
     a = np.rint(g * scale)
-    if a > g_units:
-        a = g_units
-    elif a < -g_units:
-        a = -g_units
+    a = gu if a > gu else a
+    a = -gu if a < -gu else a
     b = np.rint(h * scale)
-    if b > h_units:
-        b = h_units
-    elif b < 0:
-        b = 0
+    b = hu if b > hu else b
+    b = 0.0 if b < 0.0 else b
     return np.int64(a), np.int64(b)
 
 
@@ -350,13 +349,15 @@ def leaf_sums(leaf: np.ndarray, gq: np.ndarray, hq: np.ndarray, selected: np.nda
 @njit(cache=True, nogil=True)
 def _round_sums(leaf, pred, y, task, scale, g_units, h_units, sampled, available, all_available, n_leaves):
     out = np.zeros(2 * n_leaves, dtype=np.int64)
-    n_active = 0
+    n = leaf.shape[0]
+    n_active = n
+    if not all_available:
+        n_active = 0
+        for i in range(n):
+            n_active += available[i]
     n_sampled = 0
-    for i in range(leaf.shape[0]):
-        if not (all_available or available[i]):
-            continue
-        n_active += 1
-        if sampled[i]:
+    for i in range(n):
+        if sampled[i] and (all_available or available[i]):
             gq, hq = _gh_units(pred[i], y[i], task, scale, g_units, h_units)
             out[leaf[i]] += hq
             out[n_leaves + leaf[i]] += gq
