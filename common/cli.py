@@ -310,4 +310,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run the main() of the importable module common.cli, not of this __main__ copy: command modules
+    # (common.cli_tools, server.cli, …) raise common.cli.CliError, which must be the class main() catches.
+    from common.cli import main as _main
+
+    sys.exit(_main())

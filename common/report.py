@@ -100,7 +100,7 @@ def _ledger_from_sqlite(p: Path) -> np.ndarray:
     con = sqlite3.connect(f"file:{p}?mode=ro", uri=True)
     try:
         tables = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table' ORDER BY name")]
-        for t in tables:
+        for t in sorted(tables, key=lambda name: name != "ledger"):  # the site ledger's table first
             cols = [r[1] for r in con.execute(f'PRAGMA table_info("{t}")')]
             for c in ("spent", "spent_units"):
                 if c in cols:
@@ -108,6 +108,24 @@ def _ledger_from_sqlite(p: Path) -> np.ndarray:
         raise ReportError(f"{p}: no table with a 'spent' column (tables: {', '.join(tables) or 'none'})")
     finally:
         con.close()
+
+
+def ledger_plan(path: str | Path) -> str | None:
+    """The plan hash a SQLite site ledger records in its ``meta`` table (``None`` if it records none)."""
+    p = Path(path)
+    if p.suffix.lower() not in (".sqlite", ".sqlite3", ".db"):
+        return None
+    con = sqlite3.connect(f"file:{p}?mode=ro", uri=True)
+    try:
+        row = con.execute("SELECT value FROM meta WHERE key = 'plan_sha256'").fetchone()
+    except sqlite3.Error:
+        return None
+    finally:
+        con.close()
+    if row is None:
+        return None
+    v = row[0]
+    return v.decode() if isinstance(v, bytes) else str(v)
 
 
 @dataclass(frozen=True)
@@ -162,9 +180,10 @@ def epsilon_curve(privacy: dict[str, Any], points: int = 40) -> tuple[np.ndarray
 
 
 def round_groups(rounds: list[dict[str, Any]]) -> list[tuple[int, int, list[str]]]:
-    """Consecutive rounds with the same site set, as ``(first, last, sites)`` (1-based round numbers)."""
+    """Consecutive trees with the same site set, as ``(first, last, sites)`` (1-based tree numbers)."""
     out: list[tuple[int, int, list[str]]] = []
-    for i, r in enumerate(rounds, start=1):
+    for k, r in enumerate(rounds):
+        i = int(r["tree"]) + 1 if isinstance(r.get("tree"), int) else k + 1
         sites = sorted(str(s) for s in (r.get("sites") or []))
         if out and out[-1][2] == sites and out[-1][1] == i - 1:
             out[-1] = (out[-1][0], i, sites)
@@ -205,12 +224,18 @@ def plot_epsilon(rs: np.ndarray, eps: np.ndarray, final: float) -> str:
     return _png(fig)
 
 
-def plot_sites(rounds: list[dict[str, Any]]) -> str:
+def plot_sites(rounds: list[dict[str, Any]], threshold: int | None = None) -> str:
     fig, ax = _figure()
     n = [len(r.get("sites") or []) for r in rounds]
-    ax.step(np.arange(1, len(n) + 1), n, where="mid", color="#1f5f8b", lw=2)
-    ax.set_ylim(0, max(n + [1]) + 0.5)
-    ax.set_xlabel("round")
+    ax.step(np.arange(1, len(n) + 1), n, where="mid", color="#1f5f8b", lw=2, label="sites alive")
+    if threshold:
+        ax.axhline(threshold, color="#b03a2e", ls="--", lw=1, label=f"threshold t = {threshold}")
+        ax.legend(loc="lower right", fontsize=8)
+    ax.set_ylim(0, max(n + [1, threshold or 0]) + 0.5)
+    from matplotlib.ticker import MaxNLocator
+
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("tree")
     ax.set_ylabel("sites alive")
     return _png(fig)
 
@@ -349,16 +374,34 @@ def _training(model: Ensemble, sites_png: str | None) -> str:
         who = f" ({', '.join(parties)})" if parties else ""
         return (f"<p><strong>Centralised training</strong>{_e(who)}: one party held all records and added the "
                 f"full noise itself. {len(model.trees)} trees were released.</p>")
+    t = model.training
     all_sites = sorted({str(s) for r in rounds for s in (r.get("sites") or [])})
+    roster = [str(s) for s in (t.get("roster") or all_sites)]
     rows = "".join(
         f'<tr><td class="num">{a}{"" if a == b else "–" + str(b)}</td><td class="num">{len(s)}</td>'
-        f"<td>{_e(', '.join(s)) or '—'}</td></tr>" for a, b, s in round_groups(rounds))
+        f"<td>{_e(', '.join(s)) or '—'}</td><td>{_e(', '.join(x for x in roster if x not in s)) or '—'}</td></tr>"
+        for a, b, s in round_groups(rounds))
     body = (f"<p><strong>Federated training</strong> over {len(rounds)} rounds with {len(all_sites)} site(s): "
             f"{_e(', '.join(all_sites))}. Each released tree is the noisy sum of the sites alive in that round; "
             "the coordinator saw only masked vectors and that noisy sum.</p>")
+    facts = [(label, t[key], meaning) for key, label, meaning in (
+        ("session_id", "session", "the plan's session id"),
+        ("plan_sha256", "plan SHA-256", "fingerprint of the public plan every site checked"),
+        ("noise_mode", "noise mode", "distributed: every site added a noise share; central: the coordinator"),
+        ("threshold", "threshold t", "every released sum covers at least t sites"),
+        ("assumed_colluders", "assumed colluders c", "sites that may collude with the coordinator (2t > n + c)"),
+    ) if t.get(key) is not None]
+    if t.get("roster"):
+        facts.append(("roster", ", ".join(roster), f"{len(roster)} site(s) in the plan"))
+    init = t.get("init")
+    if isinstance(init, dict) and init.get("sites") is not None:
+        facts.append(("initial score sites", ", ".join(str(s) for s in init["sites"]),
+                      "sites whose records entered the initial score"))
+    if facts:
+        body += _table(facts)
     if sites_png:
         body += _img(sites_png, "sites alive per round")
-    body += f"<table><tr><th>rounds</th><th>sites alive</th><th>which</th></tr>{rows}</table>"
+    body += (f"<table><tr><th>trees</th><th>sites alive</th><th>which</th><th>absent</th></tr>{rows}</table>")
     return body
 
 
@@ -408,7 +451,7 @@ def build_report(model: Ensemble, ledger: LedgerSummary | None = None, model_nam
         rs, eps = epsilon_curve(p)
         curve = plot_epsilon(rs, eps, float(p["epsilon"])) if rs.size else None
     rounds = model.training.get("rounds")
-    sites_png = plot_sites(rounds) if plots and rounds else None
+    sites_png = plot_sites(rounds, model.training.get("threshold")) if plots and rounds else None
     ledger_png = plot_ledger(ledger.used_fraction) if plots and ledger is not None and ledger.records else None
     ident = [("model", model_name, "file this report describes"),
              ("SHA-256", model_sha256 or "—", "fingerprint of the model file"),
@@ -452,6 +495,10 @@ def write_report(model_path: str | Path, out: str | Path, ledger_path: str | Pat
     ledger = None
     if ledger_path is not None:
         spent = load_ledger(ledger_path)
+        theirs, ours = ledger_plan(ledger_path), model.training.get("plan_sha256")
+        if theirs and ours and theirs != ours:
+            raise ReportError(f"{ledger_path}: this ledger belongs to plan {theirs[:16]}…, the model to plan "
+                              f"{ours[:16]}…; pass the ledger of the session that trained this model")
         ledger = summarise_ledger(spent, model.privacy, site or Path(ledger_path).stem)
     text = build_report(model, ledger, model_name=mp.name, model_sha256=sha)
     o = Path(out)

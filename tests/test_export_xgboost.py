@@ -31,15 +31,19 @@ def booster(model, tmp_path, **kw):
     return xgb.Booster(model_file=str(path))
 
 
-def float32_emulation(model, X):
-    """What XGBoost must compute: float32 leaves summed in float32, tree by tree, on float32 inputs."""
+def float32_emulation(model, X, tmp_path):
+    """What XGBoost must compute: float32 leaves summed in float32, tree by tree, on float32 inputs.
+
+    The start is XGBoost's own margin of our base_score (its float32 logit for binary models), read
+    from the same model exported without trees.
+    """
     base, mult, objective = folded_values(model)
     X32 = X.astype(np.float32).astype(np.float64)
+    empty = Ensemble(model.schema, model.hyperparameters, model.init_score, [], model.privacy)
+    start = booster(empty, tmp_path).predict(xgb.DMatrix(X[:1]), output_margin=True)[0]
     if objective == "reg:squarederror":
-        acc = np.full(X.shape[0], np.float32(base), dtype=np.float32)
-    else:
-        p = np.float32(base)
-        acc = np.full(X.shape[0], -np.log(np.float32(1) / p - np.float32(1)), dtype=np.float32)
+        assert start == np.float32(base)
+    acc = np.full(X.shape[0], start, dtype=np.float32)
     for t in model.trees:
         leaf = kernels.leaf_index(X32, t.features, t.thresholds, model.is_categorical(), model.depth)
         acc = acc + (np.asarray(t.leaves) * mult).astype(np.float32)[leaf]
@@ -55,7 +59,7 @@ def test_predictions_match(models, name, categorical, tmp_path):
     ours = model.predict(ds.X)
     theirs = b.predict(dm).astype(np.float64)
     # Exact: the same leaves on the same paths, up to XGBoost's float32 arithmetic, bit for bit.
-    np.testing.assert_array_equal(b.predict(dm, output_margin=True), float32_emulation(model, ds.X))
+    np.testing.assert_array_equal(b.predict(dm, output_margin=True), float32_emulation(model, ds.X, tmp_path))
     if model.task == "binary":
         assert np.abs(theirs - ours).max() <= 1e-6  # probabilities
     else:

@@ -2,6 +2,8 @@
 import base64
 import json
 import sqlite3
+import subprocess
+import sys
 from html.parser import HTMLParser
 
 import numpy as np
@@ -13,10 +15,10 @@ from common.engine import calibration_for, train
 from common.model import Ensemble
 from common.rdp_filter import UNITS_PER_ROUND, filter_table
 from common.rdp_filter import exhausted_share as filter_exhausted_share
-from common.report import (ReportError, build_report, exhausted_share, load_ledger, one_in, posterior_bound,
-                           round_groups, summarise_ledger)
+from common.report import (ReportError, build_report, exhausted_share, ledger_plan, load_ledger, one_in,
+                           posterior_bound, round_groups, summarise_ledger, write_report)
 
-from conftest import insecure
+from conftest import ROOT, insecure
 
 
 class Page(HTMLParser):
@@ -117,17 +119,31 @@ def test_self_contained(model):
         assert base64.b64decode(img["src"].split(",", 1)[1])[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def federated_training(n_trees=25):
+    """What server/release.py records for a federated run (public facts only)."""
+    rounds = [{"tree": k, "round_id": k + 1 + (k >= 10), "sites": ["h1", "h2", "h3"] if k < 10 else ["h3", "h1"]}
+              for k in range(n_trees)]
+    return {"federated": True, "plan_sha256": "cd" * 32, "session_id": "cardio-1", "noise_mode": "distributed",
+            "threshold": 2, "assumed_colluders": 0, "roster": ["h1", "h2", "h3"],
+            "init": {"round_id": 0, "sites": ["h1", "h2", "h3"]}, "rounds": rounds}
+
+
 def test_federated_rounds_are_rendered(model):
     fed = Ensemble(model.schema, model.hyperparameters, model.init_score, model.trees, dict(model.privacy),
-                   {"rounds": [{"sites": ["h1", "h2", "h3"]}] * 10 + [{"sites": ["h1", "h3"]}] * 15})
+                   federated_training())
     page = Page(build_report(fed))
     t = page.sections["training"]
     assert "Federated training" in t and "25 rounds with 3 site(s)" in t
-    rows = page.tables["training"][1:]
-    assert rows == [["1–10", "3", "h1, h2, h3"], ["11–25", "2", "h1, h3"]]
+    rows = [r for r in page.tables["training"] if len(r) == 4][1:]
+    assert rows == [["1–10", "3", "h1, h2, h3", "—"], ["11–25", "2", "h1, h3", "h2"]]
+    assert page.value("training", "threshold t") == "2"
+    assert page.value("training", "plan SHA-256") == "cd" * 32
+    assert page.value("training", "session") == "cardio-1"
+    assert page.value("training", "roster") == "h1, h2, h3"
     assert any(i["alt"] == "sites alive per round" for i in page.images)
     assert round_groups([{"sites": ["b", "a"]}, {"sites": ["a", "b"]}, {"sites": []}]) == \
         [(1, 2, ["a", "b"]), (3, 3, [])]
+    assert round_groups([{"tree": 0, "sites": ["a"]}, {"tree": 2, "sites": ["a"]}]) == [(1, 1, ["a"]), (3, 3, ["a"])]
 
 
 def test_insecure_randomness_is_flagged(abalone):
@@ -165,6 +181,17 @@ def test_ledger_formats_and_section(model, tmp_path):
     page = Page(build_report(model, s))
     assert "ledger" in page.sections and "hospital-a" in page.sections["ledger"]
     assert "60.0%" in page.sections["ledger"] and "do not publish" in page.sections["ledger"]
+    con = sqlite3.connect(tmp_path / "c.sqlite")  # the site database of client/ledger.py also has a meta table
+    con.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value BLOB NOT NULL)")
+    con.execute("INSERT INTO meta VALUES ('plan_sha256', ?)", (b"ef" * 32,))
+    con.commit()
+    con.close()
+    assert ledger_plan(tmp_path / "c.sqlite") == "ef" * 32 and ledger_plan(tmp_path / "a.npy") is None
+    fed = Ensemble(model.schema, model.hyperparameters, model.init_score, model.trees, dict(model.privacy),
+                   federated_training())
+    fed.save(tmp_path / "fed.json")
+    with pytest.raises(ReportError, match="belongs to plan efefefef"):
+        write_report(tmp_path / "fed.json", tmp_path / "r.html", tmp_path / "c.sqlite")
     (tmp_path / "bad.json").write_text('{"spent": [1.5, 2]}')
     with pytest.raises(ReportError, match="integers"):
         load_ledger(tmp_path / "bad.json")
@@ -198,3 +225,13 @@ def test_cli_report(model, tmp_path, capsys):
     (tmp_path / "nor.json").write_text(json.dumps({**model.to_dict(), "privacy": {}}))
     assert main(["report", "--model", str(tmp_path / "nor.json"), "--out", str(out)]) == 2
     assert "no privacy receipt" in capsys.readouterr().err
+
+
+def test_python_m_cli_reports_command_module_errors_cleanly(model, tmp_path):
+    """CliError raised by common.cli_tools is caught when the CLI runs as ``python -m common.cli``."""
+    src = tmp_path / "m.json"
+    model.save(src)
+    p = subprocess.run([sys.executable, "-m", "common.cli", "report", "--model", str(src), "--out",
+                        str(tmp_path / "r.pdf")], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert p.returncode == 2 and "Traceback" not in p.stderr and p.stdout == ""
+    assert p.stderr.strip() == f"fedsbdt report: error: {tmp_path / 'r.pdf'}: the report is an HTML page; name it *.html"
