@@ -1,0 +1,230 @@
+"""A site's durable state in one SQLite database (WAL, ``synchronous=FULL``): ledger, log, secagg storage.
+
+One database per site and plan (``<state>/ledger-<plan hash prefix>.sqlite``):
+
+==================  ===========================================================
+table               content
+==================  ===========================================================
+``ledger``          ``record_id`` → ``spent``: the per-record Rényi ledger in
+                    integer ledger units (common/rdp_filter.py); a record that
+                    appears later starts at 0, old records keep theirs
+``contributions``   one row per masked input sent: round id, kind (``init`` /
+                    ``tree``), tree index, whether it carried data, the
+                    (private) active and sampled counts
+``secagg``          the secure-aggregation site's records (common/secagg
+                    ``Storage``: keys, shares, "input sent", "signed", …)
+``meta``            plan hash, site id, the stored initial-score vector
+==================  ===========================================================
+
+The privacy-critical rule: the ledger update of round r, its contributions
+row and secagg's ``round/<r>/input`` record are written in **one**
+transaction (:meth:`SiteLedger.transaction`) that commits before the masked
+vector is handed to the transport.  A site killed at any instant either
+never sent round r, or has it charged.
+
+Everything here is secret (keys, shares, ledger): the file is created 0600.
+"""
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+
+from common.secagg.errors import StorageError
+from common.secagg.storage import check_key
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS ledger (record_id INTEGER PRIMARY KEY, spent INTEGER NOT NULL CHECK (spent >= 0));
+CREATE TABLE IF NOT EXISTS contributions (
+    round_id INTEGER PRIMARY KEY, kind TEXT NOT NULL CHECK (kind IN ('init', 'tree')), tree INTEGER,
+    with_data INTEGER NOT NULL, active INTEGER, sampled INTEGER, sent_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS secagg (key TEXT PRIMARY KEY, value BLOB NOT NULL);
+"""
+
+
+class LedgerError(RuntimeError):
+    """The database belongs to another plan or site, or cannot be used."""
+
+
+def ledger_path(state_dir: str | os.PathLike, plan_sha256: str) -> Path:
+    return Path(state_dir) / f"ledger-{plan_sha256[:16]}.sqlite"
+
+
+class SiteLedger:
+    """The site's database; one connection, used from one thread."""
+
+    def __init__(self, path: str | os.PathLike, plan_sha256: str, site_id: str) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if not self.path.exists():
+            fd = os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600)
+            os.close(fd)
+        try:
+            self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=FULL")
+            self.db.executescript(_SCHEMA)
+        except sqlite3.Error as e:
+            raise LedgerError(f"{self.path}: cannot open the site database: {e}") from None
+        self._depth = 0
+        for key, want in (("plan_sha256", plan_sha256), ("site_id", site_id)):
+            have = self._meta(key)
+            if have is None:
+                self._set_meta(key, want.encode())
+            elif have.decode() != want:
+                raise LedgerError(f"{self.path} belongs to {key} {have.decode()!r}, not {want!r}")
+        self.storage = SqliteStorage(self)
+
+    def close(self) -> None:
+        self.db.close()
+
+    # ------------------------------------------------------------------ transactions
+
+    @contextmanager
+    def transaction(self):
+        """One durable transaction: commits (fsync) when the block ends, rolls back on an exception."""
+        if self._depth:
+            self._depth += 1
+            try:
+                yield
+            finally:
+                self._depth -= 1
+            return
+        self.db.execute("BEGIN IMMEDIATE")
+        self._depth = 1
+        try:
+            yield
+        except BaseException:
+            self._depth = 0
+            self.db.execute("ROLLBACK")
+            raise
+        self._depth = 0
+        self.db.execute("COMMIT")
+
+    @property
+    def in_transaction(self) -> bool:
+        return self._depth > 0
+
+    # ------------------------------------------------------------------ meta
+
+    def _meta(self, key: str) -> bytes | None:
+        row = self.db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return None if row is None else bytes(row[0])
+
+    def _set_meta(self, key: str, value: bytes) -> None:
+        with self.transaction():
+            self.db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value))
+
+    # ------------------------------------------------------------------ the Rényi ledger
+
+    def ensure_records(self, ids: np.ndarray) -> None:
+        """Give records not yet in the ledger a fresh budget (spent = 0); existing ones keep theirs."""
+        with self.transaction():
+            self.db.executemany("INSERT OR IGNORE INTO ledger (record_id, spent) VALUES (?, 0)",
+                                ((int(i),) for i in np.asarray(ids, dtype=np.int64)))
+
+    def spent_for(self, ids: np.ndarray) -> np.ndarray:
+        """Spent ledger units of ``ids`` (in that order)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        rows = self.db.execute("SELECT record_id, spent FROM ledger").fetchall()
+        if not rows:
+            return np.zeros(ids.shape, np.int64)
+        rid = np.fromiter((r[0] for r in rows), np.int64, len(rows))
+        sp = np.fromiter((r[1] for r in rows), np.int64, len(rows))
+        order = np.argsort(rid)
+        rid, sp = rid[order], sp[order]
+        pos = np.clip(np.searchsorted(rid, ids), 0, len(rid) - 1)
+        found = rid[pos] == ids
+        return np.where(found, sp[pos], 0)
+
+    def charge(self, ids: np.ndarray, old: np.ndarray, new: np.ndarray) -> int:
+        """Write the records whose spent units changed (inside the round's transaction); returns their number."""
+        if not self.in_transaction:
+            raise LedgerError("ledger updates must be part of the round's transaction")
+        changed = np.flatnonzero(np.asarray(new) != np.asarray(old))
+        if changed.size and int(np.min(np.asarray(new)[changed] - np.asarray(old)[changed])) < 0:
+            raise LedgerError("a ledger update may only increase spent units")
+        self.db.executemany("UPDATE ledger SET spent = ? WHERE record_id = ?",
+                            zip(np.asarray(new)[changed].tolist(), np.asarray(ids)[changed].tolist()))
+        return int(changed.size)
+
+    def all_spent(self) -> dict[int, int]:
+        return dict(self.db.execute("SELECT record_id, spent FROM ledger").fetchall())
+
+    # ------------------------------------------------------------------ contribution log
+
+    def log_contribution(self, round_id: int, kind: str, tree: int | None, with_data: bool, active: int | None,
+                         sampled: int | None) -> None:
+        if not self.in_transaction:
+            raise LedgerError("the contribution log must be part of the round's transaction")
+        self.db.execute("INSERT INTO contributions (round_id, kind, tree, with_data, active, sampled, sent_at) "
+                        "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                        (int(round_id), kind, tree, int(bool(with_data)), active, sampled, time.time()))
+
+    def tree_contributions(self) -> int:
+        """Tree rounds in which this site sent data (each costs one accounted round, retries included)."""
+        return int(self.db.execute(
+            "SELECT COUNT(*) FROM contributions WHERE kind = 'tree' AND with_data = 1").fetchone()[0])
+
+    def init_contributions(self) -> int:
+        return int(self.db.execute("SELECT COUNT(*) FROM contributions WHERE kind = 'init'").fetchone()[0])
+
+    # ------------------------------------------------------------------ the initial-score vector
+
+    def init_vector(self) -> tuple[np.ndarray, np.ndarray | None] | None:
+        """The initial-score vector and noise share this site committed to (resent unchanged on retries)."""
+        x = self._meta("init_x")
+        if x is None:
+            return None
+        noise = self._meta("init_noise")
+        return (np.frombuffer(x, dtype="<i8").astype(np.int64),
+                None if noise is None or not noise else np.frombuffer(noise, dtype="<i8").astype(np.int64))
+
+    def set_init_vector(self, x: np.ndarray, noise: np.ndarray | None) -> None:
+        if not self.in_transaction:
+            raise LedgerError("the initial-score vector must be part of the round's transaction")
+        self.db.execute("INSERT INTO meta (key, value) VALUES ('init_x', ?)",
+                        (np.asarray(x, dtype="<i8").tobytes(),))
+        self.db.execute("INSERT INTO meta (key, value) VALUES ('init_noise', ?)",
+                        (b"" if noise is None else np.asarray(noise, dtype="<i8").tobytes(),))
+
+
+class SqliteStorage:
+    """common.secagg ``Storage`` in the site database: a ``put`` joins the open transaction or commits its own."""
+
+    def __init__(self, ledger: SiteLedger) -> None:
+        self._l = ledger
+
+    def get(self, key: str) -> bytes | None:
+        try:
+            row = self._l.db.execute("SELECT value FROM secagg WHERE key = ?", (check_key(key),)).fetchone()
+        except sqlite3.Error as e:
+            raise StorageError(f"cannot read {key!r}: {e}") from None
+        return None if row is None else bytes(row[0])
+
+    def put(self, key: str, value: bytes) -> None:
+        if not isinstance(value, (bytes, bytearray)):
+            raise StorageError("storage values must be bytes")
+        try:
+            with self._l.transaction():
+                self._l.db.execute("INSERT OR REPLACE INTO secagg (key, value) VALUES (?, ?)",
+                                   (check_key(key), bytes(value)))
+        except sqlite3.Error as e:
+            raise StorageError(f"cannot write {key!r}: {e}") from None
+
+    def delete(self, key: str) -> None:
+        try:
+            with self._l.transaction():
+                self._l.db.execute("DELETE FROM secagg WHERE key = ?", (check_key(key),))
+        except sqlite3.Error as e:
+            raise StorageError(f"cannot delete {key!r}: {e}") from None
+
+    def keys(self, prefix: str = "") -> list[str]:
+        rows = self._l.db.execute("SELECT key FROM secagg WHERE substr(key, 1, ?) = ? ORDER BY key",
+                                  (len(prefix), prefix)).fetchall()
+        return [r[0] for r in rows]

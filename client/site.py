@@ -1,0 +1,435 @@
+"""A site's side of a federated session: a transport-free state machine.
+
+Stages (one class each)::
+
+    AwaitingPlan ──accept_plan()──▶ Participating ──Finished event──▶ Done
+          │                              └──Aborted event / coordinator lies──▶ Aborted
+          └──(any check fails: SiteRefusal, nothing joined)
+
+``accept_plan`` is where a site decides whether to take part at all.  It
+refuses (raising :class:`SiteRefusal` with one clear sentence) when the
+served plan's hash is not the one it was given out of band, its roster does
+not pin this site's identity key, its privacy statement (σ, ε) does not match
+the site's own accountant, ε exceeds the site's ``--max-epsilon``, the
+schema differs from the site's local schema, the local data does not match
+the schema or exceeds the plan's public record bound, or the plan uses
+test-only randomness without ``--allow-insecure-test-randomness``.
+
+While participating, :meth:`SiteMachine.handle` takes one coordinator event
+and returns the replies to send.  The privacy rules it enforces (see
+docs/federation.md):
+
+* the initial score is contributed **once**: the noisy vector is stored with
+  the first masked input and a retried round gets the identical vector;
+* without the filter, at most ``T_regular + T_extra`` tree rounds carry data —
+  every masked input counts, retries included; beyond that the site sends an
+  all-zero data vector (plus its noise share);
+* with the filter, the per-record ledger bounds every record;
+* the ledger update, the contribution log and secagg's "input sent" record
+  commit in one transaction *before* the masked vector is returned;
+* a RoundStart for a tree this site has not caught up to (or has already
+  seen released) is refused; secure aggregation refuses participant sets
+  without this site or smaller than t, and range-checks the site's input.
+
+Every released tree is checked against the plan's public splits before it
+is applied; a coordinator that sends anything else is caught.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from common import kernels
+from common.boosting import LocalData
+from common.config import ConfigError
+from common.data import DataError, load
+from common.engine import filter_for
+from common.fixedpoint import FixedPointError
+from common.schema import Schema
+from common.secagg import ProtocolAbort, RoundStart, SecAggSite, decode_message
+from common.secagg.errors import InvalidMessage
+from common.secagg.primitives import ed25519_public
+from common.splits import random_splits
+from server.plan import Plan, PlanError
+from server.release import build_model, model_bytes
+from server.wire import (
+    NONCE_BYTES,
+    AbortedMsg,
+    Done,
+    Event,
+    FinishedMsg,
+    InitScoreMsg,
+    InputReply,
+    Purpose,
+    Refusal,
+    Reply,
+    RoundMsg,
+    RoundReply,
+    RoundStartMsg,
+    SetupMsg,
+    SetupReply,
+    TreeMsg,
+    sign_join,
+)
+
+from .ledger import LedgerError, SiteLedger, ledger_path
+
+log = logging.getLogger("fedsbdt.site")
+
+
+class SiteRefusal(ConfigError):
+    """The site refuses to take part in the session (the reason is one clear sentence)."""
+
+
+class SessionAbort(RuntimeError):
+    """The session cannot continue for this site (the coordinator aborted it or sent something false)."""
+
+
+class NeedCatchUp(Exception):
+    """The event needs released trees this site has not applied yet; fetch them (GetTrees) and retry."""
+
+    def __init__(self, have: int, need: int) -> None:
+        super().__init__(f"have {have} trees, need {need}")
+        self.have, self.need = have, need
+
+
+@dataclass(frozen=True)
+class SiteOptions:
+    max_epsilon: float | None = None
+    expected_plan_sha256: str | None = None  # from --plan-hash or the hash of --plan
+    local_schema: Schema | None = None  # from --schema
+    allow_insecure_test_randomness: bool = False
+    model_out: Path | None = None  # default: <state>/model.json
+
+
+# =========================================================================== stages
+
+
+class SiteStage:
+    name = "site"
+
+
+class AwaitingPlan(SiteStage):
+    name = "awaiting-plan"
+
+
+@dataclass
+class Participating(SiteStage):
+    name = "participating"
+
+
+@dataclass
+class SiteDone(SiteStage):
+    model_sha256: str
+    model_path: Path
+    name = "done"
+
+
+@dataclass
+class SiteAborted(SiteStage):
+    reason: str
+    name = "aborted"
+
+
+# =========================================================================== the machine
+
+
+class SiteMachine:
+    """One site in one session.
+
+    Args:
+        site_id: this site's id (must be in the plan's roster).
+        identity_key: the site's Ed25519 identity private key (its public key is pinned in the plan).
+        data_path: the site's private data file (CSV/Parquet as described by the plan's schema).
+        state_dir: where the site database and the final model are kept.
+        options: the site's own policy (ε cap, expected plan hash, local schema, test randomness).
+    """
+
+    def __init__(self, site_id: str, identity_key: Ed25519PrivateKey, data_path: str | os.PathLike,
+                 state_dir: str | os.PathLike, options: SiteOptions = SiteOptions()) -> None:
+        self.site_id = site_id
+        self.identity_key = identity_key
+        self.data_path = Path(data_path)
+        self.state_dir = Path(state_dir)
+        self.options = options
+        self.stage: SiteStage = AwaitingPlan()
+        self.plan: Plan | None = None
+        self.init: InitScoreMsg | None = None
+        self.trees: list[TreeMsg] = []
+        self._leaf_cache: dict[int, np.ndarray] = {}
+
+    # ------------------------------------------------------------------ views
+
+    @property
+    def trees_applied(self) -> int:
+        return len(self.trees)
+
+    @property
+    def finished(self) -> bool:
+        return isinstance(self.stage, (SiteDone, SiteAborted))
+
+    # ------------------------------------------------------------------ the plan
+
+    def accept_plan(self, plan_json: bytes, served_sha256: str) -> Plan:
+        """Check the served plan against this site's policy and data; prepare to participate."""
+        if not isinstance(self.stage, AwaitingPlan):
+            raise SiteRefusal("a plan was already accepted")
+        actual = hashlib.sha256(plan_json).hexdigest()
+        if actual != served_sha256:
+            raise SiteRefusal(f"the coordinator's plan does not match the hash it announces ({actual} ≠ "
+                              f"{served_sha256})")
+        try:
+            plan = Plan.from_canonical_json(plan_json, source="served plan")
+        except PlanError as e:
+            raise SiteRefusal(f"the coordinator serves an invalid plan: {e}") from None
+        expected = self.options.expected_plan_sha256
+        if expected is not None and expected.lower() != plan.sha256:
+            raise SiteRefusal(f"plan hash mismatch: the coordinator serves plan {plan.sha256}, but this site was "
+                              f"given {expected.lower()} out of band; refusing to take part")
+        pinned = plan.identity_key(self.site_id)
+        if pinned is None:
+            raise SiteRefusal(f"site {self.site_id!r} is not in the plan's roster ({', '.join(plan.site_ids)})")
+        if pinned != ed25519_public(self.identity_key):
+            raise SiteRefusal(f"the plan pins another identity key for {self.site_id!r} than this site's "
+                              "identity key; check --identity-key / the roster")
+        try:
+            randomness = plan.make_randomness(self.options.allow_insecure_test_randomness)
+            cal = plan.verify_privacy()
+        except PlanError as e:
+            raise SiteRefusal(str(e)) from None
+        cap = self.options.max_epsilon
+        if cap is not None and cal.epsilon > cap:
+            raise SiteRefusal(f"the plan's privacy budget ε = {cal.epsilon:.6g} exceeds this site's limit "
+                              f"--max-epsilon {cap:g}; refusing to take part")
+        local = self.options.local_schema
+        if local is not None and local.digest() != plan.schema.digest():
+            raise SiteRefusal(f"schema mismatch: the local schema (digest {local.digest()[:16]}…) differs from the "
+                              f"plan's schema (digest {plan.schema.digest()[:16]}…)")
+        try:
+            ds = load(self.data_path, plan.schema)
+        except DataError as e:
+            raise SiteRefusal(f"the local data does not match the plan's schema: {e}") from None
+        if ds.n > plan.max_records_per_site:
+            raise SiteRefusal(f"{self.data_path} holds {ds.n} records, more than the plan's public bound "
+                              f"max_records_per_site = {plan.max_records_per_site}")
+        hp = plan.hyperparameters
+        try:
+            self.ledger = SiteLedger(ledger_path(self.state_dir, plan.sha256), plan.sha256, self.site_id)
+        except LedgerError as e:
+            raise SiteRefusal(str(e)) from None
+        self.local = LocalData(ds.X, ds.y, ds.ids, plan.schema.task, hp, plan.schema.label_range, None,
+                               np.array([f.is_categorical for f in plan.schema.features]))
+        self.ledger.ensure_records(ds.ids)
+        self.local.spent = self.ledger.spent_for(ds.ids)
+        self.secagg = SecAggSite(plan.secagg_config(), self.site_id, self.identity_key, self.ledger.storage)
+        self.randomness = randomness
+        self.cal = cal
+        self.table = filter_for(hp, cal)
+        self.leaf_scales, self.init_scales = plan.noise_scales()
+        self.plan = plan
+        if hp.init_share == 0:
+            self._set_init(InitScoreMsg(0.0, None, ()))
+        self.stage = Participating()
+        log.info(f"{self.site_id}: accepted plan {plan.sha256[:16]}… ({ds.n} records, ε = {cal.epsilon:.6g}, "
+                 f"noise {plan.noise})", extra={"event": "plan_accepted", "site": self.site_id, "records": ds.n})
+        return plan
+
+    def join_material(self) -> tuple[bytes, bytes]:
+        """(nonce, signature) for a Join: the identity key signs plan hash, site id and a fresh nonce."""
+        assert self.plan is not None
+        nonce = os.urandom(NONCE_BYTES)
+        return nonce, sign_join(self.identity_key, self.plan.sha256, self.site_id, nonce)
+
+    # ------------------------------------------------------------------ catch-up
+
+    def apply_catch_up(self, init: InitScoreMsg | None, has_init: bool, trees: list[TreeMsg]) -> None:
+        """Apply a page of released trees (GetTrees) in order; already applied ones are checked and skipped."""
+        if has_init and self.init is None and init is not None:
+            self._set_init(init)
+        for t in trees:
+            if t.index < len(self.trees):
+                if t != self.trees[t.index]:
+                    raise self._abort(f"the coordinator now serves a different tree {t.index} than it released")
+                continue
+            if t.index > len(self.trees):
+                raise self._abort(f"catch-up skipped from tree {len(self.trees)} to {t.index}")
+            self._apply_tree(t)
+
+    # ------------------------------------------------------------------ events
+
+    def handle(self, ev: Event) -> list[Reply]:
+        """Process one coordinator event; returns the replies to send (already persisted where needed)."""
+        if not isinstance(self.stage, Participating):
+            return []
+        if isinstance(ev, SetupMsg):
+            return self._secagg_step(ev.secagg, SetupReply)
+        if isinstance(ev, RoundStartMsg):
+            return self._round_start(ev)
+        if isinstance(ev, RoundMsg):
+            return self._secagg_step(ev.secagg, RoundReply)
+        if isinstance(ev, InitScoreMsg):
+            if self.init is None:
+                self._set_init(ev)
+            elif (ev.score, ev.round_id, ev.sites) != (self.init.score, self.init.round_id, self.init.sites):
+                raise self._abort("the coordinator released a second, different initial score")
+            return []
+        if isinstance(ev, TreeMsg):
+            if ev.index < len(self.trees):
+                if ev != self.trees[ev.index]:
+                    raise self._abort(f"the coordinator released tree {ev.index} twice with different content")
+                return []
+            if ev.index > len(self.trees) or self.init is None:
+                raise NeedCatchUp(len(self.trees), ev.index)
+            self._apply_tree(ev)
+            return []
+        if isinstance(ev, FinishedMsg):
+            return self._finish(ev)
+        if isinstance(ev, AbortedMsg):
+            self.stage = SiteAborted(f"the coordinator aborted the session: {ev.reason}")
+            log.error(f"{self.site_id}: {self.stage.reason}", extra={"event": "aborted", "site": self.site_id})
+            return []
+        raise TypeError(f"not an event: {type(ev).__name__}")  # pragma: no cover
+
+    # ------------------------------------------------------------------ secure aggregation
+
+    def _secagg_step(self, data: bytes, reply_type) -> list[Reply]:
+        try:
+            msg = decode_message(data)
+        except InvalidMessage as e:
+            return [Refusal(f"malformed secure-aggregation message: {e}")]
+        with self.ledger.transaction():
+            try:
+                reply = self.secagg.handle(msg)
+            except ProtocolAbort as e:  # persisted by secagg (commits with this transaction)
+                log.warning(f"{self.site_id}: secure aggregation aborted: {e}",
+                            extra={"event": "secagg_abort", "site": self.site_id})
+                return [Refusal(f"secure aggregation aborted: {e}")]
+            except InvalidMessage as e:
+                return [Refusal(f"{type(msg).__name__} refused: {e}")]
+        return [] if reply is None else [reply_type(reply.to_bytes())]
+
+    def _round_start(self, ev: RoundStartMsg) -> list[Reply]:
+        plan, hp, local = self.plan, self.plan.hyperparameters, self.local
+        try:
+            start = RoundStart.from_bytes(ev.secagg)
+        except InvalidMessage as e:
+            return [Refusal(f"malformed RoundStart: {e}")]
+        r = start.round_id
+        expected_len = 2 if ev.purpose == Purpose.INIT_SCORE else 2 * hp.leaves
+        if start.vector_len != expected_len:
+            return [Refusal(f"round {r}: vector length {start.vector_len}, expected {expected_len} for {ev.purpose.name}")]
+        if self.secagg.round_stage(r) is not None:
+            # Started before (e.g. before this process restarted): secagg answers with the stored masked
+            # input (already charged) or refuses a changed request.  Nothing new is computed or charged.
+            with self.ledger.transaction():
+                try:
+                    masked = self.secagg.handle_round_start(start, None)
+                except (ProtocolAbort, InvalidMessage) as e:
+                    return [Refusal(f"round {r}: {e}")]
+            return [InputReply(ev.purpose, ev.tree, masked.to_bytes())]
+
+        c = None
+        stored_init = None
+        if ev.purpose == Purpose.INIT_SCORE:
+            if self.init is not None:
+                return [Refusal(f"round {r}: the initial score was already released")]
+            stored_init = self.ledger.init_vector()
+            if stored_init is not None:  # a retry: the identical noisy vector, never a second one
+                x, noise = stored_init
+            else:
+                x = local.init_sums()
+                noise = None if self.init_scales is None else self.randomness.discrete_laplace(self.init_scales)
+            kind, tree, with_data = "init", None, True
+        else:
+            k = ev.tree
+            if self.init is None or len(self.trees) < k:
+                raise NeedCatchUp(len(self.trees), k)
+            if len(self.trees) > k:
+                return [Refusal(f"round {r}: tree {k} was already released; refusing to contribute to it again")]
+            kind, tree = "tree", k
+            if self.table is None and self.ledger.tree_contributions() >= hp.accounted_rounds:
+                log.warning(f"{self.site_id}: all {hp.accounted_rounds} accounted tree contributions are spent "
+                            f"(failed rounds count); sending no data in round {r}",
+                            extra={"event": "budget_exhausted", "site": self.site_id})
+                x, with_data = np.zeros(expected_len, np.int64), False
+            else:
+                splits = random_splits(plan.schema, hp.depth, hp.seed, k, hp.cyclical, hp.split_candidates)
+                c = local.contribution(splits, k, self.randomness, self.table)
+                x, with_data = np.asarray(c.sums, dtype=np.int64), True
+            noise = None if self.leaf_scales is None else self.randomness.discrete_gaussian(self.leaf_scales)
+
+        with self.ledger.transaction():
+            try:
+                masked = self.secagg.handle_round_start(start, x, noise)
+            except ProtocolAbort as e:  # e.g. participant set without this site or smaller than t
+                log.warning(f"{self.site_id}: round {r} refused: {e}", extra={"event": "secagg_abort"})
+                return [Refusal(f"round {r}: {e}")]
+            except (InvalidMessage, FixedPointError, TypeError, ValueError) as e:
+                return [Refusal(f"round {r}: {e}")]
+            if c is not None and c.new_spent is not None:
+                self.ledger.charge(local.ids, local.spent, c.new_spent)
+            self.ledger.log_contribution(r, kind, tree, with_data, None if c is None else c.active,
+                                         None if c is None else c.sampled)
+            if kind == "init" and stored_init is None:
+                self.ledger.set_init_vector(x, noise)
+        # Durable: only now does the masked vector leave this function.
+        if c is not None:
+            local.commit(c)
+            self._leaf_cache = {tree: c.leaf}
+        return [InputReply(ev.purpose, ev.tree, masked.to_bytes())]
+
+    # ------------------------------------------------------------------ releases
+
+    def _set_init(self, init: InitScoreMsg) -> None:
+        if self.trees:
+            raise self._abort("an initial score arrived after trees were applied")
+        self.init = init
+        self.local.set_init_score(init.score)
+
+    def _apply_tree(self, t: TreeMsg) -> None:
+        plan, hp = self.plan, self.plan.hyperparameters
+        if self.init is None:
+            raise self._abort(f"tree {t.index} arrived before the initial score")
+        splits = random_splits(plan.schema, hp.depth, hp.seed, t.index, hp.cyclical, hp.split_candidates)
+        if not (np.array_equal(t.features, splits.features) and np.array_equal(t.thresholds, splits.thresholds)):
+            raise self._abort(f"tree {t.index} does not use the plan's public random splits")
+        if t.leaves.shape != (hp.leaves,) or not np.isfinite(t.leaves).all() or \
+                np.abs(t.leaves).max() > hp.leaf_clip:
+            raise self._abort(f"tree {t.index} has leaf values outside [−β, β] = ±{hp.leaf_clip}")
+        leaf = self._leaf_cache.pop(t.index, None)
+        if leaf is None:
+            leaf = kernels.leaf_index(self.local.X, splits.features, splits.thresholds, self.local.is_cat, hp.depth)
+        self.local.apply(leaf, t.leaves)
+        self.trees.append(t)
+
+    def _finish(self, ev: FinishedMsg) -> list[Reply]:
+        if len(self.trees) < ev.trees or self.init is None:
+            raise NeedCatchUp(len(self.trees), ev.trees)
+        if len(self.trees) != ev.trees:
+            raise self._abort(f"the coordinator finished with {ev.trees} trees, this site applied {len(self.trees)}")
+        model = build_model(self.plan, self.init, self.trees)
+        data = model_bytes(model)
+        sha = hashlib.sha256(data).hexdigest()
+        if sha != ev.model_sha256:
+            raise self._abort(f"the model rebuilt from the released trees has hash {sha}, the coordinator "
+                              f"announced {ev.model_sha256}")
+        out = self.options.model_out or (self.state_dir / "model.json")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(out.name + ".tmp")
+        tmp.write_bytes(data)
+        tmp.replace(out)
+        self.stage = SiteDone(sha, out)
+        log.info(f"{self.site_id}: model verified ({sha[:16]}…) and written to {out}",
+                 extra={"event": "site_done", "site": self.site_id, "model_sha256": sha, "path": str(out)})
+        return [Done(sha)]
+
+    def _abort(self, reason: str) -> SessionAbort:
+        self.stage = SiteAborted(reason)
+        log.error(f"{self.site_id}: {reason}", extra={"event": "aborted", "site": self.site_id})
+        return SessionAbort(reason)

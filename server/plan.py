@@ -1,0 +1,470 @@
+"""The plan: the public "bulletin board" of one federated training session (design.md "Session" 1).
+
+A plan is a TOML file every party can read and hash::
+
+    [session]
+    id = "abalone-2025"
+    threshold = 2                 # t: every accepted sum has ≥ t sites' inputs
+    assumed_colluders = 0         # c: sites that may collude with the coordinator (2t > n + c)
+    noise = "distributed"         # or "central" (the coordinator adds the noise: trust it)
+    epoch_rounds = 64             # secure-aggregation round slots prepared per epoch
+    max_records_per_site = 100000 # public bound for the fixed-point capacity check
+    max_attempts = 20             # attempts per round before the session gives up
+    randomness = "secure"         # "insecure-test" only in tests (sites refuse it by default)
+
+    [deadlines]                   # seconds
+    join = 120                    # wait for the whole roster before starting with ≥ t sites
+    stage = 10                    # per secure-aggregation stage
+    quorum = 600                  # give up after this long with fewer than t usable sites
+    finish = 30                   # after the last tree, wait for the sites' confirmations
+
+    [privacy]                     # what the plan's author computed; every party recomputes it
+    sigma = 1.23
+    epsilon = 0.99
+
+    [hyperparameters]             # common/config.py names; `seed` (public split seed) is required
+    ...
+    [schema]                      # the public schema, inline (same keys as examples/*/schema.toml)
+    ...
+    [[sites]]
+    id = "hospital-a"
+    identity_key = "<64 hex digits: raw Ed25519 public key>"
+
+The **canonical form** is the JSON of :meth:`Plan.to_dict` (sorted keys, no
+whitespace); its SHA-256 is the plan hash that sites compare against what
+they were given out of band and that the secure-aggregation session digest
+binds.  Formatting, comments and key order in the TOML file do not change it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import tomllib
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from common.accountant import AccountingError, PrivacyCalibration
+from common.config import ConfigError, Hyperparameters
+from common.schema import Schema, SchemaError
+
+FORMAT = "fedsbdt-plan"
+VERSION = 1
+NOISE_MODES = ("distributed", "central")
+RANDOMNESS = ("secure", "insecure-test")
+MAX_EPOCH_ROUNDS = 256
+#: Relative tolerance when a party compares the plan's stated σ and ε with its own accountant.
+PRIVACY_RTOL = 1e-6
+
+
+class PlanError(ConfigError):
+    """The plan is malformed, inconsistent, or its privacy statement does not check out."""
+
+
+@dataclass(frozen=True)
+class Deadlines:
+    join: float = 120.0
+    stage: float = 10.0
+    quorum: float = 600.0
+    finish: float = 30.0
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+                raise PlanError(f"deadlines.{f.name} = {v!r}: must be a positive number of seconds")
+            object.__setattr__(self, f.name, float(v))
+
+
+@dataclass(frozen=True)
+class SiteEntry:
+    """A roster entry: site id and its pinned raw Ed25519 identity public key."""
+
+    site_id: str
+    identity_key: bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.site_id, "identity_key": self.identity_key.hex()}
+
+
+def _check_site_id(site_id: object, source: str) -> str:
+    from common.secagg.encoding import check_site_id
+    from common.secagg.errors import InvalidMessage
+
+    try:
+        return check_site_id(site_id)
+    except InvalidMessage as e:
+        raise PlanError(f"{source}: {e}") from None
+
+
+@dataclass(frozen=True)
+class Plan:
+    session_id: str
+    schema: Schema
+    hyperparameters: Hyperparameters
+    sites: tuple[SiteEntry, ...]
+    threshold: int
+    stated_sigma: float
+    stated_epsilon: float
+    noise: str = "distributed"
+    assumed_colluders: int = 0
+    epoch_rounds: int = 64
+    max_records_per_site: int = 1_000_000
+    max_attempts: int = 20
+    randomness: str = "secure"
+    test_seed: int = 0
+    test_noise: bool = True
+    deadlines: Deadlines = field(default_factory=Deadlines)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sites", tuple(sorted(self.sites, key=lambda s: s.site_id)))
+        if not isinstance(self.session_id, str) or not 1 <= len(self.session_id) <= 128:
+            raise PlanError("session.id must be a string of 1-128 characters")
+        ids = [s.site_id for s in self.sites]
+        if len(set(ids)) != len(ids):
+            raise PlanError("the roster lists a site twice")
+        if len({s.identity_key for s in self.sites}) != len(ids):
+            raise PlanError("the roster lists one identity key for two sites")
+        if len(ids) < 2:
+            raise PlanError("a federation needs at least two sites in the roster")
+        for name in ("threshold", "assumed_colluders", "epoch_rounds", "max_records_per_site", "max_attempts",
+                     "test_seed"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise PlanError(f"session.{name} = {v!r}: must be an integer")
+        n, t, c = len(ids), self.threshold, self.assumed_colluders
+        if not 1 <= t <= n:
+            raise PlanError(f"session.threshold = {t}: must be between 1 and the roster size {n}")
+        if c < 0 or not 2 * t > n + c:
+            raise PlanError(f"session.threshold = {t} is too low for {n} sites and {c} assumed colluders: "
+                            f"secure aggregation needs 2t > n + colluders, i.e. t ≥ {(n + c) // 2 + 1}")
+        if self.noise not in NOISE_MODES:
+            raise PlanError(f"session.noise = {self.noise!r}: must be one of {', '.join(NOISE_MODES)}")
+        if not 1 <= self.epoch_rounds <= MAX_EPOCH_ROUNDS:
+            raise PlanError(f"session.epoch_rounds = {self.epoch_rounds}: must be in 1..{MAX_EPOCH_ROUNDS}")
+        if not 1 <= self.max_records_per_site <= 2**40:
+            raise PlanError("session.max_records_per_site must be in 1..2^40")
+        if not 1 <= self.max_attempts <= 10_000:
+            raise PlanError("session.max_attempts must be in 1..10000")
+        if self.randomness not in RANDOMNESS:
+            raise PlanError(f"session.randomness = {self.randomness!r}: must be one of {', '.join(RANDOMNESS)}")
+        if self.test_seed < 0:
+            raise PlanError("session.test_seed must be ≥ 0")
+        if not isinstance(self.test_noise, bool):
+            raise PlanError("session.test_noise must be true or false")
+        hp = self.hyperparameters
+        if hp.seed is None:
+            raise PlanError("hyperparameters.seed is required: the public split seed must be fixed in the plan "
+                            "so that every site recomputes the same trees")
+        for name in ("stated_sigma", "stated_epsilon"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v > 0):
+                raise PlanError(f"privacy.{name.split('_')[1]} must be a positive number")
+        from .wire import MAX_MESSAGE_BYTES, estimated_largest_message
+
+        est = estimated_largest_message(n, self.epoch_rounds, hp.depth)
+        if est > MAX_MESSAGE_BYTES // 2:
+            raise PlanError(f"{n} sites with epoch_rounds = {self.epoch_rounds} would need messages of about "
+                            f"{est / 2**20:.1f} MiB (limit {MAX_MESSAGE_BYTES // 2**21} MiB); lower epoch_rounds")
+        self.secagg_config()  # threshold and fixed-point capacity checks
+
+    # ------------------------------------------------------------------ derived
+
+    @property
+    def site_ids(self) -> tuple[str, ...]:
+        return tuple(s.site_id for s in self.sites)
+
+    @property
+    def n(self) -> int:
+        return len(self.sites)
+
+    @property
+    def noise_shares(self) -> int:
+        """Shares the leaf noise is split into in distributed mode: t − c (see docs/federation.md)."""
+        return self.threshold - self.assumed_colluders
+
+    @property
+    def insecure(self) -> bool:
+        return self.randomness != "secure"
+
+    def identity_key(self, site_id: str) -> bytes | None:
+        for s in self.sites:
+            if s.site_id == site_id:
+                return s.identity_key
+        return None
+
+    @cached_property
+    def canonical_json(self) -> bytes:
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"), allow_nan=False,
+                          ensure_ascii=False).encode("utf-8")
+
+    @cached_property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.canonical_json).hexdigest()
+
+    @cached_property
+    def encoding(self):
+        from common.boosting import Encoding
+
+        return Encoding.for_task(self.hyperparameters, self.schema.task)
+
+    def calibration(self) -> PrivacyCalibration:
+        """The accountant's calibration for the plan's hyperparameters (cached by the accountant)."""
+        from common.engine import calibration_for
+
+        try:
+            return calibration_for(self.hyperparameters)
+        except AccountingError as e:
+            raise PlanError(f"the plan's privacy parameters are impossible: {e}") from None
+
+    def verify_privacy(self) -> PrivacyCalibration:
+        """Recompute σ and ε with the local accountant; refuse a plan whose stated values differ."""
+        cal = self.calibration()
+        for what, stated, mine in (("σ", self.stated_sigma, cal.sigma), ("ε", self.stated_epsilon, cal.epsilon)):
+            if not math.isclose(stated, mine, rel_tol=PRIVACY_RTOL, abs_tol=0.0):
+                raise PlanError(f"the plan states {what} = {stated!r} but this party's accountant gives "
+                                f"{mine!r} for the plan's hyperparameters; refusing a plan whose noise does not "
+                                "match its privacy claim")
+        return cal
+
+    def noise_scales(self):
+        """(leaf noise share scales, initial-score share scales) each site adds, in fixed-point units.
+
+        Distributed mode: leaf noise split into t − c shares, a full discrete-Laplace initial-score share.
+        Central mode: sites add nothing (both ``None``).
+        """
+        if self.noise != "distributed":
+            return None, None
+        from common.boosting import init_noise_scales, leaf_noise_scales
+
+        cal = self.calibration()
+        hp, enc = self.hyperparameters, self.encoding
+        leaf = leaf_noise_scales(hp, enc, cal.sigma, shares=self.noise_shares)
+        init = init_noise_scales(hp, enc, cal) if hp.init_share > 0 else None
+        return leaf, init
+
+    def max_abs_input(self) -> int:
+        enc = self.encoding
+        return max(enc.grad.bound_units, enc.hess.bound_units, enc.label.bound_units, 1) * self.max_records_per_site
+
+    def noise_sigma_units(self) -> float:
+        """Largest per-entry noise scale a site passes to secure aggregation (range check and capacity).
+
+        Discrete Laplace shares are covered with a factor 2: secure aggregation accepts
+        entries up to 40 × this, and P(|Lap(b)| > 80·b) = e^−80.
+        """
+        leaf, init = self.noise_scales()
+        s = 0.0
+        if leaf is not None:
+            s = max(s, float(leaf.max()))
+        if init is not None:
+            s = max(s, 2.0 * float(init.max()))
+        return s
+
+    def secagg_config(self):
+        """The secure-aggregation session parameters all parties derive from the plan."""
+        from common.secagg import SessionConfig, SiteIdentity
+        from common.secagg.errors import ConfigError as SecAggConfigError
+
+        try:
+            noise = self.noise_sigma_units()
+        except PlanError:
+            noise = 0.0  # impossible budgets are reported by calibration(); still check the rest
+        try:
+            return SessionConfig(
+                session_id=bytes.fromhex(self.sha256),  # binds the whole plan into every key and signature
+                threshold=self.threshold,
+                roster=tuple(SiteIdentity(s.site_id, s.identity_key) for s in self.sites),
+                assumed_colluders=self.assumed_colluders,
+                max_abs_input=self.max_abs_input(),
+                noise_sigma_units=noise,
+                max_epoch_rounds=self.epoch_rounds,
+                max_vector_len=max(2 * self.hyperparameters.leaves, 2),
+            )
+        except SecAggConfigError as e:
+            raise PlanError(f"secure aggregation cannot run this plan: {e}") from None
+
+    def make_randomness(self, allow_insecure: bool = False):
+        """The plan's source of DP randomness; the test-only source needs an explicit opt-in."""
+        from common.randomness import InsecureTestRandomness, SecureRandomness
+
+        if not self.insecure:
+            return SecureRandomness()
+        if not allow_insecure:
+            raise PlanError("the plan uses test-only randomness (session.randomness = \"insecure-test\"): it is "
+                            "deterministic and gives no privacy; refusing (start with "
+                            "--allow-insecure-test-randomness only for tests on synthetic or public data)")
+        return InsecureTestRandomness(seed=self.test_seed, noise=self.test_noise, i_understand_this_is_insecure=True)
+
+    def randomness_description(self) -> str:
+        if not self.insecure:
+            return "opendp-exact+aes-ctr-drbg"
+        return f"INSECURE-TEST(seed={self.test_seed}, noise={'on' if self.test_noise else 'off'})"
+
+    # ------------------------------------------------------------------ (de)serialisation
+
+    def to_dict(self) -> dict[str, Any]:
+        session = {
+            "id": self.session_id, "threshold": self.threshold, "assumed_colluders": self.assumed_colluders,
+            "noise": self.noise, "epoch_rounds": self.epoch_rounds,
+            "max_records_per_site": self.max_records_per_site, "max_attempts": self.max_attempts,
+            "randomness": self.randomness,
+        }
+        if self.insecure:
+            session["test_seed"] = self.test_seed
+            session["test_noise"] = self.test_noise
+        return {
+            "format": FORMAT,
+            "version": VERSION,
+            "session": session,
+            "deadlines": dataclasses.asdict(self.deadlines),
+            "privacy": {"sigma": float(self.stated_sigma), "epsilon": float(self.stated_epsilon)},
+            "hyperparameters": {k: v for k, v in self.hyperparameters.to_dict().items() if v is not None},
+            "schema": self.schema.to_dict(),
+            "sites": [s.to_dict() for s in self.sites],
+        }
+
+    def to_toml(self) -> str:
+        from .toml_writer import dumps
+
+        return dumps(self.to_dict(), header=(
+            "fedsbdt plan: the public bulletin board of one federated training session.\n"
+            f"plan hash (SHA-256 of the canonical form): {self.sha256}\n"
+            "Every party recomputes this hash and the privacy numbers below; do not edit one without the other."))
+
+    def save(self, path: str | Path) -> None:
+        p = Path(path)
+        tmp = p.with_name(p.name + ".tmp")
+        tmp.write_text(self.to_toml(), encoding="utf-8")
+        tmp.replace(p)
+
+    @classmethod
+    def from_dict(cls, d: Any, source: str = "plan") -> "Plan":
+        if not isinstance(d, dict):
+            raise PlanError(f"{source}: a plan is a table of sections")
+        if d.get("format", FORMAT) != FORMAT or d.get("version", VERSION) != VERSION:
+            raise PlanError(f"{source}: not a fedsbdt plan of version {VERSION} "
+                            f"(format = {d.get('format')!r}, version = {d.get('version')!r})")
+        known = {"format", "version", "session", "deadlines", "privacy", "hyperparameters", "schema", "sites"}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise PlanError(f"{source}: unknown section(s) {', '.join(unknown)}")
+
+        def section(name: str, required: bool = True) -> dict[str, Any]:
+            v = d.get(name)
+            if v is None:
+                if required:
+                    raise PlanError(f"{source}: missing [{name}] section")
+                return {}
+            if not isinstance(v, dict):
+                raise PlanError(f"{source}: [{name}] must be a table")
+            return v
+
+        s = dict(section("session"))
+        s_known = {"id", "threshold", "assumed_colluders", "noise", "epoch_rounds", "max_records_per_site",
+                   "max_attempts", "randomness", "test_seed", "test_noise"}
+        bad = sorted(set(s) - s_known)
+        if bad:
+            raise PlanError(f"{source}: unknown [session] key(s) {', '.join(bad)}")
+        for key in ("id", "threshold"):
+            if key not in s:
+                raise PlanError(f"{source}: missing session.{key}")
+        dl = section("deadlines", required=False)
+        bad = sorted(set(dl) - {f.name for f in dataclasses.fields(Deadlines)})
+        if bad:
+            raise PlanError(f"{source}: unknown [deadlines] key(s) {', '.join(bad)}")
+        pr = section("privacy")
+        if set(pr) != {"sigma", "epsilon"}:
+            raise PlanError(f"{source}: [privacy] must state exactly sigma and epsilon "
+                            "(compute them with `fedsbdt plan` or `fedsbdt account`)")
+        try:
+            hp = Hyperparameters.from_dict(section("hyperparameters"))
+        except (ConfigError, TypeError) as e:
+            raise PlanError(f"{source}: [hyperparameters]: {e}") from None
+        try:
+            schema = Schema.from_dict(section("schema"), source=f"{source} [schema]")
+        except SchemaError as e:
+            raise PlanError(str(e)) from None
+        raw_sites = d.get("sites")
+        if not isinstance(raw_sites, list) or not raw_sites:
+            raise PlanError(f"{source}: the roster ([[sites]]) is missing or empty")
+        sites = []
+        for i, e in enumerate(raw_sites):
+            if not isinstance(e, dict) or set(e) != {"id", "identity_key"}:
+                raise PlanError(f"{source}: sites[{i}] must have exactly 'id' and 'identity_key'")
+            sid = _check_site_id(e["id"], f"{source}: sites[{i}]")
+            key = e["identity_key"]
+            try:
+                raw = bytes.fromhex(key) if isinstance(key, str) else b""
+            except ValueError:
+                raw = b""
+            if len(raw) != 32:
+                raise PlanError(f"{source}: site {sid!r}: identity_key must be 64 hex digits (a raw Ed25519 "
+                                "public key, as written by `fedsbdt keygen` to identity.pub)")
+            sites.append(SiteEntry(sid, raw))
+        try:
+            return cls(
+                session_id=s["id"], schema=schema, hyperparameters=hp, sites=tuple(sites), threshold=s["threshold"],
+                stated_sigma=pr["sigma"], stated_epsilon=pr["epsilon"],
+                noise=s.get("noise", "distributed"), assumed_colluders=s.get("assumed_colluders", 0),
+                epoch_rounds=s.get("epoch_rounds", 64), max_records_per_site=s.get("max_records_per_site", 1_000_000),
+                max_attempts=s.get("max_attempts", 20), randomness=s.get("randomness", "secure"),
+                test_seed=s.get("test_seed", 0), test_noise=s.get("test_noise", True), deadlines=Deadlines(**dl),
+            )
+        except PlanError as e:
+            raise PlanError(f"{source}: {e}") from None
+
+    @classmethod
+    def from_toml(cls, text: str, source: str = "plan") -> "Plan":
+        try:
+            raw = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as e:
+            raise PlanError(f"{source}: not valid TOML: {e}") from None
+        return cls.from_dict(raw, source)
+
+    @classmethod
+    def from_canonical_json(cls, data: bytes, source: str = "plan") -> "Plan":
+        """Parse the canonical JSON a coordinator serves; refuses anything that is not exactly canonical."""
+        try:
+            raw = json.loads(data.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise PlanError(f"{source}: not valid JSON: {e}") from None
+        plan = cls.from_dict(raw, source)
+        if plan.canonical_json != bytes(data):
+            raise PlanError(f"{source}: the served plan is not in canonical form (its bytes and its hash differ "
+                            "from the plan they describe)")
+        return plan
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Plan":
+        p = Path(path)
+        try:
+            text = p.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise PlanError(f"plan file not found: {p}") from None
+        except (UnicodeDecodeError, IsADirectoryError) as e:
+            raise PlanError(f"{p}: not a readable plan file ({e})") from None
+        return cls.from_toml(text, source=str(p))
+
+
+def make_plan(schema: Schema, hp: Hyperparameters, sites: list[SiteEntry], threshold: int | None = None,
+              session_id: str = "fedsbdt-session", **session: Any) -> Plan:
+    """A plan with the privacy statement computed by this party's accountant (what ``fedsbdt plan`` writes)."""
+    from common.engine import calibration_for
+
+    if hp.seed is None:
+        import secrets
+
+        hp = hp.replace(seed=secrets.randbits(63))
+    try:
+        cal = calibration_for(hp)
+    except AccountingError as e:
+        raise PlanError(f"the privacy parameters are impossible: {e}") from None
+    n = len(sites)
+    c = int(session.get("assumed_colluders", 0))
+    t = threshold if threshold is not None else (n + c) // 2 + 1
+    return Plan(session_id=session_id, schema=schema, hyperparameters=hp, sites=tuple(sites), threshold=t,
+                stated_sigma=cal.sigma, stated_epsilon=cal.epsilon, **session)

@@ -1,0 +1,746 @@
+"""The coordinator's session: a transport-free, clocked state machine.
+
+It drives one plan from the first join to the released model.  Inputs are
+method calls (a site joined, subscribed, sent bytes, reported; the clock
+ticked) with the current time ``now``; outputs are ``(site id, event)``
+pairs for the transport to deliver in order.  Nothing here touches a
+socket, a thread or the wall clock, so tests drive it directly.
+
+Stages (one class each, explicit transitions)::
+
+    session:  Gathering ──▶ Running ──▶ Finishing ──▶ Finished
+                               └──────────────┴────▶ Failed
+
+    Running has two sub-machines that run side by side:
+    epochs:   NoSetup ──▶ Advertising ──▶ Sharing ──▶ NoSetup      (prepare epoch k+1 while k runs)
+    rounds:   Between ──▶ CollectingInputs ──▶ CollectingSignatures ──▶ CollectingShares ──▶ Between
+                               (any stage: < t left, ProtocolAbort) ──▶ Between (retry in a new slot)
+
+Work items, in order: the initial-score round (if ``init_share > 0``), then
+trees 0 … T_regular + T_extra − 1.  A round's participants are the *eligible*
+dealers of the earliest ready epoch: connected (subscribed), not suspended,
+and caught up (they applied every tree released before they joined; later
+trees reach them through their ordered event stream before the next
+RoundStart).  A stage closes when every awaited site has answered or
+disconnected, or at its deadline; a connected site that misses a deadline
+or refuses is suspended until it takes part in a fresh epoch setup (or
+re-joins).  A failed round is retried for the same work item with a new
+round id; after ``max_attempts`` failures the session fails.  When a newer
+ready epoch has more eligible sites than the current one (a site came back),
+the current epoch's remaining slots are skipped.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from common.boosting import init_noise_scales, init_score, leaf_noise_scales, leaf_values
+from common.secagg import (
+    AdvertiseKeys,
+    ConsistencySignature,
+    MaskedInput,
+    ProtocolAbort,
+    SecAggCoordinator,
+    ShareKeys,
+    UnmaskResponse,
+    decode_message,
+)
+from common.secagg.errors import InvalidMessage, SecAggError
+from common.splits import random_splits
+
+from .checkpoint import CheckpointLog, Restored
+from .plan import Plan
+from .release import build_model, model_bytes, model_sha256
+from .wire import (
+    AbortedMsg,
+    Event,
+    FinishedMsg,
+    InitScoreMsg,
+    Purpose,
+    RoundMsg,
+    RoundStartMsg,
+    SetupMsg,
+    TreeMsg,
+)
+
+log = logging.getLogger("fedsbdt.coordinator")
+
+Outgoing = tuple[str, Event]
+
+
+class Rejected(Exception):
+    """A site's message was refused; the state did not change.  The transport reports ``str(e)``."""
+
+
+# =========================================================================== per-site bookkeeping
+
+
+@dataclass
+class SiteState:
+    site_id: str
+    token: bytes | None = None
+    joins: int = 0
+    connected: bool = False
+    trees_applied: int = 0
+    released_at_join: int = 0
+    suspended_from_epoch: int | None = None  # usable again only in epochs with id ≥ this
+    wants_epoch: bool = False  # joined/suspended since it was last announced an epoch
+    finished_sha256: str | None = None
+    note: str = ""
+
+    def caught_up(self) -> bool:
+        return self.trees_applied >= self.released_at_join
+
+
+@dataclass(frozen=True)
+class Work:
+    purpose: Purpose
+    tree: int = 0
+
+    def __str__(self) -> str:
+        return "initial score" if self.purpose == Purpose.INIT_SCORE else f"tree {self.tree}"
+
+
+# =========================================================================== epoch pipeline stages
+
+
+class PipelineStage:
+    name = "pipeline"
+
+
+@dataclass
+class NoSetup(PipelineStage):
+    retry_after: float = 0.0
+    name = "idle"
+
+
+@dataclass
+class Advertising(PipelineStage):
+    setup: object  # CoordinatorEpochSetup
+    announce: object  # EpochAnnounce
+    announced: set[str]
+    deadline: float
+    name = "advertising"
+
+
+@dataclass
+class Sharing(PipelineStage):
+    setup: object
+    roster: object  # EpochRoster
+    deadline: float
+    name = "sharing"
+
+
+# =========================================================================== round stages
+
+
+class RoundPhase:
+    name = "round"
+
+
+@dataclass
+class Between(RoundPhase):
+    waiting_since: float | None = None
+    name = "between-rounds"
+
+
+@dataclass
+class RoundInFlight(RoundPhase):
+    rnd: object  # CoordinatorRound
+    work: Work
+    request: object  # the message the awaited sites must answer
+    deadline: float
+    refused: set[str] = field(default_factory=set)
+
+
+@dataclass
+class CollectingInputs(RoundInFlight):
+    name = "collecting-inputs"
+
+
+@dataclass
+class CollectingSignatures(RoundInFlight):
+    name = "collecting-signatures"
+
+
+@dataclass
+class CollectingShares(RoundInFlight):
+    name = "collecting-shares"
+
+
+# =========================================================================== session stages
+
+
+class SessionStage:
+    name = "session"
+
+
+@dataclass
+class Gathering(SessionStage):
+    deadline: float
+    name = "gathering"
+
+
+@dataclass
+class Running(SessionStage):
+    name = "running"
+
+
+@dataclass
+class Finishing(SessionStage):
+    model_sha256: str
+    deadline: float
+    name = "finishing"
+
+
+@dataclass
+class Finished(SessionStage):
+    model_sha256: str
+    mismatched: tuple[str, ...] = ()
+    name = "finished"
+
+
+@dataclass
+class Failed(SessionStage):
+    reason: str
+    name = "failed"
+
+
+# =========================================================================== the session
+
+
+class Session:
+    """The coordinator's state for one plan.
+
+    Args:
+        plan: the verified plan.
+        randomness: DP randomness (used only in central noise mode).
+        now: the current time (seconds, monotonic).
+        secagg_storage: durable storage for the secure-aggregation coordinator (restart safety).
+        checkpoint: the session log; restored on construction.
+        randbytes: source of session tokens.
+    """
+
+    def __init__(self, plan: Plan, randomness, now: float, secagg_storage=None,
+                 checkpoint: CheckpointLog | None = None, randbytes: Callable[[int], bytes] = os.urandom) -> None:
+        self.plan = plan
+        self.hp = plan.hyperparameters
+        self.enc = plan.encoding
+        self.cal = plan.verify_privacy()
+        self.randomness = randomness
+        self.checkpoint = checkpoint
+        self._randbytes = randbytes
+        self.coord = SecAggCoordinator(plan.secagg_config(), secagg_storage)
+        self.sites = {s: SiteState(s) for s in plan.site_ids}
+        restored = checkpoint.load() if checkpoint is not None else Restored()
+        self.init: InitScoreMsg | None = restored.init
+        self.has_init = restored.has_init
+        if self.hp.init_share == 0:  # no initial-score round: the score is 0 (as in common.engine)
+            self.init, self.has_init = InitScoreMsg(0.0, None, ()), True
+        self.trees: list[TreeMsg] = restored.trees
+        self.rounds_failed = restored.rounds_failed
+        self.total_trees = self.hp.total_rounds
+        self.attempts: dict[Work, int] = {}
+        self.next_epoch_id = max(self.coord.ready_epochs(), default=-1) + 1
+        self._routed: dict[int, dict[str, bytes]] = {}  # ready epoch -> site -> EpochShares bytes
+        self.pipeline: PipelineStage = NoSetup()
+        self.phase: RoundPhase = Between()
+        self.model_json: bytes | None = None
+        resumed = bool(self.trees) or restored.has_init
+        if restored.finished_sha256 is not None:
+            model = build_model(plan, self.init, self.trees)
+            self.model_json = model_bytes(model)
+            self.stage: SessionStage = Finishing(restored.finished_sha256, now + plan.deadlines.finish)
+        else:
+            wait = plan.deadlines.stage if resumed else plan.deadlines.join
+            self.stage = Gathering(now + wait)
+        if resumed:
+            log.info(f"resuming session at tree {len(self.trees)}/{self.total_trees}",
+                     extra={"event": "resumed", "trees_released": len(self.trees)})
+
+    # ------------------------------------------------------------------ views
+
+    @property
+    def t(self) -> int:
+        return self.plan.threshold
+
+    @property
+    def done(self) -> bool:
+        return isinstance(self.stage, (Finished, Failed))
+
+    @property
+    def exit_code(self) -> int:
+        if isinstance(self.stage, Finished):
+            return 0 if not self.stage.mismatched else 1
+        return 1 if isinstance(self.stage, Failed) else 0
+
+    def next_work(self) -> Work | None:
+        if not self.has_init:
+            return Work(Purpose.INIT_SCORE)
+        if len(self.trees) < self.total_trees:
+            return Work(Purpose.TREE, len(self.trees))
+        return None
+
+    def status(self) -> dict:
+        st = self.stage
+        detail = getattr(st, "reason", "")
+        if isinstance(st, Running):
+            detail = f"epochs: {self.pipeline.name}; round: {self.phase.name}"
+            w = getattr(self.phase, "work", None)
+            if w is not None:
+                detail += f" ({w}, round {self.phase.rnd.round_id})"
+        return {
+            "stage": st.name, "plan_sha256": self.plan.sha256, "trees_released": len(self.trees),
+            "trees_total": self.total_trees, "rounds_failed": self.rounds_failed,
+            "model_sha256": getattr(st, "model_sha256", "") or "", "detail": detail,
+            "sites": [{"site_id": s.site_id, "connected": s.connected,
+                       "eligible": self._usable(s.site_id, self._current_epoch()),
+                       "trees_applied": s.trees_applied, "note": s.note} for s in self.sites.values()],
+        }
+
+    def catch_up(self, from_index: int, max_trees: int) -> tuple[InitScoreMsg | None, bool, list[TreeMsg]]:
+        """The initial score (if released) and up to ``max_trees`` released trees from ``from_index`` on."""
+        return self.init, self.has_init, self.trees[from_index:from_index + max_trees]
+
+    def authenticate(self, site_id: str, token: bytes) -> SiteState:
+        st = self.sites.get(site_id)
+        if st is None or st.token is None or not token or st.token != token:
+            raise Rejected(f"site {site_id!r} has no valid session token (join first)")
+        return st
+
+    # ------------------------------------------------------------------ site lifecycle
+
+    def join(self, site_id: str, trees_applied: int, now: float) -> tuple[bytes, list[Outgoing]]:
+        """Register (or re-register) a site whose identity the transport has verified."""
+        st = self.sites.get(site_id)
+        if st is None:
+            raise Rejected(f"site {site_id!r} is not in the plan's roster")
+        st.token = self._randbytes(32)
+        st.joins += 1
+        st.connected = False
+        st.trees_applied = min(int(trees_applied), len(self.trees))
+        st.released_at_join = len(self.trees)
+        st.suspended_from_epoch = None
+        st.wants_epoch = not any(site_id in self.coord.epoch(e).dealers for e in self.coord.ready_epochs())
+        st.note = ""
+        log.info(f"{site_id} joined (has {st.trees_applied} of {len(self.trees)} released trees)",
+                 extra={"event": "joined", "site": site_id, "trees_applied": st.trees_applied})
+        out = self._pending_for(site_id, now)
+        out += self._advance(now)
+        return st.token, out
+
+    def subscribed(self, site_id: str, token: bytes, now: float) -> list[Outgoing]:
+        st = self.authenticate(site_id, token)
+        st.connected = True
+        return self._advance(now)
+
+    def unsubscribed(self, site_id: str, token: bytes, now: float) -> list[Outgoing]:
+        st = self.sites.get(site_id)
+        if st is None or st.token != token:
+            return []  # a stale stream of an earlier incarnation
+        if st.connected:
+            log.info(f"{site_id} disconnected", extra={"event": "disconnected", "site": site_id})
+        st.connected = False
+        return self._advance(now)
+
+    def report_progress(self, site_id: str, trees_applied: int, now: float) -> list[Outgoing]:
+        st = self.sites[site_id]
+        st.trees_applied = max(st.trees_applied, min(int(trees_applied), len(self.trees)))
+        return self._advance(now)
+
+    def report_refusal(self, site_id: str, detail: str, now: float) -> list[Outgoing]:
+        st = self.sites[site_id]
+        st.note = detail[:500]
+        log.warning(f"{site_id} refused: {detail}", extra={"event": "refused", "site": site_id, "detail": detail})
+        ph = self.phase
+        if isinstance(ph, RoundInFlight) and site_id in ph.rnd.awaiting():
+            ph.refused.add(site_id)
+            self._suspend(site_id, "refused a round request")
+        return self._advance(now)
+
+    def report_finished(self, site_id: str, sha: str, now: float) -> list[Outgoing]:
+        st = self.sites[site_id]
+        st.finished_sha256 = sha
+        mine = getattr(self.stage, "model_sha256", None)
+        if mine is not None and sha != mine:
+            log.error(f"{site_id} rebuilt a model with hash {sha}, the coordinator's is {mine}",
+                      extra={"event": "model_mismatch", "site": site_id})
+        else:
+            log.info(f"{site_id} confirmed the model", extra={"event": "site_finished", "site": site_id})
+        return self._advance(now)
+
+    # ------------------------------------------------------------------ site messages
+
+    def _decode(self, site_id: str, data: bytes, types: tuple[type, ...]):
+        try:
+            msg = decode_message(data)
+        except InvalidMessage as e:
+            raise Rejected(f"malformed secure-aggregation message: {e}") from None
+        if not isinstance(msg, types):
+            raise Rejected(f"a {type(msg).__name__} is not accepted here")
+        if msg.sender != site_id:
+            raise Rejected(f"message names sender {msg.sender!r}, but it comes from {site_id!r}")
+        return msg
+
+    def submit_setup(self, site_id: str, data: bytes, now: float) -> list[Outgoing]:
+        msg = self._decode(site_id, data, (AdvertiseKeys, ShareKeys))
+        p = self.pipeline
+        try:
+            if isinstance(msg, AdvertiseKeys) and isinstance(p, Advertising) and msg.epoch == p.announce.epoch:
+                p.setup.receive_advertise(msg)
+            elif isinstance(msg, ShareKeys) and isinstance(p, Sharing) and msg.epoch == p.roster.epoch:
+                p.setup.receive_share_keys(msg)
+            else:
+                raise Rejected(f"{type(msg).__name__} for epoch {msg.epoch} is not expected now "
+                               f"(epoch setup stage: {p.name})")
+        except InvalidMessage as e:
+            raise Rejected(str(e)) from None
+        return self._advance(now)
+
+    def submit_input(self, site_id: str, purpose: Purpose, tree: int, data: bytes, now: float) -> list[Outgoing]:
+        msg = self._decode(site_id, data, (MaskedInput,))
+        ph = self.phase
+        if not isinstance(ph, CollectingInputs) or ph.work != Work(purpose, tree if purpose == Purpose.TREE else 0):
+            raise Rejected(f"no round for {Work(purpose, tree)} is collecting inputs now")
+        try:
+            ph.rnd.receive(msg)
+        except InvalidMessage as e:
+            raise Rejected(str(e)) from None
+        st = self.sites[site_id]
+        if purpose == Purpose.TREE:
+            st.trees_applied = max(st.trees_applied, min(tree, len(self.trees)))
+        return self._advance(now)
+
+    def submit_round(self, site_id: str, data: bytes, now: float) -> list[Outgoing]:
+        msg = self._decode(site_id, data, (ConsistencySignature, UnmaskResponse))
+        ph = self.phase
+        if not isinstance(ph, (CollectingSignatures, CollectingShares)):
+            raise Rejected(f"no round is collecting {type(msg).__name__} now")
+        try:
+            ph.rnd.receive(msg)
+        except InvalidMessage as e:
+            raise Rejected(str(e)) from None
+        return self._advance(now)
+
+    def tick(self, now: float) -> list[Outgoing]:
+        return self._advance(now)
+
+    # ------------------------------------------------------------------ transitions
+
+    def _advance(self, now: float) -> list[Outgoing]:
+        out: list[Outgoing] = []
+        for _ in range(1000):  # every transition makes progress; the bound only guards against bugs
+            if not self._step(now, out):
+                return out
+        raise RuntimeError("session did not settle")  # pragma: no cover
+
+    def _step(self, now: float, out: list[Outgoing]) -> bool:
+        st = self.stage
+        if isinstance(st, Gathering):
+            connected = [s for s in self.sites.values() if s.connected]
+            if len(connected) == len(self.sites) or (len(connected) >= self.t and now >= st.deadline):
+                log.info(f"starting with {len(connected)} of {len(self.sites)} sites connected",
+                         extra={"event": "started", "sites": [s.site_id for s in connected]})
+                self.stage = Running()
+                return True
+            return False
+        if isinstance(st, Running):
+            if self.next_work() is None and isinstance(self.phase, Between):
+                self._finish(now, out)
+                return True
+            return self._step_pipeline(now, out) or self._step_rounds(now, out)
+        if isinstance(st, Finishing):
+            waiting = [s.site_id for s in self.sites.values() if s.connected and s.finished_sha256 is None]
+            if not waiting or now >= st.deadline:
+                mismatched = tuple(s.site_id for s in self.sites.values()
+                                   if s.finished_sha256 is not None and s.finished_sha256 != st.model_sha256)
+                self.stage = Finished(st.model_sha256, mismatched)
+                log.info("session finished", extra={"event": "done", "model_sha256": st.model_sha256,
+                                                    "unconfirmed": waiting, "mismatched": list(mismatched)})
+                return True
+            return False
+        return False
+
+    # ------------------------------------------------------------------ epochs
+
+    def _current_epoch(self) -> int | None:
+        return min(self.coord.ready_epochs(), default=None)
+
+    def _usable(self, site_id: str, epoch_id: int | None) -> bool:
+        """Connected, a dealer of the epoch, not suspended for it, caught up."""
+        if epoch_id is None:
+            return False
+        st = self.sites[site_id]
+        if not st.connected or site_id not in self.coord.epoch(epoch_id).dealers:
+            return False
+        if st.suspended_from_epoch is not None and epoch_id < st.suspended_from_epoch:
+            return False
+        return st.caught_up()
+
+    def _eligible(self, epoch_id: int) -> list[str]:
+        return [s for s in self.coord.epoch(epoch_id).dealers if self._usable(s, epoch_id)]
+
+    def _suspend(self, site_id: str, why: str) -> None:
+        st = self.sites[site_id]
+        if st.suspended_from_epoch is None or st.suspended_from_epoch < self.next_epoch_id:
+            st.suspended_from_epoch = self.next_epoch_id
+            st.wants_epoch = True
+            st.note = why
+            log.warning(f"{site_id} suspended until it joins a new epoch: {why}",
+                        extra={"event": "suspended", "site": site_id, "reason": why})
+
+    def _step_pipeline(self, now: float, out: list[Outgoing]) -> bool:
+        p = self.pipeline
+        E = self.plan.epoch_rounds
+        if isinstance(p, NoSetup):
+            if now < p.retry_after:
+                return False
+            work = self.next_work()
+            if work is None:
+                return False
+            left = (0 if self.has_init else 1) + self.total_trees - len(self.trees)
+            slots = self.coord.slots_remaining()
+            low = slots <= max(E // 2, 1) and slots < left + 1
+            stalled = isinstance(self.phase, Between) and self.phase.waiting_since is not None
+            wants = any(s.connected and s.wants_epoch for s in self.sites.values())
+            if not (low or stalled or wants):
+                return False
+            targets = sorted(s.site_id for s in self.sites.values() if s.connected)
+            if len(targets) < self.t:
+                return False
+            setup, ann = self.coord.begin_epoch(E)
+            self.next_epoch_id = ann.epoch + 1
+            for s in targets:
+                self.sites[s].wants_epoch = False
+                out.append((s, SetupMsg(ann.to_bytes())))
+            self.pipeline = Advertising(setup, ann, set(targets), now + self.plan.deadlines.stage)
+            log.info(f"epoch {ann.epoch}: announced rounds {ann.first_round}..{ann.last_round} to {targets}",
+                     extra={"event": "epoch_announced", "epoch": ann.epoch, "sites": targets})
+            return True
+        if isinstance(p, Advertising):
+            got = set(p.setup.advertised)
+            waiting = [s for s in p.announced if s not in got and self.sites[s].connected]
+            if waiting and now < p.deadline:
+                return False
+            try:
+                roster = p.setup.close_advertise()
+            except ProtocolAbort as e:
+                log.warning(f"epoch {p.announce.epoch} setup failed: {e}", extra={"event": "epoch_failed"})
+                self.pipeline = NoSetup(now + self.plan.deadlines.stage)
+                return True
+            for s in roster.senders:
+                out.append((s, SetupMsg(roster.to_bytes())))
+            self.pipeline = Sharing(p.setup, roster, now + self.plan.deadlines.stage)
+            return True
+        if isinstance(p, Sharing):
+            waiting = [s for s in p.roster.senders if s not in self._share_keys_received(p.setup)
+                       and self.sites[s].connected]
+            if waiting and now < p.deadline:
+                return False
+            try:
+                routed = p.setup.close_share_keys()
+            except ProtocolAbort as e:
+                log.warning(f"epoch {p.roster.epoch} setup failed: {e}", extra={"event": "epoch_failed"})
+                self.pipeline = NoSetup(now + self.plan.deadlines.stage)
+                return True
+            epoch = p.roster.epoch
+            self._routed[epoch] = {s: m.to_bytes() for s, m in routed.items()}
+            for s, data in self._routed[epoch].items():
+                out.append((s, SetupMsg(data)))
+            dealers = sorted(routed)
+            log.info(f"epoch {epoch} ready with sites {dealers}",
+                     extra={"event": "epoch_ready", "epoch": epoch, "sites": dealers})
+            self.pipeline = NoSetup()
+            return True
+        return False
+
+    @staticmethod
+    def _share_keys_received(setup) -> set[str]:
+        stage = setup.stage
+        return set(getattr(stage, "received", {}) or {})
+
+    def _skip_epoch(self, epoch_id: int) -> None:
+        """Use up the remaining round slots of ``epoch_id`` without sending anything (ids are never reused)."""
+        ep = self.coord.epoch(epoch_id)
+        skipped = 0
+        while epoch_id in self.coord.ready_epochs() and min(self.coord.ready_epochs()) == epoch_id:
+            rnd, _ = self.coord.begin_round(2, ep.dealers)
+            rnd.abort("slot skipped: a newer epoch has more sites")
+            skipped += 1
+        self._routed.pop(epoch_id, None)
+        log.info(f"epoch {epoch_id}: skipped {skipped} unused round slots for a newer epoch",
+                 extra={"event": "epoch_skipped", "epoch": epoch_id, "slots": skipped})
+
+    # ------------------------------------------------------------------ rounds
+
+    def _step_rounds(self, now: float, out: list[Outgoing]) -> bool:
+        ph = self.phase
+        if isinstance(ph, Between):
+            return self._maybe_begin(ph, now, out)
+        assert isinstance(ph, RoundInFlight)
+        awaiting = ph.rnd.awaiting()
+        waiting = [s for s in awaiting if self.sites[s].connected and s not in ph.refused]
+        if waiting and now < ph.deadline:
+            return False
+        for s in waiting:  # connected but silent past the deadline
+            self._suspend(s, f"missed the {ph.name} deadline of round {ph.rnd.round_id}")
+        try:
+            if isinstance(ph, CollectingInputs):
+                req = ph.rnd.close_inputs()
+                for s in req.survivors:
+                    out.append((s, RoundMsg(req.to_bytes())))
+                self.phase = CollectingSignatures(ph.rnd, ph.work, req, now + self.plan.deadlines.stage)
+            elif isinstance(ph, CollectingSignatures):
+                req = ph.rnd.close_consistency()
+                for s, _ in req.signatures:
+                    out.append((s, RoundMsg(req.to_bytes())))
+                self.phase = CollectingShares(ph.rnd, ph.work, req, now + self.plan.deadlines.stage)
+            else:
+                result = ph.rnd.finalize()
+                for s in result.blamed:
+                    self._suspend(s, f"revealed shares that fail their commitments in round {result.round_id}")
+                self._release(ph.work, result, now, out)
+                self.phase = Between()
+        except ProtocolAbort as e:
+            for s in getattr(e, "blame", ()) or ():
+                self._suspend(s, f"blamed in round {ph.rnd.round_id}: {e}")
+            self._round_failed(ph, str(e), now, out)
+        return True
+
+    def _maybe_begin(self, ph: Between, now: float, out: list[Outgoing]) -> bool:
+        work = self.next_work()
+        if work is None:
+            return False
+        ready = self.coord.ready_epochs()
+        if ready:
+            current = ready[0]
+            eligible = self._eligible(current)
+            best = max(ready, key=lambda e: (len(self._eligible(e)), -e))
+            if len(self._eligible(best)) > len(eligible) and len(self._eligible(best)) >= self.t:
+                self._skip_epoch(current)
+                return True
+            if len(eligible) >= self.t:
+                return self._begin(work, current, eligible, now, out)
+        if ph.waiting_since is None:
+            ph.waiting_since = now
+            usable = sorted({s for e in ready for s in self._eligible(e)})
+            log.info(f"waiting for {self.t} usable sites for {work} (usable now: {usable})",
+                     extra={"event": "waiting", "usable": usable})
+            return True
+        if now - ph.waiting_since > self.plan.deadlines.quorum:
+            self._fail(f"fewer than t = {self.t} sites were available for {self.plan.deadlines.quorum:g} s", out)
+            return True
+        return False
+
+    def _begin(self, work: Work, epoch_id: int, participants: list[str], now: float, out: list[Outgoing]) -> bool:
+        d = 2 if work.purpose == Purpose.INIT_SCORE else 2 * self.hp.leaves
+        try:
+            rnd, start = self.coord.begin_round(d, participants)
+        except SecAggError as e:  # pragma: no cover - eligibility is checked above
+            self._fail(f"cannot start a round: {e}", out)
+            return True
+        data = start.to_bytes()
+        for s in start.participants:
+            out.append((s, RoundStartMsg(work.purpose, work.tree, data)))
+        self.phase = CollectingInputs(rnd, work, start, now + self.plan.deadlines.stage)
+        log.debug(f"round {start.round_id} ({work}) started with {list(start.participants)}",
+                  extra={"event": "round_started", "round_id": start.round_id, "work": str(work)})
+        return True
+
+    def _round_failed(self, ph: RoundInFlight, reason: str, now: float, out: list[Outgoing]) -> None:
+        self.rounds_failed += 1
+        n = self.attempts[ph.work] = self.attempts.get(ph.work, 0) + 1
+        log.warning(f"round {ph.rnd.round_id} ({ph.work}) failed, attempt {n}/{self.plan.max_attempts}: {reason}",
+                    extra={"event": "round_failed", "round_id": ph.rnd.round_id, "work": str(ph.work),
+                           "reason": reason})
+        self.phase = Between()
+        if n >= self.plan.max_attempts:
+            self._fail(f"{ph.work} failed {n} times (last: {reason})", out)
+
+    def _release(self, work: Work, result, now: float, out: list[Outgoing]) -> None:
+        total = np.asarray(result.total, dtype=np.int64)
+        central = self.plan.noise == "central"
+        if work.purpose == Purpose.INIT_SCORE:
+            if central:
+                total = total + self.randomness.discrete_laplace(init_noise_scales(self.hp, self.enc, self.cal))
+            score = init_score(total, self.plan.schema.task, self.enc)
+            msg = InitScoreMsg(float(score), result.round_id, tuple(result.survivors))
+            if self.checkpoint is not None:
+                self.checkpoint.append_init(msg)
+            self.init, self.has_init = msg, True
+            log.info(f"initial score released (round {result.round_id}, sites {list(result.survivors)})",
+                     extra={"event": "init", "round_id": result.round_id, "sites": list(result.survivors)})
+        else:
+            if central:
+                total = total + self.randomness.discrete_gaussian(leaf_noise_scales(self.hp, self.enc, self.cal.sigma))
+            values = leaf_values(total, self.hp, self.enc)
+            splits = random_splits(self.plan.schema, self.hp.depth, self.hp.seed, work.tree, self.hp.cyclical,
+                                   self.hp.split_candidates)
+            msg = TreeMsg(work.tree, result.round_id, tuple(result.survivors), splits.features,
+                          splits.thresholds, np.asarray(values, dtype=np.float64))
+            if self.checkpoint is not None:
+                self.checkpoint.append_tree(msg, self.rounds_failed)
+            self.trees.append(msg)
+            log.info(f"tree {work.tree + 1}/{self.total_trees} released (round {result.round_id}, "
+                     f"sites {list(result.survivors)})",
+                     extra={"event": "tree", "tree": work.tree, "round_id": result.round_id,
+                            "sites": list(result.survivors), "trees_released": len(self.trees),
+                            "total": self.total_trees})
+        for s in self.sites.values():
+            if s.token is not None:
+                out.append((s.site_id, msg))
+
+    def _finish(self, now: float, out: list[Outgoing]) -> None:
+        model = build_model(self.plan, self.init, self.trees)
+        self.model_json = model_bytes(model)
+        sha = model_sha256(model)
+        if self.checkpoint is not None:
+            path = self.checkpoint.finish(self.model_json, sha)
+            log.info(f"model written to {path}", extra={"event": "model_written", "path": str(path)})
+        self.stage = Finishing(sha, now + self.plan.deadlines.finish)
+        log.info(f"all {len(self.trees)} trees released; model {sha}",
+                 extra={"event": "finished", "model_sha256": sha, "trees": len(self.trees),
+                        "rounds_failed": self.rounds_failed})
+        for s in self.sites.values():
+            if s.token is not None:
+                out.append((s.site_id, FinishedMsg(sha, len(self.trees))))
+
+    def _fail(self, reason: str, out: list[Outgoing]) -> None:
+        self.stage = Failed(reason)
+        log.error(f"session failed: {reason}", extra={"event": "session_failed", "reason": reason})
+        for s in self.sites.values():
+            if s.token is not None:
+                out.append((s.site_id, AbortedMsg(reason)))
+
+    # ------------------------------------------------------------------ re-sends after a (re-)join
+
+    def _pending_for(self, site_id: str, now: float) -> list[Outgoing]:
+        """What a (re)joined site must receive again: its open requests (secagg answers them idempotently)."""
+        out: list[Outgoing] = []
+        st = self.stage
+        if isinstance(st, Failed):
+            return [(site_id, AbortedMsg(st.reason))]
+        if isinstance(st, (Finishing, Finished)):
+            return [(site_id, FinishedMsg(st.model_sha256, len(self.trees)))]
+        for e in self.coord.ready_epochs():
+            data = self._routed.get(e, {}).get(site_id)
+            if data is not None:
+                out.append((site_id, SetupMsg(data)))
+        p = self.pipeline
+        if isinstance(p, Advertising):
+            p.announced.add(site_id)
+            self.sites[site_id].wants_epoch = False
+            out.append((site_id, SetupMsg(p.announce.to_bytes())))
+        elif isinstance(p, Sharing) and site_id in p.roster.senders:
+            out.append((site_id, SetupMsg(p.roster.to_bytes())))
+        ph = self.phase
+        if isinstance(ph, RoundInFlight) and site_id in ph.rnd.awaiting():
+            if isinstance(ph, CollectingInputs):
+                out.append((site_id, RoundStartMsg(ph.work.purpose, ph.work.tree, ph.request.to_bytes())))
+            else:
+                out.append((site_id, RoundMsg(ph.request.to_bytes())))
+        return out
