@@ -217,8 +217,10 @@ def _schema_layout(est: "_SBDTBase", task: str) -> _Layout:
         if est.out_of_range not in ("error", "clip"):
             raise PublicBoundsError(f"out_of_range must be 'error' or 'clip', got {est.out_of_range!r}")
         fmt = dataclasses.replace(fmt, out_of_range=est.out_of_range)
-    extra = {"positive": ("1",), "negative": ("0",)} if task == "binary" else {}
-    schema = dataclasses.replace(schema, format=fmt, columns=(), id_column=None, **extra)
+    extra: dict[str, Any] = {"positive": ("1",), "negative": ("0",)} if task == "binary" else {}
+    # File-layout fields (column order, record ids, arrival rounds) do not apply to in-memory X.
+    extra |= {k: None for k in ("id_column", "arrival_column") if hasattr(schema, k)}
+    schema = dataclasses.replace(schema, format=fmt, columns=(), **extra)
     levels = {j: f.levels for j, f in enumerate(schema.features) if f.is_categorical}
     return _Layout(schema, levels, True)
 
@@ -391,10 +393,6 @@ class _SBDTBase(BaseEstimator):
         tags.input_tags.categorical = True
         tags.non_deterministic = False  # see the module docstring: keep every check running
         return tags
-
-
-def _hp_doc() -> str:
-    return ", ".join(hyperparameter_names())
 
 
 class SBDTRegressor(RegressorMixin, _SBDTBase):

@@ -185,3 +185,14 @@ def test_save_model_feeds_the_cli(tmp_path):
     est = SBDTRegressor(feature_ranges=(0, 1), label_range=(0, 2), trees=5).fit(X, X.sum(axis=1))
     est.save_model(tmp_path / "m.json")
     np.testing.assert_allclose(Ensemble.load(tmp_path / "m.json").predict(X), est.predict(X))
+
+
+def test_file_layout_fields_of_a_schema_do_not_apply_to_arrays():
+    import dataclasses
+
+    schema = Schema.load(ABALONE_SCHEMA)
+    stream = dataclasses.replace(schema, arrival_column="arrival", id_column="rid",
+                                 columns=schema.columns + ("arrival", "rid"))
+    frame = abalone_frame().head(500)
+    est = SBDTRegressor(schema=stream, trees=5).fit(frame, frame["Rings"])
+    assert est.schema_.id_column is None and est.schema_.arrival_column is None
