@@ -115,9 +115,13 @@ class Progress:
         elif done / max(total, 1) >= self._next_log or done == total:
             el = time.perf_counter() - self.t0
             eta = el / done * (total - done) if done else 0.0
-            logging.getLogger(f"fedsbdt.{self.label}").info(
-                f"{self.label}: round {done}/{total} {self.extra} elapsed {el:.1f}s eta {eta:.1f}s",
-                extra={"round": done, "total": total, **self.fields, "elapsed": round(el, 3), "eta": round(eta, 3)})
+            msg = f"{self.label}: round {done}/{total} {self.extra} elapsed {el:.1f}s eta {eta:.1f}s"
+            log = logging.getLogger(f"fedsbdt.{self.label}")
+            if log.hasHandlers():  # configured by main() (--log-format / --log-level)
+                log.info(msg, extra={"round": done, "total": total, **self.fields, "elapsed": round(el, 3),
+                                     "eta": round(eta, 3)})
+            else:  # used as a library without logging set up: plain line, as before
+                print(msg, file=sys.stderr)
             self._next_log = (int(done / max(total, 1) * 10) + 1) / 10
 
     def close(self) -> None:

@@ -68,8 +68,27 @@ class TextFormatter(logging.Formatter):
         super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
 
 
+class CurrentStderrHandler(logging.StreamHandler):
+    """A stream handler that writes to whatever ``sys.stderr`` is when a record is emitted.
+
+    A handler bound to the ``sys.stderr`` of configuration time would keep writing to a replaced (possibly
+    closed) stream when a test harness or an embedding program swaps ``sys.stderr`` later.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self):  # type: ignore[override]
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
+
+
 def configure_logging(fmt: str = "text", level: str = "info", stream: IO[str] | None = None) -> logging.Logger:
-    """Point the ``fedsbdt`` logger at ``stream`` (default: the current ``sys.stderr``) in ``fmt``.
+    """Point the ``fedsbdt`` logger at ``stream`` (default: ``sys.stderr`` as it is at each record) in ``fmt``.
 
     Idempotent: a handler installed by an earlier call is replaced.  Returns the logger.
     """
@@ -81,7 +100,7 @@ def configure_logging(fmt: str = "text", level: str = "info", stream: IO[str] | 
     for h in list(logger.handlers):
         if h.get_name() == _HANDLER_NAME:
             logger.removeHandler(h)
-    handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
+    handler = logging.StreamHandler(stream) if stream is not None else CurrentStderrHandler()
     handler.set_name(_HANDLER_NAME)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     logger.addHandler(handler)

@@ -64,3 +64,30 @@ def test_formatter_extra_fields_and_idempotent_configuration():
     with pytest.raises(ValueError, match="log format"):
         configure_logging("xml")
     configure_logging("text", "info")
+
+
+def test_handler_follows_a_replaced_stderr(monkeypatch):
+    configure_logging("text", "info")
+    for _ in range(2):
+        buf = io.StringIO()
+        monkeypatch.setattr("sys.stderr", buf)
+        logging.getLogger("fedsbdt.y").info("to the current stderr")
+        assert buf.getvalue().endswith("INFO fedsbdt.y: to the current stderr\n")
+
+
+def test_progress_without_logging_configured_prints_plain_lines(capsys):
+    from common.cli import Progress
+
+    logger = logging.getLogger("fedsbdt")
+    saved = list(logger.handlers)
+    for h in saved:
+        logger.removeHandler(h)
+    try:
+        p = Progress("job", 4)
+        for i in range(1, 5):
+            p(i, 4)
+    finally:
+        for h in saved:
+            logger.addHandler(h)
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 4 and err[-1].startswith("job: round 4/4")
