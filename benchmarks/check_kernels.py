@@ -80,17 +80,30 @@ def check_walks(rng, cases=300):
         cyc = bool(rng.random() < 0.5)
         n_cand = int(rng.choice([0, 1, 7, 32, 255]))
         X, features, thr, is_cat, edges = random_case(rng, n, m, depth, cyc, n_cand)
+        if edges is not None and c % 4 == 0:  # irregular candidate grids (clustered, with gaps)
+            for f in range(m):
+                if edges[f] is not None:
+                    e = np.unique(np.concatenate([rng.uniform(-3, 3, n_cand) ** 3, X[:5, f]]))[:255]
+                    edges[f] = e[np.isfinite(e)]
+                    X[rng.integers(0, n, 5), f] = rng.choice(edges[f], 5)
+            for k in range(len(features)):
+                if not is_cat[features[k]]:
+                    thr[k] = rng.choice(edges[features[k]])
         ref = ref_leaf(X, features, thr, is_cat, depth)
         assert np.array_equal(kernels.leaf_index(X, features, thr, is_cat, depth), ref), c
         assert np.array_equal(kernels._leaf_index(X, features, thr, is_cat, depth), ref), c
         lo_, hi_ = kernels.node_bounds(features, thr, is_cat)
         assert np.array_equal(kernels._walk_blocked(X, features, lo_, hi_, depth), ref), c
         if edges is not None:
-            codes = kernels.bin_codes(X, edges, is_cat)
+            codes = kernels.bin_codes(X, edges, is_cat, column_major=bool(c % 2))
+            ref_codes = np.column_stack([
+                np.where((X[:, f] >= 0) & (X[:, f] < 255) & (X[:, f] == np.floor(X[:, f])), X[:, f], 255)
+                if is_cat[f] else np.searchsorted(edges[f], X[:, f], side="right") for f in range(m)])
+            assert np.array_equal(codes, ref_codes), c
             b = kernels.code_bounds(features, thr, is_cat, kernels.pack_edges(edges))
             assert b is not None, c
             assert np.array_equal(kernels.leaf_index_codes(codes, features, b[0], b[1], depth), ref), c
-            assert np.array_equal(kernels._walk_blocked(codes.T, features, b[0], b[1], depth), ref), c
+            assert np.array_equal(kernels._walk_blocked(codes, features, b[0], b[1], depth), ref), c
             # a threshold off the candidate grid is refused
             k = int(np.flatnonzero(~is_cat[features])[0]) if (~is_cat[features]).any() else None
             if k is not None:

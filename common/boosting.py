@@ -161,7 +161,7 @@ class LocalData:
         if self._edges is None:
             return None
         if self._codes_key is None or self._codes_key[0] is not self.X or self._codes_key[1] is not self.is_cat:
-            self._codes = kernels.bin_codes(self.X, self._edges, self.is_cat)
+            self._codes = kernels.bin_codes(self.X, self._edges, self.is_cat, column_major=self.hp.cyclical)
             self._codes_key = (self.X, self.is_cat)
         return self._codes
 

@@ -142,29 +142,55 @@ def leaf_index(X: np.ndarray, features: np.ndarray, thresholds: np.ndarray, is_c
     return _walk_blocked(X, features, lo, hi, int(depth))
 
 
-def bin_codes(X: np.ndarray, edges: list, is_cat: np.ndarray) -> np.ndarray:
-    """Column-major ``(m, n)`` uint8 codes of ``X`` for :func:`leaf_index_codes`.
+@njit(cache=True, nogil=True)
+def _bin_codes(X, E, counts, is_cat, out):
+    n, m = X.shape
+    factor = np.zeros(m)  # interpolation slope of each feature's grid (a guess only)
+    for f in range(m):
+        K = counts[f]
+        if K > 2 and E[f, K - 1] > E[f, 0]:
+            factor[f] = (K - 1) / (E[f, K - 1] - E[f, 0])
+    for i in range(n):
+        for f in range(m):
+            x = X[i, f]
+            K = counts[f]
+            if is_cat[f]:
+                ok = x >= 0 and x < NO_LEVEL and x == np.floor(x)
+                out[i, f] = np.uint8(x) if ok else NO_LEVEL
+            elif K <= 0:
+                out[i, f] = 0
+            elif x != x:  # NaN: right of every threshold, as in the float walk
+                out[i, f] = K
+            elif x < E[f, 0]:
+                out[i, f] = 0
+            elif x >= E[f, K - 1]:
+                out[i, f] = K
+            else:
+                # code = #{j : E[f, j] <= x}, here in 1 … K−1: interpolated guess, then exact compares
+                g = min(max(int((x - E[f, 0]) * factor[f]) + 1, 1), K - 1)
+                while g < K and E[f, g] <= x:
+                    g += 1
+                while g > 0 and E[f, g - 1] > x:
+                    g -= 1
+                out[i, f] = g
+    return out
+
+
+def bin_codes(X: np.ndarray, edges: list, is_cat: np.ndarray, column_major: bool = False) -> np.ndarray:
+    """``(n, m)`` uint8 codes of the records ``X`` for :func:`leaf_index_codes` (C or F memory order).
 
     Numeric feature f with sorted public candidate thresholds ``edges[f]``
     (at most 255): ``code = #{j : edges[f][j] ≤ x}`` (NaN → ``len(edges[f])``).
     Categorical feature: the level index if x is one of 0 … 254, else
     :data:`NO_LEVEL`.  Features with ``edges[f] is None`` (numeric) get code 0
-    and cannot be used by the code path.
+    and cannot be used by the code path.  Row-major codes suit trees with a
+    random feature per node (one cache line per record); column-major ones
+    suit trees testing one feature (cyclical: one byte per record per tree).
     """
     X = np.asarray(X, dtype=np.float64)
-    n, m = X.shape
-    out = np.zeros((m, n), dtype=np.uint8)
-    for f in range(m):
-        col = X[:, f]
-        if is_cat[f]:
-            ok = (col >= 0) & (col < NO_LEVEL) & (col == np.floor(col))
-            out[f] = np.where(ok, col, NO_LEVEL).astype(np.uint8)
-        elif edges[f] is not None:
-            e = np.asarray(edges[f], np.float64)
-            if e.size > 255 or np.any(np.diff(e) < 0):
-                raise ValueError("edges must be sorted and hold at most 255 values")
-            out[f] = np.searchsorted(e, col, side="right").astype(np.uint8)
-    return out
+    E, counts = pack_edges(edges)
+    out = np.empty(X.shape, dtype=np.uint8, order="F" if column_major else "C")
+    return _bin_codes(X, E, counts, np.asarray(is_cat, np.bool_), out)
 
 
 def pack_edges(edges: list) -> tuple[np.ndarray, np.ndarray]:
@@ -231,7 +257,7 @@ def code_bounds(features: np.ndarray, thresholds: np.ndarray, is_cat: np.ndarray
 
 def leaf_index_codes(codes: np.ndarray, features: np.ndarray, lo: np.ndarray, hi: np.ndarray,
                      depth: int) -> np.ndarray:
-    """Leaf of every record from its :func:`bin_codes` (``codes`` is ``(m, n)`` uint8, C order).
+    """Leaf of every record from its :func:`bin_codes` (``codes`` is ``(n, m)`` uint8, either order).
 
     Equal to :func:`leaf_index` on the original matrix when ``(lo, hi)`` come
     from :func:`code_bounds`.  A tree whose inner nodes all test one feature
@@ -242,8 +268,8 @@ def leaf_index_codes(codes: np.ndarray, features: np.ndarray, lo: np.ndarray, hi
     hi = np.asarray(hi, np.int64)
     if features.size and (features == features[0]).all():
         table = _walk_table(lo, hi, int(depth), 256)
-        return _lookup(codes[int(features[0])], table)
-    return _walk_blocked(codes.T, features, lo, hi, int(depth))
+        return _lookup(codes[:, int(features[0])], table)
+    return _walk_blocked(codes, features, lo, hi, int(depth))
 
 
 @njit(cache=True, nogil=True, inline="always")
