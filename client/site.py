@@ -79,6 +79,7 @@ from server.wire import (
 )
 
 from .ledger import LedgerError, SiteLedger, ledger_path
+from .noise import NoiseShares
 
 log = logging.getLogger("fedsbdt.site")
 
@@ -233,12 +234,31 @@ class SiteMachine:
         self.table = filter_for(hp, cal)
         self.leaf_scales, self.init_scales = plan.noise_scales()
         self.plan = plan
+        self._splits: dict[int, object] = {}
         if hp.init_share == 0:
             self._set_init(InitScoreMsg(0.0, None, ()))
+        self._warm_up()
+        self.noise = None if self.leaf_scales is None else NoiseShares(randomness, self.leaf_scales)
         self.stage = Participating()
         log.info(f"{self.site_id}: accepted plan {plan.sha256[:16]}… ({ds.n} records, ε = {cal.epsilon:.6g}, "
                  f"noise {plan.noise})", extra={"event": "plan_accepted", "site": self.site_id, "records": ds.n})
         return plan
+
+    def _warm_up(self) -> None:
+        """Compile the kernels and build the noise samplers now, not in the first round (deadlines).
+
+        The contribution is computed and discarded: nothing is charged, stored or sent, and the
+        subsample it draws is thrown away.  Noise is drawn and discarded only from the secure source
+        (the deterministic test source must stay in step with a centralised run).
+        """
+        hp = self.plan.hyperparameters
+        c = self.local.contribution(self.splits(0), 0, self.randomness, self.table)
+        kernels.apply_leaves(self.local.pred.copy(), c.leaf, np.zeros(hp.leaves), hp.learning_rate)
+        if not getattr(self.randomness, "insecure", False):
+            for scales, draw in ((self.leaf_scales, self.randomness.discrete_gaussian),
+                                 (self.init_scales, self.randomness.discrete_laplace)):
+                if scales is not None:
+                    draw(scales)
 
     def join_material(self) -> tuple[bytes, bytes]:
         """(nonce, signature) for a Join: the identity key signs plan hash, site id and a fresh nonce."""
@@ -291,6 +311,7 @@ class SiteMachine:
         if isinstance(ev, FinishedMsg):
             return self._finish(ev)
         if isinstance(ev, AbortedMsg):
+            self.close()
             self.stage = SiteAborted(f"the coordinator aborted the session: {ev.reason}")
             log.error(f"{self.site_id}: {self.stage.reason}", extra={"event": "aborted", "site": self.site_id})
             return []
@@ -359,10 +380,9 @@ class SiteMachine:
                             extra={"event": "budget_exhausted", "site": self.site_id})
                 x, with_data = np.zeros(expected_len, np.int64), False
             else:
-                splits = random_splits(plan.schema, hp.depth, hp.seed, k, hp.cyclical, hp.split_candidates)
-                c = local.contribution(splits, k, self.randomness, self.table)
+                c = local.contribution(self.splits(k), k, self.randomness, self.table)
                 x, with_data = np.asarray(c.sums, dtype=np.int64), True
-            noise = None if self.leaf_scales is None else self.randomness.discrete_gaussian(self.leaf_scales)
+            noise = None if self.noise is None else self.noise.take()
 
         with self.ledger.transaction():
             try:
@@ -386,6 +406,15 @@ class SiteMachine:
 
     # ------------------------------------------------------------------ releases
 
+    def splits(self, k: int):
+        """The plan's public random splits of tree ``k`` (cached: needed for the contribution and the check)."""
+        sp = self._splits.get(k)
+        if sp is None:
+            hp = self.plan.hyperparameters
+            sp = self._splits[k] = random_splits(self.plan.schema, hp.depth, hp.seed, k, hp.cyclical,
+                                                 hp.split_candidates)
+        return sp
+
     def _set_init(self, init: InitScoreMsg) -> None:
         if self.trees:
             raise self._abort("an initial score arrived after trees were applied")
@@ -396,7 +425,8 @@ class SiteMachine:
         plan, hp = self.plan, self.plan.hyperparameters
         if self.init is None:
             raise self._abort(f"tree {t.index} arrived before the initial score")
-        splits = random_splits(plan.schema, hp.depth, hp.seed, t.index, hp.cyclical, hp.split_candidates)
+        splits = self.splits(t.index)
+        self._splits = {k: v for k, v in self._splits.items() if k > t.index}
         if not (np.array_equal(t.features, splits.features) and np.array_equal(t.thresholds, splits.thresholds)):
             raise self._abort(f"tree {t.index} does not use the plan's public random splits")
         if t.leaves.shape != (hp.leaves,) or not np.isfinite(t.leaves).all() or \
@@ -425,11 +455,18 @@ class SiteMachine:
         tmp.write_bytes(data)
         tmp.replace(out)
         self.stage = SiteDone(sha, out)
+        self.close()
         log.info(f"{self.site_id}: model verified ({sha[:16]}…) and written to {out}",
                  extra={"event": "site_done", "site": self.site_id, "model_sha256": sha, "path": str(out)})
         return [Done(sha)]
 
+    def close(self) -> None:
+        """Stop the background noise sampler (undrawn shares are discarded)."""
+        if getattr(self, "noise", None) is not None:
+            self.noise.close()
+
     def _abort(self, reason: str) -> SessionAbort:
+        self.close()
         self.stage = SiteAborted(reason)
         log.error(f"{self.site_id}: {reason}", extra={"event": "aborted", "site": self.site_id})
         return SessionAbort(reason)

@@ -1,35 +1,45 @@
-"""Coordinator checkpoints: the released model so far and the session state, crash-safe.
+"""Coordinator checkpoints: the released model so far and the session state, in one SQLite database.
 
-Layout of the state directory::
+``<state>/coordinator.sqlite`` (WAL, ``synchronous=FULL``)::
 
-    session.log     append-only, one checksummed JSON record per line:
-                    header (plan hash), the initial score, every released tree
-                    (with its public record and the failed-round counter), finished
-    secagg/         the secure-aggregation coordinator's storage (epoch and round
-                    counters, ready epochs; common/secagg FileStorage)
-    model.json      the final model (written atomically when the session finishes)
+    log      one row per released fact, in order: the header (plan hash), the
+             initial score, every released tree (with its public record
+             ``{tree, round_id, sites}`` and the failed-round counter), finished
+    secagg   the secure-aggregation coordinator's storage (epoch and round-id
+             counters, ready epochs: common/secagg Storage)
 
-A record is appended and fsynced *before* the tree it describes is broadcast,
-so everything any site has seen is on disk.  A crash can leave at most one
-torn last line, which :meth:`CheckpointLog.load` drops (that tree was never
-broadcast); a restarted coordinator resumes at the next tree.  Appending keeps
-each checkpoint O(tree) instead of rewriting the whole model every round.
+The session runs each of its steps inside :meth:`CoordinatorStore.transaction`
+and hands its outgoing events to the transport only after the commit, so a
+tree is durable before any site sees it, and the tree, the next round's id
+and the epoch bookkeeping commit atomically with one fsync.  A restarted
+coordinator reads the log and resumes at the next tree; the round that was in
+flight is retried under a new round id.  The final model is also written to
+``<state>/model.json`` (atomic rename).
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
+import sqlite3
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from common.secagg.errors import StorageError
+from common.secagg.storage import check_key
+
 from .wire import InitScoreMsg, TreeMsg
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS log (seq INTEGER PRIMARY KEY, kind TEXT NOT NULL, body TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS secagg (key TEXT PRIMARY KEY, value BLOB NOT NULL);
+"""
 
 
 class CheckpointError(RuntimeError):
-    """The state directory belongs to another plan or is corrupt beyond its last line."""
+    """The state directory belongs to another plan or is corrupt."""
 
 
 @dataclass
@@ -41,104 +51,101 @@ class Restored:
     finished_sha256: str | None = None
 
 
-def _line(obj: dict) -> bytes:
-    body = json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False)
-    return (body + "\t" + hashlib.sha256(body.encode()).hexdigest()[:32] + "\n").encode()
+class CoordinatorStore:
+    """The coordinator's durable state for the plan with hash ``plan_sha256``."""
 
-
-def _parse(line: bytes) -> dict | None:
-    try:
-        text = line.decode()
-        body, check = text.rstrip("\n").rsplit("\t", 1)
-    except (UnicodeDecodeError, ValueError):
-        return None
-    if not text.endswith("\n") or hashlib.sha256(body.encode()).hexdigest()[:32] != check:
-        return None
-    try:
-        return json.loads(body)
-    except json.JSONDecodeError:
-        return None
-
-
-def _tree_dict(t: TreeMsg, rounds_failed: int) -> dict:
-    return {"kind": "tree", "index": t.index, "round_id": t.round_id, "sites": list(t.sites),
-            "features": t.features.astype(int).tolist(), "thresholds": [float(x) for x in t.thresholds],
-            "leaves": [float(x) for x in t.leaves], "rounds_failed": rounds_failed}
-
-
-class CheckpointLog:
-    """The append-only session log in ``directory`` for the plan with hash ``plan_sha256``."""
-
-    NAME = "session.log"
+    NAME = "coordinator.sqlite"
 
     def __init__(self, directory: str | os.PathLike, plan_sha256: str) -> None:
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.path = self.dir / self.NAME
         self.plan_sha256 = plan_sha256
+        try:
+            self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=FULL")
+            self.db.executescript(_SCHEMA)
+        except sqlite3.Error as e:
+            raise CheckpointError(f"{self.path}: cannot open the coordinator database: {e}") from None
+        self._depth = 0
+        self.storage = _SecAggStorage(self)
+
+    # ------------------------------------------------------------------ transactions
+
+    @contextmanager
+    def transaction(self):
+        """Everything written inside commits together (one fsync) when the outermost block ends."""
+        if self._depth:
+            self._depth += 1
+            try:
+                yield
+            finally:
+                self._depth -= 1
+            return
+        self.db.execute("BEGIN IMMEDIATE")
+        self._depth = 1
+        try:
+            yield
+        except BaseException:
+            self._depth = 0
+            self.db.execute("ROLLBACK")
+            raise
+        self._depth = 0
+        self.db.execute("COMMIT")
+
+    def _append(self, kind: str, obj: dict) -> None:
+        with self.transaction():
+            self.db.execute("INSERT INTO log (kind, body) VALUES (?, ?)",
+                            (kind, json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False)))
+
+    # ------------------------------------------------------------------ the log
 
     def load(self) -> Restored:
-        """Read the log (dropping a torn last line); writes the header if the log is new."""
+        """Read the log; a new database gets its header."""
+        rows = self.db.execute("SELECT kind, body FROM log ORDER BY seq").fetchall()
         out = Restored()
-        if not self.path.exists():
-            self._append({"kind": "header", "plan_sha256": self.plan_sha256})
+        if not rows:
+            self._append("header", {"plan_sha256": self.plan_sha256})
             return out
-        data = self.path.read_bytes()
-        lines = data.splitlines(keepends=True)
-        good = 0
-        for i, line in enumerate(lines):
-            rec = _parse(line)
-            if rec is None:
-                if i < len(lines) - 1:
-                    raise CheckpointError(f"{self.path}: record {i + 1} is corrupt (not the last line); "
-                                          "refusing to resume from a damaged checkpoint")
-                break
-            kind = rec.get("kind")
-            if i == 0:
-                if kind != "header":
-                    raise CheckpointError(f"{self.path}: missing header")
-                if rec.get("plan_sha256") != self.plan_sha256:
-                    raise CheckpointError(f"{self.path} belongs to plan {rec.get('plan_sha256')}, not to "
-                                          f"{self.plan_sha256}; use another --state directory for a new plan")
-            elif kind == "init":
-                out.has_init = True
-                sites = tuple(rec["sites"])
-                out.init = InitScoreMsg(float(rec["score"]), rec["round_id"], sites)
-            elif kind == "tree":
-                if rec["index"] != len(out.trees):
-                    raise CheckpointError(f"{self.path}: tree {rec['index']} out of order")
-                out.trees.append(TreeMsg(int(rec["index"]), int(rec["round_id"]), tuple(rec["sites"]),
-                                         np.asarray(rec["features"], np.int32),
-                                         np.asarray(rec["thresholds"], np.float64),
-                                         np.asarray(rec["leaves"], np.float64)))
-                out.rounds_failed = int(rec.get("rounds_failed", 0))
-            elif kind == "finished":
-                out.finished_sha256 = str(rec["model_sha256"])
-            else:
-                raise CheckpointError(f"{self.path}: unknown record kind {kind!r}")
-            good += len(line)
-        if good < len(data):  # drop a torn last line (never broadcast)
-            with open(self.path, "r+b") as fh:
-                fh.truncate(good)
-                fh.flush()
-                os.fsync(fh.fileno())
+        try:
+            for i, (kind, body) in enumerate(rows):
+                rec = json.loads(body)
+                if i == 0:
+                    if kind != "header":
+                        raise CheckpointError(f"{self.path}: missing header")
+                    if rec.get("plan_sha256") != self.plan_sha256:
+                        raise CheckpointError(f"{self.path} belongs to plan {rec.get('plan_sha256')}, not to "
+                                              f"{self.plan_sha256}; use another --state directory for a new plan")
+                elif kind == "init":
+                    out.has_init = True
+                    out.init = InitScoreMsg(float(rec["score"]), rec["round_id"], tuple(rec["sites"]))
+                elif kind == "tree":
+                    if rec["index"] != len(out.trees):
+                        raise CheckpointError(f"{self.path}: tree {rec['index']} out of order")
+                    out.trees.append(TreeMsg(int(rec["index"]), int(rec["round_id"]), tuple(rec["sites"]),
+                                             np.asarray(rec["features"], np.int32),
+                                             np.asarray(rec["thresholds"], np.float64),
+                                             np.asarray(rec["leaves"], np.float64)))
+                    out.rounds_failed = int(rec.get("rounds_failed", 0))
+                elif kind == "finished":
+                    out.finished_sha256 = str(rec["model_sha256"])
+                else:
+                    raise CheckpointError(f"{self.path}: unknown record kind {kind!r}")
+        except (KeyError, TypeError, ValueError) as e:
+            if isinstance(e, CheckpointError):
+                raise
+            raise CheckpointError(f"{self.path}: corrupt checkpoint record ({e})") from None
         return out
 
-    def _append(self, obj: dict) -> None:
-        line = _line(obj)
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        try:
-            os.write(fd, line)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
     def append_init(self, init: InitScoreMsg) -> None:
-        self._append({"kind": "init", "score": float(init.score), "round_id": init.round_id,
-                      "sites": list(init.sites)})
+        self._append("init", {"score": float(init.score), "round_id": init.round_id, "sites": list(init.sites)})
 
     def append_tree(self, tree: TreeMsg, rounds_failed: int) -> None:
-        self._append(_tree_dict(tree, rounds_failed))
+        self._append("tree", {"index": tree.index, "round_id": tree.round_id, "sites": list(tree.sites),
+                              "features": tree.features.astype(int).tolist(),
+                              "thresholds": [float(x) for x in tree.thresholds],
+                              "leaves": [float(x) for x in tree.leaves], "rounds_failed": rounds_failed})
 
     def finish(self, model_json: bytes, model_sha256: str) -> Path:
         """Write ``model.json`` atomically, then record the session as finished."""
@@ -149,5 +156,36 @@ class CheckpointLog:
             fh.flush()
             os.fsync(fh.fileno())
         tmp.replace(out)
-        self._append({"kind": "finished", "model_sha256": model_sha256})
+        self._append("finished", {"model_sha256": model_sha256})
         return out
+
+    def close(self) -> None:
+        self.db.close()
+
+
+class _SecAggStorage:
+    """common.secagg ``Storage`` in the coordinator database (a put joins the open transaction)."""
+
+    def __init__(self, store: CoordinatorStore) -> None:
+        self._s = store
+
+    def get(self, key: str) -> bytes | None:
+        row = self._s.db.execute("SELECT value FROM secagg WHERE key = ?", (check_key(key),)).fetchone()
+        return None if row is None else bytes(row[0])
+
+    def put(self, key: str, value: bytes) -> None:
+        try:
+            with self._s.transaction():
+                self._s.db.execute("INSERT OR REPLACE INTO secagg (key, value) VALUES (?, ?)",
+                                   (check_key(key), bytes(value)))
+        except sqlite3.Error as e:
+            raise StorageError(f"cannot write {key!r}: {e}") from None
+
+    def delete(self, key: str) -> None:
+        with self._s.transaction():
+            self._s.db.execute("DELETE FROM secagg WHERE key = ?", (check_key(key),))
+
+    def keys(self, prefix: str = "") -> list[str]:
+        rows = self._s.db.execute("SELECT key FROM secagg WHERE substr(key, 1, ?) = ? ORDER BY key",
+                                  (len(prefix), prefix)).fetchall()
+        return [r[0] for r in rows]

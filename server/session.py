@@ -31,6 +31,7 @@ the current epoch's remaining slots are skipped.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from dataclasses import dataclass, field
@@ -50,9 +51,10 @@ from common.secagg import (
     decode_message,
 )
 from common.secagg.errors import InvalidMessage, SecAggError
+from client.noise import NoiseShares
 from common.splits import random_splits
 
-from .checkpoint import CheckpointLog, Restored
+from .checkpoint import CoordinatorStore, Restored
 from .plan import Plan
 from .release import build_model, model_bytes, model_sha256
 from .wire import (
@@ -220,23 +222,25 @@ class Session:
         plan: the verified plan.
         randomness: DP randomness (used only in central noise mode).
         now: the current time (seconds, monotonic).
-        secagg_storage: durable storage for the secure-aggregation coordinator (restart safety).
-        checkpoint: the session log; restored on construction.
+        store: the durable checkpoint (released trees, secure-aggregation state); restored on
+            construction.  Every step runs in one of its transactions, committed before the
+            step's events are returned.  ``None`` keeps everything in memory (tests).
         randbytes: source of session tokens.
     """
 
-    def __init__(self, plan: Plan, randomness, now: float, secagg_storage=None,
-                 checkpoint: CheckpointLog | None = None, randbytes: Callable[[int], bytes] = os.urandom) -> None:
+    def __init__(self, plan: Plan, randomness, now: float, store: CoordinatorStore | None = None,
+                 randbytes: Callable[[int], bytes] = os.urandom) -> None:
         self.plan = plan
         self.hp = plan.hyperparameters
         self.enc = plan.encoding
         self.cal = plan.verify_privacy()
         self.randomness = randomness
-        self.checkpoint = checkpoint
+        self.checkpoint = store
         self._randbytes = randbytes
-        self.coord = SecAggCoordinator(plan.secagg_config(), secagg_storage)
+        self.coord = SecAggCoordinator(plan.secagg_config(), None if store is None else store.storage)
         self.sites = {s: SiteState(s) for s in plan.site_ids}
-        restored = checkpoint.load() if checkpoint is not None else Restored()
+        restored = store.load() if store is not None else Restored()
+        self.central_noise = None
         self.init: InitScoreMsg | None = restored.init
         self.has_init = restored.has_init
         if self.hp.init_share == 0:  # no initial-score round: the score is 0 (as in common.engine)
@@ -258,9 +262,19 @@ class Session:
         else:
             wait = plan.deadlines.stage if resumed else plan.deadlines.join
             self.stage = Gathering(now + wait)
+        self._warm_up()
         if resumed:
             log.info(f"resuming session at tree {len(self.trees)}/{self.total_trees}",
                      extra={"event": "resumed", "trees_released": len(self.trees)})
+
+    def _warm_up(self) -> None:
+        """Compile the leaf-value kernel now rather than under the first round's deadline."""
+        leaf_values(np.zeros(2 * self.hp.leaves, np.int64), self.hp, self.enc)
+        init_score(np.array([1, 0], np.int64), self.plan.schema.task, self.enc)
+
+    def close(self) -> None:
+        if self.central_noise is not None:
+            self.central_noise.close()
 
     # ------------------------------------------------------------------ views
 
@@ -329,8 +343,9 @@ class Session:
         st.note = ""
         log.info(f"{site_id} joined (has {st.trees_applied} of {len(self.trees)} released trees)",
                  extra={"event": "joined", "site": site_id, "trees_applied": st.trees_applied})
-        out = self._pending_for(site_id, now)
-        out += self._advance(now)
+        with self._transaction():
+            out = self._pending_for(site_id, now)
+            out += self._advance(now)
         return st.token, out
 
     def subscribed(self, site_id: str, token: bytes, now: float) -> list[Outgoing]:
@@ -431,11 +446,16 @@ class Session:
 
     # ------------------------------------------------------------------ transitions
 
+    def _transaction(self):
+        return self.checkpoint.transaction() if self.checkpoint is not None else contextlib.nullcontext()
+
     def _advance(self, now: float) -> list[Outgoing]:
+        """Take every transition that is due; durable effects commit (one fsync) before events are returned."""
         out: list[Outgoing] = []
-        for _ in range(1000):  # every transition makes progress; the bound only guards against bugs
-            if not self._step(now, out):
-                return out
+        with self._transaction():
+            for _ in range(10_000):  # every transition makes progress; the bound only guards against bugs
+                if not self._step(now, out):
+                    return out
         raise RuntimeError("session did not settle")  # pragma: no cover
 
     def _step(self, now: float, out: list[Outgoing]) -> bool:
@@ -588,6 +608,8 @@ class Session:
             return False
         for s in waiting:  # connected but silent past the deadline
             self._suspend(s, f"missed the {ph.name} deadline of round {ph.rnd.round_id}")
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(f"round {ph.rnd.round_id}: closing {ph.name}", extra={"event": "stage_closed", "at": now})
         try:
             if isinstance(ph, CollectingInputs):
                 req = ph.rnd.close_inputs()
@@ -648,7 +670,7 @@ class Session:
             out.append((s, RoundStartMsg(work.purpose, work.tree, data)))
         self.phase = CollectingInputs(rnd, work, start, now + self.plan.deadlines.stage)
         log.debug(f"round {start.round_id} ({work}) started with {list(start.participants)}",
-                  extra={"event": "round_started", "round_id": start.round_id, "work": str(work)})
+                  extra={"event": "round_started", "round_id": start.round_id, "work": str(work), "at": now})
         return True
 
     def _round_failed(self, ph: RoundInFlight, reason: str, now: float, out: list[Outgoing]) -> None:
@@ -676,7 +698,10 @@ class Session:
                      extra={"event": "init", "round_id": result.round_id, "sites": list(result.survivors)})
         else:
             if central:
-                total = total + self.randomness.discrete_gaussian(leaf_noise_scales(self.hp, self.enc, self.cal.sigma))
+                if self.central_noise is None:  # drawn ahead in a background thread (data-independent)
+                    self.central_noise = NoiseShares(self.randomness,
+                                                     leaf_noise_scales(self.hp, self.enc, self.cal.sigma))
+                total = total + self.central_noise.take()
             values = leaf_values(total, self.hp, self.enc)
             splits = random_splits(self.plan.schema, self.hp.depth, self.hp.seed, work.tree, self.hp.cyclical,
                                    self.hp.split_candidates)
@@ -689,7 +714,7 @@ class Session:
                      f"sites {list(result.survivors)})",
                      extra={"event": "tree", "tree": work.tree, "round_id": result.round_id,
                             "sites": list(result.survivors), "trees_released": len(self.trees),
-                            "total": self.total_trees})
+                            "total": self.total_trees, "at": round(now, 6)})
         for s in self.sites.values():
             if s.token is not None:
                 out.append((s.site_id, msg))

@@ -1,0 +1,138 @@
+"""``fedsbdt client`` (one per hospital) and ``fedsbdt keygen``, registered by :mod:`common.cli`.
+
+    fedsbdt keygen --site ID --out DIR
+    fedsbdt client --coordinator ADDR --site ID --data F [--state DIR] [--max-epsilon E]
+                   [--plan P | --plan-hash H] [--schema S] [--out M]
+                   [--tls-cert F --tls-key F --tls-ca F --identity-key F | --insecure]
+
+Key files default to the state directory (``identity.key``, ``tls.crt``,
+``tls.key``, ``ca.crt``), which is where ``fedsbdt keygen --out`` and
+``fedsbdt ca sign`` put them.  ``--json`` prints one object at the end.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import logging
+import time
+from pathlib import Path
+
+from common.cli import CliError, emit
+
+log = logging.getLogger("fedsbdt.site")
+
+
+def add_tls_flags(p: argparse.ArgumentParser, default_dir: str) -> None:
+    g = p.add_argument_group("transport security (mutual TLS with the consortium CA)")
+    g.add_argument("--tls-cert", help=f"this party's certificate (default: {default_dir}/tls.crt)")
+    g.add_argument("--tls-key", help=f"its private key (default: {default_dir}/tls.key)")
+    g.add_argument("--tls-ca", help=f"the consortium CA certificate (default: {default_dir}/ca.crt)")
+    g.add_argument("--insecure", action="store_true",
+                   help="plain-text gRPC without TLS: only for local tests and demos, never across a network")
+
+
+def cmd_keygen(args: argparse.Namespace) -> int:
+    from server.pki import PkiError
+
+    from .keys import keygen
+
+    try:
+        info = keygen(args.site, Path(args.out))
+    except PkiError as e:
+        raise CliError(str(e)) from None
+    emit(args, info, f"wrote {args.out}/identity.key, identity.pub, tls.key and tls.csr for site {args.site}\n"
+                     f"identity public key (for the plan's roster): {info['identity_pub']}\n"
+                     f"next: have the consortium CA sign {args.out}/tls.csr, e.g.\n"
+                     f"  fedsbdt ca sign --ca CA_DIR --csr {args.out}/tls.csr --out {args.out}/tls.crt")
+    return 0
+
+
+def cmd_client(args: argparse.Namespace) -> int:
+    from common.schema import Schema
+    from server.pki import PkiError, TlsFiles, channel_credentials
+    from server.plan import Plan
+
+    from .daemon import Daemon, DaemonError, DaemonOptions
+    from .keys import IDENTITY_KEY, load_identity
+    from .site import SessionAbort, SiteMachine, SiteOptions
+
+    t0 = time.perf_counter()
+    state = Path(args.state)
+    if args.plan and args.plan_hash:
+        raise CliError("give either --plan or --plan-hash, not both")
+    expected = None
+    if args.plan:
+        expected = Plan.load(args.plan).sha256
+    elif args.plan_hash:
+        h = args.plan_hash.strip().lower()
+        if len(h) != 64 or any(c not in "0123456789abcdef" for c in h):
+            raise CliError("--plan-hash must be 64 hex digits (the SHA-256 printed by `fedsbdt plan`)")
+        expected = h
+    if args.max_epsilon is not None and not args.max_epsilon > 0:
+        raise CliError("--max-epsilon must be > 0")
+    try:
+        identity = load_identity(Path(args.identity_key) if args.identity_key else state / IDENTITY_KEY)
+        credentials = None
+        if not args.insecure:
+            files = TlsFiles.in_dir(state, args.tls_cert, args.tls_key, args.tls_ca)
+            name = files.certificate_name()
+            if name != args.site:
+                raise CliError(f"{files.cert} is issued to {name!r}, not to site {args.site!r}")
+            credentials = channel_credentials(files)
+    except PkiError as e:
+        raise CliError(str(e)) from None
+    options = SiteOptions(
+        max_epsilon=args.max_epsilon, expected_plan_sha256=expected,
+        local_schema=Schema.load(args.schema) if args.schema else None,
+        allow_insecure_test_randomness=args.allow_insecure_test_randomness,
+        model_out=Path(args.out) if args.out else None)
+    machine = SiteMachine(args.site, identity, args.data, state, options)
+    daemon = Daemon(machine, args.coordinator, credentials,
+                    DaemonOptions(reconnect_timeout=args.reconnect_timeout))
+    try:
+        done = daemon.run()
+    except (DaemonError, SessionAbort) as e:
+        raise CliError(str(e)) from None
+    plan = machine.plan
+    out = {"site": args.site, "model": str(done.model_path), "model_sha256": done.model_sha256,
+           "trees": machine.trees_applied, "epsilon": machine.cal.epsilon, "plan_sha256": plan.sha256,
+           "tree_contributions": machine.ledger.tree_contributions(),
+           "bytes_sent": daemon.bytes_sent, "bytes_received": daemon.bytes_received,
+           "seconds": round(time.perf_counter() - t0, 3)}
+    emit(args, out, f"{args.site}: model with {machine.trees_applied} trees verified "
+                    f"(sha256 {done.model_sha256}) and written to {done.model_path}")
+    return 0
+
+
+def register(sub) -> None:
+    k = sub.add_parser("keygen", help="create a site's Ed25519 identity key, TLS key and certificate request")
+    k.add_argument("--site", required=True, help="the site id (as in the plan's roster)")
+    k.add_argument("--out", required=True, help="directory for identity.key/.pub, tls.key, tls.csr")
+    k.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    k.set_defaults(func=cmd_keygen)
+
+    c = sub.add_parser("client", help="run one site (hospital) of a federated training session")
+    c.add_argument("--coordinator", required=True, metavar="ADDR", help="coordinator address host:port")
+    c.add_argument("--site", required=True, help="this site's id in the plan's roster")
+    c.add_argument("--data", required=True, help="this site's private data (CSV/Parquet, the plan's schema)")
+    c.add_argument("--state", default="fedsbdt-site", metavar="DIR",
+                   help="state directory: SQLite ledger, secure-aggregation keys, keys/certificates, model "
+                        "(default: ./fedsbdt-site)")
+    c.add_argument("--max-epsilon", type=float, metavar="E",
+                   help="refuse a plan whose ε exceeds this site's own limit")
+    c.add_argument("--plan", help="the plan file received out of band: the served plan must have its hash")
+    c.add_argument("--plan-hash", help="the plan's SHA-256 received out of band")
+    c.add_argument("--schema", help="this site's copy of the public schema: must equal the plan's")
+    c.add_argument("--out", help="where to write the verified model (default: STATE/model.json)")
+    c.add_argument("--identity-key", help="Ed25519 identity key (default: STATE/identity.key)")
+    add_tls_flags(c, "STATE")
+    c.add_argument("--allow-insecure-test-randomness", action="store_true",
+                   help="accept a plan with deterministic test-only randomness (no privacy; tests only)")
+    c.add_argument("--reconnect-timeout", type=float, default=300.0, metavar="S",
+                   help="give up after this many seconds without reaching the coordinator (default: 300)")
+    c.add_argument("--json", action="store_true", help="print one JSON object on stdout at the end")
+    c.set_defaults(func=cmd_client)
+
+
+def sha256_file(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()

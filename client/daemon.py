@@ -1,0 +1,253 @@
+"""The site daemon: a gRPC client loop around :class:`client.site.SiteMachine`.
+
+    GetPlan ─▶ accept_plan (all of the site's checks) ─▶ Join (signed) ─▶ GetTrees (catch up)
+        ─▶ Report(progress) ─▶ Subscribe ─▶ for each event: handle ─▶ Submit* / Report
+                  ▲                                                       │
+                  └──── stream broke: resume with after_seq, or re-join ──┘
+
+Every call has a deadline.  Transient failures (coordinator restarting,
+network) are retried with bounded exponential backoff for at most
+``reconnect_timeout`` seconds without contact; a site that cannot reach the
+coordinator for longer exits non-zero (restarting it resumes from its
+database).  Refusals by the coordinator (unknown site, wrong certificate,
+other plan) are final and reported in one sentence.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+import grpc
+
+from fedsbdt.v1 import federation_pb2 as pb
+from fedsbdt.v1 import federation_pb2_grpc as pbg
+from server.wire import (
+    GRPC_OPTIONS,
+    MAX_TREES_PER_PAGE,
+    Done,
+    InputReply,
+    Refusal,
+    RoundReply,
+    SetupReply,
+    WireError,
+    event_from_proto,
+    init_from_proto,
+    tree_from_proto,
+)
+
+from .site import NeedCatchUp, SessionAbort, SiteDone, SiteMachine
+
+log = logging.getLogger("fedsbdt.site")
+
+TRANSIENT = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED,
+             grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.ABORTED, grpc.StatusCode.UNKNOWN,
+             grpc.StatusCode.INTERNAL}
+REJOIN = {grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.OUT_OF_RANGE}
+TLS_HINTS = ("ssl", "handshake", "certificate", "tls", "alert")
+
+
+class DaemonError(RuntimeError):
+    """The site cannot continue (the message says why in one sentence)."""
+
+
+@dataclass(frozen=True)
+class DaemonOptions:
+    rpc_timeout: float = 30.0  # deadline of every unary call
+    reconnect_timeout: float = 300.0  # give up after this long without reaching the coordinator
+    backoff_initial: float = 0.1
+    backoff_max: float = 5.0
+    tls_failures_fatal: int = 5  # consecutive TLS handshake failures before giving up
+
+
+class Daemon:
+    def __init__(self, machine: SiteMachine, target: str, credentials=None,
+                 options: DaemonOptions = DaemonOptions()) -> None:
+        self.m = machine
+        self.target = target
+        self.options = options
+        self.tls = credentials is not None
+        opts = list(GRPC_OPTIONS)
+        if credentials is not None:
+            self.channel = grpc.secure_channel(target, credentials, options=opts)
+        else:
+            self.channel = grpc.insecure_channel(target, options=opts)
+        self.stub = pbg.FederationStub(self.channel)
+        self.token: bytes | None = None
+        self.last_seq = 0
+        self._down_since: float | None = None
+        self._backoff = options.backoff_initial
+        self._tls_failures = 0
+        self._sleep = threading.Event()
+        self.bytes_sent = 0
+        self.bytes_received = 0
+
+    # ------------------------------------------------------------------ errors and retries
+
+    def _fatal_status(self, e: grpc.RpcError, doing: str) -> DaemonError:
+        return DaemonError(f"the coordinator at {self.target} refused {doing}: {e.details()}")
+
+    def _transient(self, e: grpc.RpcError, doing: str) -> None:
+        """Back off after a transient failure; raise DaemonError once the coordinator is gone for too long."""
+        now = time.monotonic()
+        if self._down_since is None:
+            self._down_since = now
+        details = (e.details() or "").lower()
+        if self.tls and any(h in details for h in TLS_HINTS):
+            self._tls_failures += 1
+            if self._tls_failures >= self.options.tls_failures_fatal:
+                raise DaemonError(
+                    f"cannot establish a mutual-TLS connection to {self.target} ({e.details()}); check that this "
+                    "site's certificate is issued by the consortium CA and that --tls-ca is that CA's certificate")
+        if now - self._down_since > self.options.reconnect_timeout:
+            raise DaemonError(f"lost the coordinator at {self.target} for more than "
+                              f"{self.options.reconnect_timeout:g} s while {doing} (last error: {e.code().name}: "
+                              f"{e.details()}); restart the client to resume")
+        log.info(f"{self.m.site_id}: {doing} failed ({e.code().name}); retrying in {self._backoff:.1f} s",
+                 extra={"event": "retry", "site": self.m.site_id, "code": e.code().name})
+        self._sleep.wait(self._backoff)
+        self._backoff = min(self._backoff * 2, self.options.backoff_max)
+
+    def _contact(self) -> None:
+        self._down_since = None
+        self._backoff = self.options.backoff_initial
+        self._tls_failures = 0
+
+    def _call(self, doing: str, fn, request):
+        """A unary call with a deadline, retried while the failure is transient."""
+        while True:
+            try:
+                resp = fn(request, timeout=self.options.rpc_timeout)
+                self._contact()
+                self.bytes_sent += request.ByteSize()
+                self.bytes_received += resp.ByteSize()
+                return resp
+            except grpc.RpcError as e:
+                if e.code() in TRANSIENT:
+                    self._transient(e, doing)
+                    continue
+                raise
+
+    # ------------------------------------------------------------------ the loop
+
+    def run(self) -> SiteDone:
+        """Take part until the model is verified; returns the final stage or raises DaemonError/SessionAbort."""
+        try:
+            plan = self._call("fetching the plan", self.stub.GetPlan, pb.GetPlanRequest())
+        except grpc.RpcError as e:
+            raise self._fatal_status(e, "to serve its plan") from None
+        self.m.accept_plan(bytes(plan.plan), plan.plan_sha256)  # SiteRefusal: the site does not take part
+        try:
+            while not self.m.finished:
+                try:
+                    if self.token is None:
+                        self._join()
+                    self._follow()
+                except grpc.RpcError as e:
+                    code = e.code()
+                    if code in REJOIN:
+                        log.info(f"{self.m.site_id}: re-joining ({code.name}: {e.details()})",
+                                 extra={"event": "rejoin", "site": self.m.site_id})
+                        self.token = None
+                    elif code in TRANSIENT:
+                        self._transient(e, "following the session")
+                    else:
+                        raise self._fatal_status(e, "this site") from None
+        finally:
+            self.channel.close()
+        stage = self.m.stage
+        if isinstance(stage, SiteDone):
+            return stage
+        raise SessionAbort(getattr(stage, "reason", "the session ended without a model"))
+
+    def _join(self) -> None:
+        nonce, sig = self.m.join_material()
+        req = pb.JoinRequest(plan_sha256=self.m.plan.sha256, site_id=self.m.site_id, nonce=nonce, signature=sig,
+                             trees_applied=self.m.trees_applied)
+        resp = self._call("joining", self.stub.Join, req)
+        self.token, self.last_seq = bytes(resp.token), 0
+        log.info(f"{self.m.site_id}: joined (coordinator has released {resp.trees_released} trees, "
+                 f"this site has {self.m.trees_applied})", extra={"event": "joined", "site": self.m.site_id})
+        self._catch_up(resp.trees_released)
+        self._report(pb.REPORT_PROGRESS)
+
+    def _catch_up(self, target: int | None = None) -> None:
+        """Fetch and apply released trees (and the initial score) until this site has all of them."""
+        while True:
+            resp = self._call("catching up", self.stub.GetTrees,
+                              pb.GetTreesRequest(from_index=self.m.trees_applied, max_trees=MAX_TREES_PER_PAGE))
+            init = init_from_proto(resp.init_score) if resp.has_init_score else None
+            trees = [tree_from_proto(t) for t in resp.trees]
+            before = self.m.trees_applied
+            self.m.apply_catch_up(init, resp.has_init_score, trees)
+            if self.m.trees_applied >= resp.trees_released or self.m.trees_applied == before:
+                if self.m.trees_applied > before:
+                    log.info(f"{self.m.site_id}: caught up to tree {self.m.trees_applied}",
+                             extra={"event": "caught_up", "site": self.m.site_id, "trees": self.m.trees_applied})
+                return
+
+    def _follow(self) -> None:
+        stream = self.stub.Subscribe(pb.SubscribeRequest(site_id=self.m.site_id, token=self.token,
+                                                         after_seq=self.last_seq))
+        try:
+            for msg in stream:
+                self._contact()
+                self.bytes_received += msg.ByteSize()
+                try:
+                    ev = event_from_proto(msg)
+                except WireError as e:
+                    self._send(Refusal(f"malformed event {msg.seq}: {e}"))
+                    self.last_seq = msg.seq
+                    continue
+                if log.isEnabledFor(logging.DEBUG):
+                    log.debug(f"{self.m.site_id}: event {msg.seq} {type(ev).__name__}",
+                              extra={"event": "event_received", "seq": msg.seq, "at": time.monotonic()})
+                try:
+                    replies = self.m.handle(ev)
+                except NeedCatchUp:
+                    self._catch_up()
+                    try:
+                        replies = self.m.handle(ev)
+                    except NeedCatchUp as e:
+                        replies = [Refusal(f"cannot catch up: {e}")]
+                for r in replies:
+                    self._send(r)
+                if replies and log.isEnabledFor(logging.DEBUG):
+                    log.debug(f"{self.m.site_id}: answered event {msg.seq}",
+                              extra={"event": "event_answered", "seq": msg.seq, "at": time.monotonic()})
+                self.last_seq = msg.seq
+                if self.m.finished:
+                    return
+        finally:
+            stream.cancel()
+
+    def _report(self, kind, detail: str = "", sha: str = "") -> None:
+        self._call("reporting", self.stub.Report,
+                   pb.ReportRequest(site_id=self.m.site_id, token=self.token, kind=kind,
+                                    trees_applied=self.m.trees_applied, detail=detail[:2000], model_sha256=sha))
+
+    def _send(self, r) -> None:
+        site, token = self.m.site_id, self.token
+        if isinstance(r, SetupReply):
+            resp = self._call("sending epoch keys", self.stub.SubmitSetup,
+                              pb.SecAggSubmission(site_id=site, token=token, secagg=r.secagg))
+        elif isinstance(r, InputReply):
+            resp = self._call("sending a masked input", self.stub.SubmitMaskedInput,
+                              pb.MaskedInputSubmission(site_id=site, token=token, purpose=int(r.purpose),
+                                                       tree=r.tree, secagg=r.secagg))
+        elif isinstance(r, RoundReply):
+            resp = self._call("sending a round reply", self.stub.SubmitRound,
+                              pb.SecAggSubmission(site_id=site, token=token, secagg=r.secagg))
+        elif isinstance(r, Refusal):
+            log.warning(f"{site}: refused: {r.detail}", extra={"event": "refused", "site": site})
+            self._report(pb.REPORT_REFUSED, detail=r.detail)
+            return
+        elif isinstance(r, Done):
+            self._report(pb.REPORT_FINISHED, sha=r.model_sha256)
+            return
+        else:  # pragma: no cover
+            raise TypeError(type(r).__name__)
+        if not resp.accepted:
+            log.info(f"{site}: the coordinator did not accept a {type(r).__name__}: {resp.detail}",
+                     extra={"event": "not_accepted", "site": site})

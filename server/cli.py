@@ -1,0 +1,234 @@
+"""``fedsbdt coordinator``, ``fedsbdt plan``, ``fedsbdt ca`` and ``fedsbdt demo``, registered by :mod:`common.cli`.
+
+    fedsbdt coordinator --plan P [--listen ADDR] [--state DIR] [--tls-cert F --tls-key F --tls-ca F | --insecure]
+    fedsbdt plan --schema S --site ID=identity.pub ... --out P [--threshold T] [hyperparameter flags]
+    fedsbdt ca init --out CA_DIR
+    fedsbdt ca sign --ca CA_DIR --csr SITE/tls.csr --out SITE/tls.crt
+    fedsbdt ca server --ca CA_DIR --host coordinator.example.org --out DIR
+    fedsbdt demo [--sites 3] [--dataset abalone|adult] [--trees N] [--json]
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import time
+from pathlib import Path
+
+from common.cli import CliError, add_hyperparameter_flags, emit, hyperparameters_from_args
+
+log = logging.getLogger("fedsbdt.coordinator")
+
+
+# --------------------------------------------------------------------------- coordinator
+
+
+def cmd_coordinator(args: argparse.Namespace) -> int:
+    from client.cli import sha256_file
+
+    from .checkpoint import CheckpointError, CoordinatorStore
+    from .pki import PkiError, TlsFiles, server_credentials
+    from .plan import Plan
+    from .service import CoordinatorServer
+    from .session import Session
+
+    t0 = time.perf_counter()
+    plan = Plan.load(args.plan)
+    cal = plan.verify_privacy()
+    randomness = plan.make_randomness(args.allow_insecure_test_randomness)
+    if plan.insecure:
+        log.warning("THIS PLAN USES TEST-ONLY RANDOMNESS: the model is NOT differentially private",
+                    extra={"event": "insecure_randomness"})
+    state = Path(args.state)
+    credentials = None
+    if not args.insecure:
+        try:
+            credentials = server_credentials(TlsFiles.in_dir(state, args.tls_cert, args.tls_key, args.tls_ca))
+        except PkiError as e:
+            raise CliError(f"{e} (the coordinator needs a server certificate from the consortium CA; "
+                           "`fedsbdt ca server` makes one, or pass --insecure for a local test)") from None
+    try:
+        session = Session(plan, randomness, time.monotonic(), CoordinatorStore(state, plan.sha256))
+    except CheckpointError as e:
+        raise CliError(str(e)) from None
+    try:
+        server = CoordinatorServer(session, args.listen, credentials)
+    except (OSError, RuntimeError) as e:
+        raise CliError(f"cannot listen on {args.listen}: {e}") from None
+    server.start()
+    log.info(f"coordinator for plan {plan.sha256} listening on {server.address} "
+             f"({'mutual TLS' if credentials else 'PLAIN TEXT (--insecure)'}); {plan.n} sites, t = {plan.threshold}, "
+             f"ε = {cal.epsilon:.6g}, noise {plan.noise}",
+             extra={"event": "listening", "address": server.address, "plan_sha256": plan.sha256})
+    if args.ready_fd is not None:
+        try:
+            os.write(args.ready_fd, (server.address + "\n").encode())
+            os.close(args.ready_fd)
+        except OSError:
+            pass
+
+    def stop(signum, frame):  # noqa: ARG001
+        log.info(f"stopping on signal {signum}", extra={"event": "signal", "signal": signum})
+        server._stop.set()
+
+    old = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        server.wait()
+    finally:
+        server.stop()
+        session.close()
+        for s, h in old.items():
+            signal.signal(s, h)
+    if server.fatal is not None:
+        raise CliError(f"the coordinator stopped on an internal error: {server.fatal!r}; restart it with the same "
+                       "command to resume from its checkpoint")
+    st = session.stage
+    secs = round(time.perf_counter() - t0, 3)
+    if not session.done:
+        emit(args, {"error": "interrupted", "trees": len(session.trees), "seconds": secs},
+             f"coordinator stopped after {len(session.trees)} trees; restart with the same command to resume")
+        return 130
+    if session.exit_code and getattr(st, "reason", None):
+        emit(args, {"error": st.reason, "trees": len(session.trees), "seconds": secs},
+             f"session failed: {st.reason}")
+        return 1
+    model = state / "model.json"
+    out = {"model": str(model), "model_sha256": sha256_file(model), "trees": len(session.trees),
+           "epsilon": cal.epsilon, "rounds_failed": session.rounds_failed, "seconds": secs,
+           "bytes_received": server.service.bytes_in, "bytes_sent": server.service.bytes_out,
+           "mismatched_sites": list(getattr(st, "mismatched", ()))}
+    emit(args, out, f"trained {len(session.trees)} trees with {plan.n} sites; model written to {model} "
+                    f"(sha256 {out['model_sha256']})")
+    return session.exit_code
+
+
+# --------------------------------------------------------------------------- plan
+
+
+def _site_arg(text: str) -> tuple[str, bytes]:
+    from client.keys import read_identity_pub
+
+    if "=" not in text:
+        raise CliError(f"--site {text!r}: expected ID=identity.pub (or ID=<64 hex digits>)")
+    sid, val = text.split("=", 1)
+    if len(val) == 64 and all(c in "0123456789abcdefABCDEF" for c in val):
+        return sid, bytes.fromhex(val)
+    from .pki import PkiError
+
+    try:
+        return sid, read_identity_pub(Path(val))
+    except PkiError as e:
+        raise CliError(str(e)) from None
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from common.schema import Schema
+
+    from .plan import Deadlines, SiteEntry, make_plan
+
+    schema = Schema.load(args.schema)
+    hp = hyperparameters_from_args(args)
+    sites = [SiteEntry(*_site_arg(s)) for s in args.site]
+    session = dict(noise=args.noise, assumed_colluders=args.colluders, epoch_rounds=args.epoch_rounds,
+                   max_records_per_site=args.max_records,
+                   deadlines=Deadlines(join=args.join_deadline, stage=args.stage_deadline))
+    if args.insecure_test_randomness is not None:
+        session.update(randomness="insecure-test", test_seed=args.insecure_test_randomness,
+                       test_noise=args.test_noise)
+    plan = make_plan(schema, hp, sites, args.threshold, args.session_id, **session)
+    plan.save(args.out)
+    emit(args, {"plan": str(args.out), "plan_sha256": plan.sha256, "sigma": plan.stated_sigma,
+                "epsilon": plan.stated_epsilon, "threshold": plan.threshold, "sites": list(plan.site_ids),
+                "seed": plan.hyperparameters.seed},
+         f"wrote {args.out}: {plan.n} sites, t = {plan.threshold}, σ = {plan.stated_sigma:.6g}, "
+         f"ε = {plan.stated_epsilon:.6g}\nplan hash (give it to every site out of band): {plan.sha256}")
+    return 0
+
+
+# --------------------------------------------------------------------------- ca
+
+
+def cmd_ca(args: argparse.Namespace) -> int:
+    from .pki import PkiError, ca_init, ca_server, ca_sign
+
+    try:
+        if args.ca_command == "init":
+            path = ca_init(Path(args.out), days=args.days)
+            emit(args, {"ca_cert": str(path)}, f"wrote {path} and {Path(args.out) / 'ca.key'} (keep ca.key offline)")
+        elif args.ca_command == "sign":
+            path = ca_sign(Path(args.ca), Path(args.csr), Path(args.out), days=args.days)
+            emit(args, {"cert": str(path)}, f"wrote {path} (and ca.crt next to it)")
+        else:
+            path = ca_server(Path(args.ca), Path(args.out), args.host, days=args.days)
+            emit(args, {"cert": str(path)}, f"wrote {path}, tls.key and ca.crt in {args.out}")
+    except PkiError as e:
+        raise CliError(str(e)) from None
+    return 0
+
+
+# --------------------------------------------------------------------------- registration
+
+
+def register(sub) -> None:
+    from client.cli import add_tls_flags
+
+    c = sub.add_parser("coordinator", help="run the coordinator of a federated training session")
+    c.add_argument("--plan", required=True, help="the plan (TOML)")
+    c.add_argument("--listen", default="0.0.0.0:7443", metavar="ADDR",
+                   help="address to serve on (default: 0.0.0.0:7443; port 0 picks a free port)")
+    c.add_argument("--state", default="fedsbdt-coordinator", metavar="DIR",
+                   help="checkpoints, secure-aggregation state, certificates, final model "
+                        "(default: ./fedsbdt-coordinator)")
+    add_tls_flags(c, "STATE")
+    c.add_argument("--allow-insecure-test-randomness", action="store_true",
+                   help="serve a plan with deterministic test-only randomness (no privacy; tests only)")
+    c.add_argument("--ready-fd", type=int, metavar="FD",
+                   help="write the listening address to this inherited file descriptor once serving")
+    c.add_argument("--json", action="store_true", help="print one JSON object on stdout at the end")
+    c.set_defaults(func=cmd_coordinator)
+
+    p = sub.add_parser("plan", help="write a plan (TOML) with its privacy statement computed")
+    p.add_argument("--schema", required=True, help="the public schema (TOML)")
+    p.add_argument("--site", action="append", required=True, metavar="ID=identity.pub",
+                   help="a roster entry: site id and its identity.pub file (or 64 hex digits); repeat per site")
+    p.add_argument("--threshold", type=int, help="t (default: the smallest t with 2t > n + colluders)")
+    p.add_argument("--colluders", type=int, default=0, help="assumed colluding sites c (default: 0)")
+    p.add_argument("--noise", choices=["distributed", "central"], default="distributed",
+                   help="distributed (sites add noise shares; default) or central (trust the coordinator)")
+    p.add_argument("--session-id", default="fedsbdt-session", help="a name for the session")
+    p.add_argument("--epoch-rounds", type=int, default=64, help="round slots per secure-aggregation epoch")
+    p.add_argument("--max-records", type=int, default=1_000_000,
+                   help="public upper bound on the records of one site (fixed-point capacity check)")
+    p.add_argument("--join-deadline", type=float, default=120.0, help="seconds to wait for the whole roster")
+    p.add_argument("--stage-deadline", type=float, default=10.0, help="seconds per secure-aggregation stage")
+    p.add_argument("--insecure-test-randomness", type=int, metavar="SEED",
+                   help="TESTS ONLY: deterministic randomness with this seed (no privacy)")
+    p.add_argument("--test-noise", action=argparse.BooleanOptionalAction, default=True,
+                   help="TESTS ONLY: with --insecure-test-randomness, add (deterministic) noise or none")
+    p.add_argument("--out", required=True, help="where to write the plan")
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    add_hyperparameter_flags(p)
+    p.set_defaults(func=cmd_plan)
+
+    a = sub.add_parser("ca", help="a small consortium CA for mutual TLS (demo and small deployments)")
+    asub = a.add_subparsers(dest="ca_command", metavar="ACTION")
+    asub.required = True
+    i = asub.add_parser("init", help="create ca.key and ca.crt")
+    i.add_argument("--out", required=True, help="CA directory")
+    s = asub.add_parser("sign", help="issue a site certificate for a request made by `fedsbdt keygen`")
+    s.add_argument("--ca", required=True, help="CA directory (ca.key, ca.crt)")
+    s.add_argument("--csr", required=True, help="the site's tls.csr")
+    s.add_argument("--out", required=True, help="certificate to write (ca.crt is copied next to it)")
+    v = asub.add_parser("server", help="key and certificate for the coordinator")
+    v.add_argument("--ca", required=True, help="CA directory (ca.key, ca.crt)")
+    v.add_argument("--host", action="append", required=True, help="host name or IP of the coordinator; repeat")
+    v.add_argument("--out", required=True, help="directory for tls.key, tls.crt, ca.crt")
+    for q in (i, s, v):
+        q.add_argument("--days", type=int, default=825, help="validity in days (default: 825)")
+        q.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    a.set_defaults(func=cmd_ca)
+
+    from .demo import register as register_demo
+
+    register_demo(sub)

@@ -1,0 +1,361 @@
+"""The coordinator's gRPC service: a thin adapter from ``fedsbdt.v1.Federation`` to :class:`Session`.
+
+* Every RPC takes one lock, converts the request, calls the session, turns
+  the session's outgoing ``(site, event)`` pairs into numbered protobuf
+  events in per-site outboxes, and answers.  A :class:`Rejected` message
+  becomes ``accepted = false`` with the reason; nothing a peer sends can
+  raise out of a handler into the server.
+* ``Subscribe`` streams a site's outbox in order.  Events stay in a bounded
+  outbox (the last ``OUTBOX_EVENTS``), so a site whose stream broke resumes
+  with ``after_seq``; older history is refused with ``OUT_OF_RANGE`` and the
+  site re-joins and catches up with ``GetTrees``.  A Join opens a fresh
+  outbox and ends the previous incarnation's stream.
+* Identity: with TLS, the peer certificate's common name must equal the
+  claimed site id on Join, Subscribe, Submit* and Report; Join must also be
+  signed with the site's identity key pinned in the plan; later calls carry
+  the token Join returned.
+* A ticker thread advances the session's clock (deadlines).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from concurrent import futures
+from dataclasses import dataclass, field
+
+import grpc
+
+from fedsbdt.v1 import federation_pb2 as pb
+from fedsbdt.v1 import federation_pb2_grpc as pbg
+
+from .session import Rejected, Session
+from .wire import (
+    MAX_MESSAGE_BYTES,
+    MAX_TREES_PER_PAGE,
+    SERVER_OPTIONS,
+    Purpose,
+    WireError,
+    event_to_proto,
+    init_to_proto,
+    tree_to_proto,
+    verify_join,
+)
+
+log = logging.getLogger("fedsbdt.coordinator")
+
+OUTBOX_EVENTS = 4096
+TICK_SECONDS = 0.05
+
+
+@dataclass
+class Outbox:
+    token: bytes
+    ready: threading.Condition  # shares the service lock; notified when this outbox changes
+    events: deque = field(default_factory=lambda: deque(maxlen=OUTBOX_EVENTS))
+    next_seq: int = 1
+    superseded: bool = False
+
+    @property
+    def floor(self) -> int:
+        """Lowest sequence number still held (events below it were dropped)."""
+        return self.events[0].seq if self.events else self.next_seq
+
+
+class FederationService(pbg.FederationServicer):
+    """gRPC servicer over one :class:`Session` (all session calls under one lock)."""
+
+    def __init__(self, session: Session, tls: bool, clock=time.monotonic) -> None:
+        self.session = session
+        self.tls = tls
+        self.clock = clock
+        self.lock = threading.RLock()  # every session call and outbox change holds it
+        self.outboxes: dict[str, Outbox] = {}
+        self.stopping = False
+        self.fatal: BaseException | None = None
+        self.on_fatal = lambda: None
+        self.bytes_in = 0
+        self.bytes_out = 0
+
+    # ------------------------------------------------------------------ plumbing
+
+    def dispatch(self, outs) -> None:
+        """Append the session's outgoing events to the outboxes (caller holds ``lock``)."""
+        cache: dict[int, object] = {}
+        touched = set()
+        for site, ev in outs:
+            box = self.outboxes.get(site)
+            if box is None:
+                continue
+            msg = event_to_proto(ev, box.next_seq)
+            if id(ev) in cache:  # one conversion per broadcast event
+                msg = pb.Event()
+                msg.CopyFrom(cache[id(ev)])
+                msg.seq = box.next_seq
+            else:
+                cache[id(ev)] = msg
+            box.events.append(msg)
+            box.next_seq += 1
+            touched.add(site)
+        for site in touched:
+            self.outboxes[site].ready.notify_all()
+
+    def tick(self) -> None:
+        with self.lock:
+            self.dispatch(self._session_call(lambda: self.session.tick(self.clock())))
+
+    def _session_call(self, fn):
+        """Run a session step; an unexpected error (a bug, a failing disk) stops the coordinator (fail-stop:
+        its durable state is consistent, a restart resumes) instead of serving from a state that may not be."""
+        try:
+            return fn()
+        except (Rejected, WireError):
+            raise
+        except Exception as e:
+            log.exception("internal error in the session; stopping", extra={"event": "fatal"})
+            if self.fatal is None:
+                self.fatal = e
+                self.on_fatal()
+            raise
+
+    def _peer_name(self, context) -> str | None:
+        if not self.tls:
+            return None
+        names = context.auth_context().get("x509_common_name") or []
+        return names[0].decode("utf-8", "replace") if names else ""
+
+    def _check_peer(self, context, site_id: str) -> None:
+        if not self.tls:
+            return
+        name = self._peer_name(context)
+        if name != site_id:
+            log.warning(f"refused a call for site {site_id!r} over a TLS certificate for {name!r}",
+                        extra={"event": "identity_mismatch", "site": site_id, "certificate": name})
+            context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                          f"the TLS client certificate is issued to {name!r}, not to site {site_id!r}")
+
+    def _auth(self, context, site_id: str, token: bytes):
+        self._check_peer(context, site_id)
+        try:
+            return self.session.authenticate(site_id, bytes(token))
+        except Rejected as e:
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, str(e))
+
+    # ------------------------------------------------------------------ public
+
+    def GetPlan(self, request, context):
+        p = self.session.plan
+        return pb.GetPlanResponse(plan=p.canonical_json, plan_sha256=p.sha256)
+
+    def GetStatus(self, request, context):
+        with self.lock:
+            s = self.session.status()
+        return pb.GetStatusResponse(
+            stage=s["stage"], plan_sha256=s["plan_sha256"], trees_released=s["trees_released"],
+            trees_total=s["trees_total"], rounds_failed=s["rounds_failed"], model_sha256=s["model_sha256"],
+            detail=s["detail"], sites=[pb.SiteStatus(**x) for x in s["sites"]])
+
+    def GetTrees(self, request, context):
+        limit = min(request.max_trees or MAX_TREES_PER_PAGE, MAX_TREES_PER_PAGE)
+        with self.lock:
+            init, has_init, trees = self.session.catch_up(int(request.from_index), limit)
+            released, total = len(self.session.trees), self.session.total_trees
+            sha = getattr(self.session.stage, "model_sha256", "") or ""
+        resp = pb.GetTreesResponse(has_init_score=has_init and init is not None, trees_released=released,
+                                   trees_total=total, model_sha256=sha)
+        if has_init and init is not None:
+            resp.init_score.CopyFrom(init_to_proto(init))
+        size = 0
+        for t in trees:
+            m = tree_to_proto(t)
+            size += m.ByteSize() + 8
+            if size > MAX_MESSAGE_BYTES // 2 and len(resp.trees):
+                break
+            resp.trees.append(m)
+        return resp
+
+    # ------------------------------------------------------------------ join and subscription
+
+    def Join(self, request, context):
+        site = request.site_id
+        self._check_peer(context, site)
+        plan = self.session.plan
+        key = plan.identity_key(site)
+        if key is None:
+            log.warning(f"refused join of unknown site {site!r}", extra={"event": "join_refused", "site": site})
+            context.abort(grpc.StatusCode.PERMISSION_DENIED, f"site {site!r} is not in the plan's roster")
+        if request.plan_sha256 != plan.sha256:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                          f"plan hash mismatch: the coordinator runs plan {plan.sha256}, the site has "
+                          f"{request.plan_sha256}")
+        if not verify_join(key, plan.sha256, site, bytes(request.nonce), bytes(request.signature)):
+            log.warning(f"refused join of {site!r}: bad identity signature", extra={"event": "join_refused"})
+            context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                          f"the join is not signed with the identity key the plan pins for {site!r}")
+        with self.lock:
+            try:
+                token, outs = self._session_call(
+                    lambda: self.session.join(site, int(request.trees_applied), self.clock()))
+            except Rejected as e:
+                context.abort(grpc.StatusCode.PERMISSION_DENIED, str(e))
+            old = self.outboxes.get(site)
+            if old is not None:
+                old.superseded = True
+                old.ready.notify_all()
+            self.outboxes[site] = Outbox(token, threading.Condition(self.lock))
+            self.dispatch(outs)
+            released = len(self.session.trees)
+        return pb.JoinResponse(token=token, incarnation=self.incarnation, trees_released=released)
+
+    incarnation = b""
+
+    def Subscribe(self, request, context):
+        site, token = request.site_id, bytes(request.token)
+        with self.lock:
+            self._auth(context, site, token)
+            box = self.outboxes.get(site)
+            if box is None or box.token != token:
+                context.abort(grpc.StatusCode.UNAUTHENTICATED, "this subscription belongs to an earlier join")
+            after = int(request.after_seq)
+            if after + 1 < box.floor:
+                context.abort(grpc.StatusCode.OUT_OF_RANGE,
+                              f"events after {after} are no longer held (oldest is {box.floor}); join again")
+            self.dispatch(self._session_call(lambda: self.session.subscribed(site, token, self.clock())))
+        context.add_callback(lambda: self._stream_closed(site, token))
+        last = after
+        while True:
+            with self.lock:
+                while (not self.stopping and not box.superseded and context.is_active()
+                       and (not box.events or box.events[-1].seq <= last)):
+                    box.ready.wait(timeout=1.0)
+                if self.stopping or box.superseded or not context.is_active():
+                    pending = [e for e in box.events if e.seq > last] if self.stopping else []
+                else:
+                    pending = [e for e in box.events if e.seq > last]
+                ending = self.stopping or box.superseded or not context.is_active()
+            for e in pending:
+                self.bytes_out += e.ByteSize()
+                yield e
+                last = e.seq
+            if ending:
+                return
+
+    def _stream_closed(self, site: str, token: bytes) -> None:
+        with self.lock:
+            try:
+                self.dispatch(self._session_call(lambda: self.session.unsubscribed(site, token, self.clock())))
+            except Exception:
+                pass  # already logged; the coordinator is stopping
+
+    # ------------------------------------------------------------------ submissions
+
+    def _submit(self, context, site: str, token: bytes, call) -> pb.SubmitResponse:
+        with self.lock:
+            self._auth(context, site, token)
+            try:
+                outs = self._session_call(call)
+            except Rejected as e:
+                return pb.SubmitResponse(accepted=False, detail=str(e))
+            except WireError as e:
+                return pb.SubmitResponse(accepted=False, detail=str(e))
+            self.dispatch(outs)
+        return pb.SubmitResponse(accepted=True)
+
+    def SubmitSetup(self, request, context):
+        self.bytes_in += request.ByteSize()
+        return self._submit(context, request.site_id, request.token,
+                            lambda: self.session.submit_setup(request.site_id, bytes(request.secagg), self.clock()))
+
+    def SubmitMaskedInput(self, request, context):
+        self.bytes_in += request.ByteSize()
+
+        def call():
+            try:
+                purpose = Purpose(int(request.purpose))
+            except ValueError:
+                raise Rejected(f"unknown round purpose {request.purpose}") from None
+            return self.session.submit_input(request.site_id, purpose, int(request.tree), bytes(request.secagg),
+                                             self.clock())
+
+        return self._submit(context, request.site_id, request.token, call)
+
+    def SubmitRound(self, request, context):
+        self.bytes_in += request.ByteSize()
+        return self._submit(context, request.site_id, request.token,
+                            lambda: self.session.submit_round(request.site_id, bytes(request.secagg), self.clock()))
+
+    def Report(self, request, context):
+        site = request.site_id
+        with self.lock:
+            self._auth(context, site, request.token)
+            now = self.clock()
+            if request.kind == pb.REPORT_PROGRESS:
+                outs = self._session_call(lambda: self.session.report_progress(site, int(request.trees_applied), now))
+            elif request.kind == pb.REPORT_REFUSED:
+                outs = self._session_call(lambda: self.session.report_refusal(site, request.detail[:2000], now))
+            elif request.kind == pb.REPORT_FINISHED:
+                outs = self._session_call(lambda: self.session.report_finished(site, request.model_sha256[:64],
+                                                                              now))
+            else:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"unknown report kind {request.kind}")
+            self.dispatch(outs)
+        return pb.ReportResponse()
+
+    def stop_streams(self) -> None:
+        with self.lock:
+            self.stopping = True
+            for box in self.outboxes.values():
+                box.ready.notify_all()
+
+
+class CoordinatorServer:
+    """A running gRPC server for one session, with its ticker thread."""
+
+    def __init__(self, session: Session, listen: str, credentials=None) -> None:
+        import os
+
+        self.session = session
+        self.service = FederationService(session, tls=credentials is not None)
+        self.service.incarnation = os.urandom(16)
+        workers = 2 * session.plan.n + 16
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rpc"),
+                                  options=list(SERVER_OPTIONS), maximum_concurrent_rpcs=None)
+        pbg.add_FederationServicer_to_server(self.service, self.server)
+        if credentials is not None:
+            self.port = self.server.add_secure_port(listen, credentials)
+        else:
+            self.port = self.server.add_insecure_port(listen)
+        if not self.port:
+            raise OSError(f"cannot listen on {listen}")
+        host = listen.rsplit(":", 1)[0]
+        self.address = f"{host}:{self.port}"
+        self._stop = threading.Event()
+        self.service.on_fatal = self._stop.set
+        self._ticker = threading.Thread(target=self._tick_loop, name="session-ticker", daemon=True)
+
+    def start(self) -> None:
+        self.server.start()
+        self._ticker.start()
+
+    def _tick_loop(self) -> None:
+        while not self._stop.wait(TICK_SECONDS):
+            try:
+                self.service.tick()
+            except Exception:  # logged by the service, which also stops the server
+                pass
+            if self.session.done:
+                self._stop.set()
+
+    @property
+    def fatal(self) -> BaseException | None:
+        return self.service.fatal
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the session is finished or failed; True if it is."""
+        return self._stop.wait(timeout)
+
+    def stop(self, grace: float = 2.0) -> None:
+        self._stop.set()
+        self.service.stop_streams()
+        self.server.stop(grace).wait()
