@@ -235,20 +235,19 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as cache:
         cold = spawn("compile", base, {"NUMBA_CACHE_DIR": cache})
     cached = spawn("compile", base)
-    print("noise sampler ...", file=sys.stderr)
-    noise = [spawn("noise", base) for _ in range(repeat)]
-    print("xgboost ...", file=sys.stderr)
     # OpenMP threads spin at barriers by default; on a shared 2-core machine a descheduled
-    # spinning partner makes nthread=2 20x slower, so the children run with passive waiting.
+    # spinning partner makes nthread=2 20x slower, so the xgboost children wait passively.
     omp = {"OMP_WAIT_POLICY": "passive"}
-    xg = [spawn("xgboost", base | {"nthread": 2}, omp) for _ in range(repeat)]
-    xg1 = [spawn("xgboost", base | {"nthread": 1}, omp) for _ in range(repeat)]
-    rows = {}
-    for cfg in args.configs.split(","):
-        for filt in (False, True):
-            name = f"{cfg}{' +filter' if filt else ''}"
-            print(f"{name} ...", file=sys.stderr)
-            rows[name] = [spawn("sbdt", base | {"config": cfg, "filter": filt}) for _ in range(repeat)]
+    names = [(cfg, filt) for cfg in args.configs.split(",") for filt in (False, True)]
+    noise, xg, xg1 = [], [], []
+    rows: dict[str, list] = {f"{cfg}{' +filter' if filt else ''}": [] for cfg, filt in names}
+    for rep in range(repeat):  # round robin: a burst of load elsewhere hits every row alike
+        print(f"repeat {rep + 1}/{repeat}: noise sampler, xgboost, S-BDT ...", file=sys.stderr)
+        noise.append(spawn("noise", base))
+        xg.append(spawn("xgboost", base | {"nthread": 2}, omp))
+        xg1.append(spawn("xgboost", base | {"nthread": 1}, omp))
+        for cfg, filt in names:
+            rows[f"{cfg}{' +filter' if filt else ''}"].append(spawn("sbdt", base | {"config": cfg, "filter": filt}))
 
     per_sample = min(n["seconds_per_sample"] for n in noise)
     spr = noise[0]["samples_per_round"]
