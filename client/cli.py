@@ -49,7 +49,7 @@ def cmd_keygen(args: argparse.Namespace) -> int:
 
 def cmd_client(args: argparse.Namespace) -> int:
     from common.schema import Schema
-    from server.pki import PkiError, TlsFiles, channel_credentials
+    from server.pki import PkiError, TlsFiles
     from server.plan import Plan
 
     from .daemon import Daemon, DaemonError, DaemonOptions
@@ -72,13 +72,13 @@ def cmd_client(args: argparse.Namespace) -> int:
         raise CliError("--max-epsilon must be > 0")
     try:
         identity = load_identity(Path(args.identity_key) if args.identity_key else state / IDENTITY_KEY)
-        credentials = None
+        files = None
         if not args.insecure:
             files = TlsFiles.in_dir(state, args.tls_cert, args.tls_key, args.tls_ca)
+            files.read()  # refuse unreadable files now, with their name
             name = files.certificate_name()
             if name != args.site:
                 raise CliError(f"{files.cert} is issued to {name!r}, not to site {args.site!r}")
-            credentials = channel_credentials(files)
     except PkiError as e:
         raise CliError(str(e)) from None
     options = SiteOptions(
@@ -87,7 +87,7 @@ def cmd_client(args: argparse.Namespace) -> int:
         allow_insecure_test_randomness=args.allow_insecure_test_randomness,
         model_out=Path(args.out) if args.out else None)
     machine = SiteMachine(args.site, identity, args.data, state, options)
-    daemon = Daemon(machine, args.coordinator, credentials,
+    daemon = Daemon(machine, args.coordinator, files,
                     DaemonOptions(reconnect_timeout=args.reconnect_timeout))
     try:
         done = daemon.run()

@@ -23,6 +23,7 @@ import grpc
 
 from fedsbdt.v1 import federation_pb2 as pb
 from fedsbdt.v1 import federation_pb2_grpc as pbg
+from server.pki import TlsFiles, channel_credentials, tls_probe
 from server.wire import (
     GRPC_OPTIONS,
     MAX_TREES_PER_PAGE,
@@ -45,7 +46,6 @@ TRANSIENT = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grp
              grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.ABORTED, grpc.StatusCode.UNKNOWN,
              grpc.StatusCode.INTERNAL}
 REJOIN = {grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.OUT_OF_RANGE}
-TLS_HINTS = ("ssl", "handshake", "certificate", "tls", "alert")
 
 
 class DaemonError(RuntimeError):
@@ -58,19 +58,20 @@ class DaemonOptions:
     reconnect_timeout: float = 300.0  # give up after this long without reaching the coordinator
     backoff_initial: float = 0.1
     backoff_max: float = 5.0
-    tls_failures_fatal: int = 5  # consecutive TLS handshake failures before giving up
+    tls_failures_fatal: int = 3  # consecutive UNAVAILABLE failures before a diagnostic TLS handshake
 
 
 class Daemon:
-    def __init__(self, machine: SiteMachine, target: str, credentials=None,
+    def __init__(self, machine: SiteMachine, target: str, tls: TlsFiles | None = None,
                  options: DaemonOptions = DaemonOptions()) -> None:
         self.m = machine
         self.target = target
         self.options = options
-        self.tls = credentials is not None
+        self.tls_files = tls
+        self.tls = tls is not None
         opts = list(GRPC_OPTIONS)
-        if credentials is not None:
-            self.channel = grpc.secure_channel(target, credentials, options=opts)
+        if tls is not None:
+            self.channel = grpc.secure_channel(target, channel_credentials(tls), options=opts)
         else:
             self.channel = grpc.insecure_channel(target, options=opts)
         self.stub = pbg.FederationStub(self.channel)
@@ -93,19 +94,21 @@ class Daemon:
         now = time.monotonic()
         if self._down_since is None:
             self._down_since = now
-        details = (e.details() or "").lower()
-        if self.tls and any(h in details for h in TLS_HINTS):
+        if self.tls and e.code() == grpc.StatusCode.UNAVAILABLE:
+            # gRPC reports a refused certificate like any lost connection ("Socket closed", and only the
+            # last address tried): every few failures, a plain TLS handshake tells the two apart.
             self._tls_failures += 1
             if self._tls_failures >= self.options.tls_failures_fatal:
-                raise DaemonError(
-                    f"cannot establish a mutual-TLS connection to {self.target} ({e.details()}); check that this "
-                    "site's certificate is issued by the consortium CA and that --tls-ca is that CA's certificate")
+                self._tls_failures = 0
+                diagnosis = tls_probe(self.target, self.tls_files)
+                if diagnosis is not None:
+                    raise DaemonError(f"cannot connect to the coordinator at {self.target}: {diagnosis}")
         if now - self._down_since > self.options.reconnect_timeout:
             raise DaemonError(f"lost the coordinator at {self.target} for more than "
                               f"{self.options.reconnect_timeout:g} s while {doing} (last error: {e.code().name}: "
                               f"{e.details()}); restart the client to resume")
-        log.info(f"{self.m.site_id}: {doing} failed ({e.code().name}); retrying in {self._backoff:.1f} s",
-                 extra={"event": "retry", "site": self.m.site_id, "code": e.code().name})
+        log.info(f"{self.m.site_id}: {doing} failed ({e.code().name}: {e.details()}); retrying in "
+                 f"{self._backoff:.1f} s", extra={"event": "retry", "site": self.m.site_id, "code": e.code().name})
         self._sleep.wait(self._backoff)
         self._backoff = min(self._backoff * 2, self.options.backoff_max)
 

@@ -228,3 +228,49 @@ def channel_credentials(files: TlsFiles):
 
     cert, key, ca = files.read()
     return grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
+
+
+def tls_probe(target: str, files: TlsFiles, timeout: float = 3.0) -> str | None:
+    """Diagnose a failing mutual-TLS connection with a plain TLS handshake to ``target`` (host:port).
+
+    gRPC reports a certificate the server rejects only as "Socket closed".  This
+    handshake with the same files reads the peer's TLS alert and returns one
+    sentence naming the problem, or ``None`` when the handshake is accepted or
+    the server cannot be reached at all (then it is not a certificate problem).
+    """
+    import socket
+    import ssl
+
+    host, _, port = target.rpartition(":")
+    host = host.strip("[]") or "localhost"
+    try:
+        ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=str(files.ca))
+        ctx.load_cert_chain(str(files.cert), str(files.key))
+        ctx.set_alpn_protocols(["h2"])
+    except (ssl.SSLError, OSError, ValueError) as e:
+        return f"this site's TLS files cannot be used ({e})"
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout) as raw:
+            with ctx.wrap_socket(raw, server_hostname=host) as tls:
+                tls.settimeout(timeout)
+                try:
+                    # TLS 1.3: the server's verdict on our certificate arrives after the handshake; gRPC
+                    # closes the connection (often without an alert) when it rejects the certificate.
+                    data = tls.recv(1)
+                except (socket.timeout, TimeoutError):
+                    return None
+                if data:
+                    return None  # the server speaks HTTP/2: the certificate was accepted
+                return (f"the coordinator closed the connection right after the TLS handshake: it rejected this "
+                        f"site's certificate {files.cert} (it must be issued by the consortium CA)")
+    except ssl.SSLCertVerificationError as e:
+        return (f"the coordinator's certificate is not trusted by --tls-ca {files.ca} ({e.verify_message}); "
+                "is it the consortium CA certificate?")
+    except ssl.SSLError as e:
+        reason = (e.reason or str(e)).lower().replace("_", " ")
+        if "unknown ca" in reason or "certificate" in reason or "bad" in reason:
+            return (f"the coordinator rejected this site's TLS certificate {files.cert} ({reason}); it must be "
+                    "issued by the consortium CA")
+        return f"the TLS handshake with the coordinator failed ({reason})"
+    except (OSError, ValueError):
+        return None

@@ -1,0 +1,205 @@
+"""The plan (bulletin board), the envelope types and the committed gRPC stubs."""
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from common.config import Hyperparameters
+from common.schema import Schema
+from server.plan import Plan, PlanError, SiteEntry, make_plan
+from server.wire import (
+    AbortedMsg,
+    FinishedMsg,
+    InitScoreMsg,
+    Purpose,
+    RoundMsg,
+    RoundStartMsg,
+    SetupMsg,
+    TreeMsg,
+    WireError,
+    estimated_largest_message,
+    event_from_proto,
+    event_to_proto,
+    sign_join,
+    verify_join,
+)
+
+from .conftest import EXAMPLES, ROOT
+
+SCHEMA = Schema.load(EXAMPLES / "abalone" / "schema.toml")
+
+
+def entries(n: int) -> list[SiteEntry]:
+    return [SiteEntry(f"site-{i}", Ed25519PrivateKey.generate().public_key().public_bytes_raw()) for i in range(n)]
+
+
+def plan(n=3, **kw) -> Plan:
+    hp = kw.pop("hp", Hyperparameters(trees=20, depth=3, seed=42))
+    return make_plan(SCHEMA, hp, entries(n), **kw)
+
+
+# --------------------------------------------------------------------------- plan
+
+
+def test_plan_round_trips_through_toml_and_its_hash_ignores_formatting(tmp_path):
+    p = plan(3, epoch_rounds=16)
+    path = tmp_path / "plan.toml"
+    p.save(path)
+    q = Plan.load(path)
+    assert q.sha256 == p.sha256 and q.canonical_json == p.canonical_json
+    # reorder the roster and add comments: same plan, same hash
+    text = path.read_text()
+    head, *sites = text.split("\n[[sites]]")
+    shuffled = head + "\n# the roster, in another order\n" + "".join("\n[[sites]]" + s for s in reversed(sites))
+    assert Plan.from_toml(shuffled).sha256 == p.sha256
+    # any change of substance changes it
+    assert Plan.from_toml(text.replace("threshold = 2", "threshold = 3")).sha256 != p.sha256
+    assert Plan.from_canonical_json(p.canonical_json).sha256 == p.sha256
+    with pytest.raises(PlanError, match="canonical"):
+        Plan.from_canonical_json(json.dumps(json.loads(p.canonical_json), indent=1).encode())
+
+
+@pytest.mark.parametrize("edit,needle", [
+    (lambda d: d["session"].update(threshold=1), "2t > n"),
+    (lambda d: d["hyperparameters"].pop("seed"), "seed is required"),
+    (lambda d: d["sites"][0].update(identity_key="abcd"), "64 hex digits"),
+    (lambda d: d["sites"].append(dict(d["sites"][0])), "twice"),
+    (lambda d: d["session"].update(noise="local"), "distributed, central"),
+    (lambda d: d.update(extra={}), "unknown section"),
+    (lambda d: d["session"].update(epoch_rounds=5000), "epoch_rounds"),
+    (lambda d: d["privacy"].pop("sigma"), "exactly sigma and epsilon"),
+    (lambda d: d["hyperparameters"].update(depth=13), "depth"),
+    (lambda d: d["session"].update(randomness="numpy"), "randomness"),
+    (lambda d: d["deadlines"].update(stage=-1), "deadlines.stage"),
+])
+def test_plan_refuses_malformed_or_unsafe_content(edit, needle):
+    d = json.loads(plan(3).canonical_json)
+    edit(d)
+    with pytest.raises(PlanError, match=needle):
+        Plan.from_dict(d)
+
+
+def test_every_party_recomputes_the_privacy_statement():
+    p = plan(3)
+    cal = p.verify_privacy()
+    assert cal.sigma == p.stated_sigma
+    d = json.loads(p.canonical_json)
+    d["privacy"]["epsilon"] = 0.5  # a plan claiming less privacy loss than its noise buys
+    with pytest.raises(PlanError, match="states ε"):
+        Plan.from_dict(d).verify_privacy()
+    d = json.loads(p.canonical_json)
+    d["hyperparameters"]["trees"] = 400  # more trees for the same σ: the statement no longer holds
+    with pytest.raises(PlanError, match="states σ"):
+        Plan.from_dict(d).verify_privacy()
+
+
+def test_test_only_randomness_needs_an_explicit_opt_in():
+    p = plan(3, randomness="insecure-test", test_seed=3, test_noise=False)
+    with pytest.raises(PlanError, match="test-only randomness"):
+        p.make_randomness()
+    assert p.make_randomness(allow_insecure=True).insecure
+    assert plan(3).make_randomness().describe() == plan(3).randomness_description()
+
+
+def test_distributed_noise_shares_sum_to_at_least_the_calibrated_variance():
+    from common.boosting import leaf_noise_scales
+
+    p = plan(5, assumed_colluders=1, threshold=4)
+    leaf, init = p.noise_scales()
+    full = leaf_noise_scales(p.hyperparameters, p.encoding, p.verify_privacy().sigma)
+    honest = p.threshold - p.assumed_colluders  # shares the coordinator cannot subtract
+    assert np.allclose(honest * leaf**2, full**2)
+    assert init is not None and np.all(init > 0)
+    central = plan(3, noise="central")
+    assert central.noise_scales() == (None, None)
+
+
+def test_message_size_estimate_bounds_real_messages_and_refuses_oversized_plans():
+    from common.secagg.loopback import LoopbackFederation
+    from common.secagg import SessionConfig, SiteIdentity
+
+    keys = {f"s{i}": Ed25519PrivateKey.generate() for i in range(5)}
+    cfg = SessionConfig(b"size-test", 3, tuple(SiteIdentity(s, k.public_key().public_bytes_raw())
+                                                for s, k in keys.items()), max_epoch_rounds=8)
+    fed = LoopbackFederation(cfg, keys)
+    fed.run_epoch(8)
+    d = 2 * 2**4
+    fed.run_round({s: np.ones(d, np.int64) for s in keys}, d)
+    largest = max(len(h.data) for h in fed.transcript)
+    est = estimated_largest_message(5, 8, 4)
+    assert largest <= est <= 4 * largest + 10_000
+    with pytest.raises(PlanError, match="lower epoch_rounds"):
+        plan(400, epoch_rounds=256)
+
+
+# --------------------------------------------------------------------------- wire
+
+
+def test_every_event_round_trips_through_protobuf():
+    t = TreeMsg(3, 17, ("a", "b"), np.array([0, 2, 1], np.int32), np.array([0.5, 1.25, -3.0]),
+                np.array([0.1, -0.2, 0.3, 1e-300]))
+    events = [SetupMsg(b"\x01\x02"), RoundStartMsg(Purpose.TREE, 4, b"rs"), RoundMsg(b"\x00"),
+              InitScoreMsg(-0.25, 0, ("a", "b", "c")), InitScoreMsg(0.0, None, ()), t,
+              FinishedMsg("ab" * 32, 10), AbortedMsg("no quorum")]
+    for i, ev in enumerate(events):
+        pb = event_to_proto(ev, i + 1)
+        back = event_from_proto(type(pb).FromString(pb.SerializeToString()))
+        assert back == ev and pb.seq == i + 1
+
+
+@pytest.mark.parametrize("mutate,needle", [
+    (lambda m: m.tree.leaves.append(1.0), "complete tree"),
+    (lambda m: m.tree.leaves.__setitem__(0, float("nan")), "non-finite"),
+    (lambda m: (m.tree.ClearField("sites"), m.tree.sites.extend(["b", "a"])), "sorted"),
+    (lambda m: (m.tree.ClearField("sites"), m.tree.sites.extend(["no spaces"])), "valid site id"),
+])
+def test_malformed_events_are_refused(mutate, needle):
+    t = TreeMsg(0, 1, ("a", "b"), np.zeros(3, np.int32), np.zeros(3), np.zeros(4))
+    m = event_to_proto(t, 1)
+    mutate(m)
+    with pytest.raises(WireError, match=needle):
+        event_from_proto(m)
+    from fedsbdt.v1 import federation_pb2 as pb
+
+    with pytest.raises(WireError):
+        event_from_proto(pb.Event(seq=1))  # no kind
+
+
+def test_join_signature_binds_plan_site_and_nonce():
+    k = Ed25519PrivateKey.generate()
+    pub = k.public_key().public_bytes_raw()
+    nonce = bytes(range(32))
+    sig = sign_join(k, "aa" * 32, "site-1", nonce)
+    assert verify_join(pub, "aa" * 32, "site-1", nonce, sig)
+    assert not verify_join(pub, "bb" * 32, "site-1", nonce, sig)
+    assert not verify_join(pub, "aa" * 32, "site-2", nonce, sig)
+    assert not verify_join(pub, "aa" * 32, "site-1", bytes(32), sig)
+
+
+# --------------------------------------------------------------------------- committed stubs
+
+
+def test_generated_stubs_are_current(tmp_path):
+    proto_root = ROOT / "protos"
+    subprocess.run([sys.executable, "-m", "grpc_tools.protoc", f"-I{proto_root}", f"--python_out={tmp_path}",
+                    f"--grpc_python_out={tmp_path}", f"--pyi_out={tmp_path}", "fedsbdt/v1/federation.proto"],
+                   check=True, cwd=proto_root)
+    for name in ("federation_pb2.py", "federation_pb2_grpc.py", "federation_pb2.pyi"):
+        fresh = (tmp_path / "fedsbdt" / "v1" / name).read_bytes()
+        committed = (proto_root / "fedsbdt" / "v1" / name).read_bytes()
+        assert fresh == committed, f"protos/fedsbdt/v1/{name} is stale: regenerate it (see docs/federation.md)"
+    # and the service is the versioned one the code uses
+    from fedsbdt.v1 import federation_pb2
+
+    svc = federation_pb2.DESCRIPTOR.services_by_name["Federation"]
+    assert svc.full_name == "fedsbdt.v1.Federation"
+    assert {m.name for m in svc.methods} == {"GetPlan", "Join", "Subscribe", "SubmitSetup", "SubmitMaskedInput",
+                                             "SubmitRound", "GetTrees", "GetStatus", "Report"}
+    assert hashlib.sha256((proto_root / "fedsbdt/v1/federation.proto").read_bytes()).hexdigest()

@@ -1,0 +1,180 @@
+"""Whole federations as separate processes on loopback, with mutual TLS (``fedsbdt coordinator`` + ``client``).
+
+Tests wait for events in the processes' JSON logs (a tree released, a site
+joined), never for fixed times.
+"""
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from client.ledger import ledger_path
+from common.config import Hyperparameters
+from common.data import load
+from common.engine import calibration_for, filter_for, train
+from common.randomness import InsecureTestRandomness
+from server.pki import ca_init, ca_server, ca_sign
+from server.toml_writer import dumps
+
+from .conftest import EXAMPLES, ROOT, abalone_with_ids, make_identities, make_test_plan, tree_event, write_splits
+
+SITES = ["hospital-1", "hospital-2", "hospital-3"]
+
+
+def setup_federation(tmp_path, ca_dir, hp, n_rows=600, **session):
+    schema, raw = abalone_with_ids(n_rows)
+    ids = make_identities(tmp_path, SITES, ca_dir)
+    ca_server(ca_dir, tmp_path / "coordinator", ["localhost", "127.0.0.1"], days=2)
+    data = write_splits(raw, SITES, tmp_path / "data")
+    plan = make_test_plan(schema, ids, hp, **session)
+    plan.save(tmp_path / "plan.toml")
+    return plan, schema, raw, data
+
+
+def models_identical(tmp_path, sites) -> bytes:
+    ref = (tmp_path / "coordinator" / "model.json").read_bytes()
+    for s in sites:
+        assert (tmp_path / s / "model.json").read_bytes() == ref, f"{s}'s model differs from the coordinator's"
+    return ref
+
+
+def test_three_sites_train_end_to_end_and_equal_the_centralised_engine(tmp_path, ca_dir, cluster_factory):
+    hp = Hyperparameters(trees=8, extra_trees=2, filter=True, depth=3, seed=99, epsilon=1.0)
+    plan, schema, raw, data = setup_federation(tmp_path, ca_dir, hp, randomness="insecure-test", test_seed=5,
+                                               test_noise=False)
+    schema_file = tmp_path / "schema.toml"
+    schema_file.write_text(dumps(schema.to_dict()))
+    c = cluster_factory(tmp_path / "plan.toml")
+    coord = c.coordinator()
+    flags = {"hospital-1": ["--plan", str(tmp_path / "plan.toml")],  # out-of-band plan file
+             "hospital-2": ["--plan-hash", plan.sha256, "--max-epsilon", "1.0"],
+             "hospital-3": ["--schema", str(schema_file)]}  # the site's own copy of the schema
+    sites = {s: c.site(s, data[s], "--allow-insecure-test-randomness", *flags[s]) for s in SITES}
+    assert coord.wait() == 0, coord.errors
+    for s, p in sites.items():
+        assert p.wait() == 0, p.errors
+        out = p.result()
+        assert out["trees"] == hp.total_rounds and out["model_sha256"] == coord.result()["model_sha256"]
+    model = json.loads(models_identical(tmp_path, SITES))
+    assert model["privacy"]["noise_mode"] == "distributed"
+    assert model["training"]["plan_sha256"] == plan.sha256
+    assert [r["sites"] for r in model["training"]["rounds"]] == [SITES] * hp.total_rounds
+    # the same public seed and test randomness (noise off) on the union of the data: the same model
+    union = tmp_path / "union.csv"
+    raw.to_csv(union, index=False)
+    ref = train(load(union, schema), hp, InsecureTestRandomness(seed=5, noise=False,
+                                                               i_understand_this_is_insecure=True)).model
+    assert model["init_score"] == ref.init_score
+    for t, r in zip(model["trees"], ref.trees, strict=True):
+        assert (t["features"], t["thresholds"], t["leaves"]) == (r.features.tolist(), r.thresholds.tolist(),
+                                                                 r.leaves.tolist())
+
+
+def test_site_and_coordinator_crashes_are_survived_without_exceeding_any_budget(tmp_path, ca_dir, cluster_factory):
+    hp = Hyperparameters(trees=30, extra_trees=10, filter=True, depth=2, seed=3, epsilon=1.0, subsample=0.5)
+    plan, schema, raw, data = setup_federation(tmp_path, ca_dir, hp, n_rows=450, epoch_rounds=8)
+    c = cluster_factory(tmp_path / "plan.toml")
+    coord = c.coordinator()
+    sites = {s: c.site(s, data[s]) for s in SITES}
+    c.wait_event(tree_event(min_tree=2))
+    # 1. a site dies mid-training (n − t = 1 slack): training goes on without it
+    sites["hospital-3"].kill()
+    mark = c.mark()
+    c.wait_event(tree_event(sites=["hospital-1", "hospital-2"]), after=mark)
+    # 2. a second site dies: fewer than t remain, nothing more can be released — then the coordinator dies too
+    sites["hospital-2"].kill()
+    mark = c.mark()
+    coord.kill()
+    released_before = max(e["tree"] for e in c.events if e.get("event") == "tree")
+    # 3. everything comes back: the coordinator resumes from its checkpoint, both sites rejoin
+    coord = c.coordinator()
+    sites["hospital-2"] = c.site("hospital-2", data["hospital-2"])
+    sites["hospital-3"] = c.site("hospital-3", data["hospital-3"])
+    resumed = c.wait_event(lambda e: e.get("event") == "resumed", after=mark)
+    assert resumed["trees_released"] == released_before + 1
+    c.wait_event(tree_event(sites=SITES), after=mark)  # the restarted sites take part again
+    assert coord.wait() == 0, coord.errors
+    for s, p in sites.items():
+        assert p.wait() == 0, p.errors
+    model = json.loads(models_identical(tmp_path, SITES))
+    rounds = model["training"]["rounds"]
+    assert [r["tree"] for r in rounds] == list(range(hp.total_rounds))
+    assert ["hospital-1", "hospital-2"] in [r["sites"] for r in rounds]
+    # no record's Rényi ledger exceeds its budget, read from each site's SQLite database
+    budget = filter_for(hp, calibration_for(hp)).budget_units
+    for s in SITES:
+        db = sqlite3.connect(ledger_path(tmp_path / s, plan.sha256))
+        spent = np.array([r[0] for r in db.execute("SELECT spent FROM ledger")])
+        assert len(spent) == len(raw.iloc[SITES.index(s)::3]) and spent.max() <= budget
+        assert spent.max() > 0
+
+
+def test_refusals_are_clear_and_nothing_is_released(tmp_path, ca_dir, cluster_factory):
+    hp = Hyperparameters(trees=5, depth=2, seed=4, epsilon=1.0)
+    plan, schema, raw, data = setup_federation(tmp_path, ca_dir, hp, n_rows=150)
+    # a site whose certificate comes from another CA
+    other = tmp_path / "other-ca"
+    ca_init(other, days=2)
+    ca_sign(other, tmp_path / "hospital-2" / "tls.csr", tmp_path / "rogue.crt", days=2)
+    # a site that is not in the roster (certificate from the consortium CA, though)
+    make_identities(tmp_path, ["intruder"], ca_dir)
+    c = cluster_factory(tmp_path / "plan.toml")
+    coord = c.coordinator()
+    good = c.site("hospital-1", data["hospital-1"])
+    h3 = data["hospital-3"]
+    bad = {
+        "other CA": c.site("hospital-2", data["hospital-2"], "--tls-cert", str(tmp_path / "rogue.crt")),
+        "unknown site": c.site("intruder", h3),
+        "plan hash": c.site("hospital-3", h3, "--plan-hash", "ab" * 32),
+        "epsilon cap": c.site("hospital-3", h3, "--max-epsilon", "0.5"),
+        "schema": c.site("hospital-3", h3, "--schema", str(EXAMPLES / "abalone" / "schema.toml")),
+    }
+    expected = {
+        "other CA": "rejected this site's certificate",
+        "unknown site": "not in the plan's roster",
+        "plan hash": "plan hash mismatch",
+        "epsilon cap": "exceeds this site's limit --max-epsilon 0.5",
+        "schema": "schema mismatch",
+    }
+    for what, p in bad.items():
+        assert p.wait(timeout=120) == 2, what
+        assert expected[what] in p.errors, (what, p.errors)
+        assert "Traceback" not in "".join(p.lines)
+    c.wait_event(lambda e: e.get("_proc") == "coordinator" and e.get("event") == "joined")
+    status = subprocess.run([sys.executable, "-c", STATUS, str(c.port), str(tmp_path / "hospital-1")],
+                            capture_output=True, text=True, cwd=ROOT, timeout=60)
+    st = json.loads(status.stdout)
+    assert st["trees_released"] == 0 and st["stage"] == "gathering"
+    assert [s["connected"] for s in st["sites"]] == [True, False, False]
+    assert not any(e.get("event") in ("tree", "init") for e in c.events)
+    coord.p.terminate()  # SIGTERM: a clean stop
+    assert coord.wait() == 130
+    assert not (tmp_path / "coordinator" / "model.json").exists()
+    good.kill()
+
+
+STATUS = """
+import json, sys, grpc
+from pathlib import Path
+from fedsbdt.v1 import federation_pb2 as pb, federation_pb2_grpc as pbg
+from server.pki import TlsFiles, channel_credentials
+ch = grpc.secure_channel(f"localhost:{sys.argv[1]}", channel_credentials(TlsFiles.in_dir(Path(sys.argv[2]))))
+st = pbg.FederationStub(ch).GetStatus(pb.GetStatusRequest(), timeout=20)
+print(json.dumps({"stage": st.stage, "trees_released": st.trees_released,
+                  "sites": [{"site": s.site_id, "connected": s.connected} for s in st.sites]}))
+"""
+
+
+def test_demo_runs_a_whole_federation_and_prints_one_json_object():
+    p = subprocess.run([sys.executable, "-m", "common.cli", "demo", "--sites", "3", "--trees", "6", "--json"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    out = json.loads(p.stdout)
+    assert set(out) == {"n", "rmse", "epsilon", "sites", "seconds"}
+    assert out["sites"] == 3 and out["epsilon"] <= 1.0 and 1.0 < out["rmse"] < 5.0
