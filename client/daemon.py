@@ -225,9 +225,9 @@ class Daemon:
         finally:
             stream.cancel()
 
-    def _report(self, kind, detail: str = "", sha: str = "") -> None:
+    def _report(self, kind, detail: str = "", sha: str = "", round_id: int = 0) -> None:
         self._call("reporting", self.stub.Report,
-                   pb.ReportRequest(site_id=self.m.site_id, token=self.token, kind=kind,
+                   pb.ReportRequest(site_id=self.m.site_id, token=self.token, kind=kind, round_id=round_id,
                                     trees_applied=self.m.trees_applied, detail=detail[:2000], model_sha256=sha))
 
     def _send(self, r) -> None:
@@ -244,7 +244,7 @@ class Daemon:
                               pb.SecAggSubmission(site_id=site, token=token, secagg=r.secagg))
         elif isinstance(r, Refusal):
             log.warning(f"{site}: refused: {r.detail}", extra={"event": "refused", "site": site})
-            self._report(pb.REPORT_REFUSED, detail=r.detail)
+            self._report(pb.REPORT_REFUSED, detail=r.detail, round_id=r.round_id or 0)
             return
         elif isinstance(r, Done):
             self._report(pb.REPORT_FINISHED, sha=r.model_sha256)

@@ -9,6 +9,7 @@ in order, so that a federated test run stays in step with a centralised one.
 """
 from __future__ import annotations
 
+import os
 import queue
 import threading
 
@@ -31,6 +32,12 @@ class NoiseShares:
             self._thread.start()
 
     def _run(self) -> None:
+        try:
+            # Lower this thread's priority (Linux: per-thread nice): the rounds' critical path goes first,
+            # the sampler fills idle time.  Best effort: not every platform allows it.
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+        except (AttributeError, OSError):
+            pass
         try:
             while not self._stop.is_set():
                 block = self.randomness.discrete_gaussian(np.tile(self.scales, self.chunk))

@@ -324,15 +324,16 @@ class SiteMachine:
             msg = decode_message(data)
         except InvalidMessage as e:
             return [Refusal(f"malformed secure-aggregation message: {e}")]
+        r = getattr(msg, "round_id", None)
         with self.ledger.transaction():
             try:
                 reply = self.secagg.handle(msg)
             except ProtocolAbort as e:  # persisted by secagg (commits with this transaction)
                 log.warning(f"{self.site_id}: secure aggregation aborted: {e}",
                             extra={"event": "secagg_abort", "site": self.site_id})
-                return [Refusal(f"secure aggregation aborted: {e}")]
+                return [Refusal(f"secure aggregation aborted: {e}", r)]
             except InvalidMessage as e:
-                return [Refusal(f"{type(msg).__name__} refused: {e}")]
+                return [Refusal(f"{type(msg).__name__} refused: {e}", r)]
         return [] if reply is None else [reply_type(reply.to_bytes())]
 
     def _round_start(self, ev: RoundStartMsg) -> list[Reply]:
@@ -344,7 +345,8 @@ class SiteMachine:
         r = start.round_id
         expected_len = 2 if ev.purpose == Purpose.INIT_SCORE else 2 * hp.leaves
         if start.vector_len != expected_len:
-            return [Refusal(f"round {r}: vector length {start.vector_len}, expected {expected_len} for {ev.purpose.name}")]
+            return [Refusal(f"round {r}: vector length {start.vector_len}, expected {expected_len} for "
+                            f"{ev.purpose.name}", r)]
         if self.secagg.round_stage(r) is not None:
             # Started before (e.g. before this process restarted): secagg answers with the stored masked
             # input (already charged) or refuses a changed request.  Nothing new is computed or charged.
@@ -352,14 +354,14 @@ class SiteMachine:
                 try:
                     masked = self.secagg.handle_round_start(start, None)
                 except (ProtocolAbort, InvalidMessage) as e:
-                    return [Refusal(f"round {r}: {e}")]
+                    return [Refusal(f"round {r}: {e}", r)]
             return [InputReply(ev.purpose, ev.tree, masked.to_bytes())]
 
         c = None
         stored_init = None
         if ev.purpose == Purpose.INIT_SCORE:
             if self.init is not None:
-                return [Refusal(f"round {r}: the initial score was already released")]
+                return [Refusal(f"round {r}: the initial score was already released", r)]
             stored_init = self.ledger.init_vector()
             if stored_init is not None:  # a retry: the identical noisy vector, never a second one
                 x, noise = stored_init
@@ -372,9 +374,9 @@ class SiteMachine:
             if self.init is None or len(self.trees) < k:
                 raise NeedCatchUp(len(self.trees), k)
             if len(self.trees) > k:
-                return [Refusal(f"round {r}: tree {k} was already released; refusing to contribute to it again")]
+                return [Refusal(f"round {r}: tree {k} was already released; refusing to contribute to it again", r)]
             kind, tree = "tree", k
-            if self.table is None and self.ledger.tree_contributions() >= hp.accounted_rounds:
+            if self.table is None and self._tree_contributions() >= hp.accounted_rounds:
                 log.warning(f"{self.site_id}: all {hp.accounted_rounds} accounted tree contributions are spent "
                             f"(failed rounds count); sending no data in round {r}",
                             extra={"event": "budget_exhausted", "site": self.site_id})
@@ -389,15 +391,17 @@ class SiteMachine:
                 masked = self.secagg.handle_round_start(start, x, noise)
             except ProtocolAbort as e:  # e.g. participant set without this site or smaller than t
                 log.warning(f"{self.site_id}: round {r} refused: {e}", extra={"event": "secagg_abort"})
-                return [Refusal(f"round {r}: {e}")]
+                return [Refusal(f"round {r}: {e}", r)]
             except (InvalidMessage, FixedPointError, TypeError, ValueError) as e:
-                return [Refusal(f"round {r}: {e}")]
+                return [Refusal(f"round {r}: {e}", r)]
             if c is not None and c.new_spent is not None:
                 self.ledger.charge(local.ids, local.spent, c.new_spent)
             self.ledger.log_contribution(r, kind, tree, with_data, None if c is None else c.active,
                                          None if c is None else c.sampled)
             if kind == "init" and stored_init is None:
                 self.ledger.set_init_vector(x, noise)
+        if kind == "tree" and with_data:
+            self._sent_with_data = self._tree_contributions() + 1
         # Durable: only now does the masked vector leave this function.
         if c is not None:
             local.commit(c)
@@ -405,6 +409,12 @@ class SiteMachine:
         return [InputReply(ev.purpose, ev.tree, masked.to_bytes())]
 
     # ------------------------------------------------------------------ releases
+
+    def _tree_contributions(self) -> int:
+        """Tree rounds this site sent data in (from the ledger once, then counted as they commit)."""
+        if getattr(self, "_sent_with_data", None) is None:
+            self._sent_with_data = self.ledger.tree_contributions()
+        return self._sent_with_data
 
     def splits(self, k: int):
         """The plan's public random splits of tree ``k`` (cached: needed for the contribution and the check)."""

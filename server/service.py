@@ -18,6 +18,7 @@
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -61,6 +62,11 @@ class Outbox:
     def floor(self) -> int:
         """Lowest sequence number still held (events below it were dropped)."""
         return self.events[0].seq if self.events else self.next_seq
+
+    def after(self, seq: int) -> list:
+        """The held events with a sequence number above ``seq``, in order (O(result): seqs are contiguous)."""
+        k = min(self.next_seq - 1 - seq, len(self.events))
+        return list(itertools.islice(reversed(self.events), max(k, 0)))[::-1]
 
 
 class FederationService(pbg.FederationServicer):
@@ -229,11 +235,8 @@ class FederationService(pbg.FederationServicer):
                 while (not self.stopping and not box.superseded and context.is_active()
                        and (not box.events or box.events[-1].seq <= last)):
                     box.ready.wait(timeout=1.0)
-                if self.stopping or box.superseded or not context.is_active():
-                    pending = [e for e in box.events if e.seq > last] if self.stopping else []
-                else:
-                    pending = [e for e in box.events if e.seq > last]
                 ending = self.stopping or box.superseded or not context.is_active()
+                pending = box.after(last) if (self.stopping or not ending) else []
             for e in pending:
                 self.bytes_out += e.ByteSize()
                 yield e
@@ -293,7 +296,8 @@ class FederationService(pbg.FederationServicer):
             if request.kind == pb.REPORT_PROGRESS:
                 outs = self._session_call(lambda: self.session.report_progress(site, int(request.trees_applied), now))
             elif request.kind == pb.REPORT_REFUSED:
-                outs = self._session_call(lambda: self.session.report_refusal(site, request.detail[:2000], now))
+                outs = self._session_call(lambda: self.session.report_refusal(site, request.detail[:2000], now,
+                                                                             int(request.round_id) or None))
             elif request.kind == pb.REPORT_FINISHED:
                 outs = self._session_call(lambda: self.session.report_finished(site, request.model_sha256[:64],
                                                                               now))

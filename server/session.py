@@ -367,12 +367,14 @@ class Session:
         st.trees_applied = max(st.trees_applied, min(int(trees_applied), len(self.trees)))
         return self._advance(now)
 
-    def report_refusal(self, site_id: str, detail: str, now: float) -> list[Outgoing]:
+    def report_refusal(self, site_id: str, detail: str, now: float, round_id: int | None = None) -> list[Outgoing]:
+        """A site will not answer a request; if it is about the round in flight, stop waiting for it."""
         st = self.sites[site_id]
         st.note = detail[:500]
-        log.warning(f"{site_id} refused: {detail}", extra={"event": "refused", "site": site_id, "detail": detail})
+        log.warning(f"{site_id} refused: {detail}", extra={"event": "refused", "site": site_id, "detail": detail,
+                                                           "round_id": round_id})
         ph = self.phase
-        if isinstance(ph, RoundInFlight) and site_id in ph.rnd.awaiting():
+        if isinstance(ph, RoundInFlight) and round_id == ph.rnd.round_id and site_id in ph.rnd.awaiting():
             ph.refused.add(site_id)
             self._suspend(site_id, "refused a round request")
         return self._advance(now)
@@ -525,7 +527,11 @@ class Session:
             left = (0 if self.has_init else 1) + self.total_trees - len(self.trees)
             slots = self.coord.slots_remaining()
             low = slots <= max(E // 2, 1) and slots < left + 1
-            stalled = isinstance(self.phase, Between) and self.phase.waiting_since is not None
+            # a new epoch helps a stalled round only if some connected, caught-up site is usable in no ready epoch
+            stalled = (isinstance(self.phase, Between) and self.phase.waiting_since is not None
+                       and any(s.connected and s.caught_up() and not any(self._usable(s.site_id, e)
+                                                                         for e in self.coord.ready_epochs())
+                               for s in self.sites.values()))
             wants = any(s.connected and s.wants_epoch for s in self.sites.values())
             if not (low or stalled or wants):
                 return False

@@ -152,9 +152,10 @@ class RoundReply:
 
 @dataclass(frozen=True)
 class Refusal:
-    """The site refuses a request (it will not answer it); ``detail`` says why."""
+    """The site refuses a request (it will not answer it); ``detail`` says why, ``round_id`` which round."""
 
     detail: str
+    round_id: int | None = None
 
 
 @dataclass(frozen=True)

@@ -80,7 +80,7 @@ class InProcess:
                 self.deliver(s.submit_round(sid, reply.secagg, now))
             elif isinstance(reply, Refusal):
                 self.refusals.append((sid, reply.detail))
-                self.deliver(s.report_refusal(sid, reply.detail, now))
+                self.deliver(s.report_refusal(sid, reply.detail, now, reply.round_id))
             elif isinstance(reply, Done):
                 self.deliver(s.report_finished(sid, reply.model_sha256, now))
         except Rejected as e:

@@ -244,20 +244,22 @@ class GetStatusResponse(_message.Message):
     def __init__(self, stage: _Optional[str] = ..., plan_sha256: _Optional[str] = ..., trees_released: _Optional[int] = ..., trees_total: _Optional[int] = ..., rounds_failed: _Optional[int] = ..., sites: _Optional[_Iterable[_Union[SiteStatus, _Mapping]]] = ..., model_sha256: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class ReportRequest(_message.Message):
-    __slots__ = ("site_id", "token", "kind", "trees_applied", "detail", "model_sha256")
+    __slots__ = ("site_id", "token", "kind", "trees_applied", "detail", "model_sha256", "round_id")
     SITE_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     TREES_APPLIED_FIELD_NUMBER: _ClassVar[int]
     DETAIL_FIELD_NUMBER: _ClassVar[int]
     MODEL_SHA256_FIELD_NUMBER: _ClassVar[int]
+    ROUND_ID_FIELD_NUMBER: _ClassVar[int]
     site_id: str
     token: bytes
     kind: ReportKind
     trees_applied: int
     detail: str
     model_sha256: str
-    def __init__(self, site_id: _Optional[str] = ..., token: _Optional[bytes] = ..., kind: _Optional[_Union[ReportKind, str]] = ..., trees_applied: _Optional[int] = ..., detail: _Optional[str] = ..., model_sha256: _Optional[str] = ...) -> None: ...
+    round_id: int
+    def __init__(self, site_id: _Optional[str] = ..., token: _Optional[bytes] = ..., kind: _Optional[_Union[ReportKind, str]] = ..., trees_applied: _Optional[int] = ..., detail: _Optional[str] = ..., model_sha256: _Optional[str] = ..., round_id: _Optional[int] = ...) -> None: ...
 
 class ReportResponse(_message.Message):
     __slots__ = ()
