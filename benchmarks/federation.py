@@ -20,7 +20,7 @@ default t = ⌊n/2⌋ + 1 = 2 of 3 (one site may drop out), a round with all
 three sites carries 3/2·σ² — the price of dropout tolerance — and the
 initial score carries n full Laplace shares.
 
-Run:  python benchmarks/federation.py [--trees 1000] [--depth 6] [--utility-runs 5] [--out PATH]
+Run:  python benchmarks/federation.py [--trees 1000] [--depth 6] [--utility-runs 8] [--only speed|utility]
 """
 from __future__ import annotations
 
@@ -59,11 +59,13 @@ def federated_run(hp: dict, sites: int, noise: str = "distributed", threshold: i
                              epoch_rounds=128, threshold=threshold)
         procs = Processes()
         releases: list[float] = []
+        cpu: list[float] = []
         events: list[dict] = []
 
         def on_event(rec: dict) -> None:
             if rec.get("event") == "tree":
                 releases.append(float(rec["at"]))
+                cpu.append(float(rec["cpu"]))
             elif rec.get("event") in ("round_failed", "suspended", "session_failed"):
                 events.append(rec)
 
@@ -95,6 +97,9 @@ def federated_run(hp: dict, sites: int, noise: str = "distributed", threshold: i
             "round_latency_ms_median": round(float(np.median(lat)), 3) if lat.size else None,
             "round_latency_ms_p99": round(float(np.percentile(lat, 99)), 3) if lat.size else None,
             "rounds_failed": coord_res["rounds_failed"],
+            "cpu_ms_per_round": {"coordinator": round((cpu[-1] - cpu[0]) / (len(cpu) - 1) * 1e3, 3)
+                                 if len(cpu) > 1 else None,
+                                 **{sid: r.get("cpu_ms_per_round") for sid, r in results.items()}},
             "incidents": [e.get("msg") for e in events][:10],
             "bytes_per_site": {sid: {"sent": r["bytes_sent"], "received": r["bytes_received"]}
                                for sid, r in results.items()},
@@ -120,16 +125,7 @@ def mean_se(xs: list[float]) -> tuple[float, float]:
     return float(np.mean(xs)), float(np.std(xs, ddof=1) / np.sqrt(len(xs))) if len(xs) > 1 else 0.0
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--trees", type=int, default=1000)
-    ap.add_argument("--depth", type=int, default=6)
-    ap.add_argument("--sites", type=int, default=3)
-    ap.add_argument("--utility-runs", type=int, default=5)
-    ap.add_argument("--skip-central-mode", action="store_true")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "federation.json"))
-    args = ap.parse_args()
-
+def speed_part(args) -> dict:
     speed_hp = {"epsilon": 1.0, "trees": args.trees, "depth": args.depth, "seed": 1}
     print(f"centralised engine: {args.trees} trees, depth {args.depth} ...", flush=True)
     central = central_run(speed_hp)
@@ -138,7 +134,8 @@ def main() -> None:
     fed = federated_run(speed_hp, args.sites, "distributed")
     print(json.dumps(fed), flush=True)
     speed = {"setting": {"dataset": "adult (adult.data in thirds, adult.test held out)", "sites": args.sites,
-                         **speed_hp, "transport": "gRPC over loopback, mutual TLS", "randomness": "secure"},
+                         **speed_hp, "transport": "gRPC over loopback, mutual TLS", "randomness": "secure",
+                         "note": "coordinator and all sites share this machine's CPUs"},
              "centralised": central, "federated_distributed_noise": fed}
     n = args.trees
     speed["overhead_ms_per_round_distributed"] = round((fed["first_to_last_tree_seconds"] / (n - 1)
@@ -152,7 +149,10 @@ def main() -> None:
         speed["overhead_ms_per_round_central_noise"] = round((fed_c["first_to_last_tree_seconds"] / (n - 1)
                                                               - central["wall_seconds"] / n) * 1e3, 3)
         speed["ratio_wall_central_noise"] = round(fed_c["wall_seconds"] / central["wall_seconds"], 2)
+    return speed
 
+
+def utility_part(args) -> dict:
     util = {"setting": {"dataset": "adult", "sites": args.sites, **PAPER_ADULT, "runs": args.utility_runs}}
     t_default = args.sites // 2 + 1
     runs: dict[str, list[float]] = {"centralised": [], f"federated_t{t_default}": [], f"federated_t{args.sites}": []}
@@ -174,13 +174,37 @@ def main() -> None:
             entry.update({"difference": m - cm, "se_of_difference": diff_se,
                           "within_one_se": abs(m - cm) <= diff_se})
         util["summary"][name] = entry
-    result = {"speed": speed, "utility": util,
-              "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                          "platform": platform.platform()},
-              "date": time.strftime("%Y-%m-%d")}
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps({k: speed[k] for k in speed if k.startswith(("overhead", "ratio"))}, indent=2))
-    print(json.dumps(util["summary"], indent=2))
+    return util
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--trees", type=int, default=1000)
+    ap.add_argument("--depth", type=int, default=6)
+    ap.add_argument("--sites", type=int, default=3)
+    ap.add_argument("--utility-runs", type=int, default=8)
+    ap.add_argument("--skip-central-mode", action="store_true")
+    ap.add_argument("--only", choices=["speed", "utility"],
+                    help="run one part and keep the other part of an existing results file")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "federation.json"))
+    args = ap.parse_args()
+    out = Path(args.out)
+    result = json.loads(out.read_text()) if args.only and out.exists() else {}
+    if args.only != "utility":
+        result["speed"] = speed_part(args)
+        result["speed_date"] = time.strftime("%Y-%m-%d")
+    if args.only != "speed":
+        result["utility"] = utility_part(args)
+        result["utility_date"] = time.strftime("%Y-%m-%d")
+    result["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version(),
+                         "platform": platform.platform()}
+    result.pop("date", None)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    if "speed" in result:
+        sp = result["speed"]
+        print(json.dumps({k: sp[k] for k in sp if k.startswith(("overhead", "ratio"))}, indent=2))
+    if "utility" in result:
+        print(json.dumps(result["utility"]["summary"], indent=2))
 
 
 if __name__ == "__main__":

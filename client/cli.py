@@ -89,16 +89,26 @@ def cmd_client(args: argparse.Namespace) -> int:
     machine = SiteMachine(args.site, identity, args.data, state, options)
     daemon = Daemon(machine, args.coordinator, files,
                     DaemonOptions(reconnect_timeout=args.reconnect_timeout))
+    import sqlite3
+
+    from common.secagg.errors import StorageError
+
     try:
         done = daemon.run()
     except (DaemonError, SessionAbort) as e:
         raise CliError(str(e)) from None
+    except (sqlite3.Error, StorageError, OSError) as e:
+        raise CliError(f"the site's database in {state} failed ({e}); nothing was sent after the last "
+                       "committed round — restart the client with the same command to resume") from None
     plan = machine.plan
     out = {"site": args.site, "model": str(done.model_path), "model_sha256": done.model_sha256,
            "trees": machine.trees_applied, "epsilon": machine.cal.epsilon, "plan_sha256": plan.sha256,
            "tree_contributions": machine.ledger.tree_contributions(),
            "bytes_sent": daemon.bytes_sent, "bytes_received": daemon.bytes_received,
-           "seconds": round(time.perf_counter() - t0, 3)}
+           "seconds": round(time.perf_counter() - t0, 3), "cpu_seconds": round(time.process_time(), 3)}
+    if machine.cpu_at_first_tree is not None and machine.trees_applied > 1:
+        out["cpu_ms_per_round"] = round((time.process_time() - machine.cpu_at_first_tree)
+                                        / (machine.trees_applied - 1) * 1e3, 3)
     emit(args, out, f"{args.site}: model with {machine.trees_applied} trees verified "
                     f"(sha256 {done.model_sha256}) and written to {done.model_path}")
     return 0

@@ -39,6 +39,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -164,6 +165,7 @@ class SiteMachine:
         self.init: InitScoreMsg | None = None
         self.trees: list[TreeMsg] = []
         self._leaf_cache: dict[int, np.ndarray] = {}
+        self.cpu_at_first_tree: float | None = None  # process CPU time when the first tree was applied
 
     # ------------------------------------------------------------------ views
 
@@ -239,6 +241,10 @@ class SiteMachine:
             self._set_init(InitScoreMsg(0.0, None, ()))
         self._warm_up()
         self.noise = None if self.leaf_scales is None else NoiseShares(randomness, self.leaf_scales)
+        if plan.noise == "central":
+            log.warning(f"{self.site_id}: central noise mode: the coordinator sees this site's noiseless sums "
+                        "(summed with the others') and must be trusted to add the noise",
+                        extra={"event": "central_noise", "site": self.site_id})
         self.stage = Participating()
         log.info(f"{self.site_id}: accepted plan {plan.sha256[:16]}… ({ds.n} records, ε = {cal.epsilon:.6g}, "
                  f"noise {plan.noise})", extra={"event": "plan_accepted", "site": self.site_id, "records": ds.n})
@@ -447,6 +453,8 @@ class SiteMachine:
             leaf = kernels.leaf_index(self.local.X, splits.features, splits.thresholds, self.local.is_cat, hp.depth)
         self.local.apply(leaf, t.leaves)
         self.trees.append(t)
+        if self.cpu_at_first_tree is None:
+            self.cpu_at_first_tree = time.process_time()
 
     def _finish(self, ev: FinishedMsg) -> list[Reply]:
         if len(self.trees) < ev.trees or self.init is None:

@@ -40,6 +40,9 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
     if plan.insecure:
         log.warning("THIS PLAN USES TEST-ONLY RANDOMNESS: the model is NOT differentially private",
                     extra={"event": "insecure_randomness"})
+    if plan.noise == "central":
+        log.warning("central noise mode: this coordinator sees the noiseless sums and adds the noise itself; "
+                    "the sites must trust it", extra={"event": "central_noise"})
     state = Path(args.state)
     credentials = None
     if not args.insecure:

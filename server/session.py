@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -720,7 +721,7 @@ class Session:
                      f"sites {list(result.survivors)})",
                      extra={"event": "tree", "tree": work.tree, "round_id": result.round_id,
                             "sites": list(result.survivors), "trees_released": len(self.trees),
-                            "total": self.total_trees, "at": round(now, 6)})
+                            "total": self.total_trees, "at": round(now, 6), "cpu": round(time.process_time(), 4)})
         for s in self.sites.values():
             if s.token is not None:
                 out.append((s.site_id, msg))

@@ -35,8 +35,8 @@ SEED = 11
 class Fed:
     """An in-process federation over a small Abalone sample with record ids."""
 
-    def __init__(self, tmp_path, hp: Hyperparameters, n_rows: int = 240, noise: bool = False, store: bool = False,
-                 **session):
+    def __init__(self, tmp_path, hp: Hyperparameters, n_rows: int = 240, test_noise: bool = False,
+                 store: bool = False, **session):
         self.tmp = tmp_path
         self.schema, raw = abalone_with_ids(n_rows)
         self.raw = raw
@@ -45,7 +45,7 @@ class Fed:
         session.setdefault("deadlines", Deadlines(join=30, stage=10, quorum=10_000, finish=30))
         self.plan = make_plan(self.schema, hp, [SiteEntry(s, self.keys[s].public_key().public_bytes_raw())
                                                 for s in SITES], randomness="insecure-test", test_seed=SEED,
-                              test_noise=noise, max_records_per_site=10_000, **session)
+                              test_noise=test_noise, max_records_per_site=10_000, **session)
         self.clock = Clock()
         self.store_dir = tmp_path / "coordinator" if store else None
         self.session = self.new_session()
@@ -196,7 +196,7 @@ def test_fewer_than_t_survivors_abort_and_the_round_is_retried_in_a_new_slot(tmp
 
 
 def test_initial_score_is_contributed_once_a_retry_resends_the_same_vector(tmp_path):
-    f = Fed(tmp_path, tree_hp(trees=2), noise=True)  # deterministic test noise, so shares are nonzero
+    f = Fed(tmp_path, tree_hp(trees=2), test_noise=True)  # deterministic test noise, so shares are nonzero
     f.start()
 
     def intercept(site, ev):
@@ -499,3 +499,57 @@ def test_site_refusals_before_joining(tmp_path):
                     SiteOptions(allow_insecure_test_randomness=True))
     with pytest.raises(SiteRefusal, match="unknown category 'X'"):
         m.accept_plan(plan, data)
+
+
+# --------------------------------------------------------------------------- noise modes
+
+
+def test_central_mode_adds_the_full_noise_at_the_coordinator_only(tmp_path):
+    """Sites add nothing; the coordinator adds the engine's noise: with the deterministic test source (same
+    seed) the federated model is the engine's noisy model, draw for draw."""
+    hp = tree_hp(trees=4)
+    f = Fed(tmp_path, hp, test_noise=True, noise="central")
+    for m in f.machines.values():
+        assert m.noise is None and m.init_scales is None
+    f.start()
+    f.fed.run()
+    assert f.session.exit_code == 0
+    ds = Dataset.from_arrays(*f._arrays(), f.schema, ids=f.raw["rid"].to_numpy())
+    ref = train(ds, hp, InsecureTestRandomness(seed=SEED, noise=True, i_understand_this_is_insecure=True)).model
+    fm = f.model()
+    assert fm["privacy"]["noise_mode"] == "central"
+    assert fm["init_score"] == ref.init_score
+    assert [t["leaves"] for t in fm["trees"]] == [t.leaves.tolist() for t in ref.trees]
+
+
+def test_distributed_mode_each_site_adds_its_share_and_the_sum_is_exact(tmp_path):
+    """The released leaves are exactly leaf_values(Σ_sites (leaf sums + noise share)): secure aggregation
+    sums exactly and every site added its own share of the scale the plan states."""
+    from common.boosting import leaf_values
+
+    hp = tree_hp(trees=3)
+    f = Fed(tmp_path, hp, test_noise=True)
+    per_round: dict[int, np.ndarray] = {}
+    for s, m in f.machines.items():
+        assert np.allclose(m.leaf_scales, f.plan.noise_scales()[0])
+        take, contribution = m.noise.take, m.local.contribution
+
+        def take_and_record(take=take, s=s):
+            v = take()
+            per_round.setdefault(("noise", s), []).append(v)
+            return v
+
+        def contrib_and_record(*a, contribution=contribution, s=s, **k):
+            c = contribution(*a, **k)
+            per_round.setdefault(("sums", s), []).append(c.sums.copy())
+            return c
+
+        m.noise.take = take_and_record
+        m.local.contribution = contrib_and_record
+    f.start()
+    f.fed.run()
+    assert f.session.exit_code == 0
+    for k, tree in enumerate(f.session.trees):
+        total = sum(per_round[("sums", s)][k] + per_round[("noise", s)][k] for s in SITES)
+        assert np.array_equal(leaf_values(total, hp, f.plan.encoding), tree.leaves)
+        assert all(np.any(per_round[("noise", s)][k] != 0) for s in SITES)
