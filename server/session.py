@@ -351,6 +351,8 @@ class Session:
 
     def subscribed(self, site_id: str, token: bytes, now: float) -> list[Outgoing]:
         st = self.authenticate(site_id, token)
+        if not st.connected:
+            log.info(f"{site_id} connected (event stream open)", extra={"event": "connected", "site": site_id})
         st.connected = True
         return self._advance(now)
 

@@ -1,7 +1,6 @@
 """The plan (bulletin board), the envelope types and the committed gRPC stubs."""
 from __future__ import annotations
 
-import hashlib
 import json
 import subprocess
 import sys
@@ -186,15 +185,25 @@ def test_join_signature_binds_plan_site_and_nonce():
 # --------------------------------------------------------------------------- committed stubs
 
 
+def _without_version_stamps(text: str) -> str:
+    """Generated code minus the generator's version stamps (which name the grpcio-tools release, not the proto)."""
+    import re
+
+    text = re.sub(r"# Protobuf Python Version: .*\n", "", text)
+    text = re.sub(r"_runtime_version\.ValidateProtobufRuntimeVersion\([^)]*\)\n", "", text)
+    return re.sub(r"GRPC_GENERATED_VERSION = '[^']*'", "GRPC_GENERATED_VERSION = ''", text)
+
+
 def test_generated_stubs_are_current(tmp_path):
     proto_root = ROOT / "protos"
     subprocess.run([sys.executable, "-m", "grpc_tools.protoc", f"-I{proto_root}", f"--python_out={tmp_path}",
                     f"--grpc_python_out={tmp_path}", f"--pyi_out={tmp_path}", "fedsbdt/v1/federation.proto"],
                    check=True, cwd=proto_root)
     for name in ("federation_pb2.py", "federation_pb2_grpc.py", "federation_pb2.pyi"):
-        fresh = (tmp_path / "fedsbdt" / "v1" / name).read_bytes()
-        committed = (proto_root / "fedsbdt" / "v1" / name).read_bytes()
-        assert fresh == committed, f"protos/fedsbdt/v1/{name} is stale: regenerate it (see docs/federation.md)"
+        fresh = (tmp_path / "fedsbdt" / "v1" / name).read_text()
+        committed = (proto_root / "fedsbdt" / "v1" / name).read_text()
+        assert _without_version_stamps(fresh) == _without_version_stamps(committed), \
+            f"protos/fedsbdt/v1/{name} is stale: regenerate it (see docs/federation.md)"
     # and the service is the versioned one the code uses
     from fedsbdt.v1 import federation_pb2
 
@@ -202,4 +211,16 @@ def test_generated_stubs_are_current(tmp_path):
     assert svc.full_name == "fedsbdt.v1.Federation"
     assert {m.name for m in svc.methods} == {"GetPlan", "Join", "Subscribe", "SubmitSetup", "SubmitMaskedInput",
                                              "SubmitRound", "GetTrees", "GetStatus", "Report"}
-    assert hashlib.sha256((proto_root / "fedsbdt/v1/federation.proto").read_bytes()).hexdigest()
+
+
+def test_the_stub_check_notices_a_changed_proto(tmp_path):
+    """The check above can fail: a one-field change to the proto changes the generated code."""
+    src = (ROOT / "protos" / "fedsbdt" / "v1" / "federation.proto").read_text()
+    (tmp_path / "fedsbdt" / "v1").mkdir(parents=True)
+    (tmp_path / "fedsbdt" / "v1" / "federation.proto").write_text(
+        src.replace("message ReportResponse {}", "message ReportResponse { uint32 extra = 1; }"))
+    subprocess.run([sys.executable, "-m", "grpc_tools.protoc", f"-I{tmp_path}", f"--python_out={tmp_path}",
+                    "fedsbdt/v1/federation.proto"], check=True, cwd=tmp_path)
+    fresh = (tmp_path / "fedsbdt" / "v1" / "federation_pb2.py").read_text()
+    committed = (ROOT / "protos" / "fedsbdt" / "v1" / "federation_pb2.py").read_text()
+    assert _without_version_stamps(fresh) != _without_version_stamps(committed)

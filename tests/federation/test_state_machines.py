@@ -553,3 +553,13 @@ def test_distributed_mode_each_site_adds_its_share_and_the_sum_is_exact(tmp_path
         total = sum(per_round[("sums", s)][k] + per_round[("noise", s)][k] for s in SITES)
         assert np.array_equal(leaf_values(total, hp, f.plan.encoding), tree.leaves)
         assert all(np.any(per_round[("noise", s)][k] != 0) for s in SITES)
+
+
+def test_a_state_directory_belongs_to_one_plan(tmp_path):
+    from server.checkpoint import CheckpointError
+
+    f = Fed(tmp_path, tree_hp(trees=2), store=True).start()
+    f.fed.run()
+    other = Fed(tmp_path / "other", tree_hp(trees=3))
+    with pytest.raises(CheckpointError, match="belongs to plan"):
+        CoordinatorStore(f.store_dir, other.plan.sha256).load()
