@@ -1,10 +1,11 @@
-"""Randomised equivalence check of the fast kernel paths against plain reference loops.
+"""Randomised equivalence check of the fast engine paths against plain reference code.
 
 Not a test (no timing, but slow-ish): ``python benchmarks/check_kernels.py``.
 Every fast path of ``common/kernels.py`` — interleaved and streaming float
 walks, one-byte code walks (random and single-feature trees), the fused round
 kernel with and without filter/availability, and the leaf-value kernel — must
-agree exactly with straightforward implementations written here.
+agree exactly with straightforward implementations written here, and the
+buffer-reusing subsample keystream must equal ``csprng_uint64`` under a fixed key.
 """
 from __future__ import annotations
 
@@ -182,11 +183,30 @@ def check_leaf_values(rng, cases=2000):
     print(f"leaf values: {cases} random cases agree bit for bit")
 
 
+def check_subsample_stream():
+    """The buffer-reusing keystream equals ``csprng_uint64`` under the same key; masks match bit for bit."""
+    import os
+    from unittest import mock
+
+    from common import randomness
+
+    for n in (1, 7, 1000, 30_001):
+        key = os.urandom(32)
+        with mock.patch.object(randomness.os, "urandom", lambda k: key):
+            a = randomness.csprng_uint64(n).copy()
+            b = randomness._csprng_uint64_scratch(n).copy()
+            m1 = randomness._bernoulli_from_u64(randomness.csprng_uint64(n), 0.1)
+            m2 = randomness.SecureRandomness().subsample(0.1, np.arange(n), 0)
+        assert np.array_equal(a, b) and np.array_equal(m1, m2), n
+    print("subsample keystream: identical to csprng_uint64 under a fixed key")
+
+
 if __name__ == "__main__":
     rng = np.random.default_rng(int(sys.argv[1]) if len(sys.argv) > 1 else 0)
     check_walks(rng)
     check_round_sums(rng)
     check_leaf_values(rng)
+    check_subsample_stream()
     # streaming kernel path of leaf_index (matrix above STREAMING_BYTES)
     X, features, thr, is_cat, _ = random_case(rng, (kernels.STREAMING_BYTES // 8) // 4 + 1000, 4, 6, False, 0)
     assert X.nbytes > kernels.STREAMING_BYTES

@@ -79,7 +79,8 @@ def _csprng_uint64_scratch(n: int) -> np.ndarray:
     enc = Cipher(algorithms.AES(os.urandom(32)), modes.CTR(b"\x00" * 16)).encryptor()
     written = enc.update_into(_zeros(nbytes), buf)
     enc.finalize()
-    assert written == nbytes
+    if written != nbytes:
+        raise RuntimeError(f"AES-CTR produced {written} of {nbytes} keystream bytes")
     return buf[:nbytes].view("<u8")
 
 
