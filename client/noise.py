@@ -6,24 +6,40 @@ the GIL.  Each vector is handed out exactly once (:meth:`NoiseShares.take`)
 and never reused; vectors still queued when the process exits are simply
 lost, which costs no privacy.  The deterministic test source is drawn inline,
 in order, so that a federated test run stays in step with a centralised one.
+
+A round's share variance depends on its noise divisor k_r (the plan's
+``noise_divisor``), known only when its RoundStart arrives.  ``scales`` is
+therefore either one scale vector or a mapping ``k → scale vector``; the
+thread fills the buffer of the divisor most recently asked for (initially
+``expect``: every site taking part), and a share for another divisor is drawn
+inline the first time it is needed (after a dropout).
 """
 from __future__ import annotations
 
 import os
-import queue
 import threading
+from collections import deque
 
 import numpy as np
 
 
 class NoiseShares:
-    def __init__(self, randomness, scales: np.ndarray, chunk: int = 8, ahead: int = 4) -> None:
+    def __init__(self, randomness, scales, chunk: int = 8, ahead: int = 4, expect=None) -> None:
         self.randomness = randomness
-        self.scales = np.asarray(scales, dtype=np.float64)
+        if isinstance(scales, dict):
+            self.scales = {k: np.asarray(v, dtype=np.float64) for k, v in scales.items()}
+            self._expect = expect if expect is not None else max(self.scales)
+        else:
+            self.scales = {None: np.asarray(scales, dtype=np.float64)}
+            self._expect = None
+        if self._expect not in self.scales:
+            raise KeyError(f"no noise scales for the expected divisor {self._expect!r}")
         self.chunk = chunk
+        self.ahead = ahead
         self._inline = bool(getattr(randomness, "insecure", False))
-        self._q: queue.Queue = queue.Queue(maxsize=ahead)
-        self._buf: list[np.ndarray] = []
+        self._ready: dict = {k: deque() for k in self.scales}
+        self._drawing = None  # the key the thread is drawing a block for
+        self._cv = threading.Condition()
         self._error: BaseException | None = None
         self._stop = threading.Event()
         self._thread = None
@@ -39,29 +55,44 @@ class NoiseShares:
         except (AttributeError, OSError):
             pass
         try:
-            while not self._stop.is_set():
-                block = self.randomness.discrete_gaussian(np.tile(self.scales, self.chunk))
-                block = block.reshape(self.chunk, self.scales.size)
-                while not self._stop.is_set():
-                    try:
-                        self._q.put(block, timeout=0.5)
-                        break
-                    except queue.Full:
-                        continue
+            while True:
+                with self._cv:
+                    while not self._stop.is_set() and len(self._ready[self._expect]) >= self.ahead * self.chunk:
+                        self._cv.wait()
+                    if self._stop.is_set():
+                        return
+                    key = self._drawing = self._expect
+                scales = self.scales[key]
+                block = self.randomness.discrete_gaussian(np.tile(scales, self.chunk))
+                with self._cv:
+                    self._ready[key].extend(np.asarray(block, dtype=np.int64).reshape(self.chunk, scales.size))
+                    self._drawing = None
+                    self._cv.notify_all()
         except BaseException as e:  # surfaced by take()
-            self._error = e
-            self._q.put(None)
+            with self._cv:
+                self._error = e
+                self._drawing = None
+                self._cv.notify_all()
 
-    def take(self) -> np.ndarray:
-        """A fresh noise vector (never handed out before)."""
+    def take(self, key=None) -> np.ndarray:
+        """A fresh noise vector (never handed out before) with the scales of divisor ``key``."""
+        if key not in self.scales:
+            raise KeyError(f"no noise scales for divisor {key!r}")
         if self._inline:
-            return self.randomness.discrete_gaussian(self.scales)
-        if not self._buf:
-            block = self._q.get()
-            if block is None:
+            return self.randomness.discrete_gaussian(self.scales[key])
+        with self._cv:
+            if key != self._expect:
+                self._expect = key  # the thread fills this divisor's buffer from now on
+                self._cv.notify_all()
+            while not self._ready[key] and self._drawing == key and self._error is None:
+                self._cv.wait()
+            if self._ready[key]:
+                return self._ready[key].popleft()
+            if self._error is not None:
                 raise RuntimeError(f"the noise sampler failed: {self._error!r}")
-            self._buf = list(block)
-        return np.array(self._buf.pop(), dtype=np.int64)
+        return np.asarray(self.randomness.discrete_gaussian(self.scales[key]), dtype=np.int64)  # drawn now
 
     def close(self) -> None:
         self._stop.set()
+        with self._cv:
+            self._cv.notify_all()

@@ -29,7 +29,11 @@ docs/federation.md):
   commit in one transaction *before* the masked vector is returned;
 * a RoundStart for a tree this site has not caught up to (or has already
   seen released) is refused; secure aggregation refuses participant sets
-  without this site or smaller than t, and range-checks the site's input.
+  without this site or smaller than t, and range-checks the site's input;
+* distributed noise: a tree round's share has variance σ²/k_r with
+  k_r = max(t, |P_r| − s) − c recomputed from the plan and the RoundStart's
+  participant set, and the site signs the survivor set U3 only if
+  |U3| − c ≥ k_r (otherwise the round is aborted at this site).
 
 Every released tree is checked against the plan's public splits before it
 is applied; a coordinator that sends anything else is caught.
@@ -230,7 +234,8 @@ class SiteMachine:
                                np.array([f.is_categorical for f in plan.schema.features]))
         self.ledger.ensure_records(ds.ids)
         self.local.spent = self.ledger.spent_for(ds.ids)
-        self.secagg = SecAggSite(plan.secagg_config(), self.site_id, self.identity_key, self.ledger.storage)
+        self.secagg = SecAggSite(plan.secagg_config(), self.site_id, self.identity_key, self.ledger.storage,
+                                 min_survivors=self._min_survivors if plan.noise == "distributed" else None)
         self.randomness = randomness
         self.cal = cal
         self.table = filter_for(hp, cal)
@@ -240,7 +245,11 @@ class SiteMachine:
         if hp.init_share == 0:
             self._set_init(InitScoreMsg(0.0, None, ()))
         self._warm_up()
-        self.noise = None if self.leaf_scales is None else NoiseShares(randomness, self.leaf_scales)
+        self.noise = None
+        if self.leaf_scales is not None:  # one scale vector per possible noise divisor k_r
+            ks = sorted({plan.noise_divisor(p) for p in range(plan.threshold, plan.n + 1)})
+            self.noise = NoiseShares(randomness, {k: plan.leaf_share_scales(k) for k in ks},
+                                     expect=plan.noise_divisor(plan.n))
         if plan.noise == "central":
             log.warning(f"{self.site_id}: central noise mode: the coordinator sees this site's noiseless sums "
                         "(summed with the others') and must be trusted to add the noise",
@@ -265,6 +274,21 @@ class SiteMachine:
                                  (self.init_scales, self.randomness.discrete_laplace)):
                 if scales is not None:
                     draw(scales)
+
+    def _min_survivors(self, start: RoundStart) -> int:
+        """The smallest survivor set this site signs (distributed noise): k_r + c for a tree round.
+
+        k_r = max(t, |P_r| − s) − c is recomputed here from the public plan and the participant set
+        of the round's RoundStart (stored by secure aggregation, so a restarted site applies the same
+        rule); no number from the coordinator is trusted.  Every site in U3 added a share of variance
+        σ²/k_r, at most c of them collude, so a sum over U3 holds ≥ (|U3| − c)·σ²/k_r ≥ σ² honest noise.
+        The initial-score round (vector length 2; each site adds a full Laplace share) needs only t.
+        """
+        plan = self.plan
+        p = len(start.participants)
+        if start.vector_len == 2 or not plan.threshold <= p <= plan.n:
+            return plan.threshold  # secure aggregation refuses impossible participant sets itself
+        return plan.min_survivors(p)
 
     def join_material(self) -> tuple[bytes, bytes]:
         """(nonce, signature) for a Join: the identity key signs plan hash, site id and a fresh nonce."""
@@ -390,7 +414,10 @@ class SiteMachine:
             else:
                 c = local.contribution(self.splits(k), k, self.randomness, self.table)
                 x, with_data = np.asarray(c.sums, dtype=np.int64), True
-            noise = None if self.noise is None else self.noise.take()
+            noise = None
+            p = len(start.participants)
+            if self.noise is not None and plan.threshold <= p <= plan.n:  # otherwise secagg refuses the round
+                noise = self.noise.take(plan.noise_divisor(p))  # variance σ²/k_r, k_r from the public plan
 
         with self.ledger.transaction():
             try:

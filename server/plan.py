@@ -6,6 +6,8 @@ A plan is a TOML file every party can read and hash::
     id = "abalone-2025"
     threshold = 2                 # t: every accepted sum has ≥ t sites' inputs
     assumed_colluders = 0         # c: sites that may collude with the coordinator (2t > n + c)
+    dropout_slack = 0             # s (0 ≤ s ≤ n − t): a round's leaf noise is split into
+                                  #   k_r = max(t, |P_r| − s) − c shares (docs/federation.md §5)
     noise = "distributed"         # or "central" (the coordinator adds the noise: trust it)
     epoch_rounds = 64             # secure-aggregation round slots prepared per epoch
     max_records_per_site = 100000 # public bound for the fixed-point capacity check
@@ -111,6 +113,7 @@ class Plan:
     stated_epsilon: float
     noise: str = "distributed"
     assumed_colluders: int = 0
+    dropout_slack: int = 0
     epoch_rounds: int = 64
     max_records_per_site: int = 1_000_000
     max_attempts: int = 20
@@ -130,7 +133,7 @@ class Plan:
             raise PlanError("the roster lists one identity key for two sites")
         if len(ids) < 2:
             raise PlanError("a federation needs at least two sites in the roster")
-        for name in ("threshold", "assumed_colluders", "epoch_rounds", "max_records_per_site", "max_attempts",
+        for name in ("threshold", "assumed_colluders", "dropout_slack", "epoch_rounds", "max_records_per_site", "max_attempts",
                      "test_seed"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int):
@@ -141,6 +144,9 @@ class Plan:
         if c < 0 or not 2 * t > n + c:
             raise PlanError(f"session.threshold = {t} is too low for {n} sites and {c} assumed colluders: "
                             f"secure aggregation needs 2t > n + colluders, i.e. t ≥ {(n + c) // 2 + 1}")
+        if not 0 <= self.dropout_slack <= n - t:
+            raise PlanError(f"session.dropout_slack = {self.dropout_slack}: must be between 0 and n − t = {n - t} "
+                            f"({n} sites, threshold {t})")
         if self.noise not in NOISE_MODES:
             raise PlanError(f"session.noise = {self.noise!r}: must be one of {', '.join(NOISE_MODES)}")
         if not 1 <= self.epoch_rounds <= MAX_EPOCH_ROUNDS:
@@ -183,8 +189,33 @@ class Plan:
 
     @property
     def noise_shares(self) -> int:
-        """Shares the leaf noise is split into in distributed mode: t − c (see docs/federation.md)."""
+        """The fewest shares a round's leaf noise is ever split into: t − c (the largest share variance)."""
         return self.threshold - self.assumed_colluders
+
+    def noise_divisor(self, participants: int) -> int:
+        """k_r = max(t, p − s) − c: the leaf noise of a round with p participants is split into k_r shares.
+
+        A public function of the plan and |P_r|, recomputed by every site from the RoundStart it
+        answers (never taken from the coordinator).  A site signs the survivor set U3 only if
+        |U3| − c ≥ k_r, so every released sum holds at least (|U3| − c)·σ²/k_r ≥ σ² of honest noise.
+        """
+        p = int(participants)
+        if not self.threshold <= p <= self.n:
+            raise PlanError(f"a round with {p} participants is impossible for t = {self.threshold}, n = {self.n}")
+        return max(self.threshold, p - self.dropout_slack) - self.assumed_colluders
+
+    def min_survivors(self, participants: int) -> int:
+        """The smallest survivor set |U3| a site signs in a round with p participants: k_r + c."""
+        return self.noise_divisor(participants) + self.assumed_colluders
+
+    def leaf_share_scales(self, shares: int):
+        """Per-coordinate std (fixed-point units) of one site's leaf-noise share when split into ``shares``."""
+        from common.boosting import leaf_noise_scales
+
+        if not self.noise_shares <= shares <= self.n:
+            raise PlanError(f"leaf noise cannot be split into {shares} shares (t − c = {self.noise_shares}, "
+                            f"n = {self.n})")
+        return leaf_noise_scales(self.hyperparameters, self.encoding, self.calibration().sigma, shares=shares)
 
     @property
     def insecure(self) -> bool:
@@ -231,9 +262,11 @@ class Plan:
         return cal
 
     def noise_scales(self):
-        """(leaf noise share scales, initial-score share scales) each site adds, in fixed-point units.
+        """(largest leaf noise share scales, initial-score share scales) a site adds, in fixed-point units.
 
-        Distributed mode: leaf noise split into t − c shares, a full discrete-Laplace initial-score share.
+        Distributed mode: the leaf noise split into t − c shares — the largest share any round uses
+        (a round splits it into k_r ≥ t − c shares, :meth:`noise_divisor`); the bound secure
+        aggregation range-checks noise shares against.  A full discrete-Laplace initial-score share.
         Central mode: sites add nothing (both ``None``).
         """
         if self.noise != "distributed":
@@ -309,7 +342,7 @@ class Plan:
     def to_dict(self) -> dict[str, Any]:
         session = {
             "id": self.session_id, "threshold": self.threshold, "assumed_colluders": self.assumed_colluders,
-            "noise": self.noise, "epoch_rounds": self.epoch_rounds,
+            "dropout_slack": self.dropout_slack, "noise": self.noise, "epoch_rounds": self.epoch_rounds,
             "max_records_per_site": self.max_records_per_site, "max_attempts": self.max_attempts,
             "randomness": self.randomness,
         }
@@ -364,7 +397,7 @@ class Plan:
             return v
 
         s = dict(section("session"))
-        s_known = {"id", "threshold", "assumed_colluders", "noise", "epoch_rounds", "max_records_per_site",
+        s_known = {"id", "threshold", "assumed_colluders", "dropout_slack", "noise", "epoch_rounds", "max_records_per_site",
                    "max_attempts", "randomness", "test_seed", "test_noise"}
         bad = sorted(set(s) - s_known)
         if bad:
@@ -410,6 +443,7 @@ class Plan:
                 session_id=s["id"], schema=schema, hyperparameters=hp, sites=tuple(sites), threshold=s["threshold"],
                 stated_sigma=pr["sigma"], stated_epsilon=pr["epsilon"],
                 noise=s.get("noise", "distributed"), assumed_colluders=s.get("assumed_colluders", 0),
+                dropout_slack=s.get("dropout_slack", 0),
                 epoch_rounds=s.get("epoch_rounds", 64), max_records_per_site=s.get("max_records_per_site", 1_000_000),
                 max_attempts=s.get("max_attempts", 20), randomness=s.get("randomness", "secure"),
                 test_seed=s.get("test_seed", 0), test_noise=s.get("test_noise", True), deadlines=Deadlines(**dl),

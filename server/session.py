@@ -621,6 +621,15 @@ class Session:
             log.debug(f"round {ph.rnd.round_id}: closing {ph.name}", extra={"event": "stage_closed", "at": now})
         try:
             if isinstance(ph, CollectingInputs):
+                need = self._min_survivors(ph)
+                got = len(ph.rnd.survivors)
+                if got < need:  # every honest site would refuse to sign U3: do not ask, retry in a new slot
+                    p = len(ph.request.participants)
+                    reason = (f"only {got} of {p} participants sent their masked input; their noise shares are "
+                              f"split {self.plan.noise_divisor(p)} ways, so at least {need} must survive "
+                              f"(dropout_slack = {self.plan.dropout_slack})")
+                    ph.rnd.abort(reason)
+                    raise ProtocolAbort(reason)
                 req = ph.rnd.close_inputs()
                 for s in req.survivors:
                     out.append((s, RoundMsg(req.to_bytes())))
@@ -641,6 +650,15 @@ class Session:
                 self._suspend(s, f"blamed in round {ph.rnd.round_id}: {e}")
             self._round_failed(ph, str(e), now, out)
         return True
+
+    def _min_survivors(self, ph: RoundInFlight) -> int:
+        """The survivor count the sites require before signing U3 (client/site.py applies the same rule).
+
+        Distributed noise, tree rounds: k_r + c with k_r = max(t, |P_r| − s) − c.  Otherwise t.
+        """
+        if self.plan.noise != "distributed" or ph.work.purpose != Purpose.TREE:
+            return self.t
+        return self.plan.min_survivors(len(ph.request.participants))
 
     def _maybe_begin(self, ph: Between, now: float, out: list[Outgoing]) -> bool:
         work = self.next_work()
@@ -678,8 +696,11 @@ class Session:
         for s in start.participants:
             out.append((s, RoundStartMsg(work.purpose, work.tree, data)))
         self.phase = CollectingInputs(rnd, work, start, now + self.plan.deadlines.stage)
-        log.debug(f"round {start.round_id} ({work}) started with {list(start.participants)}",
-                  extra={"event": "round_started", "round_id": start.round_id, "work": str(work), "at": now})
+        if log.isEnabledFor(logging.DEBUG):
+            k = self.plan.noise_divisor(len(start.participants)) if work.purpose == Purpose.TREE else None
+            log.debug(f"round {start.round_id} ({work}) started with {list(start.participants)}, noise divisor {k}",
+                      extra={"event": "round_started", "round_id": start.round_id, "work": str(work), "at": now,
+                             "noise_divisor": k})
         return True
 
     def _round_failed(self, ph: RoundInFlight, reason: str, now: float, out: list[Outgoing]) -> None:

@@ -103,6 +103,9 @@ class SiteContext:
     site_id: str
     identity: Ed25519PrivateKey
     randbytes: RandBytes
+    #: optional caller policy: the smallest survivor set |U3| this site signs in a round, as a pure
+    #: function of the round's RoundStart (e.g. the federation's k_r + c noise rule); never below t
+    min_survivors: Callable[[RoundStart], int] | None = None
 
     @property
     def digest(self) -> bytes:
@@ -435,6 +438,11 @@ class RoundInputSent(RoundStage):
             )
         if len(u3) < ctx.t:
             raise ProtocolAbort(f"round {s.round_id}: only {len(u3)} survivors, threshold is {ctx.t}")
+        if ctx.min_survivors is not None:
+            need = int(ctx.min_survivors(s))
+            if len(u3) < need:
+                raise ProtocolAbort(f"round {s.round_id}: only {len(u3)} survivors of {len(s.participants)} "
+                                    f"participants; this site signs only survivor sets of at least {need} here")
         payload = consistency_payload(ctx.digest, s.epoch, epoch.epoch_digest, s.round_id, s.vector_len, s.participants, u3)
         sig = ConsistencySignature(
             ctx.digest, s.epoch, s.round_id, ctx.site_id, ed25519_sign(ctx.identity, CONSISTENCY_DOMAIN, payload)
@@ -546,6 +554,9 @@ class SecAggSite:
         identity_key: this site's Ed25519 private key; its public key must be the pinned one.
         storage: durable storage (see ``storage.py``); state is restored from it on construction.
         randbytes: source of secure randomness; ``os.urandom`` unless testing.
+        min_survivors: optional policy ``RoundStart -> int``: the site refuses (ProtocolAbort, the
+            round is aborted at this site) to sign a survivor set smaller than this.  It must be a pure
+            function of public data so that a restarted site applies the same rule.
 
     Each ``handle_*`` method validates one incoming message and returns the
     reply to send (or ``None``).  Replies are persisted before they are
@@ -559,13 +570,14 @@ class SecAggSite:
         identity_key: Ed25519PrivateKey,
         storage: Storage,
         randbytes: Callable[[int], bytes] = os.urandom,
+        min_survivors: Callable[[RoundStart], int] | None = None,
     ) -> None:
         if not config.in_roster(site_id):
             raise SecAggError(f"site {site_id!r} is not in the session roster")
         pinned = config.roster[config.x_coordinate(site_id) - 1].public_key
         if ed25519_public(identity_key) != pinned:
             raise SecAggError(f"identity key of {site_id!r} does not match the pinned key in the roster")
-        self.ctx = SiteContext(config, site_id, identity_key, randbytes)
+        self.ctx = SiteContext(config, site_id, identity_key, randbytes, min_survivors)
         self._storage = storage
         self._epochs: dict[int, EpochStage] = {}
         self._rounds: dict[int, RoundStage] = {}

@@ -120,6 +120,48 @@ def test_distributed_noise_shares_sum_to_at_least_the_calibrated_variance():
     assert central.noise_scales() == (None, None)
 
 
+@pytest.mark.parametrize("n,t,c,s,expected", [
+    # k_r = max(t, p − s) − c for p = t … n (design: the coordinator announces it, every site recomputes it)
+    (3, 2, 0, 0, {2: 2, 3: 3}),
+    (3, 2, 0, 1, {2: 2, 3: 2}),  # s = n − t: the old fixed divisor t − c
+    (5, 4, 2, 0, {4: 2, 5: 3}),
+    (5, 4, 2, 1, {4: 2, 5: 2}),
+    (7, 4, 0, 2, {4: 4, 5: 4, 6: 4, 7: 5}),
+    (7, 5, 1, 0, {5: 4, 6: 5, 7: 6}),
+    (7, 5, 1, 2, {5: 4, 6: 4, 7: 4}),
+])
+def test_noise_divisor_follows_the_dropout_slack(n, t, c, s, expected):
+    p = plan(n, threshold=t, assumed_colluders=c, dropout_slack=s)
+    assert {q: p.noise_divisor(q) for q in range(t, n + 1)} == expected
+    for q in range(t, n + 1):
+        k = p.noise_divisor(q)
+        assert p.min_survivors(q) == k + c
+        assert t - c <= k <= q - c  # never fewer shares than before, never more than the honest participants
+        # with no dropout (U3 = P_r) the honest shares carry at least σ², exactly σ² when s = 0
+        assert (q - c) >= k and ((q - c) == k) == (s == 0 or q == t)
+    with pytest.raises(PlanError):
+        p.noise_divisor(t - 1)
+
+
+def test_dropout_slack_is_validated_and_part_of_the_plan_hash(tmp_path):
+    p0, p1 = plan(3), None
+    d = json.loads(p0.canonical_json)
+    assert d["session"]["dropout_slack"] == 0  # the default, stated explicitly in the canonical form
+    d["session"]["dropout_slack"] = 1
+    p1 = Plan.from_dict(d)
+    assert p1.dropout_slack == 1 and p1.sha256 != p0.sha256
+    path = tmp_path / "plan.toml"
+    p1.save(path)
+    assert "dropout_slack = 1" in path.read_text() and Plan.load(path).sha256 == p1.sha256
+    for bad in (2, -1, 1.0, True, "1"):
+        d["session"]["dropout_slack"] = bad
+        with pytest.raises(PlanError, match="dropout_slack"):
+            Plan.from_dict(d)
+    # the largest share (t − c ways) is what secure aggregation range-checks
+    assert np.allclose(p1.noise_scales()[0], p1.leaf_share_scales(p1.noise_shares))
+    assert np.all(p1.leaf_share_scales(3) < p1.leaf_share_scales(2))
+
+
 def test_message_size_estimate_bounds_real_messages_and_refuses_oversized_plans():
     from common.secagg.loopback import LoopbackFederation
     from common.secagg import SessionConfig, SiteIdentity
