@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from common import testhooks
 from fedsbdt.v1 import federation_pb2 as pb
 from fedsbdt.v1 import federation_pb2_grpc as pbg
 from server.pki import TlsFiles, channel_credentials, tls_probe
@@ -214,6 +215,7 @@ class Daemon:
                         replies = self.m.handle(ev)
                     except NeedCatchUp as e:
                         replies = [Refusal(f"cannot catch up: {e}")]
+                testhooks.site_event(ev)  # TEST-ONLY kill point (no-op unless FEDSBDT_TEST_KILL_AT is set)
                 for r in replies:
                     self._send(r)
                 if replies and log.isEnabledFor(logging.DEBUG):
@@ -232,6 +234,7 @@ class Daemon:
 
     def _send(self, r) -> None:
         site, token = self.m.site_id, self.token
+        testhooks.site_reply(r, self.m.trees_applied, "before")  # TEST-ONLY kill point (off by default)
         if isinstance(r, SetupReply):
             resp = self._call("sending epoch keys", self.stub.SubmitSetup,
                               pb.SecAggSubmission(site_id=site, token=token, secagg=r.secagg))
@@ -254,3 +257,4 @@ class Daemon:
         if not resp.accepted:
             log.info(f"{site}: the coordinator did not accept a {type(r).__name__}: {resp.detail}",
                      extra={"event": "not_accepted", "site": site})
+        testhooks.site_reply(r, self.m.trees_applied, "after")

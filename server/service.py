@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from common import testhooks
 from fedsbdt.v1 import federation_pb2 as pb
 from fedsbdt.v1 import federation_pb2_grpc as pbg
 
@@ -88,6 +89,7 @@ class FederationService(pbg.FederationServicer):
 
     def dispatch(self, outs) -> None:
         """Append the session's outgoing events to the outboxes (caller holds ``lock``)."""
+        testhooks.coordinator_dispatch(outs, len(self.session.trees), "before")  # TEST-ONLY kill point (off)
         cache: dict[int, object] = {}
         touched = set()
         for site, ev in outs:
@@ -106,6 +108,7 @@ class FederationService(pbg.FederationServicer):
             touched.add(site)
         for site in touched:
             self.outboxes[site].ready.notify_all()
+        testhooks.coordinator_dispatch(outs, len(self.session.trees), "after")
 
     def tick(self) -> None:
         with self.lock:
@@ -281,7 +284,10 @@ class FederationService(pbg.FederationServicer):
             return self.session.submit_input(request.site_id, purpose, int(request.tree), bytes(request.secagg),
                                              self.clock())
 
-        return self._submit(context, request.site_id, request.token, call)
+        resp = self._submit(context, request.site_id, request.token, call)
+        if resp.accepted:
+            testhooks.coordinator_input(int(request.tree))  # TEST-ONLY kill point (off by default)
+        return resp
 
     def SubmitRound(self, request, context):
         self.bytes_in += request.ByteSize()

@@ -430,6 +430,10 @@ class Session:
             ph.rnd.receive(msg)
         except InvalidMessage as e:
             raise Rejected(str(e)) from None
+        if log.isEnabledFor(logging.DEBUG):  # the hardening tests match these against the sites' ledgers
+            log.debug(f"round {msg.round_id} ({ph.work}): masked input from {site_id}",
+                      extra={"event": "input_received", "site": site_id, "round_id": msg.round_id,
+                             "work": str(ph.work)})
         st = self.sites[site_id]
         if purpose == Purpose.TREE:
             st.trees_applied = max(st.trees_applied, min(tree, len(self.trees)))
@@ -479,7 +483,9 @@ class Session:
                 return True
             return self._step_pipeline(now, out) or self._step_rounds(now, out)
         if isinstance(st, Finishing):
-            waiting = [s.site_id for s in self.sites.values() if s.connected and s.finished_sha256 is None]
+            # Every roster site, connected or not: a site that crashed near the end and restarts within
+            # deadlines.finish re-joins, is sent Finished (_pending_for) and still gets the verified model.
+            waiting = [s.site_id for s in self.sites.values() if s.finished_sha256 is None]
             if not waiting or now >= st.deadline:
                 mismatched = tuple(s.site_id for s in self.sites.values()
                                    if s.finished_sha256 is not None and s.finished_sha256 != st.model_sha256)

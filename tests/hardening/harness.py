@@ -1,0 +1,429 @@
+"""Real-process federations under faults: start, kill (at test-hook points or at random), restart, check.
+
+Shared by the hardening tests and ``benchmarks/soak.py``.  Every process is a
+``python -m common.cli --log-format json …`` child; a reader thread per
+process turns its stderr lines into events (and its exit into an ``_exit``
+event), so callers wait for *events* with a deadline instead of sleeping.
+
+Kill points are the test-only hook of :mod:`common.testhooks`
+(``FEDSBDT_TEST_KILL_AT``): a process SIGKILLs itself at a named protocol
+stage and prints one ``fedsbdt-testhook:`` line first, which lets the
+orchestrator check that the kill happened where it was asked for.
+
+:func:`check_outcome` verifies everything the hardening brief asks of a run
+that survived faults, from the files the parties left behind (model files,
+the coordinator's SQLite checkpoint, every site's SQLite ledger) and from
+the coordinator's debug log (which masked inputs it received).
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# =========================================================================== processes
+
+
+class Proc:
+    """One incarnation of a party: a ``fedsbdt`` child process whose JSON log lines become events."""
+
+    def __init__(self, fed: "Federation", name: str, argv: list[str], env: dict[str, str] | None = None,
+                 prefix: tuple[str, ...] = (), log_level: str = "info", incarnation: int = 0) -> None:
+        self.fed, self.name, self.incarnation = fed, name, incarnation
+        e = dict(os.environ)
+        e.pop("FEDSBDT_TEST_KILL_AT", None)
+        e["FEDSBDT_TEST_FAULTHANDLER"] = "1"  # SIGUSR1 dumps stacks (diagnosis of a hung process)
+        e.update(env or {})
+        self.kill_at = (env or {}).get("FEDSBDT_TEST_KILL_AT")
+        cmd = [*prefix, sys.executable, "-m", "common.cli", "--log-format", "json", "--log-level", log_level, *argv]
+        self.started = time.monotonic()
+        self.p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=e)
+        self.lines: list[str] = []
+        self.stdout = ""
+        self.hooked: str | None = None  # the testhook line, if the process killed itself
+        self.rc: int | None = None
+        self._t_out = threading.Thread(target=self._read_out, daemon=True)
+        self._t_err = threading.Thread(target=self._read_err, daemon=True)
+        self._t_out.start()
+        self._t_err.start()
+
+    def _read_out(self) -> None:
+        self.stdout = self.p.stdout.read()
+
+    def _read_err(self) -> None:
+        for line in self.p.stderr:
+            self.lines.append(line)
+            if line.startswith("fedsbdt-testhook:"):
+                self.hooked = line.strip()
+                rec = {"event": "testhook_kill", "msg": line.strip()}
+            else:
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError:
+                    rec = {"event": "raw", "msg": line.rstrip()}
+                if not isinstance(rec, dict):
+                    rec = {"event": "raw", "msg": line.rstrip()}
+            self.fed.post(self, rec)
+        self._t_out.join(timeout=30)
+        self.rc = self.p.wait()
+        self.fed.post(self, {"event": "_exit", "rc": self.rc})
+
+    @property
+    def alive(self) -> bool:
+        return self.p.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL this process (by its pid) and reap it."""
+        if self.p.poll() is None:
+            try:
+                os.kill(self.p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.p.wait(timeout=30)
+
+    def wait(self, timeout: float) -> int:
+        rc = self.p.wait(timeout=timeout)
+        self._t_err.join(timeout=30)
+        return rc
+
+    def result(self) -> dict:
+        return json.loads(self.stdout)
+
+    @property
+    def errors(self) -> str:
+        out = []
+        for ln in self.lines:
+            try:
+                rec = json.loads(ln)
+            except json.JSONDecodeError:
+                out.append(ln.rstrip())
+                continue
+            if isinstance(rec, dict) and rec.get("level") in ("ERROR", "WARNING", "CRITICAL"):
+                out.append(rec.get("msg", ""))
+        return "\n".join(out)
+
+
+@dataclass
+class Federation:
+    """A coordinator and its sites as processes; parties keep their name across restarts."""
+
+    root: Path
+    plan_path: Path
+    port: int = field(default_factory=free_port)
+    listen_host: str = "127.0.0.1"
+    connect_host: str = "localhost"
+    events: list[dict] = field(default_factory=list)
+    cond: threading.Condition = field(default_factory=threading.Condition)
+    current: dict[str, Proc] = field(default_factory=dict)
+    history: list[Proc] = field(default_factory=list)
+    site_args: dict[str, dict] = field(default_factory=dict)
+
+    # ------------------------------------------------------------------ events
+
+    def post(self, proc: Proc, rec: dict) -> None:
+        rec["_proc"] = proc.name
+        rec["_inc"] = proc.incarnation
+        rec["_t"] = time.monotonic()
+        with self.cond:
+            self.events.append(rec)
+            self.cond.notify_all()
+
+    def mark(self) -> int:
+        with self.cond:
+            return len(self.events)
+
+    def wait_event(self, pred, timeout: float, after: int = 0) -> dict:
+        """Block until an event with index ≥ ``after`` satisfies ``pred``; AssertionError on timeout."""
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            i = after
+            while True:
+                while i < len(self.events):
+                    ev = self.events[i]
+                    i += 1
+                    if pred(ev):
+                        ev["_i"] = i - 1
+                        return ev
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(f"timed out after {timeout:g} s waiting for an event\n{self.diagnosis()}")
+                self.cond.wait(timeout=left)
+
+    def diagnosis(self, n: int = 25) -> str:
+        """Recent events plus a stack dump of every live process (faulthandler on SIGUSR1)."""
+        alive = [p for p in self.current.values() if p.alive]
+        for p in alive:
+            try:
+                os.kill(p.p.pid, signal.SIGUSR1)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.5) if alive else None  # let the dumps reach the reader threads
+        last = [f"{e.get('_proc')}#{e.get('_inc')} {e.get('event')}: {str(e.get('msg', e.get('rc', '')))[:200]}"
+                for e in self.events[-n:]]
+        dumps = []
+        for p in alive:
+            tail = [ln.rstrip() for ln in p.lines if not ln.startswith("{")][-60:]
+            if tail:
+                dumps.append(f"--- {p.name}#{p.incarnation} (pid {p.p.pid}) ---\n" + "\n".join(tail))
+        return "last events:\n" + "\n".join(last) + ("\n" + "\n".join(dumps) if dumps else "")
+
+    # ------------------------------------------------------------------ parties
+
+    @property
+    def address(self) -> str:
+        return f"{self.connect_host}:{self.port}"
+
+    def _start(self, name: str, argv: list[str], kill_at: str | None, prefix=(), log_level="info") -> Proc:
+        inc = sum(1 for p in self.history if p.name == name)
+        env = {"FEDSBDT_TEST_KILL_AT": kill_at} if kill_at else {}
+        p = Proc(self, name, argv, env, tuple(prefix), log_level, inc)
+        self.current[name] = p
+        self.history.append(p)
+        return p
+
+    def coordinator(self, *extra: str, kill_at: str | None = None, log_level: str = "debug") -> Proc:
+        argv = ["coordinator", "--plan", str(self.plan_path), "--listen", f"{self.listen_host}:{self.port}",
+                "--state", str(self.root / "coordinator"), "--json", "--allow-insecure-test-randomness", *extra]
+        return self._start("coordinator", argv, kill_at, log_level=log_level)
+
+    def configure_site(self, sid: str, data: Path, *extra: str, address: str | None = None, prefix=(),
+                       reconnect_timeout: float = 60.0, state: Path | None = None) -> None:
+        """Remember how to start site ``sid`` (:meth:`site` without ``data`` reuses it, e.g. after a kill)."""
+        self.site_args[sid] = dict(data=data, extra=extra, address=address, prefix=prefix,
+                                   reconnect_timeout=reconnect_timeout, state=state)
+
+    def site(self, sid: str, data: Path | None = None, *extra: str, kill_at: str | None = None,
+             address: str | None = None, prefix=(), reconnect_timeout: float = 60.0, state: Path | None = None
+             ) -> Proc:
+        """Start (or restart, with the same arguments as before unless ``data`` is given) site ``sid``."""
+        if data is not None:
+            self.configure_site(sid, data, *extra, address=address, prefix=prefix,
+                                reconnect_timeout=reconnect_timeout, state=state)
+        a = self.site_args[sid]
+        argv = ["client", "--coordinator", a["address"] or self.address, "--site", sid, "--data", str(a["data"]),
+                "--state", str(a["state"] or self.root / sid), "--json", "--reconnect-timeout",
+                str(a["reconnect_timeout"]), "--allow-insecure-test-randomness", *a["extra"]]
+        return self._start(sid, argv, kill_at, prefix=a["prefix"])
+
+    def stop(self) -> None:
+        """Kill every live process (by pid) and write the event log next to the state directories."""
+        for p in self.history:
+            if p.alive:
+                p.kill()
+        try:
+            with open(self.root / "events.jsonl", "w") as fh:
+                for e in self.events:
+                    fh.write(json.dumps(e, default=str) + "\n")
+        except OSError:
+            pass
+
+    def events_of(self, name: str, kind: str) -> list[dict]:
+        with self.cond:
+            return [e for e in self.events if e.get("_proc") == name and e.get("event") == kind]
+
+
+# =========================================================================== kill orchestration
+
+
+@dataclass
+class KillLog:
+    party: str
+    point: str
+    hooked: str
+    seconds: float
+
+
+def run_with_kill_points(fed: Federation, schedule: dict[str, list[str]], sites: list[str],
+                         timeout: float, coordinator_args: tuple[str, ...] = ()) -> list[KillLog]:
+    """Run a federation in which every party SIGKILLs itself at its scheduled points, one after another.
+
+    ``schedule[party]`` lists kill points (``stage@tree[:when]``, see common.testhooks); the party is
+    started with the first, and each time it dies there it is restarted at once with the next (the
+    last incarnation runs without).  Returns when the coordinator and every site exited 0; fails
+    (AssertionError with a diagnosis) on any other exit, on a SIGKILL that is not the scheduled
+    one, on a scheduled point never reached, or after ``timeout`` seconds.
+    """
+    t0 = time.monotonic()
+    queues = {p: list(schedule.get(p, [])) for p in ["coordinator", *sites]}
+    kills: list[KillLog] = []
+
+    def start(party: str) -> Proc:
+        point = queues[party].pop(0) if queues[party] else None
+        if party == "coordinator":
+            return fed.coordinator(*coordinator_args, kill_at=point)
+        return fed.site(party, kill_at=point)
+
+    mark = fed.mark()
+    for party in queues:
+        start(party)
+    done: set[str] = set()
+    while done != set(queues):
+        left = timeout - (time.monotonic() - t0)
+        ev = fed.wait_event(lambda e: e.get("event") == "_exit" and e["_inc"] == fed.current[e["_proc"]].incarnation,
+                            timeout=max(left, 0.01), after=mark)
+        mark = ev["_i"] + 1
+        party, rc = ev["_proc"], ev["rc"]
+        proc = fed.current[party]
+        if rc == -signal.SIGKILL and proc.kill_at:
+            assert proc.hooked is not None and proc.kill_at.split(",")[0].split(":")[0] in proc.hooked, \
+                f"{party} was SIGKILLed, but not at its kill point {proc.kill_at}: {proc.hooked}"
+            kills.append(KillLog(party, proc.kill_at, proc.hooked, round(time.monotonic() - t0, 2)))
+            start(party)
+            continue
+        if rc == 0:
+            done.add(party)
+            if proc.kill_at:
+                raise AssertionError(f"{party} finished without reaching its kill point {proc.kill_at} "
+                                     f"(points left: {queues[party]})")
+            continue
+        raise AssertionError(f"{party}#{proc.incarnation} exited with {rc} (kill point {proc.kill_at}):\n"
+                             f"{proc.errors[-3000:]}\n{fed.diagnosis()}")
+    left = {p: q for p, q in queues.items() if q}
+    assert not left, f"kill points never used: {left}"
+    return kills
+
+
+def run_with_random_kills(fed: Federation, sites: list[str], seed: int, kills: int, trees_total: int,
+                          timeout: float, coordinator_share: float = 0.3) -> list[KillLog]:
+    """Seeded random-kill soak: ``kills`` kill points drawn from a seeded RNG (party, stage, tree, when).
+
+    The parties are the coordinator (with probability ``coordinator_share``) and the sites; each
+    party's points are sorted by tree so that they fire in order.  Trees are drawn from the first
+    80 % of the run so that every scheduled point is reached.
+    """
+    from common.testhooks import STAGES
+
+    rng = random.Random(seed)
+    schedule: dict[str, list[tuple[int, str]]] = {}
+    for _ in range(kills):
+        party = "coordinator" if rng.random() < coordinator_share else rng.choice(sites)
+        stage = rng.choice(STAGES)
+        tree = 0 if stage == "init_round" else rng.randrange(0, max(1, int(trees_total * 0.8)))
+        when = rng.choice(("before", "after"))
+        schedule.setdefault(party, []).append((tree, f"{stage}@{tree}:{when}"))
+    ordered = {p: [pt for _, pt in sorted(v, key=lambda x: x[0])] for p, v in schedule.items()}
+    # the initial score is released once: a second init_round point for the same party would never fire
+    for p, pts in ordered.items():
+        seen_init = False
+        keep = []
+        for pt in pts:
+            if pt.startswith("init_round"):
+                if seen_init:
+                    continue
+                seen_init = True
+            keep.append(pt)
+        ordered[p] = keep
+    return run_with_kill_points(fed, ordered, sites, timeout)
+
+
+# =========================================================================== invariants
+
+
+def read_checkpoint(coordinator_dir: Path) -> list[tuple[str, dict]]:
+    db = sqlite3.connect(coordinator_dir / "coordinator.sqlite")
+    try:
+        return [(k, json.loads(b)) for k, b in db.execute("SELECT kind, body FROM log ORDER BY seq")]
+    finally:
+        db.close()
+
+
+def read_ledger(state_dir: Path, plan_sha256: str) -> dict:
+    from client.ledger import ledger_path
+
+    db = sqlite3.connect(ledger_path(state_dir, plan_sha256))
+    try:
+        spent = np.array([r[0] for r in db.execute("SELECT spent FROM ledger")], dtype=np.int64)
+        contrib = db.execute("SELECT round_id, kind, tree, with_data FROM contributions").fetchall()
+    finally:
+        db.close()
+    return {"spent": spent, "contributions": {r[0]: {"kind": r[1], "tree": r[2], "with_data": bool(r[3])}
+                                              for r in contrib}}
+
+
+def check_outcome(fed: Federation, plan, sites: list[str], records: dict[str, int]) -> dict:
+    """Everything a run that survived faults must satisfy; returns a summary for the test's message.
+
+    1. the coordinator's and every site's model file are byte-identical;
+    2. the checkpoint holds trees 0 … T−1 exactly once each, with strictly increasing, unique round
+       ids, and the model's public record lists exactly those rounds;
+    3. no tree index was announced as released twice by any coordinator incarnation;
+    4. the privacy receipt counts exactly the released rounds and the plan's accounting;
+    5. every record's spent units are within the filter budget (filter on), or every site sent data
+       in at most the accounted number of tree rounds (filter off);
+    6. every masked input the coordinator received (its debug log) was committed in the sender's
+       ledger first (a contributions row for that round id), and every released round's sites
+       committed that round;
+    7. every site's ledger covers exactly its records.
+    """
+    from common.engine import filter_for
+
+    hp = plan.hyperparameters
+    ref = (fed.root / "coordinator" / "model.json").read_bytes()
+    for s in sites:
+        assert (fed.root / s / "model.json").read_bytes() == ref, f"{s}'s model differs from the coordinator's"
+    model = json.loads(ref)
+    log = read_checkpoint(fed.root / "coordinator")
+    trees = [b for k, b in log if k == "tree"]
+    assert [t["index"] for t in trees] == list(range(hp.total_rounds)), "checkpoint trees are not 0..T-1 once each"
+    ids = [t["round_id"] for t in trees]
+    assert ids == sorted(set(ids)), f"round ids not unique and increasing: {ids}"
+    assert sum(1 for k, _ in log if k == "init") == (1 if hp.init_share > 0 else 0)
+    assert [r["round_id"] for r in model["training"]["rounds"]] == ids
+    assert [r["sites"] for r in model["training"]["rounds"]] == [t["sites"] for t in trees]
+    released = [e["tree"] for e in fed.events if e.get("_proc") == "coordinator" and e.get("event") == "tree"]
+    assert len(released) == len(set(released)), f"a tree was released twice: {sorted(released)}"
+    cal = plan.calibration()
+    rec = model["privacy"]
+    assert rec["rounds_completed"] == hp.total_rounds == len(model["trees"])
+    assert rec["rounds_accounted"] == cal.rounds == hp.accounted_rounds
+    assert rec["epsilon"] == cal.epsilon and rec["sigma"] == cal.sigma
+    budget = filter_for(hp, cal).budget_units if hp.filter else None
+    received: dict[str, set[int]] = {}
+    for e in fed.events:
+        if e.get("_proc") == "coordinator" and e.get("event") == "input_received":
+            received.setdefault(e["site"], set()).add(int(e["round_id"]))
+    init_round = model["training"]["init"]
+    summary = {"trees": len(trees), "max_spent_share": {}, "inputs_received": {}, "contributions": {}}
+    for s in sites:
+        led = read_ledger(fed.root / s, plan.sha256)
+        assert len(led["spent"]) == records[s], f"{s}: ledger has {len(led['spent'])} records, data {records[s]}"
+        contrib = led["contributions"]
+        if budget is not None:
+            assert led["spent"].max() <= budget, f"{s}: a record spent {led['spent'].max()} > budget {budget}"
+            summary["max_spent_share"][s] = round(float(led["spent"].max()) / budget, 4)
+        else:
+            with_data = sum(1 for c in contrib.values() if c["kind"] == "tree" and c["with_data"])
+            assert with_data <= hp.accounted_rounds, f"{s}: {with_data} data rounds > {hp.accounted_rounds}"
+        missing = received.get(s, set()) - set(contrib)
+        assert not missing, f"the coordinator received masked inputs from {s} for rounds {sorted(missing)} " \
+                            f"that {s}'s ledger never committed"
+        for t in trees:
+            if s in t["sites"]:
+                c = contrib.get(t["round_id"])
+                assert c is not None and c["kind"] == "tree" and c["tree"] == t["index"], \
+                    f"tree {t['index']} (round {t['round_id']}) counts {s}, whose ledger did not commit that round"
+        if init_round and s in init_round["sites"]:
+            assert contrib.get(init_round["round_id"], {}).get("kind") == "init"
+        summary["inputs_received"][s] = len(received.get(s, ()))
+        summary["contributions"][s] = len(contrib)
+    return summary
