@@ -1,7 +1,7 @@
 """``fedsbdt coordinator``, ``fedsbdt plan``, ``fedsbdt ca`` and ``fedsbdt demo``, registered by :mod:`common.cli`.
 
     fedsbdt coordinator --plan P [--listen ADDR] [--state DIR] [--tls-cert F --tls-key F --tls-ca F | --insecure]
-    fedsbdt plan --schema S --site ID=identity.pub ... --out P [--threshold T] [hyperparameter flags]
+    fedsbdt plan --schema S --site ID=identity.pub ... --out P [--threshold T] [--dropout-slack S] [hyperparameter flags]
     fedsbdt ca init --out CA_DIR
     fedsbdt ca sign --ca CA_DIR --csr SITE/tls.csr --out SITE/tls.crt
     fedsbdt ca server --ca CA_DIR --host coordinator.example.org --out DIR
@@ -133,7 +133,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     schema = Schema.load(args.schema)
     hp = hyperparameters_from_args(args)
     sites = [SiteEntry(*_site_arg(s)) for s in args.site]
-    session = dict(noise=args.noise, assumed_colluders=args.colluders, epoch_rounds=args.epoch_rounds,
+    session = dict(noise=args.noise, assumed_colluders=args.colluders, dropout_slack=args.dropout_slack,
+                   epoch_rounds=args.epoch_rounds,
                    max_records_per_site=args.max_records,
                    deadlines=Deadlines(join=args.join_deadline, stage=args.stage_deadline))
     if args.insecure_test_randomness is not None:
@@ -142,9 +143,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     plan = make_plan(schema, hp, sites, args.threshold, args.session_id, **session)
     plan.save(args.out)
     emit(args, {"plan": str(args.out), "plan_sha256": plan.sha256, "sigma": plan.stated_sigma,
-                "epsilon": plan.stated_epsilon, "threshold": plan.threshold, "sites": list(plan.site_ids),
-                "seed": plan.hyperparameters.seed},
-         f"wrote {args.out}: {plan.n} sites, t = {plan.threshold}, σ = {plan.stated_sigma:.6g}, "
+                "epsilon": plan.stated_epsilon, "threshold": plan.threshold, "dropout_slack": plan.dropout_slack,
+                "sites": list(plan.site_ids), "seed": plan.hyperparameters.seed},
+         f"wrote {args.out}: {plan.n} sites, t = {plan.threshold}, dropout slack {plan.dropout_slack}, "
+         f"σ = {plan.stated_sigma:.6g}, "
          f"ε = {plan.stated_epsilon:.6g}\nplan hash (give it to every site out of band): {plan.sha256}")
     return 0
 
@@ -197,6 +199,10 @@ def register(sub) -> None:
                    help="a roster entry: site id and its identity.pub file (or 64 hex digits); repeat per site")
     p.add_argument("--threshold", type=int, help="t (default: the smallest t with 2t > n + colluders)")
     p.add_argument("--colluders", type=int, default=0, help="assumed colluding sites c (default: 0)")
+    p.add_argument("--dropout-slack", type=int, default=0, metavar="S",
+                   help="s in 0..n−t: a round's noise is split max(t, participants − s) − c ways, so up to s "
+                        "sites may drop out of a round after it starts (default: 0: the centralised noise "
+                        "when no site drops out; a dropout retries the round)")
     p.add_argument("--noise", choices=["distributed", "central"], default="distributed",
                    help="distributed (sites add noise shares; default) or central (trust the coordinator)")
     p.add_argument("--session-id", default="fedsbdt-session", help="a name for the session")

@@ -168,3 +168,24 @@ def test_noise_shares_are_drawn_per_divisor_by_the_secure_sampler_and_used_once(
         assert lo <= float(np.mean(z**2)) <= hi, k
     with pytest.raises(KeyError):
         NoiseShares(SecureRandomness(), scales, expect=4)
+
+
+def test_fedsbdt_plan_writes_and_validates_the_dropout_slack(tmp_path, capsys):
+    import json
+
+    from common.cli import main
+    from server.plan import Plan
+
+    from .conftest import EXAMPLES
+
+    keys = [bytes([i + 1]) * 32 for i in range(3)]
+    base = ["plan", "--schema", str(EXAMPLES / "abalone" / "schema.toml"), "--trees", "5", "--seed", "1",
+            "--json", *[a for i, k in enumerate(keys) for a in ("--site", f"s{i}={k.hex()}")]]
+    assert main([*base, "--out", str(tmp_path / "p.toml"), "--dropout-slack", "1"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["dropout_slack"] == 1 and Plan.load(tmp_path / "p.toml").dropout_slack == 1
+    assert main([*base, "--out", str(tmp_path / "q.toml")]) == 0
+    assert Plan.load(tmp_path / "q.toml").dropout_slack == 0
+    capsys.readouterr()
+    assert main([*base, "--out", str(tmp_path / "r.toml"), "--dropout-slack", "2"]) == 2  # n − t = 1
+    assert "dropout_slack = 2" in capsys.readouterr().err and not (tmp_path / "r.toml").exists()
