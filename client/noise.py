@@ -87,6 +87,7 @@ class NoiseShares:
             while not self._ready[key] and self._drawing == key and self._error is None:
                 self._cv.wait()
             if self._ready[key]:
+                self._cv.notify_all()  # the thread refills what is taken
                 return self._ready[key].popleft()
             if self._error is not None:
                 raise RuntimeError(f"the noise sampler failed: {self._error!r}")

@@ -170,6 +170,31 @@ def test_noise_shares_are_drawn_per_divisor_by_the_secure_sampler_and_used_once(
         NoiseShares(SecureRandomness(), scales, expect=4)
 
 
+def test_the_background_sampler_refills_what_is_taken():
+    """Shares are drawn ahead: after the buffer is emptied, the thread fills it again (for the divisor asked for
+    last) without any further take — so a site's noise is drawn while it waits, not on the round's path."""
+    import time
+
+    scales = {k: np.full(16, 1000.0 / np.sqrt(k)) for k in (2, 3)}
+    ns = NoiseShares(SecureRandomness(), scales, chunk=4, ahead=2, expect=3)
+
+    def wait_full(k):
+        deadline = time.monotonic() + 30
+        while len(ns._ready[k]) < 8 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return len(ns._ready[k])
+
+    try:
+        for k in (3, 2):
+            ns.take(k)  # switches the thread to divisor k
+            assert wait_full(k) >= 8
+            for _ in range(8):
+                ns.take(k)
+            assert wait_full(k) >= 8  # refilled in the background
+    finally:
+        ns.close()
+
+
 def test_fedsbdt_plan_writes_and_validates_the_dropout_slack(tmp_path, capsys):
     import json
 
