@@ -376,6 +376,17 @@ class Plan:
 
     @classmethod
     def from_dict(cls, d: Any, source: str = "plan") -> "Plan":
+        """Validate a plan's parsed form; anything malformed is a :class:`PlanError` (a plan may come from a
+        hostile coordinator: no other exception may escape to the site or the command line)."""
+        try:
+            return cls._from_dict(d, source)
+        except PlanError:
+            raise
+        except (TypeError, ValueError, KeyError, AttributeError, ArithmeticError, RecursionError) as e:
+            raise PlanError(f"{source}: malformed plan ({type(e).__name__}: {e})") from None
+
+    @classmethod
+    def _from_dict(cls, d: Any, source: str) -> "Plan":
         if not isinstance(d, dict):
             raise PlanError(f"{source}: a plan is a table of sections")
         if d.get("format", FORMAT) != FORMAT or d.get("version", VERSION) != VERSION:
@@ -464,7 +475,7 @@ class Plan:
         """Parse the canonical JSON a coordinator serves; refuses anything that is not exactly canonical."""
         try:
             raw = json.loads(data.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
             raise PlanError(f"{source}: not valid JSON: {e}") from None
         plan = cls.from_dict(raw, source)
         if plan.canonical_json != bytes(data):

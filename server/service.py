@@ -84,6 +84,9 @@ class FederationService(pbg.FederationServicer):
         self.on_fatal = lambda: None
         self.bytes_in = 0
         self.bytes_out = 0
+        # open Subscribe streams per (site, token): a site that re-subscribes after a network fault may
+        # have its new stream open before the server notices the old one closed
+        self.streams: dict[tuple[str, bytes], int] = {}
 
     # ------------------------------------------------------------------ plumbing
 
@@ -230,8 +233,10 @@ class FederationService(pbg.FederationServicer):
             if after + 1 < box.floor:
                 context.abort(grpc.StatusCode.OUT_OF_RANGE,
                               f"events after {after} are no longer held (oldest is {box.floor}); join again")
+            if not context.add_callback(lambda: self._stream_closed(site, token)):
+                return  # the call already ended (the site went away before its stream started)
+            self.streams[(site, token)] = self.streams.get((site, token), 0) + 1
             self.dispatch(self._session_call(lambda: self.session.subscribed(site, token, self.clock())))
-        context.add_callback(lambda: self._stream_closed(site, token))
         last = after
         while True:
             with self.lock:
@@ -249,6 +254,11 @@ class FederationService(pbg.FederationServicer):
 
     def _stream_closed(self, site: str, token: bytes) -> None:
         with self.lock:
+            left = self.streams.get((site, token), 1) - 1
+            if left > 0:  # a newer stream of the same join is still open: the site is still connected
+                self.streams[(site, token)] = left
+                return
+            self.streams.pop((site, token), None)
             try:
                 self.dispatch(self._session_call(lambda: self.session.unsubscribed(site, token, self.clock())))
             except Exception:

@@ -34,6 +34,10 @@ GRPC_OPTIONS = (
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.keepalive_time_ms", 10_000),
     ("grpc.keepalive_timeout_ms", 5_000),
+    # This gRPC version waits for a keepalive ping's ack for ping_timeout_ms (default 60 s), not for
+    # keepalive_timeout_ms: without it a black-holed connection is noticed only after ~70 s and a call in
+    # flight on it hangs until its deadline (tests/hardening/test_service_faults.py).
+    ("grpc.http2.ping_timeout_ms", 5_000),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
 )
