@@ -99,13 +99,12 @@ class FederationService(pbg.FederationServicer):
             box = self.outboxes.get(site)
             if box is None:
                 continue
-            msg = event_to_proto(ev, box.next_seq)
             if id(ev) in cache:  # one conversion per broadcast event
                 msg = pb.Event()
                 msg.CopyFrom(cache[id(ev)])
                 msg.seq = box.next_seq
             else:
-                cache[id(ev)] = msg
+                msg = cache[id(ev)] = event_to_proto(ev, box.next_seq)
             box.events.append(msg)
             box.next_seq += 1
             touched.add(site)

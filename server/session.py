@@ -549,9 +549,10 @@ class Session:
                 return False
             setup, ann = self.coord.begin_epoch(E)
             self.next_epoch_id = ann.epoch + 1
+            msg = SetupMsg(ann.to_bytes())
             for s in targets:
                 self.sites[s].wants_epoch = False
-                out.append((s, SetupMsg(ann.to_bytes())))
+                out.append((s, msg))
             self.pipeline = Advertising(setup, ann, set(targets), now + self.plan.deadlines.stage)
             log.info(f"epoch {ann.epoch}: announced rounds {ann.first_round}..{ann.last_round} to {targets}",
                      extra={"event": "epoch_announced", "epoch": ann.epoch, "sites": targets})
@@ -567,8 +568,9 @@ class Session:
                 log.warning(f"epoch {p.announce.epoch} setup failed: {e}", extra={"event": "epoch_failed"})
                 self.pipeline = NoSetup(now + self.plan.deadlines.stage)
                 return True
+            msg = SetupMsg(roster.to_bytes())
             for s in roster.senders:
-                out.append((s, SetupMsg(roster.to_bytes())))
+                out.append((s, msg))
             self.pipeline = Sharing(p.setup, roster, now + self.plan.deadlines.stage)
             return True
         if isinstance(p, Sharing):
@@ -637,13 +639,15 @@ class Session:
                     ph.rnd.abort(reason)
                     raise ProtocolAbort(reason)
                 req = ph.rnd.close_inputs()
+                msg = RoundMsg(req.to_bytes())  # one event object: the transport converts it once
                 for s in req.survivors:
-                    out.append((s, RoundMsg(req.to_bytes())))
+                    out.append((s, msg))
                 self.phase = CollectingSignatures(ph.rnd, ph.work, req, now + self.plan.deadlines.stage)
             elif isinstance(ph, CollectingSignatures):
                 req = ph.rnd.close_consistency()
+                msg = RoundMsg(req.to_bytes())
                 for s, _ in req.signatures:
-                    out.append((s, RoundMsg(req.to_bytes())))
+                    out.append((s, msg))
                 self.phase = CollectingShares(ph.rnd, ph.work, req, now + self.plan.deadlines.stage)
             else:
                 result = ph.rnd.finalize()
@@ -698,9 +702,9 @@ class Session:
         except SecAggError as e:  # pragma: no cover - eligibility is checked above
             self._fail(f"cannot start a round: {e}", out)
             return True
-        data = start.to_bytes()
+        msg = RoundStartMsg(work.purpose, work.tree, start.to_bytes())
         for s in start.participants:
-            out.append((s, RoundStartMsg(work.purpose, work.tree, data)))
+            out.append((s, msg))
         self.phase = CollectingInputs(rnd, work, start, now + self.plan.deadlines.stage)
         if log.isEnabledFor(logging.DEBUG):
             k = self.plan.noise_divisor(len(start.participants)) if work.purpose == Purpose.TREE else None

@@ -20,8 +20,8 @@ from server.wire import Purpose, Refusal, RoundMsg, RoundReply, RoundStartMsg
 from .test_state_machines import SITES, Fed, tree_hp
 
 
-def _chi2_bounds(n: int, p: float = 1e-3) -> tuple[float, float]:
-    """Two-sided bounds on mean(z²) for n independent standard normal z (probability 1 − p inside)."""
+def _chi2_bounds(n: int, p: float = 1e-6) -> tuple[float, float]:
+    """Two-sided bounds on mean(z²) for n independent standard normal z (probability 1 − p inside: a correct sampler fails it once in a million runs)."""
     lo, hi = chi2.ppf([p / 2, 1 - p / 2], n)
     return lo / n, hi / n
 
