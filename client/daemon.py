@@ -1,9 +1,18 @@
 """The site daemon: a gRPC client loop around :class:`client.site.SiteMachine`.
 
     GetPlan ─▶ accept_plan (all of the site's checks) ─▶ Join (signed) ─▶ GetTrees (catch up)
-        ─▶ Report(progress) ─▶ Subscribe ─▶ for each event: handle ─▶ Submit* / Report
+        ─▶ Report(progress) ─▶ Connect ─▶ for each event: handle ─▶ replies on the same stream / Report
                   ▲                                                       │
                   └──── stream broke: resume with after_seq, or re-join ──┘
+
+``Connect`` is one bidirectional stream: events arrive in batches, and the
+site's protocol replies (epoch keys, masked inputs, signatures, shares) go
+out on it instead of one unary call each.  A reply stays in a resend list
+until a batch says the coordinator processed it; after a broken stream the
+site resends those (the coordinator's handling of a protocol reply is
+idempotent: a repeat is refused as not expected).  Reports (refusals, the
+final model hash) stay unary calls.  A coordinator without ``Connect`` is
+followed with ``Subscribe`` and unary ``Submit*`` calls.
 
 Every call has a deadline.  Transient failures (coordinator restarting,
 network) are retried with bounded exponential backoff for at most
@@ -15,8 +24,10 @@ other plan) are final and reported in one sentence.
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 
 import grpc
@@ -60,6 +71,7 @@ class DaemonOptions:
     backoff_initial: float = 0.1
     backoff_max: float = 5.0
     tls_failures_fatal: int = 3  # consecutive UNAVAILABLE failures before a diagnostic TLS handshake
+    use_connect: bool = True  # replies on the Connect stream (False: Subscribe and unary Submit* calls)
 
 
 class Daemon:
@@ -84,6 +96,11 @@ class Daemon:
         self._sleep = threading.Event()
         self.bytes_sent = 0
         self.bytes_received = 0
+        self._use_connect = options.use_connect
+        self._outq: queue.SimpleQueue | None = None  # the open Connect stream's outgoing messages
+        self._unsent: deque = deque()  # (SiteMessage, reply, trees applied) not yet counted as processed
+        self._unsent_token: bytes | None = None  # the join the resend list belongs to
+        self._counted = 0  # site messages of the open stream the coordinator reported as processed
 
     # ------------------------------------------------------------------ errors and retries
 
@@ -192,40 +209,99 @@ class Daemon:
                 return
 
     def _follow(self) -> None:
+        if self._use_connect:
+            try:
+                return self._follow_stream()
+            except grpc.RpcError as e:
+                if e.code() != grpc.StatusCode.UNIMPLEMENTED:
+                    raise
+                log.info(f"{self.m.site_id}: the coordinator has no Connect stream; following it with Subscribe "
+                         "and unary calls", extra={"event": "no_connect", "site": self.m.site_id})
+                self._use_connect = False
+        self._follow_subscribe()
+
+    def _follow_stream(self) -> None:
+        """Connect: events in batches, replies on the same stream (resent after a break until processed)."""
+        q: queue.SimpleQueue = queue.SimpleQueue()
+        q.put(pb.SiteMessage(subscribe=pb.SubscribeRequest(site_id=self.m.site_id, token=self.token,
+                                                           after_seq=self.last_seq)))
+        if self._unsent_token != self.token:
+            self._unsent.clear()  # after a re-join the coordinator re-sends its open requests instead
+        for msg, _, _ in self._unsent:
+            q.put(msg)
+
+        def requests():
+            while True:
+                m = q.get()
+                if m is None:
+                    return
+                yield m
+
+        stream = self.stub.Connect(requests())
+        self._outq, self._counted = q, 0
+        try:
+            for batch in stream:
+                self._contact()
+                self.bytes_received += batch.ByteSize()
+                self._processed(batch)
+                for msg in batch.events:
+                    self._event(msg)
+                    if self.m.finished:
+                        return
+        finally:
+            self._outq = None
+            q.put(None)  # ends the request generator (gRPC's sending thread)
+            stream.cancel()
+
+    def _processed(self, batch) -> None:
+        """The coordinator processed the first ``batch.processed`` messages of this stream."""
+        for detail in batch.rejected:
+            log.info(f"{self.m.site_id}: the coordinator did not accept a message: {detail}",
+                     extra={"event": "not_accepted", "site": self.m.site_id})
+        while self._counted < batch.processed and self._unsent:
+            _, reply, trees = self._unsent.popleft()
+            self._counted += 1
+            testhooks.site_reply(reply, trees, "after")
+
+    def _follow_subscribe(self) -> None:
         stream = self.stub.Subscribe(pb.SubscribeRequest(site_id=self.m.site_id, token=self.token,
                                                          after_seq=self.last_seq))
         try:
             for msg in stream:
                 self._contact()
                 self.bytes_received += msg.ByteSize()
-                try:
-                    ev = event_from_proto(msg)
-                except WireError as e:
-                    self._send(Refusal(f"malformed event {msg.seq}: {e}"))
-                    self.last_seq = msg.seq
-                    continue
-                if log.isEnabledFor(logging.DEBUG):
-                    log.debug(f"{self.m.site_id}: event {msg.seq} {type(ev).__name__}",
-                              extra={"event": "event_received", "seq": msg.seq, "at": time.monotonic()})
-                try:
-                    replies = self.m.handle(ev)
-                except NeedCatchUp:
-                    self._catch_up()
-                    try:
-                        replies = self.m.handle(ev)
-                    except NeedCatchUp as e:
-                        replies = [Refusal(f"cannot catch up: {e}")]
-                testhooks.site_event(ev)  # TEST-ONLY kill point (no-op unless FEDSBDT_TEST_KILL_AT is set)
-                for r in replies:
-                    self._send(r)
-                if replies and log.isEnabledFor(logging.DEBUG):
-                    log.debug(f"{self.m.site_id}: answered event {msg.seq}",
-                              extra={"event": "event_answered", "seq": msg.seq, "at": time.monotonic()})
-                self.last_seq = msg.seq
+                self._event(msg)
                 if self.m.finished:
                     return
         finally:
             stream.cancel()
+
+    def _event(self, msg) -> None:
+        """Handle one event and send the replies (already persisted by the state machine)."""
+        try:
+            ev = event_from_proto(msg)
+        except WireError as e:
+            self._send(Refusal(f"malformed event {msg.seq}: {e}"))
+            self.last_seq = msg.seq
+            return
+        if log.isEnabledFor(logging.DEBUG):
+                    log.debug(f"{self.m.site_id}: event {msg.seq} {type(ev).__name__}",
+                              extra={"event": "event_received", "seq": msg.seq, "at": time.monotonic()})
+        try:
+            replies = self.m.handle(ev)
+        except NeedCatchUp:
+            self._catch_up()
+            try:
+                replies = self.m.handle(ev)
+            except NeedCatchUp as e:
+                replies = [Refusal(f"cannot catch up: {e}")]
+        testhooks.site_event(ev)  # TEST-ONLY kill point (no-op unless FEDSBDT_TEST_KILL_AT is set)
+        for r in replies:
+            self._send(r)
+        if replies and log.isEnabledFor(logging.DEBUG):
+            log.debug(f"{self.m.site_id}: answered event {msg.seq}",
+                      extra={"event": "event_answered", "seq": msg.seq, "at": time.monotonic()})
+        self.last_seq = msg.seq
 
     def _report(self, kind, detail: str = "", sha: str = "", round_id: int = 0) -> None:
         self._call("reporting", self.stub.Report,
@@ -235,6 +311,19 @@ class Daemon:
     def _send(self, r) -> None:
         site, token = self.m.site_id, self.token
         testhooks.site_reply(r, self.m.trees_applied, "before")  # TEST-ONLY kill point (off by default)
+        if self._outq is not None and isinstance(r, (SetupReply, InputReply, RoundReply)):
+            if isinstance(r, SetupReply):
+                msg = pb.SiteMessage(setup=pb.SecAggSubmission(site_id=site, token=token, secagg=r.secagg))
+            elif isinstance(r, InputReply):
+                msg = pb.SiteMessage(input=pb.MaskedInputSubmission(site_id=site, token=token, purpose=int(r.purpose),
+                                                                    tree=r.tree, secagg=r.secagg))
+            else:
+                msg = pb.SiteMessage(round=pb.SecAggSubmission(site_id=site, token=token, secagg=r.secagg))
+            self._unsent.append((msg, r, self.m.trees_applied))  # until the coordinator counts it as processed
+            self._unsent_token = token
+            self.bytes_sent += msg.ByteSize()
+            self._outq.put(msg)
+            return
         if isinstance(r, SetupReply):
             resp = self._call("sending epoch keys", self.stub.SubmitSetup,
                               pb.SecAggSubmission(site_id=site, token=token, secagg=r.secagg))

@@ -10,6 +10,12 @@
   with ``after_seq``; older history is refused with ``OUT_OF_RANGE`` and the
   site re-joins and catches up with ``GetTrees``.  A Join opens a fresh
   outbox and ends the previous incarnation's stream.
+* ``Connect`` (what the site daemon uses) is Subscribe + Submit* + Report on
+  one bidirectional stream: a reader thread per stream applies the site's
+  messages in order with the same checks as the unary calls, and the stream
+  sends the outbox in batches (everything queued at that moment, e.g. a
+  released tree with the next RoundStart) carrying how many site messages
+  were processed, so that a site resends unprocessed ones after a break.
 * Identity: with TLS, the peer certificate's common name must equal the
   claimed site id on Join, Subscribe, Submit* and Report; Join must also be
   signed with the site's identity key pinned in the plan; later calls carry
@@ -205,6 +211,11 @@ class FederationService(pbg.FederationServicer):
             context.abort(grpc.StatusCode.UNAUTHENTICATED,
                           f"the join is not signed with the identity key the plan pins for {site!r}")
         with self.lock:
+            if not self._session_call(lambda: self.session.fresh_join_nonce(site, bytes(request.nonce))):
+                log.warning(f"refused a replayed join of {site!r}", extra={"event": "join_refused", "site": site})
+                context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                              f"this signed join of {site!r} was used before (a replayed request); every join "
+                              "needs a fresh nonce")
             try:
                 token, outs = self._session_call(
                     lambda: self.session.join(site, int(request.trees_applied), self.clock()))
@@ -321,11 +332,168 @@ class FederationService(pbg.FederationServicer):
             self.dispatch(outs)
         return pb.ReportResponse()
 
+    # ------------------------------------------------------------------ the bidirectional stream
+
+    def Connect(self, request_iterator, context):
+        """Subscribe + Submit* + Report on one stream; see the module docstring and the proto."""
+        try:
+            first = next(request_iterator)
+        except StopIteration:
+            return
+        if first.WhichOneof("kind") != "subscribe":
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a Connect stream starts with a subscribe message")
+        site, token = first.subscribe.site_id, bytes(first.subscribe.token)
+        with self.lock:
+            self._auth(context, site, token)
+            box = self.outboxes.get(site)
+            if box is None or box.token != token:
+                context.abort(grpc.StatusCode.UNAUTHENTICATED, "this subscription belongs to an earlier join")
+            after = int(first.subscribe.after_seq)
+            if after + 1 < box.floor:
+                context.abort(grpc.StatusCode.OUT_OF_RANGE,
+                              f"events after {after} are no longer held (oldest is {box.floor}); join again")
+            if not context.add_callback(lambda: self._stream_closed(site, token)):
+                return  # the call already ended
+            self.streams[(site, token)] = self.streams.get((site, token), 0) + 1
+            self.dispatch(self._session_call(lambda: self.session.subscribed(site, token, self.clock())))
+        conn = _Connection()
+        threading.Thread(target=self._read_connection, args=(request_iterator, site, token, box, conn),
+                         name=f"connect-{site}", daemon=True).start()
+        last, told = after, 0
+        while True:
+            with self.lock:
+                while (not self.stopping and not box.superseded and context.is_active() and conn.failure is None
+                       and (not box.events or box.events[-1].seq <= last) and not conn.rejected
+                       and not (conn.urgent and conn.processed > told)):
+                    box.ready.wait(timeout=1.0)
+                failure = conn.failure
+                ending = self.stopping or box.superseded or not context.is_active() or failure is not None
+                pending = box.after(last) if (self.stopping or not ending) else []
+                rejected, conn.rejected, conn.urgent = conn.rejected, [], False
+                processed = conn.processed
+            if failure is not None:
+                context.abort(*failure)
+            if pending or rejected or processed > told:
+                for batch in _batches(pending, processed, rejected):
+                    self.bytes_out += batch.ByteSize()
+                    yield batch
+                if pending:
+                    last = pending[-1].seq
+                told = processed
+            if ending:
+                return
+
+    def _read_connection(self, requests, site: str, token: bytes, box: "Outbox", conn: "_Connection") -> None:
+        """Apply a Connect stream's site messages in order (its own thread; ends with the stream)."""
+        try:
+            for m in requests:
+                self.bytes_in += m.ByteSize()
+                tree = None
+                with self.lock:
+                    if box.superseded or self.stopping:
+                        return
+                    try:
+                        urgent, tree = self._site_message(site, token, m)
+                    except (Rejected, WireError) as e:
+                        conn.rejected.append(str(e)[:2000])
+                        urgent = True
+                    except _StreamFailure as e:
+                        conn.failure = (e.code, e.detail)
+                        box.ready.notify_all()
+                        return
+                    conn.processed += 1
+                    if urgent:  # a report or a refusal: tell the site now; other messages are counted in the
+                        conn.urgent = True  # next batch of events (a reply is always followed by one)
+                        box.ready.notify_all()
+                if tree is not None:
+                    testhooks.coordinator_input(tree)  # TEST-ONLY kill point (off by default)
+        except Exception:  # the stream ended (cancelled, broken) or the session stopped on a fatal error
+            with self.lock:
+                box.ready.notify_all()
+
+    def _site_message(self, site: str, token: bytes, m) -> tuple[bool, int | None]:
+        """One SiteMessage, exactly as the unary call of the same name (caller holds ``lock``).
+
+        Returns (urgent: the site waits for its acknowledgement, the tree of an accepted masked input)."""
+        kind = m.WhichOneof("kind")
+        if kind is None or kind == "subscribe":
+            raise _StreamFailure(grpc.StatusCode.INVALID_ARGUMENT,
+                                 f"unexpected {kind or 'empty'} message on a Connect stream")
+        sub = getattr(m, kind)
+        if sub.site_id != site:
+            raise _StreamFailure(grpc.StatusCode.PERMISSION_DENIED,
+                                 f"a message for site {sub.site_id!r} on the stream of site {site!r}")
+        if bytes(sub.token) != token:
+            raise _StreamFailure(grpc.StatusCode.UNAUTHENTICATED, "a message with another session token")
+        try:
+            self.session.authenticate(site, token)
+        except Rejected as e:
+            raise _StreamFailure(grpc.StatusCode.UNAUTHENTICATED, str(e)) from None
+        now = self.clock()
+        s = self.session
+        tree = None
+        if kind == "setup":
+            outs = self._session_call(lambda: s.submit_setup(site, bytes(sub.secagg), now))
+        elif kind == "round":
+            outs = self._session_call(lambda: s.submit_round(site, bytes(sub.secagg), now))
+        elif kind == "input":
+            try:
+                purpose = Purpose(int(sub.purpose))
+            except ValueError:
+                raise Rejected(f"unknown round purpose {sub.purpose}") from None
+            outs = self._session_call(lambda: s.submit_input(site, purpose, int(sub.tree), bytes(sub.secagg), now))
+            tree = int(sub.tree)
+        elif sub.kind == pb.REPORT_PROGRESS:
+            outs = self._session_call(lambda: s.report_progress(site, int(sub.trees_applied), now))
+        elif sub.kind == pb.REPORT_REFUSED:
+            outs = self._session_call(lambda: s.report_refusal(site, sub.detail[:2000], now,
+                                                               int(sub.round_id) or None))
+        elif sub.kind == pb.REPORT_FINISHED:
+            outs = self._session_call(lambda: s.report_finished(site, sub.model_sha256[:64], now))
+        else:
+            raise Rejected(f"unknown report kind {sub.kind}")
+        self.dispatch(outs)
+        return kind == "report", tree
+
     def stop_streams(self) -> None:
         with self.lock:
             self.stopping = True
             for box in self.outboxes.values():
                 box.ready.notify_all()
+
+
+class _StreamFailure(Exception):
+    """A Connect stream carried something that ends it (wrong identity, token, message order)."""
+
+    def __init__(self, code, detail: str) -> None:
+        super().__init__(detail)
+        self.code, self.detail = code, detail
+
+
+@dataclass
+class _Connection:
+    """Shared between a Connect stream's writer (the handler) and its reader thread, under the service lock."""
+
+    processed: int = 0  # site messages applied (after the subscribe message)
+    rejected: list = field(default_factory=list)  # details of refused submissions, not yet sent
+    urgent: bool = False  # the site waits for the count (a report)
+    failure: tuple | None = None  # (status code, detail): end the stream
+
+
+def _batches(events: list, processed: int, rejected: list):
+    """EventBatch messages for ``events`` (in order, each well below the message size limit); the last one
+    carries ``processed`` and ``rejected``."""
+    batch, size = pb.EventBatch(), 0
+    for e in events:
+        n = e.ByteSize() if len(events) > 1 else 0  # a single event always fits (wire.py size bound)
+        if batch.events and size + n > MAX_MESSAGE_BYTES // 4:
+            yield batch
+            batch, size = pb.EventBatch(), 0
+        batch.events.append(e)
+        size += n
+    batch.processed = processed
+    batch.rejected.extend(rejected)
+    yield batch
 
 
 class CoordinatorServer:

@@ -252,7 +252,7 @@ def test_generated_stubs_are_current(tmp_path):
     svc = federation_pb2.DESCRIPTOR.services_by_name["Federation"]
     assert svc.full_name == "fedsbdt.v1.Federation"
     assert {m.name for m in svc.methods} == {"GetPlan", "Join", "Subscribe", "SubmitSetup", "SubmitMaskedInput",
-                                             "SubmitRound", "GetTrees", "GetStatus", "Report"}
+                                             "SubmitRound", "GetTrees", "GetStatus", "Report", "Connect"}
 
 
 def test_the_stub_check_notices_a_changed_proto(tmp_path):

@@ -99,6 +99,30 @@ class SecAggMessage(_message.Message):
     secagg: bytes
     def __init__(self, secagg: _Optional[bytes] = ...) -> None: ...
 
+class SiteMessage(_message.Message):
+    __slots__ = ("subscribe", "setup", "input", "round", "report")
+    SUBSCRIBE_FIELD_NUMBER: _ClassVar[int]
+    SETUP_FIELD_NUMBER: _ClassVar[int]
+    INPUT_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    REPORT_FIELD_NUMBER: _ClassVar[int]
+    subscribe: SubscribeRequest
+    setup: SecAggSubmission
+    input: MaskedInputSubmission
+    round: SecAggSubmission
+    report: ReportRequest
+    def __init__(self, subscribe: _Optional[_Union[SubscribeRequest, _Mapping]] = ..., setup: _Optional[_Union[SecAggSubmission, _Mapping]] = ..., input: _Optional[_Union[MaskedInputSubmission, _Mapping]] = ..., round: _Optional[_Union[SecAggSubmission, _Mapping]] = ..., report: _Optional[_Union[ReportRequest, _Mapping]] = ...) -> None: ...
+
+class EventBatch(_message.Message):
+    __slots__ = ("events", "processed", "rejected")
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    PROCESSED_FIELD_NUMBER: _ClassVar[int]
+    REJECTED_FIELD_NUMBER: _ClassVar[int]
+    events: _containers.RepeatedCompositeFieldContainer[Event]
+    processed: int
+    rejected: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ..., processed: _Optional[int] = ..., rejected: _Optional[_Iterable[str]] = ...) -> None: ...
+
 class RoundStart(_message.Message):
     __slots__ = ("purpose", "tree", "secagg")
     PURPOSE_FIELD_NUMBER: _ClassVar[int]

@@ -79,6 +79,11 @@ class FederationStub:
                 request_serializer=fedsbdt_dot_v1_dot_federation__pb2.ReportRequest.SerializeToString,
                 response_deserializer=fedsbdt_dot_v1_dot_federation__pb2.ReportResponse.FromString,
                 _registered_method=True)
+        self.Connect = channel.stream_stream(
+                '/fedsbdt.v1.Federation/Connect',
+                request_serializer=fedsbdt_dot_v1_dot_federation__pb2.SiteMessage.SerializeToString,
+                response_deserializer=fedsbdt_dot_v1_dot_federation__pb2.EventBatch.FromString,
+                _registered_method=True)
 
 
 class FederationServicer:
@@ -149,6 +154,20 @@ class FederationServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Connect(self, request_iterator, context):
+        """Subscribe, Submit* and Report on one bidirectional stream.  The first
+        site message is `subscribe`; each later one is processed in order exactly
+        as the unary call of the same name (same checks; its site_id and token
+        must be the stream's).  The coordinator answers with batches of events
+        (everything queued for the site at that moment, in order), carrying how
+        many site messages of this stream it has processed: after a broken
+        stream the site resends the ones not yet counted (every protocol reply
+        is idempotent at the coordinator).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_FederationServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -196,6 +215,11 @@ def add_FederationServicer_to_server(servicer, server):
                     servicer.Report,
                     request_deserializer=fedsbdt_dot_v1_dot_federation__pb2.ReportRequest.FromString,
                     response_serializer=fedsbdt_dot_v1_dot_federation__pb2.ReportResponse.SerializeToString,
+            ),
+            'Connect': grpc.stream_stream_rpc_method_handler(
+                    servicer.Connect,
+                    request_deserializer=fedsbdt_dot_v1_dot_federation__pb2.SiteMessage.FromString,
+                    response_serializer=fedsbdt_dot_v1_dot_federation__pb2.EventBatch.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -441,6 +465,33 @@ class Federation:
             '/fedsbdt.v1.Federation/Report',
             fedsbdt_dot_v1_dot_federation__pb2.ReportRequest.SerializeToString,
             fedsbdt_dot_v1_dot_federation__pb2.ReportResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Connect(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/fedsbdt.v1.Federation/Connect',
+            fedsbdt_dot_v1_dot_federation__pb2.SiteMessage.SerializeToString,
+            fedsbdt_dot_v1_dot_federation__pb2.EventBatch.FromString,
             options,
             channel_credentials,
             insecure,

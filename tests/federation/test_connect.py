@@ -1,0 +1,101 @@
+"""The Connect stream (Subscribe + Submit* + Report on one bidirectional stream) over real mutual TLS."""
+from __future__ import annotations
+
+import os
+import queue
+
+import grpc
+import pytest
+
+from fedsbdt.v1 import federation_pb2 as pb
+
+from .test_service import code_of, join_req, served, stub_for  # noqa: F401  (served: the module fixture)
+
+
+def connect(stub, first, timeout=20):
+    """Open a Connect stream whose first message is ``first``; returns (outgoing queue, response iterator)."""
+    q: queue.SimpleQueue = queue.SimpleQueue()
+    q.put(first)
+
+    def requests():
+        while True:
+            m = q.get()
+            if m is None:
+                return
+            yield m
+
+    return q, stub.Connect(requests(), timeout=timeout)
+
+
+def subscribe(site, token, after=0):
+    return pb.SiteMessage(subscribe=pb.SubscribeRequest(site_id=site, token=token, after_seq=after))
+
+
+def test_connect_checks_identity_and_order_like_the_unary_calls(served):
+    plan, ids, server, root = served
+    stub, ch = stub_for(served, "site-b")
+    token = stub.Join(join_req(plan, ids, "site-b"), timeout=10).token
+    # the first message must subscribe
+    q, resp = connect(stub, pb.SiteMessage(setup=pb.SecAggSubmission(site_id="site-b", token=token)))
+    code, msg = code_of(lambda: next(resp))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "subscribe" in msg
+    q.put(None)
+    # a forged token, and site-b's certificate speaking for site-c
+    q, resp = connect(stub, subscribe("site-b", b"forged"))
+    assert code_of(lambda: next(resp))[0] == grpc.StatusCode.UNAUTHENTICATED
+    q.put(None)
+    q, resp = connect(stub, subscribe("site-c", token))
+    assert code_of(lambda: next(resp))[0] == grpc.StatusCode.PERMISSION_DENIED
+    q.put(None)
+    # on a valid stream, a message for another site or with another token ends the stream
+    for bad, want in ((pb.SecAggSubmission(site_id="site-c", token=token), grpc.StatusCode.PERMISSION_DENIED),
+                      (pb.SecAggSubmission(site_id="site-b", token=b"other"), grpc.StatusCode.UNAUTHENTICATED)):
+        q, resp = connect(stub, subscribe("site-b", token))
+        q.put(pb.SiteMessage(round=bad))
+        with pytest.raises(grpc.RpcError) as e:
+            for _ in resp:
+                pass
+        assert e.value.code() == want
+        q.put(None)
+    # a second subscribe on the stream is a protocol error too
+    q, resp = connect(stub, subscribe("site-b", token))
+    q.put(subscribe("site-b", token))
+    with pytest.raises(grpc.RpcError) as e:
+        for _ in resp:
+            pass
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    q.put(None)
+    assert server.fatal is None
+    ch.close()
+
+
+def test_connect_counts_processed_messages_and_reports_refusals(served):
+    """Garbage is refused one by one (the stream goes on); every batch says how many site messages were
+    processed, which is what a site's resend list is trimmed by."""
+    plan, ids, server, root = served
+    stub, ch = stub_for(served, "site-c")
+    token = stub.Join(join_req(plan, ids, "site-c"), timeout=10).token
+    q, resp = connect(stub, subscribe("site-c", token))
+    garbage = [b"", b"garbage", os.urandom(3000), b"FSA\x01\x02" + os.urandom(100)]
+    for data in garbage:
+        q.put(pb.SiteMessage(setup=pb.SecAggSubmission(site_id="site-c", token=token, secagg=data)))
+        q.put(pb.SiteMessage(round=pb.SecAggSubmission(site_id="site-c", token=token, secagg=data)))
+        q.put(pb.SiteMessage(input=pb.MaskedInputSubmission(site_id="site-c", token=token, purpose=2, tree=0,
+                                                            secagg=data)))
+    q.put(pb.SiteMessage(input=pb.MaskedInputSubmission(site_id="site-c", token=token, purpose=77, secagg=b"x")))
+    q.put(pb.SiteMessage(report=pb.ReportRequest(site_id="site-c", token=token, kind=99)))
+    q.put(pb.SiteMessage(report=pb.ReportRequest(site_id="site-c", token=token, kind=pb.REPORT_PROGRESS)))
+    sent = 3 * len(garbage) + 3
+    rejected, processed = [], 0
+    for batch in resp:
+        rejected += list(batch.rejected)
+        assert batch.processed >= processed  # monotone
+        processed = batch.processed
+        if processed == sent:
+            break
+    assert len(rejected) == sent - 1  # everything but the progress report
+    assert any("purpose" in r for r in rejected) and any("report kind" in r for r in rejected)
+    q.put(None)
+    st = stub.GetStatus(pb.GetStatusRequest(), timeout=10)
+    assert st.trees_released == 0 and server.fatal is None
+    ch.close()
