@@ -243,6 +243,18 @@ def calibrate(
     epsilon: float, delta: float, gamma: float, rounds: int, init_share: float = 0.0, eps_ds: float = 0.0,
     accountant: str = "rdp", alpha_max: int | None = None,
 ) -> PrivacyCalibration:
+    """Alg. 6 (see :func:`_calibrate`); a budget too large to compute is an :class:`AccountingError`."""
+    try:
+        return _calibrate(epsilon, delta, gamma, rounds, init_share, eps_ds, accountant, alpha_max)
+    except OverflowError:
+        raise AccountingError(f"ε = {epsilon:g} is too large for the accountant (numerical overflow); such a "
+                              "budget gives no meaningful privacy") from None
+
+
+def _calibrate(
+    epsilon: float, delta: float, gamma: float, rounds: int, init_share: float, eps_ds: float,
+    accountant: str, alpha_max: int | None,
+) -> PrivacyCalibration:
     """Alg. 6: the smallest σ_leaf whose total guarantee (Thm. 23) is (ε, δ)-DP.
 
     ``init_share`` = ε_init/ε; ε_init and ε_ds parameterise the Gaussian

@@ -60,6 +60,11 @@ class Hyperparameters:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int):
                 raise bad(name, "must be an integer")
+        for name in ("filter", "cyclical"):
+            if not isinstance(getattr(self, name), bool):
+                raise bad(name, "must be true or false")
+        if not isinstance(self.accountant, str):
+            raise bad("accountant", "must be 'rdp' or 'pld'")
         if not self.epsilon > 0:
             raise bad("epsilon", "must be > 0")
         if not 0 < self.delta < 1:

@@ -136,7 +136,7 @@ def _load_csv(p: Path, schema: Schema) -> Dataset:
             else:
                 frame = pd.read_csv(p, **kw)
     except (pd.errors.ParserError, pd.errors.ParserWarning) as e:
-        raise DataError(f"{p}: malformed CSV: {e}") from None
+        raise DataError(f"{p}: malformed CSV: {str(e).strip()}") from None
     except pd.errors.EmptyDataError:
         raise DataError(f"{p}: the file holds no data rows") from None
     if len(frame) != lines.size:
@@ -262,6 +262,10 @@ def _categorical(col, f, source, lines, row_word) -> np.ndarray:
             raise _fail(source, [f"{row_word} {lines[i]}, column {f.name!r}: {v[i]!r} is not a level code "
                                  f"0..{len(f.levels) - 1}" for i in bad[:MAX_REPORTED]], bad.size)
         return v
+    missing = np.flatnonzero(col.isna().to_numpy())  # Parquet nulls
+    if missing.size:
+        raise _fail(source, [f"{row_word} {lines[i]}, column {f.name!r}: missing value (public levels: "
+                             f"{', '.join(f.levels)})" for i in missing[:MAX_REPORTED]], missing.size)
     lookup = {lvl: float(k) for k, lvl in enumerate(f.levels)}
     s = col.astype(str).str.strip()
     codes = s.map(lookup)
@@ -309,6 +313,10 @@ def _num_str(x) -> str:
 
 
 def _ids(col, name, source, lines, row_word) -> np.ndarray:
+    missing = np.flatnonzero(col.isna().to_numpy())  # Parquet nulls (a CSV field is never null here)
+    if missing.size:
+        raise _fail(source, [f"{row_word} {lines[i]}, id column {name!r}: missing record id"
+                             for i in missing[:MAX_REPORTED]], missing.size)
     s = col.astype(str).str.strip().to_numpy()
     empty = np.flatnonzero(s == "")
     if empty.size:

@@ -96,6 +96,19 @@ class Schema:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], source: str = "schema") -> "Schema":
+        """Validate a schema's parsed form; anything malformed raises :class:`SchemaError` and nothing else
+        (a schema arrives inside plans, possibly from a hostile coordinator)."""
+        try:
+            if not isinstance(d, dict):
+                raise SchemaError(f"{source}: a schema is a table of keys")
+            return cls._from_dict(d, source)
+        except SchemaError:
+            raise
+        except (TypeError, ValueError, KeyError, AttributeError, ArithmeticError) as e:
+            raise SchemaError(f"{source}: malformed schema ({type(e).__name__}: {e})") from None
+
+    @classmethod
+    def _from_dict(cls, d: dict[str, Any], source: str) -> "Schema":
         def need(key: str, where: dict[str, Any] = d, ctx: str = "") -> Any:
             if key not in where:
                 raise SchemaError(f"{source}: missing required key '{ctx}{key}'")

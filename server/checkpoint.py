@@ -35,6 +35,7 @@ from .wire import InitScoreMsg, TreeMsg
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS log (seq INTEGER PRIMARY KEY, kind TEXT NOT NULL, body TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS secagg (key TEXT PRIMARY KEY, value BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS join_nonces (site TEXT NOT NULL, nonce BLOB NOT NULL, PRIMARY KEY (site, nonce));
 """
 
 
@@ -158,6 +159,13 @@ class CoordinatorStore:
         tmp.replace(out)
         self._append("finished", {"model_sha256": model_sha256})
         return out
+
+    def remember_join_nonce(self, site: str, nonce: bytes) -> bool:
+        """Record the nonce of a signed Join; False if this site used it before (a replayed Join)."""
+        with self.transaction():
+            cur = self.db.execute("INSERT OR IGNORE INTO join_nonces (site, nonce) VALUES (?, ?)",
+                                  (site, bytes(nonce)))
+        return cur.rowcount == 1
 
     def close(self) -> None:
         self.db.close()

@@ -82,6 +82,16 @@ def _now() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
 
 
+def validity_problem(cert: x509.Certificate, now: dt.datetime | None = None) -> str | None:
+    """"expired on …" / "is not valid before …" for a certificate outside its validity period, else None."""
+    now = now or _now()
+    if cert.not_valid_after_utc < now:
+        return f"expired on {cert.not_valid_after_utc:%Y-%m-%d %H:%M} UTC"
+    if cert.not_valid_before_utc > now:
+        return f"is not valid before {cert.not_valid_before_utc:%Y-%m-%d %H:%M} UTC"
+    return None
+
+
 def common_name(cert_or_csr) -> str:
     attrs = cert_or_csr.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
     if not attrs:
@@ -204,11 +214,14 @@ class TlsFiles:
                    Path(ca) if ca else d / CA_CERT)
 
     def read(self) -> tuple[bytes, bytes, bytes]:
+        """The PEM bytes of certificate, key and CA; refuses missing, malformed, expired or not yet valid files."""
         cert = _read(self.cert, "TLS certificate")
         key = _read(self.key, "TLS private key")
         ca = _read(self.ca, "CA certificate")
-        load_cert(self.cert, "TLS certificate")
-        load_cert(self.ca, "CA certificate")
+        for path, what in ((self.cert, "TLS certificate"), (self.ca, "CA certificate")):
+            problem = validity_problem(load_cert(path, what))
+            if problem is not None:
+                raise PkiError(f"the {what} {path} {problem}; ask the consortium CA for a new one")
         load_key(self.key, "TLS private key")
         return cert, key, ca
 
@@ -228,6 +241,14 @@ def channel_credentials(files: TlsFiles):
 
     cert, key, ca = files.read()
     return grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
+
+
+def _own_certificate_hint(files: TlsFiles) -> str:
+    try:
+        problem = validity_problem(load_cert(files.cert))
+    except PkiError:
+        problem = None
+    return f"it {problem}" if problem else "it must be issued by the consortium CA"
 
 
 def tls_probe(target: str, files: TlsFiles, timeout: float = 3.0) -> str | None:
@@ -262,15 +283,15 @@ def tls_probe(target: str, files: TlsFiles, timeout: float = 3.0) -> str | None:
                 if data:
                     return None  # the server speaks HTTP/2: the certificate was accepted
                 return (f"the coordinator closed the connection right after the TLS handshake: it rejected this "
-                        f"site's certificate {files.cert} (it must be issued by the consortium CA)")
+                        f"site's certificate {files.cert} ({_own_certificate_hint(files)})")
     except ssl.SSLCertVerificationError as e:
         return (f"the coordinator's certificate is not trusted by --tls-ca {files.ca} ({e.verify_message}); "
                 "is it the consortium CA certificate?")
     except ssl.SSLError as e:
         reason = (e.reason or str(e)).lower().replace("_", " ")
         if "unknown ca" in reason or "certificate" in reason or "bad" in reason:
-            return (f"the coordinator rejected this site's TLS certificate {files.cert} ({reason}); it must be "
-                    "issued by the consortium CA")
+            return (f"the coordinator rejected this site's TLS certificate {files.cert} ({reason}; "
+                    f"{_own_certificate_hint(files)})")
         return f"the TLS handshake with the coordinator failed ({reason})"
     except (OSError, ValueError):
         return None

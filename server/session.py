@@ -321,6 +321,16 @@ class Session:
         """The initial score (if released) and up to ``max_trees`` released trees from ``from_index`` on."""
         return self.init, self.has_init, self.trees[from_index:from_index + max_trees]
 
+    def fresh_join_nonce(self, site_id: str, nonce: bytes) -> bool:
+        """True the first time ``site_id`` presents this signed Join nonce (in the checkpoint: across restarts)."""
+        if self.checkpoint is not None:
+            return self.checkpoint.remember_join_nonce(site_id, nonce)
+        seen = self.__dict__.setdefault("_join_nonces", set())
+        if (site_id, bytes(nonce)) in seen:
+            return False
+        seen.add((site_id, bytes(nonce)))
+        return True
+
     def authenticate(self, site_id: str, token: bytes) -> SiteState:
         st = self.sites.get(site_id)
         if st is None or st.token is None or not token or st.token != token:

@@ -254,14 +254,15 @@ class KillLog:
 
 
 def run_with_kill_points(fed: Federation, schedule: dict[str, list[str]], sites: list[str],
-                         timeout: float, coordinator_args: tuple[str, ...] = ()) -> list[KillLog]:
+                         timeout: float, coordinator_args: tuple[str, ...] = (), strict: bool = True) -> list[KillLog]:
     """Run a federation in which every party SIGKILLs itself at its scheduled points, one after another.
 
     ``schedule[party]`` lists kill points (``stage@tree[:when]``, see common.testhooks); the party is
     started with the first, and each time it dies there it is restarted at once with the next (the
     last incarnation runs without).  Returns when the coordinator and every site exited 0; fails
     (AssertionError with a diagnosis) on any other exit, on a SIGKILL that is not the scheduled
-    one, on a scheduled point never reached, or after ``timeout`` seconds.
+    one, on a scheduled point never reached (unless ``strict`` is false: a random schedule may name a
+    stage that does not occur again, e.g. an epoch setup after the last epoch), or after ``timeout`` s.
     """
     t0 = time.monotonic()
     queues = {p: list(schedule.get(p, [])) for p in ["coordinator", *sites]}
@@ -292,14 +293,14 @@ def run_with_kill_points(fed: Federation, schedule: dict[str, list[str]], sites:
             continue
         if rc == 0:
             done.add(party)
-            if proc.kill_at:
+            if proc.kill_at and strict:
                 raise AssertionError(f"{party} finished without reaching its kill point {proc.kill_at} "
                                      f"(points left: {queues[party]})")
             continue
         raise AssertionError(f"{party}#{proc.incarnation} exited with {rc} (kill point {proc.kill_at}):\n"
                              f"{proc.errors[-3000:]}\n{fed.diagnosis()}")
     left = {p: q for p, q in queues.items() if q}
-    assert not left, f"kill points never used: {left}"
+    assert not left or not strict, f"kill points never used: {left}"
     return kills
 
 
@@ -309,7 +310,8 @@ def run_with_random_kills(fed: Federation, sites: list[str], seed: int, kills: i
 
     The parties are the coordinator (with probability ``coordinator_share``) and the sites; each
     party's points are sorted by tree so that they fire in order.  Trees are drawn from the first
-    80 % of the run so that every scheduled point is reached.
+    80 % of the run; a point whose stage does not occur again (an epoch setup after the last epoch,
+    a site that only catches up at the end) simply does not fire.
     """
     from common.testhooks import STAGES
 
@@ -333,7 +335,7 @@ def run_with_random_kills(fed: Federation, sites: list[str], seed: int, kills: i
                 seen_init = True
             keep.append(pt)
         ordered[p] = keep
-    return run_with_kill_points(fed, ordered, sites, timeout)
+    return run_with_kill_points(fed, ordered, sites, timeout, strict=False)
 
 
 # =========================================================================== invariants
@@ -360,10 +362,11 @@ def read_ledger(state_dir: Path, plan_sha256: str) -> dict:
                                               for r in contrib}}
 
 
-def check_outcome(fed: Federation, plan, sites: list[str], records: dict[str, int]) -> dict:
+def check_outcome(fed: Federation, plan, sites: list[str], records: dict[str, int], without_model=()) -> dict:
     """Everything a run that survived faults must satisfy; returns a summary for the test's message.
 
-    1. the coordinator's and every site's model file are byte-identical;
+    1. the coordinator's and every site's model file are byte-identical (except ``without_model``: sites
+       that are known to have stopped early);
     2. the checkpoint holds trees 0 … T−1 exactly once each, with strictly increasing, unique round
        ids, and the model's public record lists exactly those rounds;
     3. no tree index was announced as released twice by any coordinator incarnation;
@@ -380,7 +383,8 @@ def check_outcome(fed: Federation, plan, sites: list[str], records: dict[str, in
     hp = plan.hyperparameters
     ref = (fed.root / "coordinator" / "model.json").read_bytes()
     for s in sites:
-        assert (fed.root / s / "model.json").read_bytes() == ref, f"{s}'s model differs from the coordinator's"
+        if s not in without_model:
+            assert (fed.root / s / "model.json").read_bytes() == ref, f"{s}'s model differs from the coordinator's"
     model = json.loads(ref)
     log = read_checkpoint(fed.root / "coordinator")
     trees = [b for k, b in log if k == "tree"]
