@@ -28,7 +28,6 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import sys
 import tempfile
 import time
@@ -41,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 from common.cli import evaluate_model  # noqa: E402
 from common.config import Hyperparameters  # noqa: E402
-from common.data import Dataset, load  # noqa: E402
+from common.data import load  # noqa: E402
 from common.engine import train  # noqa: E402
 from common.model import Ensemble  # noqa: E402
 from common.schema import Schema  # noqa: E402

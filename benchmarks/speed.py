@@ -303,7 +303,7 @@ def main(argv=None) -> int:
     print(f"numba compile (first minus second 3-tree run, all 4 configurations): cold cache "
           f"{cold['total_first_minus_second']:.2f} s, on-disk cache {cached['total_first_minus_second']:.2f} s "
           "(excluded from the timings above)")
-    print(f"reference C++: 6.7 s (no filter) and 25.6 s (filter, +1000 rounds); goal ≤ 1 s and ≤ 3 s")
+    print("reference C++: 6.7 s (no filter) and 25.6 s (filter, +1000 rounds); goal ≤ 1 s and ≤ 3 s")
     out["load_average_after"] = os.getloadavg()
     save("speed", out)
     print("saved benchmarks/results/speed.json")

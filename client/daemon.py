@@ -11,8 +11,7 @@ out on it instead of one unary call each.  A reply stays in a resend list
 until a batch says the coordinator processed it; after a broken stream the
 site resends those (the coordinator's handling of a protocol reply is
 idempotent: a repeat is refused as not expected).  Reports (refusals, the
-final model hash) stay unary calls.  A coordinator without ``Connect`` is
-followed with ``Subscribe`` and unary ``Submit*`` calls.
+final model hash) stay unary calls.
 
 Every call has a deadline.  Transient failures (coordinator restarting,
 network) are retried with bounded exponential backoff for at most
@@ -71,7 +70,6 @@ class DaemonOptions:
     backoff_initial: float = 0.1
     backoff_max: float = 5.0
     tls_failures_fatal: int = 3  # consecutive UNAVAILABLE failures before a diagnostic TLS handshake
-    use_connect: bool = True  # replies on the Connect stream (False: Subscribe and unary Submit* calls)
 
 
 class Daemon:
@@ -96,7 +94,6 @@ class Daemon:
         self._sleep = threading.Event()
         self.bytes_sent = 0
         self.bytes_received = 0
-        self._use_connect = options.use_connect
         self._outq: queue.SimpleQueue | None = None  # the open Connect stream's outgoing messages
         self._unsent: deque = deque()  # (SiteMessage, reply, trees applied) not yet counted as processed
         self._unsent_token: bytes | None = None  # the join the resend list belongs to
@@ -209,18 +206,6 @@ class Daemon:
                 return
 
     def _follow(self) -> None:
-        if self._use_connect:
-            try:
-                return self._follow_stream()
-            except grpc.RpcError as e:
-                if e.code() != grpc.StatusCode.UNIMPLEMENTED:
-                    raise
-                log.info(f"{self.m.site_id}: the coordinator has no Connect stream; following it with Subscribe "
-                         "and unary calls", extra={"event": "no_connect", "site": self.m.site_id})
-                self._use_connect = False
-        self._follow_subscribe()
-
-    def _follow_stream(self) -> None:
         """Connect: events in batches, replies on the same stream (resent after a break until processed)."""
         q: queue.SimpleQueue = queue.SimpleQueue()
         q.put(pb.SiteMessage(subscribe=pb.SubscribeRequest(site_id=self.m.site_id, token=self.token,
@@ -263,19 +248,6 @@ class Daemon:
             self._counted += 1
             testhooks.site_reply(reply, trees, "after")
 
-    def _follow_subscribe(self) -> None:
-        stream = self.stub.Subscribe(pb.SubscribeRequest(site_id=self.m.site_id, token=self.token,
-                                                         after_seq=self.last_seq))
-        try:
-            for msg in stream:
-                self._contact()
-                self.bytes_received += msg.ByteSize()
-                self._event(msg)
-                if self.m.finished:
-                    return
-        finally:
-            stream.cancel()
-
     def _event(self, msg) -> None:
         """Handle one event and send the replies (already persisted by the state machine)."""
         try:
@@ -285,8 +257,8 @@ class Daemon:
             self.last_seq = msg.seq
             return
         if log.isEnabledFor(logging.DEBUG):
-                    log.debug(f"{self.m.site_id}: event {msg.seq} {type(ev).__name__}",
-                              extra={"event": "event_received", "seq": msg.seq, "at": time.monotonic()})
+            log.debug(f"{self.m.site_id}: event {msg.seq} {type(ev).__name__}",
+                      extra={"event": "event_received", "seq": msg.seq, "at": time.monotonic()})
         try:
             replies = self.m.handle(ev)
         except NeedCatchUp:
@@ -311,7 +283,7 @@ class Daemon:
     def _send(self, r) -> None:
         site, token = self.m.site_id, self.token
         testhooks.site_reply(r, self.m.trees_applied, "before")  # TEST-ONLY kill point (off by default)
-        if self._outq is not None and isinstance(r, (SetupReply, InputReply, RoundReply)):
+        if isinstance(r, (SetupReply, InputReply, RoundReply)):  # on the open Connect stream
             if isinstance(r, SetupReply):
                 msg = pb.SiteMessage(setup=pb.SecAggSubmission(site_id=site, token=token, secagg=r.secagg))
             elif isinstance(r, InputReply):
@@ -322,28 +294,11 @@ class Daemon:
             self._unsent.append((msg, r, self.m.trees_applied))  # until the coordinator counts it as processed
             self._unsent_token = token
             self.bytes_sent += msg.ByteSize()
-            self._outq.put(msg)
-            return
-        if isinstance(r, SetupReply):
-            resp = self._call("sending epoch keys", self.stub.SubmitSetup,
-                              pb.SecAggSubmission(site_id=site, token=token, secagg=r.secagg))
-        elif isinstance(r, InputReply):
-            resp = self._call("sending a masked input", self.stub.SubmitMaskedInput,
-                              pb.MaskedInputSubmission(site_id=site, token=token, purpose=int(r.purpose),
-                                                       tree=r.tree, secagg=r.secagg))
-        elif isinstance(r, RoundReply):
-            resp = self._call("sending a round reply", self.stub.SubmitRound,
-                              pb.SecAggSubmission(site_id=site, token=token, secagg=r.secagg))
+            self._outq.put(msg)  # the "after" kill point fires when the coordinator counts it (_processed)
         elif isinstance(r, Refusal):
             log.warning(f"{site}: refused: {r.detail}", extra={"event": "refused", "site": site})
             self._report(pb.REPORT_REFUSED, detail=r.detail, round_id=r.round_id or 0)
-            return
         elif isinstance(r, Done):
             self._report(pb.REPORT_FINISHED, sha=r.model_sha256)
-            return
         else:  # pragma: no cover
             raise TypeError(type(r).__name__)
-        if not resp.accepted:
-            log.info(f"{site}: the coordinator did not accept a {type(r).__name__}: {resp.detail}",
-                     extra={"event": "not_accepted", "site": site})
-        testhooks.site_reply(r, self.m.trees_applied, "after")

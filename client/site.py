@@ -51,7 +51,7 @@ import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from common import kernels
-from common.boosting import LocalData
+from common.boosting import LocalData, split_edges
 from common.config import ConfigError
 from common.data import DataError, load
 from common.engine import filter_for
@@ -230,8 +230,9 @@ class SiteMachine:
             self.ledger = SiteLedger(ledger_path(self.state_dir, plan.sha256), plan.sha256, self.site_id)
         except LedgerError as e:
             raise SiteRefusal(str(e)) from None
-        self.local = LocalData(ds.X, ds.y, ds.ids, plan.schema.task, hp, plan.schema.label_range, None,
-                               np.array([f.is_categorical for f in plan.schema.features]))
+        self.local = LocalData(ds.X, ds.y, ds.ids, plan.schema.task, hp, plan.schema.label_range, ds.arrival,
+                               np.array([f.is_categorical for f in plan.schema.features]),
+                               edges=split_edges(plan.schema, hp.split_candidates))
         self.ledger.ensure_records(ds.ids)
         self.local.spent = self.ledger.spent_for(ds.ids)
         self.secagg = SecAggSite(plan.secagg_config(), self.site_id, self.identity_key, self.ledger.storage,
@@ -465,7 +466,7 @@ class SiteMachine:
         self.local.set_init_score(init.score)
 
     def _apply_tree(self, t: TreeMsg) -> None:
-        plan, hp = self.plan, self.plan.hyperparameters
+        hp = self.plan.hyperparameters
         if self.init is None:
             raise self._abort(f"tree {t.index} arrived before the initial score")
         splits = self.splits(t.index)

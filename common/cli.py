@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 
 from .config import ConfigError, Hyperparameters
 

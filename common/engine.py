@@ -73,7 +73,10 @@ class TrainResult:
 
 def train(dataset: Dataset, hp: Hyperparameters, randomness=None, progress: Progress | None = None,
           arrival: np.ndarray | None = None) -> TrainResult:
-    """Train S-BDT on one dataset with central noise.  Returns the model and the local state (ledger)."""
+    """Train S-BDT on one dataset with central noise.  Returns the model and the local state (ledger).
+
+    ``arrival`` (default: the dataset's ``arrival_column``) is the round from which each record may be
+    used: a non-IID stream whose late records train in the extra rounds (paper §6.6, §8.4)."""
     t0 = time.perf_counter()
     schema = dataset.schema
     randomness = randomness or SecureRandomness()
@@ -82,6 +85,7 @@ def train(dataset: Dataset, hp: Hyperparameters, randomness=None, progress: Prog
     cal = calibration_for(hp)
     table = filter_for(hp, cal)
     enc = Encoding.for_task(hp, schema.task)
+    arrival = dataset.arrival if arrival is None else arrival
     local = LocalData(dataset.X, dataset.y, dataset.ids, schema.task, hp, schema.label_range, arrival,
                       np.array([f.is_categorical for f in schema.features]),
                       edges=split_edges(schema, hp.split_candidates))

@@ -65,8 +65,8 @@ def load_ledger(path: str | Path) -> np.ndarray:
 
     JSON: a list of integers, or an object with a ``"spent"`` list.  SQLite:
     the first table with an integer column named ``spent`` or ``spent_units``
-    (the federation's site ledger; its final layout is pending, see
-    docs/deployment.md).
+    (the federation's site ledger ``ledger-<plan hash>.sqlite``, table
+    ``ledger``; see client/ledger.py).
     """
     p = Path(path)
     if not p.exists():

@@ -233,8 +233,8 @@ def register(sub) -> None:
     v.add_argument("--ca", required=True, help="CA directory (ca.key, ca.crt)")
     v.add_argument("--host", action="append", required=True, help="host name or IP of the coordinator; repeat")
     v.add_argument("--out", required=True, help="directory for tls.key, tls.crt, ca.crt")
-    for q in (i, s, v):
-        q.add_argument("--days", type=int, default=825, help="validity in days (default: 825)")
+    for q, days in ((i, 3650), (s, 825), (v, 825)):  # the CA outlives the certificates it issues
+        q.add_argument("--days", type=int, default=days, help=f"validity in days (default: {days})")
         q.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     a.set_defaults(func=cmd_ca)
 

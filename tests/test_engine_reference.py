@@ -39,7 +39,6 @@ def brute_force(ds, hp, rnd):
     task = ds.schema.task
     G = int(round(hp.grad_clip * S))
     H = int(round(hp.hess_clip_for(task) * S))
-    M = int(round(hp.label_clip * S))
     lo, hi = ds.schema.label_range or (0, 1)
     ys = [2 * (v - lo) / (hi - lo) - 1 if task == "regression" else v for v in ds.y]
     # initial score from exact sums
@@ -135,3 +134,21 @@ def test_noise_changes_the_model_and_seed_fixes_splits():
     b = train(ds, hp, randomness=insecure(seed=2)).model
     assert [t.features.tolist() for t in a.trees] == [t.features.tolist() for t in b.trees]
     assert any(not np.array_equal(x.leaves, y.leaves) for x, y in zip(a.trees, b.trees))
+
+
+def test_the_dataset_arrival_column_holds_late_records_back_until_their_round():
+    """``train`` follows the dataset's arrival rounds (schema ``arrival_column``, paper §6.6): a record
+    arriving at round r takes no part in trees 0 … r−1."""
+    import dataclasses
+
+    ds = toy("regression")
+    hp = Hyperparameters(epsilon=2.0, trees=12, depth=3, subsample=1.0, seed=7, init_share=0.0)
+    early = np.arange(ds.n) % 2 == 0
+    arrival = np.where(early, 0, 6).astype(np.int64)
+    streamed = train(dataclasses.replace(ds, arrival=arrival), hp, randomness=insecure(seed=5, noise=False)).model
+    only_early = train(ds.subset(np.flatnonzero(early)), hp, randomness=insecure(seed=5, noise=False)).model
+    everyone = train(ds, hp, randomness=insecure(seed=5, noise=False)).model
+    for k in range(6):
+        np.testing.assert_array_equal(streamed.trees[k].leaves, only_early.trees[k].leaves)
+    assert not np.array_equal(streamed.trees[0].leaves, everyone.trees[0].leaves)
+    assert all(not np.array_equal(streamed.trees[k].leaves, only_early.trees[k].leaves) for k in range(6, 12))

@@ -11,7 +11,7 @@ import pytest
 
 from common.cli import main
 from common.config import Hyperparameters
-from common.engine import calibration_for, train
+from common.engine import train
 from common.model import Ensemble
 from common.rdp_filter import UNITS_PER_ROUND, filter_table
 from common.rdp_filter import exhausted_share as filter_exhausted_share

@@ -9,7 +9,7 @@ import pytest
 
 from fedsbdt.v1 import federation_pb2 as pb
 
-from .test_service import code_of, join_req, served, stub_for  # noqa: F401  (served: the module fixture)
+from .test_service import code_of, join_req, served, stub_for  # noqa: F401, F811  (served: the module fixture)
 
 
 def connect(stub, first, timeout=20):

@@ -11,8 +11,6 @@ import subprocess
 import sys
 
 import numpy as np
-import pandas as pd
-import pytest
 
 from client.ledger import ledger_path
 from common.config import Hyperparameters
