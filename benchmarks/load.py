@@ -227,7 +227,7 @@ def run_size(n: int, trees: int, depth: int, keep: Path | None) -> dict:
     res = {
         "sites": n, "trees": coord["trees"], "depth": depth, "rows_per_site": ROWS,
         "wall_seconds": round(wall, 2),
-        "startup_seconds": round(first_event.get("started", t0) - t0, 2),
+        "startup_seconds": round(first_event.get("started", first_event.get("init", t0)) - t0, 2),
         "first_to_last_tree_seconds": round(span, 2),
         "round_latency_ms": {"median": round(float(np.median(lat)), 2), "p99": round(float(np.percentile(lat, 99)), 2),
                              "max": round(float(lat.max()), 2), "mean": round(float(lat.mean()), 2)},

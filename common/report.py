@@ -493,6 +493,10 @@ def write_report(model_path: str | Path, out: str | Path, ledger_path: str | Pat
     model = Ensemble.load(mp)
     sha = hashlib.sha256(mp.read_bytes()).hexdigest()
     ledger = None
+    if ledger_path is not None and not model.hyperparameters.filter:
+        raise ReportError(f"{mp} was trained without the individual Rényi filter: no record has a budget of its "
+                          "own (every record is accounted for the worst case in every round), so a ledger says "
+                          "nothing; leave out --ledger")
     if ledger_path is not None:
         spent = load_ledger(ledger_path)
         theirs, ours = ledger_plan(ledger_path), model.training.get("plan_sha256")

@@ -192,6 +192,12 @@ def test_ledger_formats_and_section(model, tmp_path):
     fed.save(tmp_path / "fed.json")
     with pytest.raises(ReportError, match="belongs to plan efefefef"):
         write_report(tmp_path / "fed.json", tmp_path / "r.html", tmp_path / "c.sqlite")
+    plain = Ensemble(model.schema, model.hyperparameters.replace(filter=False), model.init_score, model.trees,
+                     dict(model.privacy), model.training)
+    plain.save(tmp_path / "plain.json")
+    with pytest.raises(ReportError, match="without the individual Rényi filter"):
+        write_report(tmp_path / "plain.json", tmp_path / "r.html", tmp_path / "a.npy")
+    assert not (tmp_path / "r.html").exists()
     (tmp_path / "bad.json").write_text('{"spent": [1.5, 2]}')
     with pytest.raises(ReportError, match="integers"):
         load_ledger(tmp_path / "bad.json")
