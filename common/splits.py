@@ -39,15 +39,22 @@ def random_splits(schema: Schema, depth: int, seed: int, round_id: int, cyclical
         features = np.full(n_inner, round_id % m, dtype=np.int32)
     else:
         features = rng.integers(0, m, size=n_inner).astype(np.int32)
-    thresholds = np.empty(n_inner, dtype=np.float64)
     u = rng.random(n_inner)
     cand = rng.integers(0, max(split_candidates, 1), size=n_inner)
-    for k in range(n_inner):
-        f = schema.features[features[k]]
-        if f.is_categorical:
-            thresholds[k] = float(min(int(u[k] * len(f.levels)), len(f.levels) - 1))
-        elif split_candidates > 0:
-            thresholds[k] = f.lo + (f.hi - f.lo) * (cand[k] + 1) / (split_candidates + 1)
-        else:
-            thresholds[k] = f.lo + (f.hi - f.lo) * u[k]
+    lo, hi, levels = _feature_table(schema)
+    lo, hi, levels = lo[features], hi[features], levels[features]
+    if split_candidates > 0:
+        numeric = lo + (hi - lo) * (cand + 1) / (split_candidates + 1)
+    else:
+        numeric = lo + (hi - lo) * u
+    categorical = np.minimum(np.floor(u * levels), levels - 1)
+    thresholds = np.where(levels > 0, categorical, numeric)
     return Splits(features, thresholds)
+
+
+def _feature_table(schema: Schema) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per feature: public range (lo, hi; 0 for categorical ones) and number of levels (0 for numeric ones)."""
+    fs = schema.features
+    return (np.array([0.0 if f.is_categorical else f.lo for f in fs]),
+            np.array([0.0 if f.is_categorical else f.hi for f in fs]),
+            np.array([float(len(f.levels)) if f.is_categorical else 0.0 for f in fs]))

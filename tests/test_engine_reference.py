@@ -152,3 +152,25 @@ def test_the_dataset_arrival_column_holds_late_records_back_until_their_round():
         np.testing.assert_array_equal(streamed.trees[k].leaves, only_early.trees[k].leaves)
     assert not np.array_equal(streamed.trees[0].leaves, everyone.trees[0].leaves)
     assert all(not np.array_equal(streamed.trees[k].leaves, only_early.trees[k].leaves) for k in range(6, 12))
+
+
+@pytest.mark.parametrize("cyclical,candidates", [(False, 0), (True, 0), (False, 7), (True, 32)])
+def test_random_splits_follow_the_per_node_definition(cyclical, candidates):
+    """Alg. 4 line 2 node by node (the generator's draws in the documented order) against the vectorised
+    ``random_splits``: a feature per node, a threshold uniform in the public range or on N equidistant
+    candidates, a categorical node picks a level.  Every party recomputes these bit for bit."""
+    schema = toy("binary").schema
+    for r in range(30):
+        s = random_splits(schema, 4, 99, r, cyclical, candidates)
+        rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([99, r])))
+        feats = [r % 3] * 15 if cyclical else list(rng.integers(0, 3, size=15))
+        u, cand = rng.random(15), rng.integers(0, max(candidates, 1), size=15)
+        for k in range(15):
+            f = schema.features[feats[k]]
+            if f.is_categorical:
+                want = float(min(int(u[k] * len(f.levels)), len(f.levels) - 1))
+            elif candidates:
+                want = f.lo + (f.hi - f.lo) * (cand[k] + 1) / (candidates + 1)
+            else:
+                want = f.lo + (f.hi - f.lo) * u[k]
+            assert s.features[k] == feats[k] and s.thresholds[k] == want, (r, k)
