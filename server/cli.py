@@ -136,7 +136,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     session = dict(noise=args.noise, assumed_colluders=args.colluders, dropout_slack=args.dropout_slack,
                    epoch_rounds=args.epoch_rounds,
                    max_records_per_site=args.max_records,
-                   deadlines=Deadlines(join=args.join_deadline, stage=args.stage_deadline))
+                   deadlines=Deadlines(join=args.join_deadline, stage=args.stage_deadline,
+                                       quorum=args.quorum_deadline, finish=args.finish_deadline))
     if args.insecure_test_randomness is not None:
         session.update(randomness="insecure-test", test_seed=args.insecure_test_randomness,
                        test_noise=args.test_noise)
@@ -211,6 +212,10 @@ def register(sub) -> None:
                    help="public upper bound on the records of one site (fixed-point capacity check)")
     p.add_argument("--join-deadline", type=float, default=120.0, help="seconds to wait for the whole roster")
     p.add_argument("--stage-deadline", type=float, default=10.0, help="seconds per secure-aggregation stage")
+    p.add_argument("--quorum-deadline", type=float, default=600.0,
+                   help="seconds with fewer than t usable sites before the session gives up (default: 600)")
+    p.add_argument("--finish-deadline", type=float, default=30.0,
+                   help="seconds to wait for every site's confirmation of the model hash (default: 30)")
     p.add_argument("--insecure-test-randomness", type=int, metavar="SEED",
                    help="TESTS ONLY: deterministic randomness with this seed (no privacy)")
     p.add_argument("--test-noise", action=argparse.BooleanOptionalAction, default=True,

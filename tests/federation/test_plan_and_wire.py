@@ -265,3 +265,21 @@ def test_the_stub_check_notices_a_changed_proto(tmp_path):
     fresh = (tmp_path / "fedsbdt" / "v1" / "federation_pb2.py").read_text()
     committed = (ROOT / "protos" / "fedsbdt" / "v1" / "federation_pb2.py").read_text()
     assert _without_version_stamps(fresh) != _without_version_stamps(committed)
+
+
+def test_fedsbdt_plan_sets_every_deadline(tmp_path, capsys):
+    from common.cli import main
+    from server.plan import Plan
+
+    from .conftest import EXAMPLES
+
+    keys = [bytes([i + 1]) * 32 for i in range(3)]
+    base = ["plan", "--schema", str(EXAMPLES / "abalone" / "schema.toml"), "--trees", "5", "--seed", "1",
+            *[a for i, k in enumerate(keys) for a in ("--site", f"s{i}={k.hex()}")]]
+    assert main([*base, "--out", str(tmp_path / "p.toml"), "--join-deadline", "5", "--stage-deadline", "3",
+                 "--quorum-deadline", "42", "--finish-deadline", "7"]) == 0
+    d = Plan.load(tmp_path / "p.toml").deadlines
+    assert (d.join, d.stage, d.quorum, d.finish) == (5.0, 3.0, 42.0, 7.0)
+    capsys.readouterr()
+    assert main([*base, "--out", str(tmp_path / "q.toml"), "--finish-deadline", "0"]) == 2
+    assert "deadlines.finish" in capsys.readouterr().err and not (tmp_path / "q.toml").exists()
