@@ -7,20 +7,15 @@ released, a site joined) rather than sleeping.
 """
 from __future__ import annotations
 
-import json
-import os
-import signal
-import socket
-import subprocess
-import sys
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+
+from .processes import EventLog, Proc, free_port
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -100,79 +95,8 @@ def make_test_plan(schema, ids: dict[str, Identity], hp=None, **session):
     return make_plan(schema, hp, [SiteEntry(s, i.public) for s, i in ids.items()], **session)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-# --------------------------------------------------------------------------- real processes
-
-
-class Proc:
-    """A child ``fedsbdt`` process whose JSON log lines become events."""
-
-    def __init__(self, name: str, args: list[str], cluster: "Cluster") -> None:
-        self.name = name
-        self.cluster = cluster
-        cmd = [sys.executable, "-m", "common.cli", "--log-format", "json", *args]
-        self.p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
-        self.lines: list[str] = []
-        self.stdout = ""
-        self._t_err = threading.Thread(target=self._read_err, daemon=True)
-        self._t_out = threading.Thread(target=self._read_out, daemon=True)
-        self._t_err.start()
-        self._t_out.start()
-
-    def _read_err(self) -> None:
-        for line in self.p.stderr:
-            self.lines.append(line)
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                rec = {"msg": line.strip(), "event": "raw"}
-            if not isinstance(rec, dict):
-                continue
-            rec["_proc"] = self.name
-            with self.cluster.cond:
-                self.cluster.events.append(rec)
-                self.cluster.cond.notify_all()
-        with self.cluster.cond:
-            self.cluster.cond.notify_all()
-
-    def _read_out(self) -> None:
-        self.stdout = self.p.stdout.read()
-
-    def kill(self) -> None:
-        """SIGKILL this process (by its pid) and reap it."""
-        if self.p.poll() is None:
-            os.kill(self.p.pid, signal.SIGKILL)
-        self.p.wait(timeout=30)
-
-    def wait(self, timeout: float = 120) -> int:
-        rc = self.p.wait(timeout=timeout)
-        self._t_out.join(timeout=10)
-        self._t_err.join(timeout=10)
-        return rc
-
-    def result(self) -> dict:
-        return json.loads(self.stdout)
-
-    @property
-    def errors(self) -> str:
-        msgs = []
-        for ln in self.lines:
-            try:
-                rec = json.loads(ln)
-                if rec.get("level") in ("ERROR", "WARNING"):
-                    msgs.append(rec.get("msg", ""))
-            except json.JSONDecodeError:
-                msgs.append(ln.strip())
-        return "\n".join(msgs)
-
-
 @dataclass
-class Cluster:
+class Cluster(EventLog):
     root: Path
     plan_path: Path
     port: int = field(default_factory=free_port)
@@ -189,7 +113,7 @@ class Cluster:
                 "--state", str(self.root / "coordinator"), "--json", "--allow-insecure-test-randomness", *extra]
         if not tls:
             args.append("--insecure")
-        p = Proc("coordinator", args, self)
+        p = Proc(self, "coordinator", args)
         self.procs.append(p)
         return p
 
@@ -198,38 +122,15 @@ class Cluster:
                 "--state", str(state or self.root / sid), "--json", "--reconnect-timeout", "60", *extra]
         if not tls:
             args.append("--insecure")
-        p = Proc(sid, args, self)
+        p = Proc(self, sid, args)
         self.procs.append(p)
         return p
-
-    def wait_event(self, pred, timeout: float = 120.0, after: int = 0) -> dict:
-        """Block until an event (index ≥ ``after``) satisfies ``pred``; fail the test on timeout."""
-        deadline = time.monotonic() + timeout
-        with self.cond:
-            i = after
-            while True:
-                while i < len(self.events):
-                    ev = self.events[i]
-                    i += 1
-                    if pred(ev):
-                        return ev
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise AssertionError(f"timed out waiting for an event; last events: "
-                                         f"{[e.get('msg') for e in self.events[-15:]]}")
-                self.cond.wait(timeout=left)
-
-    def mark(self) -> int:
-        with self.cond:
-            return len(self.events)
 
     def stop(self) -> None:
         for p in self.procs:
             if p.p.poll() is None:
                 p.kill()
-        with open(self.root / "events.jsonl", "w") as fh:  # for reading after a failure
-            for e in self.events:
-                fh.write(json.dumps(e, default=str) + "\n")
+        self.write_events(self.root / "events.jsonl")
 
 
 def tree_event(proc: str = "coordinator", sites=None, min_tree: int = -1):

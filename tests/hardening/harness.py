@@ -21,10 +21,7 @@ import json
 import os
 import random
 import signal
-import socket
 import sqlite3
-import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -32,99 +29,11 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-# =========================================================================== processes
-
-
-class Proc:
-    """One incarnation of a party: a ``fedsbdt`` child process whose JSON log lines become events."""
-
-    def __init__(self, fed: "Federation", name: str, argv: list[str], env: dict[str, str] | None = None,
-                 prefix: tuple[str, ...] = (), log_level: str = "info", incarnation: int = 0) -> None:
-        self.fed, self.name, self.incarnation = fed, name, incarnation
-        e = dict(os.environ)
-        e.pop("FEDSBDT_TEST_KILL_AT", None)
-        e["FEDSBDT_TEST_FAULTHANDLER"] = "1"  # SIGUSR1 dumps stacks (diagnosis of a hung process)
-        e.update(env or {})
-        self.kill_at = (env or {}).get("FEDSBDT_TEST_KILL_AT")
-        cmd = [*prefix, sys.executable, "-m", "common.cli", "--log-format", "json", "--log-level", log_level, *argv]
-        self.started = time.monotonic()
-        self.p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=e)
-        self.lines: list[str] = []
-        self.stdout = ""
-        self.hooked: str | None = None  # the testhook line, if the process killed itself
-        self.rc: int | None = None
-        self._t_out = threading.Thread(target=self._read_out, daemon=True)
-        self._t_err = threading.Thread(target=self._read_err, daemon=True)
-        self._t_out.start()
-        self._t_err.start()
-
-    def _read_out(self) -> None:
-        self.stdout = self.p.stdout.read()
-
-    def _read_err(self) -> None:
-        for line in self.p.stderr:
-            self.lines.append(line)
-            if line.startswith("fedsbdt-testhook:"):
-                self.hooked = line.strip()
-                rec = {"event": "testhook_kill", "msg": line.strip()}
-            else:
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError:
-                    rec = {"event": "raw", "msg": line.rstrip()}
-                if not isinstance(rec, dict):
-                    rec = {"event": "raw", "msg": line.rstrip()}
-            self.fed.post(self, rec)
-        self._t_out.join(timeout=30)
-        self.rc = self.p.wait()
-        self.fed.post(self, {"event": "_exit", "rc": self.rc})
-
-    @property
-    def alive(self) -> bool:
-        return self.p.poll() is None
-
-    def kill(self) -> None:
-        """SIGKILL this process (by its pid) and reap it."""
-        if self.p.poll() is None:
-            try:
-                os.kill(self.p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        self.p.wait(timeout=30)
-
-    def wait(self, timeout: float) -> int:
-        rc = self.p.wait(timeout=timeout)
-        self._t_err.join(timeout=30)
-        return rc
-
-    def result(self) -> dict:
-        return json.loads(self.stdout)
-
-    @property
-    def errors(self) -> str:
-        out = []
-        for ln in self.lines:
-            try:
-                rec = json.loads(ln)
-            except json.JSONDecodeError:
-                out.append(ln.rstrip())
-                continue
-            if isinstance(rec, dict) and rec.get("level") in ("ERROR", "WARNING", "CRITICAL"):
-                out.append(rec.get("msg", ""))
-        return "\n".join(out)
+from federation.processes import ROOT, EventLog, Proc, free_port  # noqa: F401  (ROOT: for the tests)
 
 
 @dataclass
-class Federation:
+class Federation(EventLog):
     """A coordinator and its sites as processes; parties keep their name across restarts."""
 
     root: Path
@@ -140,35 +49,6 @@ class Federation:
 
     # ------------------------------------------------------------------ events
 
-    def post(self, proc: Proc, rec: dict) -> None:
-        rec["_proc"] = proc.name
-        rec["_inc"] = proc.incarnation
-        rec["_t"] = time.monotonic()
-        with self.cond:
-            self.events.append(rec)
-            self.cond.notify_all()
-
-    def mark(self) -> int:
-        with self.cond:
-            return len(self.events)
-
-    def wait_event(self, pred, timeout: float, after: int = 0) -> dict:
-        """Block until an event with index ≥ ``after`` satisfies ``pred``; AssertionError on timeout."""
-        deadline = time.monotonic() + timeout
-        with self.cond:
-            i = after
-            while True:
-                while i < len(self.events):
-                    ev = self.events[i]
-                    i += 1
-                    if pred(ev):
-                        ev["_i"] = i - 1
-                        return ev
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise AssertionError(f"timed out after {timeout:g} s waiting for an event\n{self.diagnosis()}")
-                self.cond.wait(timeout=left)
-
     def diagnosis(self, n: int = 25) -> str:
         """Recent events plus a stack dump of every live process (faulthandler on SIGUSR1)."""
         alive = [p for p in self.current.values() if p.alive]
@@ -178,14 +58,12 @@ class Federation:
             except ProcessLookupError:
                 pass
         time.sleep(0.5) if alive else None  # let the dumps reach the reader threads
-        last = [f"{e.get('_proc')}#{e.get('_inc')} {e.get('event')}: {str(e.get('msg', e.get('rc', '')))[:200]}"
-                for e in self.events[-n:]]
         dumps = []
         for p in alive:
             tail = [ln.rstrip() for ln in p.lines if not ln.startswith("{")][-60:]
             if tail:
                 dumps.append(f"--- {p.name}#{p.incarnation} (pid {p.p.pid}) ---\n" + "\n".join(tail))
-        return "last events:\n" + "\n".join(last) + ("\n" + "\n".join(dumps) if dumps else "")
+        return super().diagnosis(n) + ("\n" + "\n".join(dumps) if dumps else "")
 
     # ------------------------------------------------------------------ parties
 
@@ -230,12 +108,7 @@ class Federation:
         for p in self.history:
             if p.alive:
                 p.kill()
-        try:
-            with open(self.root / "events.jsonl", "w") as fh:
-                for e in self.events:
-                    fh.write(json.dumps(e, default=str) + "\n")
-        except OSError:
-            pass
+        self.write_events(self.root / "events.jsonl")
 
     def events_of(self, name: str, kind: str) -> list[dict]:
         with self.cond:
