@@ -276,60 +276,60 @@ class FederationService(pbg.FederationServicer):
 
     # ------------------------------------------------------------------ submissions
 
-    def _submit(self, context, site: str, token: bytes, call) -> pb.SubmitResponse:
-        with self.lock:
-            self._auth(context, site, token)
+    def _step(self, kind: str, site: str, m):
+        """The session step of one site message as a callable for :meth:`_session_call` (caller holds
+        ``lock``): ``setup``, ``input`` and ``round`` submissions and ``report``s, the same for the unary
+        calls and the Connect stream.  Rejected for an unknown round purpose or report kind."""
+        s, now = self.session, self.clock()
+        if kind == "setup":
+            return lambda: s.submit_setup(site, bytes(m.secagg), now)
+        if kind == "round":
+            return lambda: s.submit_round(site, bytes(m.secagg), now)
+        if kind == "input":
             try:
-                outs = self._session_call(call)
-            except Rejected as e:
-                return pb.SubmitResponse(accepted=False, detail=str(e))
-            except WireError as e:
+                purpose = Purpose(int(m.purpose))
+            except ValueError:
+                raise Rejected(f"unknown round purpose {m.purpose}") from None
+            return lambda: s.submit_input(site, purpose, int(m.tree), bytes(m.secagg), now)
+        if m.kind == pb.REPORT_PROGRESS:
+            return lambda: s.report_progress(site, int(m.trees_applied), now)
+        if m.kind == pb.REPORT_REFUSED:
+            return lambda: s.report_refusal(site, m.detail[:2000], now, int(m.round_id) or None)
+        if m.kind == pb.REPORT_FINISHED:
+            return lambda: s.report_finished(site, m.model_sha256[:64], now)
+        raise Rejected(f"unknown report kind {m.kind}")
+
+    def _submit(self, context, kind: str, request) -> pb.SubmitResponse:
+        self.bytes_in += request.ByteSize()
+        with self.lock:
+            self._auth(context, request.site_id, request.token)
+            try:
+                outs = self._session_call(self._step(kind, request.site_id, request))
+            except (Rejected, WireError) as e:
                 return pb.SubmitResponse(accepted=False, detail=str(e))
             self.dispatch(outs)
         return pb.SubmitResponse(accepted=True)
 
     def SubmitSetup(self, request, context):
-        self.bytes_in += request.ByteSize()
-        return self._submit(context, request.site_id, request.token,
-                            lambda: self.session.submit_setup(request.site_id, bytes(request.secagg), self.clock()))
+        return self._submit(context, "setup", request)
 
     def SubmitMaskedInput(self, request, context):
-        self.bytes_in += request.ByteSize()
-
-        def call():
-            try:
-                purpose = Purpose(int(request.purpose))
-            except ValueError:
-                raise Rejected(f"unknown round purpose {request.purpose}") from None
-            return self.session.submit_input(request.site_id, purpose, int(request.tree), bytes(request.secagg),
-                                             self.clock())
-
-        resp = self._submit(context, request.site_id, request.token, call)
+        resp = self._submit(context, "input", request)
         if resp.accepted:
             testhooks.coordinator_input(int(request.tree))  # TEST-ONLY kill point (off by default)
         return resp
 
     def SubmitRound(self, request, context):
-        self.bytes_in += request.ByteSize()
-        return self._submit(context, request.site_id, request.token,
-                            lambda: self.session.submit_round(request.site_id, bytes(request.secagg), self.clock()))
+        return self._submit(context, "round", request)
 
     def Report(self, request, context):
-        site = request.site_id
         with self.lock:
-            self._auth(context, site, request.token)
-            now = self.clock()
-            if request.kind == pb.REPORT_PROGRESS:
-                outs = self._session_call(lambda: self.session.report_progress(site, int(request.trees_applied), now))
-            elif request.kind == pb.REPORT_REFUSED:
-                outs = self._session_call(lambda: self.session.report_refusal(site, request.detail[:2000], now,
-                                                                             int(request.round_id) or None))
-            elif request.kind == pb.REPORT_FINISHED:
-                outs = self._session_call(lambda: self.session.report_finished(site, request.model_sha256[:64],
-                                                                              now))
-            else:
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"unknown report kind {request.kind}")
-            self.dispatch(outs)
+            self._auth(context, request.site_id, request.token)
+            try:
+                step = self._step("report", request.site_id, request)
+            except Rejected as e:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            self.dispatch(self._session_call(step))
         return pb.ReportResponse()
 
     # ------------------------------------------------------------------ the bidirectional stream
@@ -429,31 +429,8 @@ class FederationService(pbg.FederationServicer):
             self.session.authenticate(site, token)
         except Rejected as e:
             raise _StreamFailure(grpc.StatusCode.UNAUTHENTICATED, str(e)) from None
-        now = self.clock()
-        s = self.session
-        tree = None
-        if kind == "setup":
-            outs = self._session_call(lambda: s.submit_setup(site, bytes(sub.secagg), now))
-        elif kind == "round":
-            outs = self._session_call(lambda: s.submit_round(site, bytes(sub.secagg), now))
-        elif kind == "input":
-            try:
-                purpose = Purpose(int(sub.purpose))
-            except ValueError:
-                raise Rejected(f"unknown round purpose {sub.purpose}") from None
-            outs = self._session_call(lambda: s.submit_input(site, purpose, int(sub.tree), bytes(sub.secagg), now))
-            tree = int(sub.tree)
-        elif sub.kind == pb.REPORT_PROGRESS:
-            outs = self._session_call(lambda: s.report_progress(site, int(sub.trees_applied), now))
-        elif sub.kind == pb.REPORT_REFUSED:
-            outs = self._session_call(lambda: s.report_refusal(site, sub.detail[:2000], now,
-                                                               int(sub.round_id) or None))
-        elif sub.kind == pb.REPORT_FINISHED:
-            outs = self._session_call(lambda: s.report_finished(site, sub.model_sha256[:64], now))
-        else:
-            raise Rejected(f"unknown report kind {sub.kind}")
-        self.dispatch(outs)
-        return kind == "report", tree
+        self.dispatch(self._session_call(self._step(kind, site, sub)))
+        return kind == "report", (int(sub.tree) if kind == "input" else None)
 
     def stop_streams(self) -> None:
         with self.lock:
