@@ -1,9 +1,17 @@
 """``fedsbdt client`` (one per hospital) and ``fedsbdt keygen``, registered by :mod:`common.cli`.
 
     fedsbdt keygen --site ID --out DIR
-    fedsbdt client --coordinator ADDR --site ID --data F [--state DIR] [--max-epsilon E]
-                   [--plan P | --plan-hash H] [--schema S] [--out M]
+    fedsbdt client --coordinator ADDR --site ID --data F (--plan P | --plan-hash H) [--state DIR]
+                   [--max-epsilon E] [--allow-central-noise] [--min-sites N] [--min-threshold T]
+                   [--min-colluders C] [--schema S] [--out M]
                    [--tls-cert F --tls-key F --tls-ca F --identity-key F | --insecure]
+
+The plan is always pinned (``--plan`` or ``--plan-hash``, received out of
+band): without one the client exits 2 before any network traffic.  The other
+policy flags refuse a served plan (one line, exit 2, nothing joined, no
+ledger written) in central noise mode unless ``--allow-central-noise``, or
+with fewer sites, a lower threshold or fewer assumed colluders than the site
+accepts.
 
 Key files default to the state directory (``identity.key``, ``tls.crt``,
 ``tls.key``, ``ca.crt``), which is where ``fedsbdt keygen --out`` and
@@ -18,6 +26,8 @@ import time
 from pathlib import Path
 
 from common.cli import CliError, emit
+
+from .policy import MIN_COLLUDERS, MIN_SITES, MIN_THRESHOLD
 
 log = logging.getLogger("fedsbdt.site")
 
@@ -54,22 +64,28 @@ def cmd_client(args: argparse.Namespace) -> int:
 
     from .daemon import Daemon, DaemonError, DaemonOptions
     from .keys import IDENTITY_KEY, load_identity
+    from .policy import SitePolicy
     from .site import SessionAbort, SiteMachine, SiteOptions
 
     t0 = time.perf_counter()
     state = Path(args.state)
     if args.plan and args.plan_hash:
         raise CliError("give either --plan or --plan-hash, not both")
-    expected = None
+    if not (args.plan or args.plan_hash):
+        raise CliError("pin the plan you agreed to: pass --plan FILE or --plan-hash SHA256 (received out of "
+                       "band); a site never takes part in whatever plan the coordinator serves")
+    policy = SitePolicy(args.allow_central_noise, args.min_sites, args.min_threshold, args.min_colluders)
     if args.plan:
-        expected = Plan.load(args.plan).sha256
+        pinned = Plan.load(args.plan)
+        refusal = policy.refusal(pinned)  # known before connecting; the served plan is checked again
+        if refusal is not None:
+            raise CliError(f"{args.plan}: {refusal}")
+        expected = pinned.sha256
     elif args.plan_hash:
         h = args.plan_hash.strip().lower()
         if len(h) != 64 or any(c not in "0123456789abcdef" for c in h):
             raise CliError("--plan-hash must be 64 hex digits (the SHA-256 printed by `fedsbdt plan`)")
         expected = h
-    if args.max_epsilon is not None and not args.max_epsilon > 0:
-        raise CliError("--max-epsilon must be > 0")
     try:
         identity = load_identity(Path(args.identity_key) if args.identity_key else state / IDENTITY_KEY)
         files = None
@@ -85,7 +101,7 @@ def cmd_client(args: argparse.Namespace) -> int:
         max_epsilon=args.max_epsilon, expected_plan_sha256=expected,
         local_schema=Schema.load(args.schema) if args.schema else None,
         allow_insecure_test_randomness=args.allow_insecure_test_randomness,
-        model_out=Path(args.out) if args.out else None)
+        model_out=Path(args.out) if args.out else None, policy=policy)
     machine = SiteMachine(args.site, identity, args.data, state, options)
     daemon = Daemon(machine, args.coordinator, files,
                     DaemonOptions(reconnect_timeout=args.reconnect_timeout))
@@ -128,10 +144,26 @@ def register(sub) -> None:
     c.add_argument("--state", default="fedsbdt-site", metavar="DIR",
                    help="state directory: SQLite ledger, secure-aggregation keys, keys/certificates, model "
                         "(default: ./fedsbdt-site)")
-    c.add_argument("--max-epsilon", type=float, metavar="E",
-                   help="refuse a plan whose ε exceeds this site's own limit")
-    c.add_argument("--plan", help="the plan file received out of band: the served plan must have its hash")
-    c.add_argument("--plan-hash", help="the plan's SHA-256 received out of band")
+    pin = c.add_argument_group("the plan this site agreed to (one of the two is required)")
+    pin.add_argument("--plan", help="the plan file received out of band: the served plan must have its hash")
+    pin.add_argument("--plan-hash", metavar="SHA256", help="the plan's SHA-256 received out of band")
+    pol = c.add_argument_group("site policy (a served plan that breaks it is refused before joining)")
+    pol.add_argument("--max-epsilon", type=float, metavar="E",
+                     help="refuse a plan whose ε exceeds this site's own limit")
+    pol.add_argument("--allow-central-noise", action="store_true",
+                     help="accept a plan in central noise mode, where the sites add no noise: the coordinator "
+                          "then sees the exact (noiseless) sum of the sites' vectors, and with a roster of few "
+                          "sites or sites it controls, this site's exact sums; it must be trusted to add the "
+                          "noise (default: refuse)")
+    pol.add_argument("--min-sites", type=int, default=MIN_SITES, metavar="N",
+                     help=f"refuse a plan whose roster has fewer than N sites (default: {MIN_SITES}; with two, "
+                          "the only other site may be a sybil whose key the coordinator holds)")
+    pol.add_argument("--min-threshold", type=int, default=MIN_THRESHOLD, metavar="T",
+                     help="refuse a plan whose secure-aggregation threshold t is below T: no sum over fewer "
+                          f"than T sites is released (default: {MIN_THRESHOLD})")
+    pol.add_argument("--min-colluders", type=int, default=MIN_COLLUDERS, metavar="C",
+                     help="refuse a plan that assumes fewer than C colluding sites (the noise and secure "
+                          f"aggregation hold against the plan's declared c only; default: {MIN_COLLUDERS})")
     c.add_argument("--schema", help="this site's copy of the public schema: must equal the plan's")
     c.add_argument("--out", help="where to write the verified model (default: STATE/model.json)")
     c.add_argument("--identity-key", help="Ed25519 identity key (default: STATE/identity.key)")

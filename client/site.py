@@ -8,9 +8,12 @@ Stages (one class each)::
 
 ``accept_plan`` is where a site decides whether to take part at all.  It
 refuses (raising :class:`SiteRefusal` with one clear sentence) when the
-served plan's hash is not the one it was given out of band, its roster does
-not pin this site's identity key, its privacy statement (σ, ε) does not match
-the site's own accountant, ε exceeds the site's ``--max-epsilon``, the
+served plan's hash is not the one it was given out of band (or none was
+given), its roster does not pin this site's identity key, its privacy
+statement (σ, ε) does not match the site's own accountant, ε exceeds the
+site's ``--max-epsilon``, it breaks the site's policy (central noise without
+``--allow-central-noise``; fewer sites, a lower threshold or fewer assumed
+colluders than ``--min-sites/--min-threshold/--min-colluders``), the
 schema differs from the site's local schema, the local data does not match
 the schema or exceeds the plan's public record bound, or the plan uses
 test-only randomness without ``--allow-insecure-test-randomness``.
@@ -85,6 +88,7 @@ from server.wire import (
 
 from .ledger import LedgerError, SiteLedger, ledger_path
 from .noise import NoiseShares
+from .policy import SitePolicy
 
 log = logging.getLogger("fedsbdt.site")
 
@@ -108,10 +112,15 @@ class NeedCatchUp(Exception):
 @dataclass(frozen=True)
 class SiteOptions:
     max_epsilon: float | None = None
-    expected_plan_sha256: str | None = None  # from --plan-hash or the hash of --plan
+    expected_plan_sha256: str | None = None  # from --plan-hash or the hash of --plan (required by accept_plan)
     local_schema: Schema | None = None  # from --schema
     allow_insecure_test_randomness: bool = False
     model_out: Path | None = None  # default: <state>/model.json
+    policy: SitePolicy = SitePolicy()  # central-noise opt-in, smallest roster, threshold, colluders
+
+    def __post_init__(self) -> None:
+        if self.max_epsilon is not None and not self.max_epsilon > 0:
+            raise ConfigError("--max-epsilon must be > 0")
 
 
 # =========================================================================== stages
@@ -196,7 +205,10 @@ class SiteMachine:
         except PlanError as e:
             raise SiteRefusal(f"the coordinator serves an invalid plan: {e}") from None
         expected = self.options.expected_plan_sha256
-        if expected is not None and expected.lower() != plan.sha256:
+        if expected is None:
+            raise SiteRefusal("no plan was pinned out of band (--plan or --plan-hash); refusing to take part in "
+                              "whatever plan the coordinator serves")
+        if expected.lower() != plan.sha256:
             raise SiteRefusal(f"plan hash mismatch: the coordinator serves plan {plan.sha256}, but this site was "
                               f"given {expected.lower()} out of band; refusing to take part")
         pinned = plan.identity_key(self.site_id)
@@ -214,6 +226,9 @@ class SiteMachine:
         if cap is not None and cal.epsilon > cap:
             raise SiteRefusal(f"the plan's privacy budget ε = {cal.epsilon:.6g} exceeds this site's limit "
                               f"--max-epsilon {cap:g}; refusing to take part")
+        refusal = self.options.policy.refusal(plan)
+        if refusal is not None:
+            raise SiteRefusal(refusal)
         local = self.options.local_schema
         if local is not None and local.digest() != plan.schema.digest():
             raise SiteRefusal(f"schema mismatch: the local schema (digest {local.digest()[:16]}…) differs from the "

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from .processes import EventLog, Proc, free_port
+from .processes import EventLog, Proc, free_port, pin_plan
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -119,7 +119,8 @@ class Cluster(EventLog):
 
     def site(self, sid: str, data: Path, *extra: str, state: Path | None = None, tls: bool = True) -> Proc:
         args = ["client", "--coordinator", self.address, "--site", sid, "--data", str(data),
-                "--state", str(state or self.root / sid), "--json", "--reconnect-timeout", "60", *extra]
+                "--state", str(state or self.root / sid), "--json", "--reconnect-timeout", "60",
+                *pin_plan(self.plan_path, extra), *extra]
         if not tls:
             args.append("--insecure")
         p = Proc(self, sid, args)

@@ -28,6 +28,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def pin_plan(plan_path: Path, extra) -> list[str]:
+    """``--plan PLAN`` (every site pins the plan it takes part in), unless ``extra`` pins one itself."""
+    return [] if {"--plan", "--plan-hash"} & set(extra) else ["--plan", str(plan_path)]
+
+
 class EventLog:
     """The events of a group of processes (``events`` list and ``cond`` condition, set by the subclass)."""
 

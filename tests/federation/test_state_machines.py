@@ -6,6 +6,7 @@ replies as the gRPC service would; a fake clock drives deadlines.
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 
 import numpy as np
@@ -13,8 +14,9 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from client.ledger import ledger_path
+from client.policy import SitePolicy
 from client.site import NeedCatchUp, SessionAbort, SiteMachine, SiteOptions, SiteRefusal
-from common.config import Hyperparameters
+from common.config import ConfigError, Hyperparameters
 from common.data import Dataset
 from common.engine import calibration_for, filter_for, train
 from common.randomness import InsecureTestRandomness
@@ -57,10 +59,16 @@ class Fed:
         return Session(self.plan, self.plan.make_randomness(True), self.clock.now, store)
 
     def machine(self, s: str) -> SiteMachine:
-        m = SiteMachine(s, self.keys[s], self.paths[s], self.tmp / f"state-{s}",
-                        SiteOptions(allow_insecure_test_randomness=True))
+        m = SiteMachine(s, self.keys[s], self.paths[s], self.tmp / f"state-{s}", self.options())
         m.accept_plan(self.plan.canonical_json, self.plan.sha256)
         return m
+
+    def options(self, **opts) -> SiteOptions:
+        """A site's options in these tests: pinned to this plan, test randomness and central noise accepted."""
+        opts.setdefault("expected_plan_sha256", self.plan.sha256)
+        opts.setdefault("allow_insecure_test_randomness", True)
+        opts.setdefault("policy", SitePolicy(allow_central_noise=True))
+        return SiteOptions(**opts)
 
     def start(self) -> "Fed":
         for s in SITES:
@@ -456,9 +464,8 @@ def test_coordinator_restart_resumes_at_the_next_tree(tmp_path):
 
 
 def _machine(f: Fed, site="hosp-a", **opts):
-    opts.setdefault("allow_insecure_test_randomness", True)
     return SiteMachine(site, f.keys.get(site, Ed25519PrivateKey.generate()), f.paths.get(site, f.paths["hosp-a"]),
-                       f.tmp / f"fresh-{site}", SiteOptions(**opts))
+                       f.tmp / f"fresh-{site}", f.options(**opts))
 
 
 def test_site_refusals_before_joining(tmp_path):
@@ -475,7 +482,7 @@ def test_site_refusals_before_joining(tmp_path):
     with pytest.raises(SiteRefusal, match="not in the plan's roster"):
         _machine(f, site="mallory").accept_plan(plan, data)
     impostor = SiteMachine("hosp-a", Ed25519PrivateKey.generate(), f.paths["hosp-a"], tmp_path / "imp",
-                           SiteOptions(allow_insecure_test_randomness=True))
+                           f.options())
     with pytest.raises(SiteRefusal, match="identity key"):
         impostor.accept_plan(plan, data)
     other = Schema.load(f.tmp.parents[0] / "x.toml") if False else Schema.from_dict(
@@ -492,15 +499,42 @@ def test_site_refusals_before_joining(tmp_path):
     lying = Plan.from_dict(d).canonical_json
     import hashlib
 
-    with pytest.raises(SiteRefusal, match="states σ"):
-        _machine(f).accept_plan(lying, hashlib.sha256(lying).hexdigest())
+    lying_sha = hashlib.sha256(lying).hexdigest()
+    with pytest.raises(SiteRefusal, match="states σ"):  # even pinned (the site was told this hash)
+        _machine(f, expected_plan_sha256=lying_sha).accept_plan(lying, lying_sha)
     bad = f.tmp / "bad.csv"
     bad.write_text("rid,Sex,Length,Diameter,Height,Whole_weight,Shucked_weight,Viscera_weight,Shell_weight,Rings\n"
                    "1,X,0.4,0.3,0.1,0.5,0.2,0.1,0.15,9\n")
-    m = SiteMachine("hosp-a", f.keys["hosp-a"], bad, tmp_path / "badstate",
-                    SiteOptions(allow_insecure_test_randomness=True))
+    m = SiteMachine("hosp-a", f.keys["hosp-a"], bad, tmp_path / "badstate", f.options())
     with pytest.raises(SiteRefusal, match="unknown category 'X'"):
         m.accept_plan(plan, data)
+
+
+def test_site_policy_refusals_write_nothing(tmp_path):
+    """No pinned plan, central noise without the opt-in, or a roster / threshold / declared c below the site's
+    minimum: refused in accept_plan before the site's database is created (and nothing else happens)."""
+    f = Fed(tmp_path, tree_hp())  # n = 3, t = 2, c = 0, distributed noise
+    central = make_plan(f.schema, tree_hp(), list(f.plan.sites), randomness="insecure-test", noise="central",
+                        max_records_per_site=10_000)
+    cases = [
+        (f.plan, dict(expected_plan_sha256=None), "no plan was pinned out of band"),
+        (central, dict(expected_plan_sha256=central.sha256, policy=SitePolicy()), "pass --allow-central-noise"),
+        (f.plan, dict(policy=SitePolicy(min_sites=4)), "has 3 sites (hosp-a, hosp-b, hosp-c), fewer than this "
+                                                       "site's --min-sites 4"),
+        (f.plan, dict(policy=SitePolicy(min_threshold=3)), "threshold t = 2 is below this site's --min-threshold 3"),
+        (f.plan, dict(policy=SitePolicy(min_colluders=1)), "c = 0 colluding sites, fewer than this site's "
+                                                           "--min-colluders 1"),
+    ]
+    for plan, opts, msg in cases:
+        m = _machine(f, **opts)
+        with pytest.raises(SiteRefusal, match=re.escape(msg)):
+            m.accept_plan(plan.canonical_json, plan.sha256)
+        assert m.plan is None and not m.finished
+        assert not (f.tmp / "fresh-hosp-a").exists(), msg  # no ledger, no state directory
+    assert _machine(f, policy=SitePolicy(min_sites=3, min_threshold=2, min_colluders=0)).accept_plan(
+        f.plan.canonical_json, f.plan.sha256) == f.plan  # the boundary values are accepted
+    with pytest.raises(ConfigError, match="--min-sites must be an integer ≥ 2"):
+        SitePolicy(min_sites=1)
 
 
 # --------------------------------------------------------------------------- noise modes

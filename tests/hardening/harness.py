@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from federation.processes import ROOT, EventLog, Proc, free_port  # noqa: F401  (ROOT: for the tests)
+from federation.processes import ROOT, EventLog, Proc, free_port, pin_plan  # noqa: F401  (ROOT: for the tests)
 
 
 @dataclass
@@ -100,7 +100,8 @@ class Federation(EventLog):
         a = self.site_args[sid]
         argv = ["client", "--coordinator", a["address"] or self.address, "--site", sid, "--data", str(a["data"]),
                 "--state", str(a["state"] or self.root / sid), "--json", "--reconnect-timeout",
-                str(a["reconnect_timeout"]), "--allow-insecure-test-randomness", *a["extra"]]
+                str(a["reconnect_timeout"]), "--allow-insecure-test-randomness",
+                *pin_plan(self.plan_path, a["extra"]), *a["extra"]]
         return self._start(sid, argv, kill_at, prefix=a["prefix"])
 
     def stop(self) -> None:

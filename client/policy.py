@@ -1,0 +1,62 @@
+"""A site's own policy on the plans it takes part in (``fedsbdt client`` flags), checked before joining.
+
+The plan's hash pins what the site agreed to out of band; the policy is what
+the site accepts *whatever* it was told: a coordinator that serves (and gets
+pinned) a plan with a roster of the victim and a sybil whose key it holds, a
+threshold of two and central noise reads the victim's exact sums.  Hence the
+defaults: central noise only with an explicit opt-in, and at least
+:data:`MIN_SITES` sites in the roster.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from common.config import ConfigError
+
+if TYPE_CHECKING:
+    from server.plan import Plan
+
+#: Defaults of ``--min-sites``, ``--min-threshold``, ``--min-colluders``.  Two sites is a site alone with one
+#: other party, which may be a sybil; t ≥ 2 and c ≥ 0 are what every valid plan has already.
+MIN_SITES, MIN_THRESHOLD, MIN_COLLUDERS = 3, 2, 0
+
+
+@dataclass(frozen=True)
+class SitePolicy:
+    """The plans a site accepts.
+
+    Attributes:
+        allow_central_noise: accept central noise, where the sites add no noise and the coordinator sees
+            the exact sum of the sites' vectors (``--allow-central-noise``).
+        min_sites: the smallest roster n accepted (``--min-sites``).
+        min_threshold: the smallest secure-aggregation threshold t accepted (``--min-threshold``).
+        min_colluders: the smallest declared colluder count c accepted (``--min-colluders``).
+    """
+
+    allow_central_noise: bool = False
+    min_sites: int = MIN_SITES
+    min_threshold: int = MIN_THRESHOLD
+    min_colluders: int = MIN_COLLUDERS
+
+    def __post_init__(self) -> None:
+        for name, low in (("min_sites", 2), ("min_threshold", 1), ("min_colluders", 0)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < low:
+                raise ConfigError(f"--{name.replace('_', '-')} must be an integer ≥ {low} (got {v!r})")
+
+    def refusal(self, plan: "Plan") -> str | None:
+        """Why this policy refuses ``plan`` (one sentence naming the flag), or None if it accepts it."""
+        if plan.noise == "central" and not self.allow_central_noise:
+            return ("the plan uses central noise: the coordinator would see the exact sum of the sites' "
+                    "vectors; refusing to take part (pass --allow-central-noise to accept that)")
+        if plan.n < self.min_sites:
+            return (f"the plan's roster has {plan.n} sites ({', '.join(plan.site_ids)}), fewer than this site's "
+                    f"--min-sites {self.min_sites}; refusing to take part")
+        if plan.threshold < self.min_threshold:
+            return (f"the plan's threshold t = {plan.threshold} is below this site's --min-threshold "
+                    f"{self.min_threshold}; refusing to take part")
+        if plan.assumed_colluders < self.min_colluders:
+            return (f"the plan assumes c = {plan.assumed_colluders} colluding sites, fewer than this site's "
+                    f"--min-colluders {self.min_colluders}; refusing to take part")
+        return None
