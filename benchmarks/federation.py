@@ -73,7 +73,7 @@ def federated_run(hp: dict, sites: int, noise: str = "distributed", threshold: i
         try:
             address, coord = start_coordinator(layout, procs)
             reader = follow_log(coord.stderr, on_event, [], layout.logs / "coordinator.log")
-            ps = {sid: start_site(layout, sid, address, plan.sha256, procs) for sid in plan.site_ids}
+            ps = {sid: start_site(layout, sid, address, plan, procs) for sid in plan.site_ids}
             out, _ = coord.communicate(timeout=3600)
             reader.join(timeout=10)
             results = {}

@@ -49,7 +49,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from server.demo import Layout, Processes, follow_log, launch_coordinator  # noqa: E402
+from server.demo import Layout, Processes, follow_log, launch_coordinator, site_flags  # noqa: E402
 
 ROWS = 100_000
 FEATURES = 8
@@ -196,7 +196,7 @@ def run_size(n: int, trees: int, depth: int, keep: Path | None) -> dict:
     for sid in plan.site_ids:
         cmd = [sys.executable, "-m", "common.cli", "--log-format", "json", "client", "--coordinator",
                f"localhost:{port}", "--site", sid, "--data", str(layout.root / "data" / f"{sid}.parquet"),
-               "--state", str(layout.site_state(sid)), "--plan-hash", plan.sha256, "--json",
+               "--state", str(layout.site_state(sid)), *site_flags(plan), "--json",
                "--reconnect-timeout", "900"]
         with open(layout.logs / f"{sid}.log", "w") as err:
             sites[sid] = procs.procs[sid] = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)

@@ -189,12 +189,22 @@ def start_coordinator(layout: Layout, procs: Processes, extra: list[str] = ()) -
     return address(), p
 
 
-def start_site(layout: Layout, sid: str, address: str, plan_sha256: str, procs: Processes,
+def site_flags(plan) -> list[str]:
+    """What a site of this demo passes besides its files: the plan's hash (pinned) and a policy that accepts
+    the demo's own plan (a two-site demo, central noise when asked for)."""
+    from client.policy import MIN_SITES
+
+    flags = ["--plan-hash", plan.sha256, "--min-sites", str(min(plan.n, MIN_SITES))]
+    return flags + (["--allow-central-noise"] if plan.noise == "central" else [])
+
+
+def start_site(layout: Layout, sid: str, address: str, plan, procs: Processes,
                extra: list[str] = ()) -> subprocess.Popen:
+    """Start ``fedsbdt client`` for site ``sid`` of ``plan`` (pinned by its hash; see :func:`site_flags`)."""
     layout.logs.mkdir(parents=True, exist_ok=True)
     cmd = _cli("client", "--coordinator", f"localhost:{address.rsplit(':', 1)[1]}", "--site", sid,
                "--data", str(layout.site_data(sid)), "--state", str(layout.site_state(sid)),
-               "--plan-hash", plan_sha256, "--json", *extra)
+               *site_flags(plan), "--json", *extra)
     err = open(layout.logs / f"{sid}.log", "w")
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
     err.close()
@@ -280,7 +290,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         coord, ready = launch_coordinator(layout, procs, listen=address)
         keep: list[str] = []
         reader = follow_log(coord.stderr, on_event, keep, layout.logs / "coordinator.log")
-        sites = {sid: start_site(layout, sid, address, plan.sha256, procs) for sid in plan.site_ids}
+        sites = {sid: start_site(layout, sid, address, plan, procs) for sid in plan.site_ids}
         ready()
         try:
             out, _ = coord.communicate(timeout=args.timeout)

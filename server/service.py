@@ -16,10 +16,22 @@
   sends the outbox in batches (everything queued at that moment, e.g. a
   released tree with the next RoundStart) carrying how many site messages
   were processed, so that a site resends unprocessed ones after a break.
-* Identity: with TLS, the peer certificate's common name must equal the
-  claimed site id on Join, Subscribe, Submit* and Report; Join must also be
-  signed with the site's identity key pinned in the plan; later calls carry
-  the token Join returned.
+* Identity: with TLS, every RPC first checks that the peer certificate's
+  common name is on the plan's roster (PERMISSION_DENIED otherwise, before
+  anything is read or returned: there is no other identity, no
+  administrator certificate).  The name must also equal the claimed site id
+  on Join, Subscribe, Submit* and Report; Join must also be signed with the
+  site's identity key pinned in the plan; later calls carry the token Join
+  returned.
+* Resource limits (a worker thread serves each call, and a stream holds it
+  while open): a certificate holds at most ``STREAMS_PER_IDENTITY`` open
+  Subscribe/Connect streams (RESOURCE_EXHAUSTED beyond); a Connect stream
+  whose first message does not arrive within ``FIRST_MESSAGE_SECONDS`` is
+  cancelled; the pool has ``STREAMS_PER_IDENTITY·n + UNARY_WORKERS`` threads
+  and the server accepts at most twice that many calls at once (gRPC refuses
+  the rest with RESOURCE_EXHAUSTED, which sites retry).  So neither a
+  certificate outside the roster nor a roster member can take the threads
+  the other sites need.
 * A ticker thread advances the session's clock (deadlines).
 """
 from __future__ import annotations
@@ -55,6 +67,18 @@ log = logging.getLogger("fedsbdt.coordinator")
 
 OUTBOX_EVENTS = 4096
 TICK_SECONDS = 0.05
+#: Open Subscribe/Connect streams per certificate: a site that reconnects after a network fault may open its
+#: new stream before the server notices that the old one closed.
+STREAMS_PER_IDENTITY = 2
+#: A Connect stream that sends no first (subscribe) message within this many seconds is cancelled.
+FIRST_MESSAGE_SECONDS = 10.0
+#: Worker threads beyond the roster's streams, for the short unary calls.
+UNARY_WORKERS = 16
+
+
+def worker_threads(n_sites: int) -> int:
+    """The server's thread pool: every roster identity's stream quota plus room for the unary calls."""
+    return STREAMS_PER_IDENTITY * n_sites + UNARY_WORKERS
 
 
 @dataclass
@@ -79,10 +103,13 @@ class Outbox:
 class FederationService(pbg.FederationServicer):
     """gRPC servicer over one :class:`Session` (all session calls under one lock)."""
 
-    def __init__(self, session: Session, tls: bool, clock=time.monotonic) -> None:
+    def __init__(self, session: Session, tls: bool, clock=time.monotonic,
+                 first_message_seconds: float = FIRST_MESSAGE_SECONDS) -> None:
         self.session = session
         self.tls = tls
         self.clock = clock
+        self.first_message_seconds = first_message_seconds
+        self.identity_streams: dict[str, int] = {}  # open Subscribe/Connect streams per certificate name
         self.lock = threading.RLock()  # every session call and outbox change holds it
         self.outboxes: dict[str, Outbox] = {}
         self.stopping = False
@@ -142,6 +169,78 @@ class FederationService(pbg.FederationServicer):
         names = context.auth_context().get("x509_common_name") or []
         return names[0].decode("utf-8", "replace") if names else ""
 
+    def _admit(self, context) -> str | None:
+        """First step of every RPC: with TLS, the caller's certificate name must be on the plan's roster.
+
+        Aborts with PERMISSION_DENIED otherwise, before the call reads or returns anything; returns the
+        name (None without TLS, where there is no identity to check)."""
+        if not self.tls:
+            return None
+        name = self._peer_name(context)
+        if self.session.plan.identity_key(name) is None:
+            log.warning(f"refused a call over a TLS certificate for {name!r}, which is not in the roster",
+                        extra={"event": "not_on_roster", "certificate": name})
+            context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                          f"the TLS client certificate is issued to {name!r}, which is not in the plan's roster")
+        return name
+
+    def _open_stream(self, context, name: str | None) -> bool:
+        """Count a new Subscribe/Connect stream against its certificate's quota (RESOURCE_EXHAUSTED beyond
+        ``STREAMS_PER_IDENTITY``); the slot is given back when the call ends.  False if it already ended."""
+        if name is None:
+            return True  # without TLS there is no identity to count against (the server's call limit holds)
+        with self.lock:
+            held = self.identity_streams.get(name, 0)
+            if held >= STREAMS_PER_IDENTITY:
+                log.warning(f"refused a stream for {name!r}: it holds {held} open streams already",
+                            extra={"event": "stream_quota", "certificate": name})
+                context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                              f"the certificate {name!r} already holds {held} open streams (the limit per site)")
+            self.identity_streams[name] = held + 1
+        released = threading.Event()
+
+        def release() -> None:
+            with self.lock:
+                if released.is_set():
+                    return
+                released.set()
+                left = self.identity_streams.get(name, 1) - 1
+                if left > 0:
+                    self.identity_streams[name] = left
+                else:
+                    self.identity_streams.pop(name, None)
+
+        if not context.add_callback(release):
+            release()
+            return False
+        return True
+
+    def _first_message(self, request_iterator, context, name: str | None):
+        """The first message of a Connect stream, or None if the stream ended or sent nothing in time."""
+        lock, state = threading.Lock(), {"received": False, "expired": False}
+
+        def expire() -> None:
+            with lock:
+                if state["received"]:
+                    return
+                state["expired"] = True
+            log.warning(f"cancelled a Connect stream ({name!r}) that sent nothing for "
+                        f"{self.first_message_seconds:g} s", extra={"event": "idle_stream", "certificate": name})
+            context.cancel()
+
+        timer = threading.Timer(self.first_message_seconds, expire)
+        timer.daemon = True
+        timer.start()
+        try:
+            first = next(request_iterator)
+        except (StopIteration, grpc.RpcError):  # the site went away, or expire() cancelled the call
+            first = None
+        finally:
+            timer.cancel()
+        with lock:
+            state["received"] = True
+            return None if state["expired"] else first
+
     def _check_peer(self, context, site_id: str) -> None:
         if not self.tls:
             return
@@ -162,10 +261,12 @@ class FederationService(pbg.FederationServicer):
     # ------------------------------------------------------------------ public
 
     def GetPlan(self, request, context):
+        self._admit(context)
         p = self.session.plan
         return pb.GetPlanResponse(plan=p.canonical_json, plan_sha256=p.sha256)
 
     def GetStatus(self, request, context):
+        self._admit(context)
         with self.lock:
             s = self.session.status()
         return pb.GetStatusResponse(
@@ -174,6 +275,7 @@ class FederationService(pbg.FederationServicer):
             detail=s["detail"], sites=[pb.SiteStatus(**x) for x in s["sites"]])
 
     def GetTrees(self, request, context):
+        self._admit(context)
         limit = min(request.max_trees or MAX_TREES_PER_PAGE, MAX_TREES_PER_PAGE)
         with self.lock:
             init, has_init, trees = self.session.catch_up(int(request.from_index), limit)
@@ -195,6 +297,7 @@ class FederationService(pbg.FederationServicer):
     # ------------------------------------------------------------------ join and subscription
 
     def Join(self, request, context):
+        self._admit(context)
         site = request.site_id
         self._check_peer(context, site)
         plan = self.session.plan
@@ -233,6 +336,8 @@ class FederationService(pbg.FederationServicer):
     incarnation = b""
 
     def Subscribe(self, request, context):
+        if not self._open_stream(context, self._admit(context)):
+            return
         site, token = request.site_id, bytes(request.token)
         with self.lock:
             self._auth(context, site, token)
@@ -300,6 +405,7 @@ class FederationService(pbg.FederationServicer):
         raise Rejected(f"unknown report kind {m.kind}")
 
     def _submit(self, context, kind: str, request) -> pb.SubmitResponse:
+        self._admit(context)
         self.bytes_in += request.ByteSize()
         with self.lock:
             self._auth(context, request.site_id, request.token)
@@ -323,6 +429,7 @@ class FederationService(pbg.FederationServicer):
         return self._submit(context, "round", request)
 
     def Report(self, request, context):
+        self._admit(context)
         with self.lock:
             self._auth(context, request.site_id, request.token)
             try:
@@ -336,9 +443,11 @@ class FederationService(pbg.FederationServicer):
 
     def Connect(self, request_iterator, context):
         """Subscribe + Submit* + Report on one stream; see the module docstring and the proto."""
-        try:
-            first = next(request_iterator)
-        except StopIteration:
+        name = self._admit(context)  # before waiting for anything the peer sends
+        if not self._open_stream(context, name):
+            return
+        first = self._first_message(request_iterator, context, name)
+        if first is None:
             return
         if first.WhichOneof("kind") != "subscribe":
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a Connect stream starts with a subscribe message")
@@ -482,9 +591,9 @@ class CoordinatorServer:
         self.session = session
         self.service = FederationService(session, tls=credentials is not None)
         self.service.incarnation = os.urandom(16)
-        workers = 2 * session.plan.n + 16
+        workers = worker_threads(session.plan.n)
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rpc"),
-                                  options=list(SERVER_OPTIONS), maximum_concurrent_rpcs=None)
+                                  options=list(SERVER_OPTIONS), maximum_concurrent_rpcs=2 * workers)
         pbg.add_FederationServicer_to_server(self.service, self.server)
         if credentials is not None:
             self.port = self.server.add_secure_port(listen, credentials)

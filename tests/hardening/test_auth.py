@@ -75,7 +75,8 @@ def test_an_expired_site_certificate_is_refused_by_the_client_and_by_the_coordin
     try:
         # fedsbdt client refuses to start with it, naming the file and the date (nothing is sent)
         rc = main(["client", "--coordinator", f"localhost:{server.port}", "--site", "site-a", "--data",
-                   str(tmp_path / "none.csv"), "--state", str(site), "--tls-cert", str(tmp_path / "expired.crt")])
+                   str(tmp_path / "none.csv"), "--state", str(site), "--tls-cert", str(tmp_path / "expired.crt"),
+                   "--plan-hash", plan.sha256])
         err = capsys.readouterr().err
         assert rc == 2 and "expired.crt" in err and "expired on" in err and "Traceback" not in err, err
         # a client that does not check (another implementation) is refused by the coordinator's TLS,

@@ -54,11 +54,12 @@ class Served:
         self.server = CoordinatorServer(self.session, "127.0.0.1:0")
         self.server.start()
         self.root = root
+        self.pin = ["--plan-hash", self.plan.sha256, "--min-sites", "2"]  # the plan and a policy it meets
 
     def client(self, data, capsys, *extra: str) -> tuple[int, str]:
         rc = main(["client", "--coordinator", self.server.address, "--site", "hospital-1", "--data", str(data),
                    "--state", str(self.root / "hospital-1"), "--insecure", "--allow-insecure-test-randomness",
-                   "--reconnect-timeout", "10", *extra])
+                   "--reconnect-timeout", "10", *self.pin, *extra])
         return rc, capsys.readouterr().err
 
 
@@ -185,7 +186,7 @@ def test_a_real_client_process_refuses_bad_data_with_one_line_and_exit_2(regress
     write(path, csv_text(edit(raw, "Length", 3, "abc")))
     p = subprocess.run([sys.executable, "-m", "common.cli", "client", "--coordinator", served.server.address,
                         "--site", "hospital-1", "--data", str(path), "--state", str(served.root / "hospital-1"),
-                        "--insecure", "--allow-insecure-test-randomness"], capture_output=True, text=True,
+                        "--insecure", "--allow-insecure-test-randomness", *served.pin], capture_output=True, text=True,
                        cwd=ROOT, timeout=120)
     assert p.returncode == 2 and p.stdout == ""
     assert p.stderr.strip().splitlines()[-1] == (
@@ -323,7 +324,8 @@ def test_sites_refuse_bad_plans_served_by_a_coordinator(a_plan, fake, tmp_path, 
     for name, body, msg in served:
         svc.plan, svc.sha = body, hashlib.sha256(body).hexdigest()
         rc = main(["client", "--coordinator", address, "--site", "hospital-1", "--data", str(data),
-                   "--state", str(root / "hospital-1"), "--insecure", "--reconnect-timeout", "5"])
+                   "--state", str(root / "hospital-1"), "--insecure", "--reconnect-timeout", "5",
+                   "--plan-hash", svc.sha])  # pinned: the coordinator serves what the site was told
         err = capsys.readouterr().err
         assert rc == 2, (name, err)
         last = err.strip().splitlines()[-1]
@@ -332,7 +334,7 @@ def test_sites_refuse_bad_plans_served_by_a_coordinator(a_plan, fake, tmp_path, 
     # a hash that does not match the served bytes, and a plan other than the one given out of band
     svc.plan, svc.sha = plan.canonical_json, "0" * 64
     assert main(["client", "--coordinator", address, "--site", "hospital-1", "--data", str(data), "--state",
-                 str(root / "hospital-1"), "--insecure"]) == 2
+                 str(root / "hospital-1"), "--insecure", "--plan-hash", plan.sha256]) == 2
     assert "does not match the hash it announces" in capsys.readouterr().err
     svc.sha = plan.sha256
     assert main(["client", "--coordinator", address, "--site", "hospital-1", "--data", str(data), "--state",
