@@ -34,6 +34,10 @@ def unavailable() -> str | None:
         return f"no local base image {BASE_IMAGE} (CI makes it with {SETUP}; or set FEDSBDT_BASE_IMAGE)"
     if p.returncode != 0:
         return f"podman does not work here: {(p.stderr.strip().splitlines() or ['?'])[-1]}"
+    p = subprocess.run(["podman", "run", "--rm", "--network", "none", BASE_IMAGE, "true"], capture_output=True,
+                       text=True, timeout=300)
+    if p.returncode != 0:
+        return f"podman cannot start a container here: {(p.stderr.strip().splitlines() or ['?'])[-1]}"
     if not any(WHEELHOUSE.glob("*.whl")):
         return f"no wheelhouse in {WHEELHOUSE} (CI makes it with {SETUP}; or set FEDSBDT_WHEELHOUSE)"
     return None
