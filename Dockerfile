@@ -1,20 +1,46 @@
 # fedsbdt: one image for the coordinator and the hospital sites (see docker-compose.yml).
-FROM python:3.11-slim
+#
+#   podman build -t fedsbdt:latest .        (or docker build; docs/deployment.md §4)
+#
+# BASE_IMAGE: any Debian-based image with Python 3.11 and its venv module — the official slim
+# image by default, or a hospital's own approved base image (--build-arg BASE_IMAGE=...).
+# Offline: with wheels in wheels/ (pip wheel, docs/deployment.md "Building the image offline")
+# pip installs from those only (--no-index) and the build needs no network (--network none).
+ARG BASE_IMAGE=python:3.11-slim
+FROM ${BASE_IMAGE}
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
-    NUMBA_CACHE_DIR=/var/cache/fedsbdt/numba
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    NUMBA_CACHE_DIR=/var/cache/fedsbdt/numba \
+    PATH=/opt/fedsbdt/venv/bin:$PATH
 
 WORKDIR /opt/fedsbdt
-COPY pyproject.toml README.md ./
+# 1. The dependencies and the build backend, as pyproject.toml lists them, into a virtualenv
+#    (a layer of its own: it survives changes to the code).
+COPY pyproject.toml ./
+RUN --mount=type=bind,source=wheels,target=/wheels \
+    set -e; \
+    python3 -m venv /opt/fedsbdt/venv; \
+    if ls /wheels/*.whl >/dev/null 2>&1; then \
+        echo "fedsbdt: installing from wheels/ only (pip --no-index)"; from="--no-index --find-links /wheels"; \
+    else \
+        echo "fedsbdt: wheels/ is empty, installing from the package index"; from=""; \
+    fi; \
+    python -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb")); \
+print("\n".join(p["build-system"]["requires"] + p["project"]["dependencies"]))' > /tmp/requirements.txt; \
+    pip install $from -r /tmp/requirements.txt; \
+    rm /tmp/requirements.txt
+
+# 2. fedsbdt itself, editable: the repository layout stays (bundled examples, generated stubs under protos/).
+COPY README.md ./
 COPY common ./common
 COPY server ./server
 COPY client ./client
 COPY protos ./protos
 COPY examples ./examples
-# Editable install keeps the repository layout (bundled examples, generated stubs under protos/).
-RUN pip install -e . && mkdir -p /var/cache/fedsbdt/numba \
+RUN pip install --no-index --no-deps --no-build-isolation -e . && mkdir -p /var/cache/fedsbdt/numba \
     && python -c "import common.cli, server.cli, client.cli, fedsbdt.v1.federation_pb2_grpc"
 
 # The coordinator's port (mutual TLS).

@@ -7,6 +7,13 @@ blocks in-process; each must succeed.  A ``bash`` block after
 must equal the ``text`` block that follows it.  All blocks of one page run in
 order in one scratch directory that links ``examples/`` (so pages read like a
 session in the repository root).
+
+A ``bash`` block after ``<!-- doctest: podman -->`` builds or runs containers:
+such blocks run in order in a copy of the repository, with pip pointed at the
+wheelhouse only (``PIP_NO_INDEX``: what a connected machine's index serves) and
+``BASE_IMAGE`` naming a local base image — where podman, the base image and the
+wheelhouse exist (tests/container_engine.py), and are skipped with the reason
+elsewhere.
 """
 import os
 import re
@@ -19,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
+from container_engine import BASE_IMAGE, copy_repository, offline_pip_env, unavailable
 
 DOCS = ROOT / "docs"
 OWN = ["quickstart.md", "threat-model.md", "choosing-epsilon.md", "deployment.md", "troubleshooting.md",
@@ -26,7 +34,7 @@ OWN = ["quickstart.md", "threat-model.md", "choosing-epsilon.md", "deployment.md
 MIN_BLOCKS = {"quickstart.md": 4, "choosing-epsilon.md": 1, "troubleshooting.md": 4, "sklearn.md": 1,
               "xgboost-export.md": 1, "deployment.md": 10}
 PENDING: set[str] = set()  # repository files a page may link before they exist (none at present)
-MARKER = re.compile(r"^<!-- doctest(?:: (error))? -->\s*$")
+MARKER = re.compile(r"^<!-- doctest(?:: (error|podman))? -->\s*$")
 
 
 @dataclass(frozen=True)
@@ -37,6 +45,7 @@ class Block:
     code: str
     error: bool = False
     expect: str = ""
+    podman: bool = False
 
 
 def _fence(lines: list[str], i: int, page: str) -> tuple[str, str, int]:
@@ -66,14 +75,17 @@ def blocks(page: str) -> list[Block]:
             tlang, expect, i = _fence(lines, i, page)
             assert tlang == "text", f"{page}: an error block is followed by a text block with the message"
             out.append(Block(page, i, lang, code, True, expect.strip()))
+        elif m.group(1) == "podman":
+            assert lang == "bash", f"{page}: podman blocks are bash"
+            out.append(Block(page, i, lang, code, podman=True))
         else:
             assert lang in ("bash", "python"), f"{page}: doctest blocks are bash or python, not {lang}"
             out.append(Block(page, i, lang, code))
     return out
 
 
-def pages_with_blocks() -> list[str]:
-    return sorted(p.name for p in DOCS.glob("*.md") if blocks(p.name))
+def pages_with_blocks(podman: bool = False) -> list[str]:
+    return sorted(p.name for p in DOCS.glob("*.md") if any(b.podman == podman for b in blocks(p.name)))
 
 
 @pytest.fixture
@@ -97,7 +109,7 @@ def run_block(b: Block, cwd: Path, env: dict) -> None:
         exec(compile(b.code, where, "exec"), {"__name__": "__doctest__"})  # noqa: S102 — our own docs
         return
     p = subprocess.run(["bash", "-c", ("set -eo pipefail\n" if not b.error else "") + b.code], cwd=cwd, env=env,
-                       capture_output=True, text=True, timeout=300)
+                       capture_output=True, text=True, timeout=1800 if b.podman else 300)
     assert "Traceback" not in p.stderr, f"{where}:\n{p.stderr}"
     if b.error:
         assert p.returncode == 2, f"{where}: expected exit status 2, got {p.returncode}\n{p.stderr}"
@@ -111,7 +123,19 @@ def run_block(b: Block, cwd: Path, env: dict) -> None:
 def test_examples_run(page, scratch):
     cwd, env = scratch
     for b in blocks(page):
-        run_block(b, cwd, env)
+        if not b.podman:
+            run_block(b, cwd, env)
+
+
+@pytest.mark.skipif(unavailable() is not None, reason=unavailable() or "")
+@pytest.mark.parametrize("page", pages_with_blocks(podman=True))
+def test_container_examples_run(page, tmp_path):
+    """The podman blocks (the offline image build) in a copy of the repository, with no package index."""
+    repo = copy_repository(tmp_path / "fedsbdt")
+    env = offline_pip_env(dict(os.environ, BASE_IMAGE=BASE_IMAGE))
+    for b in blocks(page):
+        if b.podman:
+            run_block(b, repo, env)
 
 
 def test_every_page_exists_and_keeps_its_examples():
@@ -119,6 +143,7 @@ def test_every_page_exists_and_keeps_its_examples():
         assert (DOCS / page).is_file(), page
     for page, n in MIN_BLOCKS.items():
         assert len(blocks(page)) >= n, f"{page} lost doctest blocks"
+    assert "deployment.md" in pages_with_blocks(podman=True), "deployment.md lost its offline image build"
 
 
 def _slug(heading: str) -> str:
