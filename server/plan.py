@@ -279,6 +279,23 @@ class Plan:
         init = init_noise_scales(hp, enc, cal) if hp.init_share > 0 else None
         return leaf, init
 
+    def central_retry_noise_scales(self):
+        """Central mode: (leaf, initial-score) scales of the full noise share a site adds to a *retry*.
+
+        A site's un-noised vector enters at most one attempt of a logical round; every later attempt
+        of it carries the whole leaf noise (a discrete Gaussian, one share: Thm. 16) or a whole
+        discrete-Laplace initial-score share, so differencing two attempts never isolates one site's
+        exact sums (docs/threat-model.md "Retries").  Distributed mode: ``None`` (every input is noised).
+        """
+        if self.noise != "central":
+            return None
+        from common.boosting import init_noise_scales, leaf_noise_scales
+
+        cal = self.calibration()
+        hp, enc = self.hyperparameters, self.encoding
+        return (leaf_noise_scales(hp, enc, cal.sigma, shares=1),
+                init_noise_scales(hp, enc, cal) if hp.init_share > 0 else None)
+
     def max_abs_input(self) -> int:
         enc = self.encoding
         return max(enc.grad.bound_units, enc.hess.bound_units, enc.label.bound_units, 1) * self.max_records_per_site
@@ -289,7 +306,7 @@ class Plan:
         Discrete Laplace shares are covered with a factor 2: secure aggregation accepts
         entries up to 40 × this, and P(|Lap(b)| > 80·b) = e^−80.
         """
-        leaf, init = self.noise_scales()
+        leaf, init = self.central_retry_noise_scales() if self.noise == "central" else self.noise_scales()
         s = 0.0
         if leaf is not None:
             s = max(s, float(leaf.max()))
