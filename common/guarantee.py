@@ -55,8 +55,8 @@ def collusion_guarantee(n: int, t: int, c: int, s: int, noise: str) -> str:
     out = (f"Holds if at most c = {c} of the {n} sites collude with the coordinator (t = {t}, dropout slack "
            f"s = {s}): {what}.")
     if split_attack_possible(n, t, s, c + 1):
-        out += (f" With {c + 1} colluders it does not hold: showing two survivor sets to two halves of the sites "
-                "opens one site's masked input.")
+        out += (f" With {c + 1} colluder{'s' if c else ''} it does not hold: showing two survivor sets to two "
+                "halves of the sites opens one site's masked input.")
     else:
         out += f" With more than {c} colluders nothing is claimed."
     return out

@@ -156,7 +156,7 @@ def test_the_issue_counterexample_is_caught_by_the_default_c():
     assert default_colluders(5, 3) == 0
     assert not split_attack(5, 3, 0, 2, 0)
     assert split_attack(5, 3, 0, 2, 1)
-    assert "With 1 colluders it does not hold" in collusion_guarantee(5, 3, 0, 2, "distributed")
+    assert "With 1 colluder it does not hold" in collusion_guarantee(5, 3, 0, 2, "distributed")
 
 
 @pytest.mark.parametrize("n,t,c,s", accepted())
