@@ -353,9 +353,14 @@ class Plan:
         """Refuse distributed noise whose shares are too coarse for the accountant (docs/privacy.md).
 
         Needs η ≤ MAX_SHARE_EXCESS (the τ term changes ε by a relative ~1e−12 at most) and
-        every share std ≥ 1/2 (the range of Prop. 14).  The PLD accountant models the continuous
-        Gaussian, which does not dominate a sum of discrete Gaussian shares: refused in distributed mode.
+        every share std ≥ 1/2 (the range of Prop. 14).  The PLD accountant evaluates the continuous
+        Gaussian, which dominates neither one discrete Gaussian of the same scale nor a sum of shares:
+        refused in any plan (the RDP bound is exact for the discrete Gaussian).
         """
+        if self.hyperparameters.accountant == "pld":
+            raise PlanError("the PLD accountant evaluates continuous Gaussian noise, which does not dominate the "
+                            "discrete Gaussian noise sites and coordinator add (nor a sum of shares of it); use "
+                            "accountant = \"rdp\" in a federation (docs/privacy.md \"PLD\")")
         if self.noise != "distributed":
             return
         try:
@@ -369,9 +374,6 @@ class Plan:
                             f"{self.noise_divisor(self.n)} ways), so a sum of shares is not close enough to a "
                             f"discrete Gaussian (Kairouz–Liu–Steinke excess η = {eta:.3g} > {MAX_SHARE_EXCESS:.3g}); "
                             "raise scale_bits, the clip bounds or σ, or use fewer shares")
-        if self.hyperparameters.accountant == "pld":
-            raise PlanError("the PLD accountant models continuous Gaussian noise, which does not dominate a sum of "
-                            "discrete Gaussian shares; use accountant = \"rdp\" with distributed noise")
 
     def max_abs_input(self) -> int:
         enc = self.encoding
