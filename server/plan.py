@@ -383,7 +383,8 @@ class Plan:
         """Largest per-entry noise scale a site passes to secure aggregation (range check and capacity).
 
         Discrete Laplace shares are covered with a factor 2: secure aggregation accepts
-        entries up to 40 × this, and P(|Lap(b)| > 80·b) = e^−80.
+        entries up to 40 × this, and P(|Lap(b)| > 80·b) = e^−80.  Central mode: the full share a
+        site adds to a retry (:meth:`central_retry_noise_scales`).
         """
         leaf, init = self.central_retry_noise_scales() if self.noise == "central" else self.noise_scales()
         s = 0.0
