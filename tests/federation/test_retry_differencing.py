@@ -17,7 +17,7 @@ import numpy as np
 
 from common.fixedpoint import from_ring
 from common.secagg import SecAggCoordinator, decode_message
-from server.wire import InputReply, Purpose, RoundMsg, RoundReply, RoundStartMsg, SetupMsg, SetupReply
+from server.wire import InitScoreMsg, InputReply, Purpose, RoundMsg, RoundReply, RoundStartMsg, SetupMsg, SetupReply
 
 from .test_state_machines import SITES, Fed, tree_hp
 
@@ -109,3 +109,35 @@ def test_central_tree_retry_does_not_reveal_one_sites_leaf_sums(tmp_path):
     assert np.mean(np.abs(off) > 0.05 * scales) > 0.8
     for s in (A, B):
         assert f.machines[s].ledger.tree_attempts(0) == 2
+
+
+def test_distributed_mode_retries_never_isolate_an_un_noised_vector(tmp_path):
+    """Distributed mode needs no extra rule: every masked input carries the site's own share (stored and
+    resent for the initial score, fresh per tree attempt and charged), so the same withhold-and-retry
+    difference is site c's vector plus noise, for both kinds of round."""
+    hp = tree_hp(trees=2, subsample=1.0)
+    f = Fed(tmp_path, hp, test_noise=True)
+    coord = _setup_epoch(f)
+    withheld = _unmasked_sum(f, coord, Purpose.INIT_SCORE, 0, SITES)
+    retry = _unmasked_sum(f, coord, Purpose.INIT_SCORE, 0, (A, B))
+    x_c, noise_c = f.machines[C].ledger.init_vector()
+    assert np.all(noise_c != 0)
+    assert np.array_equal(withheld - retry, x_c + noise_c)  # c's ε-DP release, never x_c alone
+    for m in f.machines.values():
+        m.handle(InitScoreMsg(0.0, None, tuple(SITES)))
+    sums = {}
+    for s in SITES:
+        m, contribution = f.machines[s], f.machines[s].local.contribution
+
+        def recording(*a, contribution=contribution, s=s, **k):
+            c = contribution(*a, **k)
+            sums.setdefault(s, []).append(c.sums.copy())
+            return c
+
+        m.local.contribution = recording
+    first = _unmasked_sum(f, coord, Purpose.TREE, 0, SITES)
+    again = _unmasked_sum(f, coord, Purpose.TREE, 0, (A, B))
+    assert all(np.array_equal(sums[s][1], sums[s][0]) for s in (A, B))
+    assert not np.array_equal(first - again, sums[C][0])
+    for s in (A, B):  # and both attempts were charged as contributions with data
+        assert f.machines[s].ledger.tree_contributions() == 2
