@@ -13,7 +13,8 @@ table               content
                     (private) active and sampled counts
 ``secagg``          the secure-aggregation site's records (common/secagg
                     ``Storage``: keys, shares, "input sent", "signed", …)
-``meta``            plan hash, site id, the stored initial-score vector
+``meta``            plan hash, site id, the stored initial-score vector (and,
+                    central mode, the noise added to its retries)
 ==================  ===========================================================
 
 The privacy-critical rule: the ledger update of round r, its contributions
@@ -174,6 +175,11 @@ class SiteLedger:
     def init_contributions(self) -> int:
         return int(self.db.execute("SELECT COUNT(*) FROM contributions WHERE kind = 'init'").fetchone()[0])
 
+    def tree_attempts(self, tree: int) -> int:
+        """Masked inputs this site sent for tree ``tree`` (every attempt of that logical round)."""
+        return int(self.db.execute("SELECT COUNT(*) FROM contributions WHERE kind = 'tree' AND tree = ?",
+                                   (int(tree),)).fetchone()[0])
+
     # ------------------------------------------------------------------ the initial-score vector
 
     def init_vector(self) -> tuple[np.ndarray, np.ndarray | None] | None:
@@ -184,6 +190,17 @@ class SiteLedger:
         noise = self._meta("init_noise")
         return (np.frombuffer(x, dtype="<i8").astype(np.int64),
                 None if noise is None or not noise else np.frombuffer(noise, dtype="<i8").astype(np.int64))
+
+    def init_retry_noise(self) -> np.ndarray | None:
+        """Central mode: the full discrete-Laplace vector this site adds to every *retry* of the initial score."""
+        v = self._meta("init_retry_noise")
+        return None if v is None else np.frombuffer(v, dtype="<i8").astype(np.int64)
+
+    def set_init_retry_noise(self, noise: np.ndarray) -> None:
+        if not self.in_transaction:
+            raise LedgerError("the retry noise must be part of the round's transaction")
+        self.db.execute("INSERT INTO meta (key, value) VALUES ('init_retry_noise', ?)",
+                        (np.asarray(noise, dtype="<i8").tobytes(),))
 
     def set_init_vector(self, x: np.ndarray, noise: np.ndarray | None) -> None:
         if not self.in_transaction:

@@ -24,6 +24,14 @@ docs/federation.md):
 
 * the initial score is contributed **once**: the noisy vector is stored with
   the first masked input and a retried round gets the identical vector;
+* central noise: a site's *un-noised* vector enters at most one attempt of a
+  logical round (the initial score, or tree k).  Every later attempt carries a
+  full noise share of its own — for the initial score one discrete-Laplace
+  vector drawn at the first retry and stored (every retry resends it, so
+  retries cannot be averaged), for a tree a fresh discrete Gaussian of the
+  whole leaf-noise scale — so a coordinator that withholds a result and
+  retries with fewer sites learns a difference that is noised, never a
+  site's exact sums (docs/threat-model.md "Retries");
 * without the filter, at most ``T_regular + T_extra`` tree rounds carry data —
   every masked input counts, retries included; beyond that the site sends an
   all-zero data vector (plus its noise share);
@@ -256,6 +264,7 @@ class SiteMachine:
         self.cal = cal
         self.table = filter_for(hp, cal)
         self.leaf_scales, self.init_scales = plan.noise_scales()
+        self.retry_scales = plan.central_retry_noise_scales()
         self.plan = plan
         self._splits: dict[int, object] = {}
         if hp.init_share == 0:
@@ -404,13 +413,18 @@ class SiteMachine:
             return [InputReply(ev.purpose, ev.tree, masked.to_bytes())]
 
         c = None
-        stored_init = None
+        stored_init = new_retry_noise = None
         if ev.purpose == Purpose.INIT_SCORE:
             if self.init is not None:
                 return [Refusal(f"round {r}: the initial score was already released", r)]
             stored_init = self.ledger.init_vector()
             if stored_init is not None:  # a retry: the identical noisy vector, never a second one
                 x, noise = stored_init
+                if plan.noise == "central":  # the un-noised vector was sent once; retries carry a full share
+                    retry_noise = self.ledger.init_retry_noise()
+                    if retry_noise is None:
+                        retry_noise = new_retry_noise = self.randomness.discrete_laplace(self.retry_scales[1])
+                    noise = retry_noise
             else:
                 x = local.init_sums()
                 noise = None if self.init_scales is None else self.randomness.discrete_laplace(self.init_scales)
@@ -434,6 +448,8 @@ class SiteMachine:
             p = len(start.participants)
             if self.noise is not None and plan.threshold <= p <= plan.n:  # otherwise secagg refuses the round
                 noise = self.noise.take(plan.noise_divisor(p))  # variance σ²/k_r, k_r from the public plan
+            elif plan.noise == "central" and self.ledger.tree_attempts(k) > 0:
+                noise = self.randomness.discrete_gaussian(self.retry_scales[0])  # a retry: a full, fresh share
 
         with self.ledger.transaction():
             try:
@@ -449,6 +465,8 @@ class SiteMachine:
                                          None if c is None else c.sampled)
             if kind == "init" and stored_init is None:
                 self.ledger.set_init_vector(x, noise)
+            if new_retry_noise is not None:
+                self.ledger.set_init_retry_noise(new_retry_noise)
         if kind == "tree" and with_data:
             self._sent_with_data = self._tree_contributions() + 1
         # Durable: only now does the masked vector leave this function.

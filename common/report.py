@@ -389,8 +389,13 @@ def _training(model: Ensemble, sites_png: str | None) -> str:
         ("plan_sha256", "plan SHA-256", "fingerprint of the public plan every site checked"),
         ("noise_mode", "noise mode", "distributed: every site added a noise share; central: the coordinator"),
         ("threshold", "threshold t", "every released sum covers at least t sites"),
-        ("assumed_colluders", "assumed colluders c", "sites that may collude with the coordinator (2t > n + c)"),
+        ("assumed_colluders", "assumed colluders c",
+         "the guarantee holds if at most c sites collude with the coordinator (2t > n + c)"),
+        ("dropout_slack", "dropout slack s", "sites that may drop out of a round without restarting it"),
     ) if t.get(key) is not None]
+    who = _who(t)
+    if who:
+        facts.append(("guarantee holds against", who, "the collusion bound, exactly (docs/threat-model.md)"))
     if t.get("roster"):
         facts.append(("roster", ", ".join(roster), f"{len(roster)} site(s) in the plan"))
     init = t.get("init")
@@ -403,6 +408,19 @@ def _training(model: Ensemble, sites_png: str | None) -> str:
         body += _img(sites_png, "sites alive per round")
     body += (f"<table><tr><th>trees</th><th>sites alive</th><th>which</th><th>absent</th></tr>{rows}</table>")
     return body
+
+
+def _who(t: dict[str, Any]) -> str | None:
+    """The collusion bound of a federated run: recorded in the model, or derived from its plan facts."""
+    if t.get("guarantee"):
+        return str(t["guarantee"])
+    keys = ("threshold", "assumed_colluders", "noise_mode", "roster")
+    if any(t.get(k) is None for k in keys):
+        return None
+    from .guarantee import collusion_guarantee
+
+    return collusion_guarantee(len(t["roster"]), int(t["threshold"]), int(t["assumed_colluders"]),
+                               int(t.get("dropout_slack") or 0), str(t["noise_mode"]))
 
 
 def _ledger(s: LedgerSummary, png: str | None) -> str:

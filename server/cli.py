@@ -145,10 +145,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
     plan.save(args.out)
     emit(args, {"plan": str(args.out), "plan_sha256": plan.sha256, "sigma": plan.stated_sigma,
                 "epsilon": plan.stated_epsilon, "threshold": plan.threshold, "dropout_slack": plan.dropout_slack,
+                "assumed_colluders": plan.assumed_colluders, "noise": plan.noise, "guarantee": plan.guarantee,
                 "sites": list(plan.site_ids), "seed": plan.hyperparameters.seed},
-         f"wrote {args.out}: {plan.n} sites, t = {plan.threshold}, dropout slack {plan.dropout_slack}, "
-         f"σ = {plan.stated_sigma:.6g}, "
-         f"ε = {plan.stated_epsilon:.6g}\nplan hash (give it to every site out of band): {plan.sha256}")
+         f"wrote {args.out}: {plan.n} sites, t = {plan.threshold}, c = {plan.assumed_colluders}, dropout slack "
+         f"{plan.dropout_slack}, noise {plan.noise}, σ = {plan.stated_sigma:.6g}, ε = {plan.stated_epsilon:.6g}\n"
+         f"guarantee: {plan.guarantee}\nplan hash (give it to every site out of band): {plan.sha256}")
     return 0
 
 
@@ -198,8 +199,11 @@ def register(sub) -> None:
     p.add_argument("--schema", required=True, help="the public schema (TOML)")
     p.add_argument("--site", action="append", required=True, metavar="ID=identity.pub",
                    help="a roster entry: site id and its identity.pub file (or 64 hex digits); repeat per site")
-    p.add_argument("--threshold", type=int, help="t (default: the smallest t with 2t > n + colluders)")
-    p.add_argument("--colluders", type=int, default=0, help="assumed colluding sites c (default: 0)")
+    p.add_argument("--threshold", type=int,
+                   help="t (default: ⌊n/2⌋ + 1, or the smallest t with 2t > n + c when --colluders is given)")
+    p.add_argument("--colluders", type=int, default=None,
+                   help="c: the guarantee holds if at most c sites collude with the coordinator; needs 2t > n + c "
+                        "(default: the largest the threshold allows, 2t − n − 1)")
     p.add_argument("--dropout-slack", type=int, default=0, metavar="S",
                    help="s in 0..n−t: a round's noise is split max(t, participants − s) − c ways, so up to s "
                         "sites may drop out of a round after it starts (default: 0: the centralised noise "

@@ -5,7 +5,8 @@ A plan is a TOML file every party can read and hash::
     [session]
     id = "abalone-2025"
     threshold = 2                 # t: every accepted sum has ≥ t sites' inputs
-    assumed_colluders = 0         # c: sites that may collude with the coordinator (2t > n + c)
+    assumed_colluders = 0         # c: the guarantee holds if at most c sites collude with the coordinator
+                                  #   (2t > n + c; `fedsbdt plan` defaults to the largest, 2t − n − 1)
     dropout_slack = 0             # s (0 ≤ s ≤ n − t): a round's leaf noise is split into
                                   #   k_r = max(t, |P_r| − s) − c shares (docs/federation.md §5)
     noise = "distributed"         # or "central" (the coordinator adds the noise: trust it)
@@ -50,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from common.accountant import AccountingError, PrivacyCalibration
+from common.guarantee import collusion_guarantee, default_colluders
 from common.config import ConfigError, Hyperparameters
 from common.schema import Schema, SchemaError
 
@@ -60,6 +62,9 @@ RANDOMNESS = ("secure", "insecure-test")
 MAX_EPOCH_ROUNDS = 256
 #: Relative tolerance when a party compares the plan's stated σ and ε with its own accountant.
 PRIVACY_RTOL = 1e-6
+#: Largest relative excess η of the per-tree RDP slope a sum of discrete Gaussian noise shares may have over
+#: the accounted 1/σ² (Kairouz–Liu–Steinke τ term, :meth:`Plan.share_closeness`): 2^−40.
+MAX_SHARE_EXCESS = 2.0 ** -40
 
 
 class PlanError(ConfigError):
@@ -102,6 +107,23 @@ def _check_site_id(site_id: object, source: str) -> str:
         raise PlanError(f"{source}: {e}") from None
 
 
+def check_trust_parameters(n: int, t: int, c: int, s: int) -> None:
+    """The planner's rule for (n, t, c, s): 1 ≤ t ≤ n, c ≥ 0, 2t > n + c, 0 ≤ s ≤ n − t (else PlanError)."""
+    if not 1 <= t <= n:
+        raise PlanError(f"session.threshold = {t}: must be between 1 and the roster size {n}")
+    if c < 0 or not 2 * t > n + c:
+        raise PlanError(f"session.threshold = {t} is too low for {n} sites and {c} assumed colluders: "
+                        f"secure aggregation needs 2t > n + colluders, i.e. t ≥ {(n + c) // 2 + 1}")
+    if not 0 <= s <= n - t:
+        raise PlanError(f"session.dropout_slack = {s}: must be between 0 and n − t = {n - t} "
+                        f"({n} sites, threshold {t})")
+
+
+def noise_divisor(t: int, c: int, s: int, participants: int) -> int:
+    """k_r = max(t, |P_r| − s) − c (≥ t − c ≥ 1 under 2t > n + c): the leaf noise is split k_r ways."""
+    return max(t, participants - s) - c
+
+
 @dataclass(frozen=True)
 class Plan:
     session_id: str
@@ -138,15 +160,8 @@ class Plan:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int):
                 raise PlanError(f"session.{name} = {v!r}: must be an integer")
-        n, t, c = len(ids), self.threshold, self.assumed_colluders
-        if not 1 <= t <= n:
-            raise PlanError(f"session.threshold = {t}: must be between 1 and the roster size {n}")
-        if c < 0 or not 2 * t > n + c:
-            raise PlanError(f"session.threshold = {t} is too low for {n} sites and {c} assumed colluders: "
-                            f"secure aggregation needs 2t > n + colluders, i.e. t ≥ {(n + c) // 2 + 1}")
-        if not 0 <= self.dropout_slack <= n - t:
-            raise PlanError(f"session.dropout_slack = {self.dropout_slack}: must be between 0 and n − t = {n - t} "
-                            f"({n} sites, threshold {t})")
+        n = len(ids)
+        check_trust_parameters(n, self.threshold, self.assumed_colluders, self.dropout_slack)
         if self.noise not in NOISE_MODES:
             raise PlanError(f"session.noise = {self.noise!r}: must be one of {', '.join(NOISE_MODES)}")
         if not 1 <= self.epoch_rounds <= MAX_EPOCH_ROUNDS:
@@ -176,6 +191,7 @@ class Plan:
             raise PlanError(f"{n} sites with epoch_rounds = {self.epoch_rounds} would need messages of about "
                             f"{est / 2**20:.1f} MiB (limit {MAX_MESSAGE_BYTES // 2**21} MiB); lower epoch_rounds")
         self.secagg_config()  # threshold and fixed-point capacity checks
+        self.check_discrete_noise()
 
     # ------------------------------------------------------------------ derived
 
@@ -202,7 +218,7 @@ class Plan:
         p = int(participants)
         if not self.threshold <= p <= self.n:
             raise PlanError(f"a round with {p} participants is impossible for t = {self.threshold}, n = {self.n}")
-        return max(self.threshold, p - self.dropout_slack) - self.assumed_colluders
+        return noise_divisor(self.threshold, self.assumed_colluders, self.dropout_slack, p)
 
     def min_survivors(self, participants: int) -> int:
         """The smallest survivor set |U3| a site signs in a round with p participants: k_r + c."""
@@ -216,6 +232,11 @@ class Plan:
             raise PlanError(f"leaf noise cannot be split into {shares} shares (t − c = {self.noise_shares}, "
                             f"n = {self.n})")
         return leaf_noise_scales(self.hyperparameters, self.encoding, self.calibration().sigma, shares=shares)
+
+    @property
+    def guarantee(self) -> str:
+        """Whom the guarantee covers, exactly, in terms of the declared c (common/guarantee.py)."""
+        return collusion_guarantee(self.n, self.threshold, self.assumed_colluders, self.dropout_slack, self.noise)
 
     @property
     def insecure(self) -> bool:
@@ -279,6 +300,81 @@ class Plan:
         init = init_noise_scales(hp, enc, cal) if hp.init_share > 0 else None
         return leaf, init
 
+    def central_retry_noise_scales(self):
+        """Central mode: (leaf, initial-score) scales of the full noise share a site adds to a *retry*.
+
+        A site's un-noised vector enters at most one attempt of a logical round; every later attempt
+        of it carries the whole leaf noise (a discrete Gaussian, one share: Thm. 16) or a whole
+        discrete-Laplace initial-score share, so differencing two attempts never isolates one site's
+        exact sums (docs/threat-model.md "Retries").  Distributed mode: ``None`` (every input is noised).
+        """
+        if self.noise != "central":
+            return None
+        from common.boosting import init_noise_scales, leaf_noise_scales
+
+        cal = self.calibration()
+        hp, enc = self.hyperparameters, self.encoding
+        return (leaf_noise_scales(hp, enc, cal.sigma, shares=1),
+                init_noise_scales(hp, enc, cal) if hp.init_share > 0 else None)
+
+    def share_closeness(self) -> tuple[float, float]:
+        """(smallest leaf-noise share std in integer units, relative RDP excess η) of distributed noise.
+
+        The honest part of a released sum is a sum of m ≤ n independent discrete Gaussians
+        N_Z(0, v) with m·v ≥ S², S the coordinate's full noise scale — not itself a discrete
+        Gaussian.  Kairouz, Liu and Steinke (ICML 2021, Prop. 14, one coordinate) bound its Rényi
+        divergence for sensitivity Δ by α/2·(Δ/S + τ)², τ = 10·Σ_{k=1}^{m−1} exp(−2π²v·k/(k+1)).
+        Summed over the two coordinates a record touches (its leaf's Hessian and gradient sums),
+        the per-tree slope in α is Σ_j (l_j + τ_j)²/2 with l_j = Δ_j/S_j, against the accounted
+        Σ_j l_j²/2 = 1/σ² (Thm. 16); η = Σ_j (l_j·τ_j + τ_j²/2) / Σ_j l_j²/2 is the relative excess.
+        τ is evaluated at m = n and at the smallest share (largest divisor k_r), an upper bound for
+        every round.  Central mode: one discrete Gaussian, exact (Canonne–Kamath–Steinke), η = 0.
+        """
+        if self.noise != "distributed":
+            return math.inf, 0.0
+        from common.boosting import leaf_noise_scales
+
+        hp, enc = self.hyperparameters, self.encoding
+        full = leaf_noise_scales(hp, enc, self.calibration().sigma, shares=1)
+        k_max = self.noise_divisor(self.n)
+        L = hp.leaves
+        num = den = 0.0
+        smallest = math.inf
+        for S, delta in ((float(full[0]), enc.hess.bound_units), (float(full[L]), enc.grad.bound_units)):
+            v = S * S / k_max
+            smallest = min(smallest, math.sqrt(v))
+            tau = 10.0 * sum(math.exp(-2.0 * math.pi ** 2 * v * k / (k + 1)) for k in range(1, self.n))
+            l = delta / S
+            num += l * tau + tau * tau / 2.0
+            den += l * l / 2.0
+        return smallest, num / den
+
+    def check_discrete_noise(self) -> None:
+        """Refuse distributed noise whose shares are too coarse for the accountant (docs/privacy.md).
+
+        Needs η ≤ MAX_SHARE_EXCESS (the τ term changes ε by a relative ~1e−12 at most) and
+        every share std ≥ 1/2 (the range of Prop. 14).  The PLD accountant evaluates the continuous
+        Gaussian, which dominates neither one discrete Gaussian of the same scale nor a sum of shares:
+        refused in any plan (the RDP bound is exact for the discrete Gaussian).
+        """
+        if self.hyperparameters.accountant == "pld":
+            raise PlanError("the PLD accountant evaluates continuous Gaussian noise, which does not dominate the "
+                            "discrete Gaussian noise sites and coordinator add (nor a sum of shares of it); use "
+                            "accountant = \"rdp\" in a federation (docs/privacy.md \"PLD\")")
+        if self.noise != "distributed":
+            return
+        try:
+            smallest, eta = self.share_closeness()
+        except PlanError:
+            return  # an impossible budget is reported by calibration() itself
+        if not (smallest >= 0.5 and eta <= MAX_SHARE_EXCESS):
+            hp = self.hyperparameters
+            raise PlanError(f"distributed noise too coarse for the fixed-point scale: the smallest noise share has "
+                            f"std {smallest:.3g} integer units (scale_bits = {hp.scale_bits}, split "
+                            f"{self.noise_divisor(self.n)} ways), so a sum of shares is not close enough to a "
+                            f"discrete Gaussian (Kairouz–Liu–Steinke excess η = {eta:.3g} > {MAX_SHARE_EXCESS:.3g}); "
+                            "raise scale_bits, the clip bounds or σ, or use fewer shares")
+
     def max_abs_input(self) -> int:
         enc = self.encoding
         return max(enc.grad.bound_units, enc.hess.bound_units, enc.label.bound_units, 1) * self.max_records_per_site
@@ -287,9 +383,10 @@ class Plan:
         """Largest per-entry noise scale a site passes to secure aggregation (range check and capacity).
 
         Discrete Laplace shares are covered with a factor 2: secure aggregation accepts
-        entries up to 40 × this, and P(|Lap(b)| > 80·b) = e^−80.
+        entries up to 40 × this, and P(|Lap(b)| > 80·b) = e^−80.  Central mode: the full share a
+        site adds to a retry (:meth:`central_retry_noise_scales`).
         """
-        leaf, init = self.noise_scales()
+        leaf, init = self.central_retry_noise_scales() if self.noise == "central" else self.noise_scales()
         s = 0.0
         if leaf is not None:
             s = max(s, float(leaf.max()))
@@ -497,7 +594,12 @@ class Plan:
 
 def make_plan(schema: Schema, hp: Hyperparameters, sites: list[SiteEntry], threshold: int | None = None,
               session_id: str = "fedsbdt-session", **session: Any) -> Plan:
-    """A plan with the privacy statement computed by this party's accountant (what ``fedsbdt plan`` writes)."""
+    """A plan with the privacy statement computed by this party's accountant (what ``fedsbdt plan`` writes).
+
+    Defaults: t = ⌊n/2⌋ + 1 (or ⌊(n + c)/2⌋ + 1 for a given c), and c = 2t − n − 1, the largest
+    number of colluders the threshold rule 2t > n + c allows for that t (common/guarantee.py):
+    the guarantee then covers every coalition that secure aggregation itself can resist.
+    """
     from common.engine import calibration_for
 
     if hp.seed is None:
@@ -509,7 +611,11 @@ def make_plan(schema: Schema, hp: Hyperparameters, sites: list[SiteEntry], thres
     except AccountingError as e:
         raise PlanError(f"the privacy parameters are impossible: {e}") from None
     n = len(sites)
-    c = int(session.get("assumed_colluders", 0))
-    t = threshold if threshold is not None else (n + c) // 2 + 1
-    return Plan(session_id=session_id, schema=schema, hyperparameters=hp, sites=tuple(sites), threshold=t,
+    c = session.pop("assumed_colluders", None)
+    if c is None:  # the most conservative c the threshold allows (docs/threat-model.md)
+        t = threshold if threshold is not None else n // 2 + 1
+        c = default_colluders(n, t) if isinstance(t, int) and not isinstance(t, bool) else 0
+    else:
+        t = threshold if threshold is not None else (n + c) // 2 + 1
+    return Plan(assumed_colluders=c, session_id=session_id, schema=schema, hyperparameters=hp, sites=tuple(sites), threshold=t,
                 stated_sigma=cal.sigma, stated_epsilon=cal.epsilon, **session)

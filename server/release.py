@@ -26,6 +26,8 @@ def training_record(plan: Plan, init: InitScoreMsg | None, trees: Sequence[TreeM
         "noise_mode": plan.noise,
         "threshold": plan.threshold,
         "assumed_colluders": plan.assumed_colluders,
+        "dropout_slack": plan.dropout_slack,
+        "guarantee": plan.guarantee,
         "roster": list(plan.site_ids),
         "init": None if init is None else {"round_id": init.round_id, "sites": list(init.sites)},
         "rounds": [t.record() for t in trees],

@@ -43,9 +43,28 @@ def test_no_subsampling_is_alpha_over_sigma_squared_exactly(sigma):
 
 
 def test_rdp_to_dp_is_corollary_6():
-    a, rho, d = 10, 0.3, 1e-6
-    assert A.rdp_to_dp(a, rho, d) == pytest.approx(rho + math.log((a - 1) / a) - (math.log(d) + math.log(a)) / (a - 1),
-                                                   rel=1e-15)
+    """Two independent oracles: dp-accounting's RDP→(ε, δ) conversion (CKS20 Prop. 12, the same bound as
+    Cor. 6, written independently), and the exact privacy curve of the Gaussian mechanism, whose RDP is
+    exactly α·μ²/2: the converted ε must be valid (exact δ(ε) ≤ δ) and at most a little loose."""
+    from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon
+    from scipy.stats import norm
+
+    for a in (1.5, 2, 3, 10, 64, 512, 4096):
+        for rho in (0.01, 0.3, 2.0, 15.0):
+            for d in (1e-3, 1e-6, 5e-8, 1e-12):
+                ref, _ = compute_epsilon([a], [rho], d)
+                mine = A.rdp_to_dp(a, rho, d)
+                if ref > 0:  # dp-accounting clamps at 0 and has a KL shortcut for tiny ρ
+                    assert mine == pytest.approx(ref, rel=1e-12, abs=1e-12), (a, rho, d)
+    vec = A.rdp_to_dp(np.array([2, 10, 100]), np.array([0.1, 0.5, 3.0]), 1e-6)
+    assert vec == pytest.approx([compute_epsilon([a], [r], 1e-6)[0] for a, r in ((2, .1), (10, .5), (100, 3.))])
+    for mu in (0.1, 0.5, 1.0, 2.0):  # Gaussian mechanism with sensitivity/σ = μ
+        for d in (1e-5, 1e-8):
+            alphas = A.alpha_grid(4096)
+            eps = float(np.min(A.rdp_to_dp(alphas, alphas * mu * mu / 2, d)))
+            exact_delta = norm.cdf(-eps / mu + mu / 2) - math.exp(eps) * norm.cdf(-eps / mu - mu / 2)
+            assert exact_delta <= d  # valid
+            assert exact_delta >= d / 100  # and not wildly loose (a dropped term would move it by orders)
 
 
 def test_pure_dp_rdp_bounds_discrete_laplace_numerically():

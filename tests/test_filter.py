@@ -75,3 +75,53 @@ def test_worst_case_records_train_exactly_t_regular_rounds_and_small_ones_contin
     assert participated[0] == 20
     assert participated[1] > 20 and participated[2] > participated[1]
     assert participated[3] == 220  # zero sensitivity costs nothing
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.floats(-1.0, 1.0, allow_nan=False), min_size=2, max_size=24), st.integers(0, 40),
+       st.sampled_from([1.0, 0.5]))
+def test_the_production_round_path_never_lets_a_record_exceed_its_budget(labels, extra, gamma):
+    """The same property through the production path (LocalData.contribution → kernels.round_sums, as the
+    engine and every site run it), not filter_step: adversarial labels (so gradients up to ±g*), many extra
+    rounds.  The released leaf sums must contain exactly the records the ledger charged — each adds h* to
+    its leaf's Hessian sum — and every record's exact RDP (its true g, h, not the rounded-up grid) stays
+    within ρ(α̂)."""
+    from common.boosting import Encoding, LocalData
+    from common.config import Hyperparameters
+    from common.engine import calibration_for, filter_for
+    from common.randomness import InsecureTestRandomness
+    from common.splits import Splits
+
+    hp = Hyperparameters(trees=4, extra_trees=extra, filter=True, subsample=gamma, depth=1, seed=1,
+                         init_share=0.0, grad_clip=0.5, epsilon=1.0)
+    cal = calibration_for(hp)
+    table = filter_for(hp, cal)
+    n = len(labels)
+    X = np.arange(n, dtype=np.float64).reshape(n, 1)
+    local = LocalData(X, np.array(labels), np.arange(n), "regression", hp, (-1.0, 1.0))
+    enc = Encoding.for_task(hp, "regression")
+    G, H = enc.grad.bound_units, enc.hess.bound_units
+    splits = Splits(np.array([0], np.int32), np.array([n / 2.0]))
+    rnd = InsecureTestRandomness(seed=7, noise=False, i_understand_this_is_insecure=True)
+    gq, hq = kernels.grad_hess_units(local.pred, local.y, kernels.REGRESSION, enc.scale, G, H)
+    base = (hp.r1 * (hq / H) ** 2 + (1 - hp.r1) * (gq / G) ** 2) / cal.sigma ** 2
+    cost = subsampled_rdp(cal.alpha, gamma, base)
+    exact = np.zeros(n)
+    rounds_in = np.zeros(n, int)
+    for r in range(hp.trees + extra):
+        old = local.spent.copy()
+        c = local.contribution(splits, r, rnd, table)
+        charged = c.new_spent > old
+        assert c.active == int(charged.sum())
+        sampled = np.asarray(rnd.subsample(gamma, local.ids, r), bool)
+        # the sums hold exactly the charged records that the subsample picked (a record's charge does not
+        # depend on the sample: a_γ already accounts for it)
+        assert int(c.sums[: hp.leaves].sum()) == H * int((charged & sampled).sum())
+        assert int(c.sums[hp.leaves:].sum()) == int(gq[charged & sampled].sum())
+        exact[charged] += cost[charged]
+        rounds_in += charged
+        local.commit(c)
+        assert (local.spent <= table.budget_units).all()
+    assert (exact <= cal.rho * (1 + 1e-9)).all()
+    worst = np.abs(gq) == G
+    assert (rounds_in[worst] == hp.trees).all()  # a worst-case record trains exactly T_regular rounds

@@ -140,6 +140,13 @@ def test_federated_rounds_are_rendered(model):
     assert page.value("training", "plan SHA-256") == "cd" * 32
     assert page.value("training", "session") == "cardio-1"
     assert page.value("training", "roster") == "h1, h2, h3"
+    # the collusion bound, exactly, in terms of the declared c (issue 10)
+    who = page.value("training", "guarantee holds against")
+    assert who.startswith("Holds if at most c = 0 of the 3 sites collude with the coordinator")
+    slack = Ensemble(model.schema, model.hyperparameters, model.init_score, model.trees, dict(model.privacy),
+                     {**federated_training(), "dropout_slack": 1})
+    who = Page(build_report(slack, plots=False)).value("training", "guarantee holds against")
+    assert "With 1 colluder it does not hold" in who
     assert any(i["alt"] == "sites alive per round" for i in page.images)
     assert round_groups([{"sites": ["b", "a"]}, {"sites": ["a", "b"]}, {"sites": []}]) == \
         [(1, 2, ["a", "b"]), (3, 3, [])]

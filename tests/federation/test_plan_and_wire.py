@@ -119,6 +119,40 @@ def test_distributed_noise_shares_sum_to_at_least_the_calibrated_variance():
     assert central.noise_scales() == (None, None)
 
 
+@pytest.mark.parametrize("n,t,expected_c", [(2, None, 1), (3, None, 0), (4, None, 1), (5, None, 0), (6, None, 1),
+                                              (5, 4, 2), (6, 5, 3), (7, 7, 6)])
+def test_the_default_c_is_the_largest_the_threshold_admits_and_the_guarantee_says_so(n, t, expected_c):
+    """Issue 10, attack 2: c + 1 colluders can open a site exactly when 2t = n + c + 1; the default c makes
+    that the case, so the declared c is the true collusion bound and the plan states it."""
+    p = plan(n, threshold=t)
+    assert p.assumed_colluders == expected_c == 2 * p.threshold - n - 1
+    assert p.threshold - p.assumed_colluders >= 1  # the noise divisor stays ≥ 1
+    assert f"at most c = {expected_c} of the {n} sites collude" in p.guarantee
+    q = plan(n, threshold=t, dropout_slack=n - p.threshold)
+    if q.dropout_slack >= 1:
+        assert f"With {expected_c + 1} colluder{'s' if expected_c else ''} it does not hold" in q.guarantee
+    explicit = plan(5, assumed_colluders=0, threshold=4)  # an explicit c is kept
+    assert explicit.assumed_colluders == 0
+
+
+def test_plan_command_states_the_guarantee(tmp_path, capsys):
+    from common.cli import main
+
+    keys = []
+    for i in range(4):
+        k = Ed25519PrivateKey.generate().public_key().public_bytes_raw().hex()
+        keys += ["--site", f"site-{i}={k}"]
+    out = tmp_path / "plan.toml"
+    rc = main(["plan", "--schema", str(EXAMPLES / "abalone" / "schema.toml"), *keys, "--out", str(out),
+               "--dropout-slack", "1", "--json"])
+    assert rc == 0
+    p = Plan.load(out)
+    assert (p.threshold, p.assumed_colluders) == (3, 1)
+    assert "at most c = 1 of the 4 sites" in p.guarantee and "With 2 colluders it does not hold" in p.guarantee
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["guarantee"] == p.guarantee and printed["assumed_colluders"] == 1
+
+
 @pytest.mark.parametrize("n,t,c,s,expected", [
     # k_r = max(t, p − s) − c for p = t … n (design: the coordinator announces it, every site recomputes it)
     (3, 2, 0, 0, {2: 2, 3: 3}),

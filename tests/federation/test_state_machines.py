@@ -270,8 +270,24 @@ def test_without_the_filter_no_site_sends_data_in_more_rounds_than_accounted(tmp
 
 
 def test_with_the_filter_no_record_exceeds_its_budget_despite_retries(tmp_path):
+    """Every attempt of a tree round is charged to the per-record ledger, failed ones included: the
+    database holds exactly the sum of every attempt's charges (recorded as the production path computes
+    them), the failed attempts charged something, and no record exceeds its budget."""
     hp = tree_hp(trees=3, extra_trees=3, filter=True, subsample=1.0)
-    f = Fed(tmp_path, hp).start()
+    f = Fed(tmp_path, hp)
+    charges: dict[str, list[np.ndarray]] = {}
+    for s, m in f.machines.items():
+        contribution = m.local.contribution
+
+        def recording(*a, contribution=contribution, s=s, m=m, **k):
+            c = contribution(*a, **k)
+            charges.setdefault(s, []).append(c.new_spent - m.local.spent)  # this attempt's cost per record
+            return c
+
+        m.local.contribution = recording
+    f.start()
+    for s, m in f.machines.items():
+        charges[s] = []  # forget the discarded warm-up contribution of accept_plan (never charged)
     left = {"n": 2}
 
     def intercept(site, ev):
@@ -289,10 +305,19 @@ def test_with_the_filter_no_record_exceeds_its_budget_despite_retries(tmp_path):
     assert f.session.exit_code == 0
     budget = filter_for(hp, calibration_for(hp)).budget_units
     assert budget == hp.trees * UNITS_PER_ROUND
+    assert f.session.rounds_failed == 2
     for s in SITES:
-        spent = [r[0] for r in f.db(s).execute("SELECT spent FROM ledger")]
-        assert max(spent) <= budget
-        assert max(spent) > 0
+        m = f.machines[s]
+        ledger = f.db(s).execute("SELECT record_id, spent FROM ledger ORDER BY record_id").fetchall()
+        spent = dict(ledger)
+        attempts = f.db(s).execute("SELECT COUNT(*) FROM contributions WHERE kind = 'tree' AND with_data = 1"
+                                   ).fetchone()[0]
+        assert attempts == len(charges[s]) > len(f.session.trees)  # the failed attempts carried data too
+        total = np.sum(charges[s], axis=0)
+        assert [spent[int(i)] for i in m.local.ids] == total.tolist()  # every attempt's charge is in the ledger
+        assert np.sum(charges[s][0]) > 0 and np.sum(charges[s][1]) > 0  # the two failed attempts cost something
+        assert max(spent.values()) <= budget
+        assert max(spent.values()) > 0
 
 
 # --------------------------------------------------------------------------- site-side privacy rules
