@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from conftest import DATASETS, EXAMPLES, ROOT
+from conftest import ABALONE, ADULT, ADULT_TEST, EXAMPLES, ROOT
 
 
 def run(*args, ok=True):
@@ -18,16 +18,16 @@ def run(*args, ok=True):
 
 def test_train_evaluate_predict_account_json(tmp_path):
     model = tmp_path / "m.json"
-    p = run("train", "--data", str(DATASETS / "abalone.data"), "--schema", str(EXAMPLES / "abalone/schema.toml"),
+    p = run("train", "--data", str(ABALONE), "--schema", str(EXAMPLES / "abalone/schema.toml"),
             "--out", str(model), "--epsilon", "1", "--trees", "30", "--depth", "2", "--json")
     out = json.loads(p.stdout)  # exactly one JSON object on stdout
     assert {"epsilon", "delta", "sigma", "alpha", "trees", "seconds"} <= set(out)
     assert out["trees"] == 30 and out["epsilon"] <= 1.0
-    ev = json.loads(run("evaluate", "--model", str(model), "--data", str(DATASETS / "abalone.data"),
+    ev = json.loads(run("evaluate", "--model", str(model), "--data", str(ABALONE),
                         "--json").stdout)
     assert ev["n"] == 4177 and 1.0 < ev["rmse"] < 4.0
     pred = tmp_path / "p.csv"
-    run("predict", "--model", str(model), "--data", str(DATASETS / "abalone.data"), "--out", str(pred))
+    run("predict", "--model", str(model), "--data", str(ABALONE), "--out", str(pred))
     lines = pred.read_text().splitlines()
     assert lines[0] == "id,prediction" and len(lines) == 4178
     acc = json.loads(run("account", "--epsilon", "0.105", "--trees", "150", "--subsample", "0.1",
@@ -38,9 +38,9 @@ def test_train_evaluate_predict_account_json(tmp_path):
 
 def test_binary_evaluate_keys(tmp_path):
     model = tmp_path / "m.json"
-    run("train", "--data", str(DATASETS / "adult.data"), "--schema", str(EXAMPLES / "adult/schema.toml"),
+    run("train", "--data", str(ADULT), "--schema", str(EXAMPLES / "adult/schema.toml"),
         "--out", str(model), "--epsilon", "1", "--trees", "20", "--depth", "3", "--quiet")
-    ev = json.loads(run("evaluate", "--model", str(model), "--data", str(DATASETS / "adult.test"),
+    ev = json.loads(run("evaluate", "--model", str(model), "--data", str(ADULT_TEST),
                         "--json").stdout)
     assert set(ev) == {"n", "auc", "accuracy"} and ev["auc"] > 0.6
 
@@ -72,7 +72,7 @@ def test_bad_data_leaves_no_model(tmp_path):
 def test_corrupt_model_file(tmp_path):
     m = tmp_path / "m.json"
     m.write_text('{"format": "fedsbdt-model", "version": 99}')
-    p = run("evaluate", "--model", str(m), "--data", str(DATASETS / "abalone.data"), ok=False)
+    p = run("evaluate", "--model", str(m), "--data", str(ABALONE), ok=False)
     assert p.returncode == 2 and "version" in p.stderr
     m.write_text("{not json")
     assert "not valid JSON" in run("evaluate", "--model", str(m), "--data", "x", ok=False).stderr

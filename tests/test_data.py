@@ -6,7 +6,7 @@ import pytest
 from common.data import DataError, Dataset, load
 from common.schema import Schema, SchemaError
 
-from conftest import DATASETS, EXAMPLES
+from conftest import ADULT_TEST, EXAMPLES
 
 TOY = """
 name = "toy"
@@ -48,7 +48,7 @@ def test_uci_files_read_unchanged(abalone, adult):
     assert abalone.y.min() == 1 and abalone.y.max() == 29
     assert adult.n == 30162 and adult.dropped == 2399  # the reference protocol's rows
     assert adult.y.mean() == pytest.approx(7508 / 30162)
-    test = load(DATASETS / "adult.test", adult.schema)  # comment line, labels with a trailing period
+    test = load(ADULT_TEST, adult.schema)  # comment line, labels with a trailing period
     assert test.n == 15060 and set(np.unique(test.y)) == {0.0, 1.0}
 
 

@@ -18,7 +18,7 @@ from common.splits import random_splits
 
 @pytest.fixture(scope="module")
 def models(abalone, adult):
-    """Real DP models (secure randomness) on the shared UCI data."""
+    """Real DP models (secure randomness) on the bundled UCI data (examples/)."""
     return {
         "abalone": (train(abalone, Hyperparameters(epsilon=1.0, trees=100, depth=4)).model, abalone),
         "adult": (train(adult, Hyperparameters(epsilon=1.0, trees=60, depth=5)).model, adult),
