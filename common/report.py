@@ -26,6 +26,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from .files import write_atomic
 from .model import Ensemble
 from .rdp_filter import UNITS_PER_ROUND
 
@@ -505,10 +506,7 @@ def write_report(model_path: str | Path, out: str | Path, ledger_path: str | Pat
                               f"{ours[:16]}…; pass the ledger of the session that trained this model")
         ledger = summarise_ledger(spent, model.privacy, site or Path(ledger_path).stem)
     text = build_report(model, ledger, model_name=mp.name, model_sha256=sha)
-    o = Path(out)
-    tmp = o.with_name(o.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(o)
+    o = write_atomic(out, text, "report")
     secs = ["summary", "guarantee", "accountant", "hyperparameters", "training"] + (["ledger"] if ledger else []) \
         + ["schema", "about"]
     return ReportSummary(str(o), float(model.privacy["epsilon"]), float(model.privacy["delta"]), secs,
