@@ -108,6 +108,16 @@ def test_regression_labels_outside_public_range(tmp_path):
         load(p, s)
 
 
+def test_dropped_rows_are_counted_in_words(tmp_path):
+    s = Schema.from_dict(Schema.load(EXAMPLES / "adult" / "schema.toml").to_dict())
+    one = "39, State-gov, 77516, Bachelors, 13, Never-married, ?, Not-in-family, White, Male, 2174, 0, 40, " \
+          "United-States, <=50K\n"
+    with pytest.raises(DataError, match="no rows left after dropping 1 row with missing values$"):
+        load(write(tmp_path, one), s)
+    with pytest.raises(DataError, match="no rows left after dropping 2 rows with missing values$"):
+        load(write(tmp_path, one * 2), s)
+
+
 ABALONE_ROW = "M,0.455,0.365,0.095,0.514,0.2245,0.101,0.15,15"
 
 
