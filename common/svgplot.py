@@ -77,8 +77,12 @@ def _frame(ax: _Axes, xlabel: str, ylabel: str, x_integer: bool, y_integer: bool
 
 def _svg(title: str, body: list[str], legend: list[tuple[str, str, bool]] = ()) -> str:
     items = []
+    if legend:  # lower right, on a white box (where the report's rising curves leave room)
+        y0 = HEIGHT - BOTTOM - 8 - 16 * len(legend)
+        items.append(f'<rect x="{WIDTH - RIGHT - 198}" y="{y0}" width="192" height="{16 * len(legend) + 4}" '
+                     f'fill="#ffffff" fill-opacity="0.85" stroke="{GRID}"/>')
     for k, (label, color, dashed) in enumerate(legend):
-        y = TOP + 14 + 16 * k
+        y = HEIGHT - BOTTOM - 8 - 16 * (len(legend) - 1 - k) - 4
         x = WIDTH - RIGHT - 190
         dash = ' stroke-dasharray="5 3"' if dashed else ""
         items.append(f'<line x1="{x}" x2="{x + 22}" y1="{y - 4}" y2="{y - 4}" stroke="{color}" stroke-width="2"{dash}/>'
