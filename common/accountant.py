@@ -31,6 +31,7 @@ import numpy as np
 
 DEFAULT_ALPHA_MAX = 512
 _EXP_UNDERFLOW = 745.0  # math.exp(-x) == 0.0 for x above this
+MAX_EPSILON = 700.0  # e^700 ≈ 1e304: the largest budget the accountant calibrates (none means anything near it)
 
 
 class AccountingError(ValueError):
@@ -260,6 +261,9 @@ def calibrate(
     accountant: str = "rdp", alpha_max: int | None = None,
 ) -> PrivacyCalibration:
     """Alg. 6 (see :func:`_calibrate`); a budget too large to compute is an :class:`AccountingError`."""
+    if not epsilon <= MAX_EPSILON:
+        raise AccountingError(f"ε = {epsilon:g} is too large for the accountant (above {MAX_EPSILON:g}, where "
+                              "e^ε leaves double precision); such a budget gives no meaningful privacy")
     try:
         return _calibrate(epsilon, delta, gamma, rounds, init_share, eps_ds, accountant, alpha_max)
     except OverflowError:

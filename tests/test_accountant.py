@@ -95,6 +95,12 @@ def test_pure_dp_rdp_over_the_whole_range_without_overflow():
     assert A.pure_dp_rdp(5, float("inf")) == float("inf")  # no bound at all, and no warning either
 
 
+@pytest.mark.parametrize("eps", [700.5, 1e4, 1e308, float("inf"), float("nan")])
+def test_absurd_budgets_are_refused_by_name(eps):
+    with pytest.raises(A.AccountingError, match="too large for the accountant"):
+        A.calibrate(eps, 5e-8, 0.1, 100, 0.1, 0.005)
+
+
 @pytest.mark.parametrize("eps,gamma,rounds,share", [(0.105, 0.1, 150, 0.1), (0.02, 0.005, 200, 0.0),
                                                      (1.0, 0.2, 500, 0.1), (5.0, 1.0, 20, 0.0)])
 def test_calibration_meets_target_and_is_minimal(eps, gamma, rounds, share):
