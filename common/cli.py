@@ -213,10 +213,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 def cmd_predict(args: argparse.Namespace) -> int:
     import pandas as pd
 
-    from .model import Ensemble
-
     from .data import load, rows
     from .files import check_output_path, write_atomic
+    from .model import Ensemble
 
     check_output_path(args.out, "predictions")
     model = Ensemble.load(args.model)

@@ -100,8 +100,8 @@ def _field_counts(texts, fmt) -> np.ndarray | None:
     sep = fmt.separator.strip() or fmt.separator
     if len(sep) != 1:
         return None
-    rows = csv.reader(texts, delimiter=sep, skipinitialspace=fmt.separator != sep)
-    return np.fromiter((len(r) for r in rows), dtype=np.int64)
+    reader = csv.reader(texts, delimiter=sep, skipinitialspace=fmt.separator != sep)
+    return np.fromiter((len(r) for r in reader), dtype=np.int64)
 
 
 def _check_field_counts(p: Path, counts: np.ndarray, lines: np.ndarray, allowed: tuple[int, ...],
