@@ -42,8 +42,14 @@ FOLDS = 5
 SHUFFLE_SEED = 20240601
 
 
+def data_file(name: str) -> Path:
+    """``../shared/datasets/<name>.data`` in a development checkout, else the identical copy in ``examples/``."""
+    shared = DATASETS / f"{name}.data"
+    return shared if shared.exists() else ROOT / "examples" / name / f"{name}.data"
+
+
 def load_dataset(name: str) -> Dataset:
-    return load(DATASETS / f"{name}.data", Schema.load(ROOT / "examples" / name / "schema.toml"))
+    return load(data_file(name), Schema.load(ROOT / "examples" / name / "schema.toml"))
 
 
 def metric_of(name: str) -> str:

@@ -30,6 +30,8 @@ from functools import lru_cache
 import numpy as np
 
 DEFAULT_ALPHA_MAX = 512
+_EXP_UNDERFLOW = 745.0  # math.exp(-x) == 0.0 for x above this
+MAX_EPSILON = 700.0  # e^700 ≈ 1e304: the largest budget the accountant calibrates (none means anything near it)
 
 
 class AccountingError(ValueError):
@@ -97,8 +99,23 @@ def pure_dp_rdp(alpha: np.ndarray | int, eps: float) -> np.ndarray | float:
     a = np.asarray(alpha, dtype=np.float64)
     if eps == 0:
         return np.zeros_like(a) if a.ndim else 0.0
-    out = (np.logaddexp(a * eps, -(a - 1) * eps) - np.log1p(math.exp(eps))) / (a - 1)
+    if eps > _EXP_UNDERFLOW:  # e^{−ε} is 0 in float64: the bound is ε itself (and e^{αε} would overflow)
+        return np.full_like(a, float(eps)) if a.ndim else float(eps)
+    # e^{αε} + e^{−(α−1)ε} = 2e^{ε/2}·cosh((α−½)ε) and 1 + e^ε = 2e^{ε/2}·cosh(ε/2): accurate for tiny ε
+    # (no cancellation of log 2's) and free of overflow below the cut above
+    out = (_log_cosh((a - 0.5) * eps) - _log_cosh(np.float64(eps / 2))) / (a - 1)
     return float(out) if np.ndim(out) == 0 else out
+
+
+def _log_cosh(x: np.ndarray) -> np.ndarray:
+    """``log cosh x`` for ``x ≥ 0``: ``log1p(2 sinh²(x/2))`` below 1, ``x − log 2 + log1p(e^{−2x})`` above."""
+    x = np.asarray(x, dtype=np.float64)
+    out = np.empty_like(x)
+    small = x < 1.0
+    out[small] = np.log1p(2.0 * np.sinh(x[small] / 2) ** 2)
+    big = x[~small]
+    out[~small] = big - math.log(2.0) + np.log1p(np.exp(-2.0 * big))
+    return out
 
 
 def init_score_rdp(alpha: np.ndarray | int, eps_init: float, eps_ds: float) -> np.ndarray | float:
@@ -244,6 +261,9 @@ def calibrate(
     accountant: str = "rdp", alpha_max: int | None = None,
 ) -> PrivacyCalibration:
     """Alg. 6 (see :func:`_calibrate`); a budget too large to compute is an :class:`AccountingError`."""
+    if not epsilon <= MAX_EPSILON:
+        raise AccountingError(f"ε = {epsilon:g} is too large for the accountant (above {MAX_EPSILON:g}, where "
+                              "e^ε leaves double precision); such a budget gives no meaningful privacy")
     try:
         return _calibrate(epsilon, delta, gamma, rounds, init_share, eps_ds, accountant, alpha_max)
     except OverflowError:

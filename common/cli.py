@@ -12,7 +12,6 @@ import json
 import logging
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 
@@ -38,14 +37,14 @@ _HELP = {
     "l2": "λ: leaf regularisation",
     "leaf_clip": "β: leaf values are clamped to [−β, β]",
     "grad_clip": "g*: gradient clip",
-    "hess_clip": "h*: Hessian clip (default 1 for regression, 0.25 for binary)",
+    "hess_clip": "h*: Hessian clip (default: 1 for regression, 0.25 for binary)",
     "label_clip": "m*: label clip of the initial score",
     "r1": "Hessian share of the leaf noise budget (r2 = 1 − r1)",
     "init_share": "ε_init/ε: share of ε for the initial score (0 disables it)",
     "eps_ds": "ε_ds: budget for the dataset size of the initial score",
     "accountant": "rdp (paper; needed by --filter) or pld (dp-accounting, tighter)",
     "filter": "individual Rényi filter (extra rounds reuse unspent budget)",
-    "cyclical": "cyclical feature interactions (one feature per tree)",
+    "cyclical": "cyclical feature interactions: one feature per tree, in turn (--no-cyclical when features interact)",
     "split_candidates": "N equidistant threshold candidates (0 = uniform over the range)",
     "seed": "public seed of the random splits (never used for noise or subsampling)",
     "scale_bits": "fixed-point scale 2^k",
@@ -58,7 +57,9 @@ def add_hyperparameter_flags(p: argparse.ArgumentParser) -> None:
     for f in dataclasses.fields(Hyperparameters):
         flag = "--" + f.name.replace("_", "-")
         d = getattr(defaults, f.name)
-        help_ = f"{_HELP.get(f.name, f.name)} (default: {d})"
+        help_ = _HELP.get(f.name, f.name)
+        if "(default" not in help_:
+            help_ += f" (default: {d})"
         if f.type == "bool":
             g.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=help_)
         elif f.name == "accountant":
@@ -88,14 +89,19 @@ def emit(args: argparse.Namespace, result: dict[str, Any], human: str) -> None:
 
 class Progress:
     """Progress on stderr: a rich bar on a terminal, otherwise a log record (logger ``fedsbdt.<label>``)
-    every 10% carrying ``round``, ``total``, ``elapsed``, ``eta`` and the given ``fields`` (e.g. ``epsilon``)."""
+    every 10% carrying ``round``, ``total``, ``elapsed``, ``eta`` and the given ``fields`` (e.g. ``epsilon``).
+
+    The ETA extrapolates the rate *since the first reported round*, so start-up (process launch, kernel
+    compilation, key agreement) does not inflate it; before a second report it is unknown (``None``)."""
 
     def __init__(self, label: str, total: int, quiet: bool = False, extra: str = "",
-                 fields: dict[str, Any] | None = None):
+                 fields: dict[str, Any] | None = None, clock=time.perf_counter):
         self.label, self.total, self.extra = label, total, extra
         self.fields = dict(fields or {})
         self.quiet = quiet
-        self.t0 = time.perf_counter()
+        self._clock = clock
+        self.t0 = clock()
+        self._first: tuple[float, int] | None = None
         self._bar = None
         self._next_log = 0.1
         if not quiet and sys.stderr.isatty():
@@ -106,19 +112,32 @@ class Progress:
             self._bar.start()
             self._task = self._bar.add_task(label, total=total, extra=extra)
 
+    def eta(self, done: int, total: int, now: float) -> float | None:
+        """Seconds left at the rate observed since the first reported round (None while unknown)."""
+        if done >= total:
+            return 0.0
+        if self._first is None or done <= self._first[1]:
+            return None
+        t1, d1 = self._first
+        return (now - t1) / (done - d1) * (total - done)
+
     def __call__(self, done: int, total: int) -> None:
         if self.quiet:
             return
+        now = self._clock()
+        if self._first is None and done > 0:
+            self._first = (now, done)
         if self._bar is not None:
             self._bar.update(self._task, completed=done)
         elif done / max(total, 1) >= self._next_log or done == total:
-            el = time.perf_counter() - self.t0
-            eta = el / done * (total - done) if done else 0.0
-            msg = f"{self.label}: round {done}/{total} {self.extra} elapsed {el:.1f}s eta {eta:.1f}s"
+            el = now - self.t0
+            eta = self.eta(done, total, now)
+            left = f"eta {eta:.1f}s" if eta is not None else "eta unknown"
+            msg = f"{self.label}: round {done}/{total} {self.extra} elapsed {el:.1f}s {left}"
             log = logging.getLogger(f"fedsbdt.{self.label}")
             if log.hasHandlers():  # configured by main() (--log-format / --log-level)
                 log.info(msg, extra={"round": done, "total": total, **self.fields, "elapsed": round(el, 3),
-                                     "eta": round(eta, 3)})
+                                     "eta": None if eta is None else round(eta, 3)})
             else:  # used as a library without logging set up: plain line, as before
                 print(msg, file=sys.stderr)
             self._next_log = (int(done / max(total, 1) * 10) + 1) / 10
@@ -139,8 +158,10 @@ def _load_data(data: str, schema):
 
 def cmd_train(args: argparse.Namespace) -> int:
     from .engine import train
+    from .files import check_output_path
     from .schema import Schema
 
+    check_output_path(args.out, "model")  # before any work (and before any privacy is spent)
     schema = Schema.load(args.schema)
     hp = hyperparameters_from_args(args)
     ds = _load_data(args.data, schema)
@@ -192,22 +213,25 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 def cmd_predict(args: argparse.Namespace) -> int:
     import pandas as pd
 
+    from .data import load, rows
+    from .files import check_output_path, write_atomic
     from .model import Ensemble
 
+    check_output_path(args.out, "predictions")
     model = Ensemble.load(args.model)
-    ds = _load_data(args.data, model.schema)
+    ds = load(args.data, model.schema, labels=False)  # new records: the label column may be absent
     pred = model.predict(ds.X)
-    frame = pd.DataFrame({"id": ds.ids})
+    id_col = model.schema.id_column
+    frame = pd.DataFrame({id_col: ds.id_values} if id_col else {"id": ds.ids})
     if model.task == "regression":
         frame["prediction"] = pred
     else:
         frame["probability"] = pred
         frame["prediction"] = (pred >= 0.5).astype(int)
-    out = Path(args.out)
-    tmp = out.with_name(out.name + ".tmp")
-    frame.to_csv(tmp, index=False)
-    tmp.replace(out)
-    emit(args, {"n": ds.n, "out": str(out)}, f"wrote {ds.n} predictions to {out}")
+    write_atomic(args.out, frame.to_csv(index=False), "predictions")
+    dropped = f" ({rows(ds.dropped)} with a missing value skipped)" if ds.dropped else ""
+    emit(args, {"n": ds.n, "dropped": ds.dropped, "out": str(args.out)},
+         f"wrote {ds.n} predictions to {args.out}{dropped}")
     return 0
 
 
@@ -251,20 +275,24 @@ def build_parser() -> argparse.ArgumentParser:
     t.set_defaults(func=cmd_train)
 
     e = sub.add_parser("evaluate", help="rmse (regression) or auc/accuracy (binary) of a model on a file")
-    e.add_argument("--model", required=True)
-    e.add_argument("--data", required=True)
-    e.add_argument("--json", action="store_true")
+    e.add_argument("--model", required=True, help="model file written by train (JSON)")
+    e.add_argument("--data", required=True,
+                   help="labelled CSV or Parquet file in the model's schema (the label column is required)")
+    e.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     e.set_defaults(func=cmd_evaluate)
 
-    pr = sub.add_parser("predict", help="write predictions for a file as CSV (id, prediction[, probability])")
-    pr.add_argument("--model", required=True)
-    pr.add_argument("--data", required=True)
-    pr.add_argument("--out", required=True)
-    pr.add_argument("--json", action="store_true")
+    pr = sub.add_parser("predict", help="write predictions for a file as CSV (id, [probability,] prediction)")
+    pr.add_argument("--model", required=True, help="model file written by train (JSON)")
+    pr.add_argument("--data", required=True,
+                    help="CSV or Parquet file in the model's schema, with or without the label column")
+    pr.add_argument("--out", required=True,
+                    help="where to write the predictions (CSV: the schema's id column, or the data row number "
+                         "from 0 as 'id'; then 'probability' for binary tasks and 'prediction')")
+    pr.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     pr.set_defaults(func=cmd_predict)
 
     a = sub.add_parser("account", help="noise scale and privacy accounting for hyperparameters (no data needed)")
-    a.add_argument("--json", action="store_true")
+    a.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     add_hyperparameter_flags(a)
     a.set_defaults(func=cmd_account)
 
@@ -294,13 +322,14 @@ def main(argv: list[str] | None = None) -> int:
     log = configure_logging(args.log_format, args.log_level)
     from .accountant import AccountingError
     from .data import DataError
+    from .files import OutputError
     from .fixedpoint import FixedPointError
     from .model import ModelError
     from .schema import SchemaError
 
     try:
         return int(args.func(args) or 0)
-    except (CliError, ConfigError, DataError, SchemaError, ModelError, AccountingError, FixedPointError,
+    except (CliError, ConfigError, DataError, SchemaError, ModelError, AccountingError, FixedPointError, OutputError,
             FileNotFoundError, PermissionError, IsADirectoryError) as e:
         if args.log_format == "json":
             log.error(f"fedsbdt {args.command}: error: {e}", extra={"command": args.command, "exit": EXIT_USAGE})

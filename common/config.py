@@ -40,8 +40,9 @@ class Hyperparameters:
     eps_ds: float = 0.005  # ε for the dataset size of the initial score
     accountant: str = "rdp"  # "rdp" (paper, supports the filter) or "pld" (dp-accounting, tighter)
     filter: bool = False  # individual Rényi filter (Alg. 1)
-    cyclical: bool = False  # cyclical feature interactions (Nori et al.)
-    split_candidates: int = 0  # 0 = thresholds uniform over the public range
+    # defaults chosen by benchmarks/defaults.py (docs/choosing-epsilon.md "Split settings"); off when features interact
+    cyclical: bool = True  # cyclical feature interactions (Nori et al.)
+    split_candidates: int = 32  # N equidistant thresholds; 0 = thresholds uniform over the public range
     seed: int | None = None  # public randomness (splits only)
     scale_bits: int = 20  # fixed-point scale 2^scale_bits
 

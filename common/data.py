@@ -27,20 +27,22 @@ class Dataset:
     """Validated records: features ``X`` (n × m, categorical as level index), labels ``y``, record ids."""
 
     X: np.ndarray
-    y: np.ndarray  # regression: raw label; binary: 0.0 / 1.0
+    y: np.ndarray | None  # regression: raw label; binary: 0.0 / 1.0; None: loaded for prediction (labels=False)
     ids: np.ndarray  # int64, unique: the key of the per-record Rényi ledger
     schema: Schema
     source: str = "<arrays>"
     dropped: int = 0  # rows dropped for missing values (format.on_missing = "drop")
     arrival: np.ndarray | None = None  # int64 round from which each record is available (schema.arrival_column)
+    id_values: np.ndarray | None = None  # the schema's id column as written in the file (None without one)
 
     @property
     def n(self) -> int:
-        return int(self.y.shape[0])
+        return int(self.X.shape[0])
 
     def subset(self, idx: np.ndarray) -> "Dataset":
-        return Dataset(self.X[idx], self.y[idx], self.ids[idx], self.schema, self.source, self.dropped,
-                       None if self.arrival is None else self.arrival[idx])
+        return Dataset(self.X[idx], None if self.y is None else self.y[idx], self.ids[idx], self.schema,
+                       self.source, self.dropped, None if self.arrival is None else self.arrival[idx],
+                       None if self.id_values is None else self.id_values[idx])
 
     # ------------------------------------------------------------------ arrays
 
@@ -65,30 +67,60 @@ class Dataset:
 # ---------------------------------------------------------------------- files
 
 
-def load(path: str | Path, schema: Schema) -> Dataset:
-    """Read a CSV (as described by ``schema.format``) or a Parquet file and validate it."""
+def load(path: str | Path, schema: Schema, labels: bool = True) -> Dataset:
+    """Read a CSV (as described by ``schema.format``) or a Parquet file and validate it.
+
+    ``labels=False`` (prediction): the target column may be present or absent and is not read;
+    the returned dataset has ``y = None``.
+    """
     p = Path(path)
     if not p.exists():
         raise DataError(f"data file not found: {p}")
     if p.is_dir():
         raise DataError(f"{p} is a directory, not a data file")
     if p.suffix.lower() in (".parquet", ".pq"):
-        return _load_parquet(p, schema)
-    return _load_csv(p, schema)
+        return _load_parquet(p, schema, labels)
+    return _load_csv(p, schema, labels)
 
 
-def _load_parquet(p: Path, schema: Schema) -> Dataset:
+def _load_parquet(p: Path, schema: Schema, labels: bool) -> Dataset:
     try:
         frame = pd.read_parquet(p)
     except Exception as e:  # pyarrow raises many types for corrupt files
         raise DataError(f"{p}: not a readable Parquet file ({type(e).__name__}: {e})") from None
     frame.columns = [str(c) for c in frame.columns]
     return _validate(frame, schema, str(p), lines=np.arange(1, len(frame) + 1), id_col=schema.id_column,
-                     row_word="row")
+                     row_word="row", labels=labels)
 
 
-def _data_lines(p: Path, fmt) -> np.ndarray:
-    """1-based line numbers of the data rows (skipping blank lines, comments and the header)."""
+def _field_counts(texts, fmt) -> np.ndarray | None:
+    """Number of fields of each line (None for separators the csv module cannot split on)."""
+    import csv
+
+    sep = fmt.separator.strip() or fmt.separator
+    if len(sep) != 1:
+        return None
+    reader = csv.reader(texts, delimiter=sep, skipinitialspace=fmt.separator != sep)
+    return np.fromiter((len(r) for r in reader), dtype=np.int64)
+
+
+def _check_field_counts(p: Path, counts: np.ndarray, lines: np.ndarray, allowed: tuple[int, ...],
+                        expected: str) -> int:
+    """The field count of the file's rows (one of ``allowed``, chosen by the first row); refuses any row
+    with another count, naming the file, the line, the expected and the found number of fields."""
+    k = int(counts[0]) if counts[0] in allowed else allowed[0]
+    bad = np.flatnonzero(counts != k)
+    if bad.size:
+        i = bad[0]
+        if i > 0 and len(allowed) > 1:
+            expected = f"{k} fields like line {lines[0]}"
+        more = f" (and {bad.size - 1} more such lines)" if bad.size > 1 else ""
+        raise DataError(f"{p}: line {lines[i]}: expected {expected}, found {counts[i]}{more}")
+    return k
+
+
+def _data_lines(p: Path, fmt) -> tuple[np.ndarray, list[str]]:
+    """1-based line numbers of the data rows (skipping blank lines, comments and the header), and all lines."""
     with open(p, "rb") as fh:
         raw = fh.read()
     try:
@@ -99,7 +131,8 @@ def _data_lines(p: Path, fmt) -> np.ndarray:
         raise DataError(f"{p}: contains NUL bytes; is this a CSV file?")
     lines = []
     header_seen = not fmt.header
-    for i, line in enumerate(text.splitlines(), start=1):
+    all_lines = text.splitlines()
+    for i, line in enumerate(all_lines, start=1):
         s = line.strip()
         if not s or (fmt.comment and s.startswith(fmt.comment)):
             continue
@@ -107,14 +140,29 @@ def _data_lines(p: Path, fmt) -> np.ndarray:
             header_seen = True
             continue
         lines.append(i)
-    return np.asarray(lines, dtype=np.int64)
+    return np.asarray(lines, dtype=np.int64), all_lines
 
 
-def _load_csv(p: Path, schema: Schema) -> Dataset:
+def _load_csv(p: Path, schema: Schema, labels: bool) -> Dataset:
     fmt = schema.format
-    lines = _data_lines(p, fmt)
+    lines, text = _data_lines(p, fmt)
     if lines.size == 0:
         raise DataError(f"{p}: the file holds no data rows")
+    columns = list(schema.columns)
+    counts = _field_counts((text[i - 1] for i in lines), fmt)
+    if counts is not None and fmt.header:
+        first = next(ln for ln in text if ln.strip() and not (fmt.comment and ln.strip().startswith(fmt.comment)))
+        h = int(_field_counts([first], fmt)[0])
+        _check_field_counts(p, counts, lines, (h,), f"{h} fields as in the header")
+    elif counts is not None:
+        n = len(columns)
+        expected = f"{n} fields ({', '.join(columns)})"
+        allowed = (n,)
+        if not labels:  # prediction: the label column may be left out
+            expected += f" or {n - 1} without the label {schema.target!r}"
+            allowed = (n, n - 1)
+        if _check_field_counts(p, counts, lines, allowed, expected) == n - 1:
+            columns = [c for c in columns if c != schema.target]
     sep = fmt.separator
     kw = dict(sep=sep.strip() or sep, skipinitialspace=sep != sep.strip(), dtype=str, keep_default_na=False,
               na_filter=False, skip_blank_lines=True, comment=None, engine="c", index_col=False)
@@ -122,7 +170,7 @@ def _load_csv(p: Path, schema: Schema) -> Dataset:
         kw["header"] = 0
     else:
         kw["header"] = None
-        kw["names"] = list(schema.columns)
+        kw["names"] = columns
     import io
     import warnings
 
@@ -142,14 +190,7 @@ def _load_csv(p: Path, schema: Schema) -> Dataset:
     if len(frame) != lines.size:
         raise DataError(f"{p}: could not align {len(frame)} parsed rows with {lines.size} data lines; "
                         "check the separator and quoting")
-    if not fmt.header:
-        # pandas pads short rows with "" and refuses long ones; report short rows precisely.
-        last = schema.columns[-1]
-        short = np.flatnonzero(frame[last].astype(str).to_numpy() == "")
-        if short.size:
-            raise DataError(f"{p}: line {lines[short[0]]}: expected {len(schema.columns)} fields "
-                            f"(columns {', '.join(schema.columns)})")
-    return _validate(frame, schema, str(p), lines=lines, id_col=schema.id_column, row_word="line")
+    return _validate(frame, schema, str(p), lines=lines, id_col=schema.id_column, row_word="line", labels=labels)
 
 
 # ---------------------------------------------------------------------- validation
@@ -161,8 +202,8 @@ def _fail(source: str, problems: list[str], total: int) -> DataError:
 
 
 def _validate(frame: pd.DataFrame, schema: Schema, source: str, lines: np.ndarray, id_col: str | None,
-              row_word: str) -> Dataset:
-    needed = (schema.feature_names + [schema.target] + ([id_col] if id_col else [])
+              row_word: str, labels: bool = True) -> Dataset:
+    needed = (schema.feature_names + ([schema.target] if labels else []) + ([id_col] if id_col else [])
               + ([schema.arrival_column] if schema.arrival_column else []))
     missing_cols = [c for c in needed if c not in frame.columns]
     if missing_cols:
@@ -193,7 +234,7 @@ def _validate(frame: pd.DataFrame, schema: Schema, source: str, lines: np.ndarra
                 probs = [f"{row_word} {lines[i]}: missing value {fmt.missing!r}" for i in bad[:MAX_REPORTED]]
                 raise _fail(source, probs, bad.size)
     if not keep.any():
-        raise DataError(f"{source}: no rows left after dropping {dropped} rows with missing values")
+        raise DataError(f"{source}: no rows left after dropping {rows(dropped)} with missing values")
     frame = frame.loc[keep]
     lines = lines[keep]
     row_index = np.flatnonzero(keep)
@@ -206,9 +247,11 @@ def _validate(frame: pd.DataFrame, schema: Schema, source: str, lines: np.ndarra
             X[:, j] = _categorical(col, f, source, lines, row_word)
         else:
             X[:, j] = _numeric(col, f.name, source, lines, row_word, f.lo, f.hi, fmt.out_of_range)
-    y = _labels(frame[schema.target], schema, source, lines, row_word)
+    y = _labels(frame[schema.target], schema, source, lines, row_word) if labels else None
+    id_values = None
     if id_col:
         ids = _ids(frame[id_col], id_col, source, lines, row_word)
+        id_values = frame[id_col].to_numpy()
     else:
         ids = row_index.astype(np.int64)
     arrival = None
@@ -221,7 +264,12 @@ def _validate(frame: pd.DataFrame, schema: Schema, source: str, lines: np.ndarra
             raise _fail(source, [f"{row_word} {lines[i]}, column {name!r}: {vals[i]!r} is not a round number ≥ 0"
                                  for i in bad[:MAX_REPORTED]], bad.size)
         arrival = v.astype(np.int64)
-    return Dataset(np.ascontiguousarray(X), y, ids, schema, source, dropped, arrival)
+    return Dataset(np.ascontiguousarray(X), y, ids, schema, source, dropped, arrival, id_values)
+
+
+def rows(n: int) -> str:
+    """``"1 row"``, ``"2 rows"``."""
+    return f"{n} row" if n == 1 else f"{n} rows"
 
 
 def _to_float(col: pd.Series) -> tuple[np.ndarray, np.ndarray]:

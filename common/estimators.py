@@ -417,7 +417,7 @@ class SBDTRegressor(RegressorMixin, _SBDTBase):
 
     def __init__(self, *, epsilon=1.0, delta=5e-8, trees=100, extra_trees=0, depth=3, subsample=0.1,
                  learning_rate=0.1, l2=1.0, leaf_clip=2.0, grad_clip=0.5, hess_clip=None, label_clip=1.0, r1=0.2,
-                 init_share=0.1, eps_ds=0.005, accountant="rdp", filter=False, cyclical=False, split_candidates=0,
+                 init_share=0.1, eps_ds=0.005, accountant="rdp", filter=False, cyclical=True, split_candidates=32,
                  seed=None, scale_bits=20, schema=None, feature_ranges=None, categorical=None, label_range=None,
                  out_of_range=None):
         self.epsilon = epsilon
@@ -487,7 +487,7 @@ class SBDTClassifier(ClassifierMixin, _SBDTBase):
 
     def __init__(self, *, epsilon=1.0, delta=5e-8, trees=100, extra_trees=0, depth=3, subsample=0.1,
                  learning_rate=0.1, l2=1.0, leaf_clip=2.0, grad_clip=0.5, hess_clip=None, label_clip=1.0, r1=0.2,
-                 init_share=0.1, eps_ds=0.005, accountant="rdp", filter=False, cyclical=False, split_candidates=0,
+                 init_share=0.1, eps_ds=0.005, accountant="rdp", filter=False, cyclical=True, split_candidates=32,
                  seed=None, scale_bits=20, schema=None, feature_ranges=None, categorical=None, classes=None,
                  out_of_range=None):
         self.epsilon = epsilon

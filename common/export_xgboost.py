@@ -55,6 +55,7 @@ from typing import Any
 
 import numpy as np
 
+from .files import write_atomic
 from .model import Ensemble
 
 CATEGORICAL_MODES = ("native", "numeric")
@@ -302,9 +303,7 @@ def export_xgboost(model: Ensemble, path: str | Path, categorical: str = "native
     p = Path(path)
     if p.suffix.lower() not in (".json", ""):
         raise ExportError(f"{p}: XGBoost infers the format from the extension; use a .json file name")
-    tmp = p.with_name(p.name + ".tmp")
-    tmp.write_text(json.dumps(doc, separators=(",", ":"), allow_nan=False), encoding="utf-8")
-    tmp.replace(p)
+    write_atomic(p, json.dumps(doc, separators=(",", ":"), allow_nan=False), "XGBoost model")
     trees = doc["learner"]["gradient_booster"]["model"]["trees"]
     notes = []
     if categorical == "native" and model.is_categorical().any():

@@ -16,6 +16,7 @@ import numpy as np
 
 from . import kernels
 from .config import Hyperparameters
+from .files import write_atomic
 from .schema import Schema
 
 FORMAT = "fedsbdt-model"
@@ -107,10 +108,7 @@ class Ensemble:
 
     def save(self, path: str | Path) -> None:
         """Write atomically (temp file + rename) so a crash never leaves half a model."""
-        p = Path(path)
-        tmp = p.with_name(p.name + ".tmp")
-        tmp.write_text(self.to_json(), encoding="utf-8")
-        tmp.replace(p)
+        write_atomic(path, self.to_json(), "model")
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], source: str = "model") -> "Ensemble":

@@ -4,7 +4,7 @@ The page is what an ethics board files next to a model: the guarantee in
 plain words, the accountant's numbers, the hyperparameters, the sites that
 took part in every round (federated training) and — when a site passes its
 own ledger — the share of that site's records that used up their individual
-privacy budget.  CSS is inline and plots are PNGs embedded as base64, so the
+privacy budget.  CSS is inline and plots are inline SVG (common/svgplot.py, no plotting library), so the
 file can be archived and opened anywhere without network access.
 
 Pure functions: :func:`build_report` returns the HTML text;
@@ -12,11 +12,9 @@ Pure functions: :func:`build_report` returns the HTML text;
 """
 from __future__ import annotations
 
-import base64
 import datetime as _dt
 import hashlib
 import html
-import io
 import json
 import math
 import sqlite3
@@ -26,6 +24,8 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from . import svgplot
+from .files import write_atomic
 from .model import Ensemble
 from .rdp_filter import UNITS_PER_ROUND
 
@@ -195,57 +195,20 @@ def round_groups(rounds: list[dict[str, Any]]) -> list[tuple[int, int, list[str]
 # --------------------------------------------------------------------------- plots
 
 
-def _png(fig) -> str:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-    FigureCanvasAgg(fig)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100, bbox_inches="tight", metadata={"Software": None})
-    return base64.b64encode(buf.getvalue()).decode("ascii")
-
-
-def _figure():
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(6.4, 2.6))
-    ax = fig.add_subplot(1, 1, 1)
-    ax.grid(True, alpha=0.3)
-    return fig, ax
-
-
 def plot_epsilon(rs: np.ndarray, eps: np.ndarray, final: float) -> str:
-    fig, ax = _figure()
-    ax.plot(rs, eps, color="#1f5f8b", lw=2, label="ε after r trees (RDP bound)")
-    ax.axhline(final, color="#b03a2e", ls="--", lw=1, label=f"released ε = {final:.4g}")
-    ax.set_ylim(0, max(float(np.max(eps)), final) * 1.08)
-    ax.set_xlabel("accounted trees r")
-    ax.set_ylabel("ε")
-    ax.legend(loc="lower right", fontsize=8)
-    return _png(fig)
+    return svgplot.line_chart(rs, eps, "epsilon over trees", "accounted trees r", "ε",
+                              "ε after r trees (RDP bound)", ref=final, ref_label=f"released ε = {final:.4g}")
 
 
 def plot_sites(rounds: list[dict[str, Any]], threshold: int | None = None) -> str:
-    fig, ax = _figure()
     n = [len(r.get("sites") or []) for r in rounds]
-    ax.step(np.arange(1, len(n) + 1), n, where="mid", color="#1f5f8b", lw=2, label="sites alive")
-    if threshold:
-        ax.axhline(threshold, color="#b03a2e", ls="--", lw=1, label=f"threshold t = {threshold}")
-        ax.legend(loc="lower right", fontsize=8)
-    ax.set_ylim(0, max(n + [1, threshold or 0]) + 0.5)
-    from matplotlib.ticker import MaxNLocator
-
-    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("tree")
-    ax.set_ylabel("sites alive")
-    return _png(fig)
+    return svgplot.step_chart(n, "sites alive per round", "tree", "sites alive", "sites alive",
+                              ref=threshold, ref_label=f"threshold t = {threshold}")
 
 
 def plot_ledger(used: np.ndarray) -> str:
-    fig, ax = _figure()
-    ax.hist(np.clip(used, 0, 1.0), bins=40, range=(0, 1.0), color="#1f5f8b")
-    ax.set_xlabel("share of the individual budget ρ(α̂) spent")
-    ax.set_ylabel("records")
-    return _png(fig)
+    return svgplot.histogram(used, 40, 0.0, 1.0, "histogram of spent budget",
+                             "share of the individual budget ρ(α̂) spent", "records")
 
 
 # --------------------------------------------------------------------------- HTML
@@ -263,7 +226,7 @@ td.num{font-family:'DejaVu Sans Mono',monospace;text-align:right}
 .summary{background:#eef6ee;border-left:5px solid #2e7d32;padding:.8em 1em;margin:1em 0}
 .note{background:#fff8e1;border-left:5px solid #f9a825;padding:.6em 1em;margin:1em 0}
 .muted{color:#666;font-size:.9em}
-img{max-width:100%;display:block;margin:.5em 0}
+svg{max-width:100%;height:auto;display:block;margin:.5em 0}
 code{font-family:'DejaVu Sans Mono',monospace;font-size:.9em}
 @media print{body{margin:0;max-width:none}h2{page-break-after:avoid}}
 """
@@ -290,10 +253,6 @@ def _table(rows: Iterable[tuple[str, Any, str]], head: tuple[str, ...] = ("quant
         out.append(f'<tr><th>{_e(name)}</th><td class="num">{_e(_num(value))}</td><td>{_e(meaning)}</td></tr>')
     out.append("</table>")
     return "".join(out)
-
-
-def _img(b64: str, alt: str) -> str:
-    return f'<img alt="{_e(alt)}" src="data:image/png;base64,{b64}">'
 
 
 def _section(sid: str, title: str, body: str) -> str:
@@ -357,7 +316,7 @@ def _accountant(p: dict[str, Any], curve: str | None) -> str:
         note = (" The curve uses the RDP accountant; the PLD accountant's released ε is tighter."
                 if p.get("accountant") == "pld" else "")
         body += ("<p>How the privacy loss accumulated over the trees (every tree costs the same; "
-                 f"the initial score is charged up front).{_e(note)}</p>" + _img(curve, "epsilon over trees"))
+                 f"the initial score is charged up front).{_e(note)}</p>" + curve)
     return body
 
 
@@ -367,7 +326,7 @@ def _hyperparameters(hp: dict[str, Any]) -> str:
     return _table(((k, v, _HELP.get(k, "")) for k, v in sorted(hp.items())), head=("name", "value", "meaning"))
 
 
-def _training(model: Ensemble, sites_png: str | None) -> str:
+def _training(model: Ensemble, sites_svg: str | None) -> str:
     rounds = model.training.get("rounds")
     parties = list(model.privacy.get("parties") or [])
     if not rounds:
@@ -404,8 +363,8 @@ def _training(model: Ensemble, sites_png: str | None) -> str:
                       "sites whose records entered the initial score"))
     if facts:
         body += _table(facts)
-    if sites_png:
-        body += _img(sites_png, "sites alive per round")
+    if sites_svg:
+        body += sites_svg
     body += (f"<table><tr><th>trees</th><th>sites alive</th><th>which</th><th>absent</th></tr>{rows}</table>")
     return body
 
@@ -423,7 +382,7 @@ def _who(t: dict[str, Any]) -> str | None:
                                int(t.get("dropout_slack") or 0), str(t["noise_mode"]))
 
 
-def _ledger(s: LedgerSummary, png: str | None) -> str:
+def _ledger(s: LedgerSummary, svg: str | None) -> str:
     body = (f"<p>Of <strong>{s.records}</strong> records at <strong>{_e(s.site)}</strong>, "
             f"<strong>{s.exhausted_share:.1%}</strong> reached their individual privacy budget "
             "(they cannot afford one more worst-case round and took part in no further trees). "
@@ -433,8 +392,8 @@ def _ledger(s: LedgerSummary, png: str | None) -> str:
                     ("budget (ledger units)", s.budget_units, "ρ(α̂) in ledger units (T_regular · 2^30)"),
                     ("median share spent", float(np.median(s.used_fraction)) if s.records else 0.0,
                      "half of the records spent at most this share of their budget")])
-    if png:
-        body += _img(png, "histogram of spent budget")
+    if svg:
+        body += svg
     body += ('<div class="note">This section describes the site\'s own private data. It is for the site\'s '
              "governance; do not publish it with the model.</div>")
     return body
@@ -469,8 +428,8 @@ def build_report(model: Ensemble, ledger: LedgerSummary | None = None, model_nam
         rs, eps = epsilon_curve(p)
         curve = plot_epsilon(rs, eps, float(p["epsilon"])) if rs.size else None
     rounds = model.training.get("rounds")
-    sites_png = plot_sites(rounds, model.training.get("threshold")) if plots and rounds else None
-    ledger_png = plot_ledger(ledger.used_fraction) if plots and ledger is not None and ledger.records else None
+    sites_svg = plot_sites(rounds, model.training.get("threshold")) if plots and rounds else None
+    ledger_svg = plot_ledger(ledger.used_fraction) if plots and ledger is not None and ledger.records else None
     ident = [("model", model_name, "file this report describes"),
              ("SHA-256", model_sha256 or "—", "fingerprint of the model file"),
              ("task", model.task, ""), ("trees", len(model.trees), "released trees"),
@@ -480,10 +439,10 @@ def build_report(model: Ensemble, ledger: LedgerSummary | None = None, model_nam
         _section("guarantee", "The guarantee in plain words", _guarantee(p, model.task)),
         _section("accountant", "Privacy accounting", _accountant(p, curve)),
         _section("hyperparameters", "Hyperparameters", _hyperparameters(model.hyperparameters.to_dict())),
-        _section("training", "Training and participating sites", _training(model, sites_png)),
+        _section("training", "Training and participating sites", _training(model, sites_svg)),
     ]
     if ledger is not None:
-        sections.append(_section("ledger", f"Site ledger: {ledger.site}", _ledger(ledger, ledger_png)))
+        sections.append(_section("ledger", f"Site ledger: {ledger.site}", _ledger(ledger, ledger_svg)))
     sections.append(_section("schema", "Public schema", _schema(model)))
     sections.append(_section("about", "About this report", (
         "<p class=\"muted\">Generated by fedsbdt from the model file and its privacy receipt. It contains no "
@@ -523,10 +482,7 @@ def write_report(model_path: str | Path, out: str | Path, ledger_path: str | Pat
                               f"{ours[:16]}…; pass the ledger of the session that trained this model")
         ledger = summarise_ledger(spent, model.privacy, site or Path(ledger_path).stem)
     text = build_report(model, ledger, model_name=mp.name, model_sha256=sha)
-    o = Path(out)
-    tmp = o.with_name(o.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(o)
+    o = write_atomic(out, text, "report")
     secs = ["summary", "guarantee", "accountant", "hyperparameters", "training"] + (["ledger"] if ledger else []) \
         + ["schema", "about"]
     return ReportSummary(str(o), float(model.privacy["epsilon"]), float(model.privacy["delta"]), secs,

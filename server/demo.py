@@ -13,8 +13,15 @@
    child processes, each site checking the plan hash it was given;
 4. shows progress from the coordinator's JSON log, waits, checks that every
    party wrote the byte-identical model, and evaluates it on the held-out
-   data.  ``--json`` prints the ``evaluate`` keys plus ``epsilon``, ``sites``,
-   ``seconds`` (design.md "Command line").
+   data.  ``--json`` prints the ``evaluate`` keys plus ``epsilon``, ``delta``,
+   ``sites``, ``trees``, ``dataset``, ``rows`` (training records used), ``dropped``
+   (rows with a missing value, not used), ``model_sha256`` and ``seconds``
+   (design.md "Command line").
+
+Before the processes start, the numba kernels are compiled once in this
+process and written to the on-disk cache (≈ 15 s on the very first run, saying
+so), so that the coordinator and every site load them instead of each
+compiling them silently.
 
 ``--prepare DIR`` only writes the CA, keys, certificates, plan and data
 splits into DIR (for ``docker compose up``, see docs/federation.md).
@@ -23,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -37,6 +45,7 @@ from common.cli import CliError, Progress, emit
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 DATASETS = ("abalone", "adult")
+log = logging.getLogger("fedsbdt.demo")
 
 
 @dataclass
@@ -98,6 +107,48 @@ def split_data(dataset: str, n: int, layout: Layout) -> int:
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text("\n".join(train[k::n]) + "\n")
     return len(train)
+
+
+def training_rows(layout: Layout, sites: list[str], schema) -> tuple[int, int]:
+    """(records the sites train on, rows dropped for a missing value) — as each site will load its file."""
+    from common.data import load
+
+    used = dropped = 0
+    for sid in sites:
+        ds = load(layout.site_data(sid), schema)
+        used, dropped = used + ds.n, dropped + ds.dropped
+    return used, dropped
+
+
+def warm_up_kernels(schema, hp, quiet: bool = False, notice_after: float = 1.0) -> float:
+    """Compile (first run) or load (later runs) the numba kernels of this configuration once, here, on a few
+    synthetic records, so that the coordinator and the sites load them from the on-disk cache.  If that takes
+    longer than ``notice_after`` seconds, say why.  Returns the seconds it took."""
+    import numpy as np
+
+    from common.data import Dataset
+    from common.engine import train
+
+    X = np.array([[0.0 if f.is_categorical else f.lo for f in schema.features]] * 8)
+    y = np.full(8, schema.label_range[0] if schema.task == "regression" else 0.0)
+    ds = Dataset(X, y, np.arange(8, dtype=np.int64), schema, source="warm-up")
+    done = threading.Event()
+
+    def notice() -> None:
+        if not done.wait(notice_after) and not quiet:
+            log.info("compiling kernels (first run only; later runs load them from the cache) …",
+                     extra={"event": "compiling"})
+
+    threading.Thread(target=notice, daemon=True).start()
+    t0 = time.perf_counter()
+    try:
+        train(ds, hp.replace(trees=2, extra_trees=1 if hp.filter else 0, seed=hp.seed or 1))
+    finally:
+        done.set()
+    secs = time.perf_counter() - t0
+    if secs > notice_after and not quiet:
+        log.info(f"kernels ready in {secs:.1f}s", extra={"event": "compiled", "seconds": round(secs, 3)})
+    return secs
 
 
 def prepare(layout: Layout, n: int, dataset: str, hp_changes: dict, hosts: list[str],
@@ -262,9 +313,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
         layout = Layout(Path(args.prepare))
         if layout.root.exists() and any(layout.root.iterdir()):
             raise CliError(f"{layout.root} is not empty; --prepare writes a fresh directory")
-        plan, rows = prepare(layout, args.sites, args.dataset, hp, hosts)
-        emit(args, {"dir": str(layout.root), "plan_sha256": plan.sha256, "sites": list(plan.site_ids)},
-             f"wrote CA, certificates, keys, data splits ({rows} training rows) and {layout.plan}\n"
+        plan, _ = prepare(layout, args.sites, args.dataset, hp, hosts)
+        rows, dropped = training_rows(layout, list(plan.site_ids), plan.schema)
+        emit(args, {"dir": str(layout.root), "plan_sha256": plan.sha256, "sites": list(plan.site_ids),
+                    "rows": rows, "dropped": dropped},
+             f"wrote CA, certificates, keys, data splits ({_rows_text(rows, dropped)}) and {layout.plan}\n"
              f"plan hash: {plan.sha256}")
         return 0
 
@@ -274,7 +327,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     procs = Processes()
     ok = False
     try:
-        plan, rows = prepare(layout, args.sites, args.dataset, hp, hosts)
+        plan, _ = prepare(layout, args.sites, args.dataset, hp, hosts)
+        rows, dropped = training_rows(layout, list(plan.site_ids), plan.schema)
+        warm_up_kernels(plan.schema, plan.hyperparameters, quiet=args.json)
         total = plan.hyperparameters.total_rounds
         prog = Progress("demo", total, quiet=args.json, extra=f"{args.sites} sites, ε={plan.stated_epsilon:.3g}")
         failures: list[str] = []
@@ -285,6 +340,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
             elif rec.get("event") in ("session_failed", "model_mismatch"):
                 failures.append(rec.get("msg", ""))
 
+        if not args.json:
+            log.info(f"starting the coordinator and {args.sites} sites (separate processes, mutual TLS) …")
         # Start everything at once (the sites retry until the coordinator serves): process start-up overlaps.
         address = f"127.0.0.1:{free_port()}"
         coord, ready = launch_coordinator(layout, procs, listen=address)
@@ -319,15 +376,18 @@ def cmd_demo(args: argparse.Namespace) -> int:
         model = Ensemble.load(coord_model)
         result = evaluate_model(model, load(layout.test_data, model.schema))
         secs = time.perf_counter() - t0
-        result.update({"epsilon": model.privacy["epsilon"], "sites": args.sites, "seconds": round(secs, 3)})
+        sha = hashlib_sha256(reference)
+        result.update({"epsilon": model.privacy["epsilon"], "delta": model.privacy["delta"], "sites": args.sites,
+                       "trees": len(model.trees), "dataset": args.dataset, "rows": rows, "dropped": dropped,
+                       "model_sha256": sha, "seconds": round(secs, 3)})
         metric = (f"rmse={result['rmse']:.4f}" if "rmse" in result
                   else f"auc={result['auc']:.4f} accuracy={result['accuracy']:.4f}")
         emit(args, result,
              f"federated S-BDT on {args.dataset}: {args.sites} sites (separate processes, mutual TLS, "
-             f"secure aggregation, {plan.noise} noise), {len(model.trees)} trees, {rows} training rows\n"
+             f"secure aggregation, {plan.noise} noise), {len(model.trees)} trees, {_rows_text(rows, dropped)}\n"
              f"held-out {metric} (n={result['n']})\n"
              f"privacy: (ε={model.privacy['epsilon']:.6g}, δ={model.privacy['delta']:.3g})-DP; every party wrote "
-             f"the identical model (sha256 {hashlib_sha256(reference)[:16]}…)\nwall time {secs:.1f} s")
+             f"the identical model (sha256 {sha[:16]}…)\nwall time {secs:.1f} s")
         ok = True
         return 0
     finally:
@@ -336,6 +396,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
             shutil.rmtree(tmp, ignore_errors=True)
         elif not ok:
             print(f"fedsbdt demo: files and logs kept in {tmp}", file=sys.stderr)
+
+
+def _rows_text(rows: int, dropped: int) -> str:
+    from common.data import rows as plural
+
+    return f"{rows} training records" + (f" ({plural(dropped)} with a missing value dropped)" if dropped else "")
 
 
 def hashlib_sha256(data: bytes) -> str:

@@ -53,6 +53,7 @@ from typing import Any
 from common.accountant import AccountingError, PrivacyCalibration
 from common.guarantee import collusion_guarantee, default_colluders
 from common.config import ConfigError, Hyperparameters
+from common.files import write_atomic
 from common.schema import Schema, SchemaError
 
 FORMAT = "fedsbdt-plan"
@@ -466,10 +467,7 @@ class Plan:
             "Every party recomputes this hash and the privacy numbers below; do not edit one without the other."))
 
     def save(self, path: str | Path) -> None:
-        p = Path(path)
-        tmp = p.with_name(p.name + ".tmp")
-        tmp.write_text(self.to_toml(), encoding="utf-8")
-        tmp.replace(p)
+        write_atomic(path, self.to_toml(), "plan")
 
     @classmethod
     def from_dict(cls, d: Any, source: str = "plan") -> "Plan":

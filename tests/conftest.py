@@ -3,9 +3,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared"
-DATASETS = SHARED / "datasets"
 EXAMPLES = ROOT / "examples"
+#: the bundled UCI files (tests read only files inside the repository)
+ABALONE = EXAMPLES / "abalone" / "abalone.data"
+ADULT = EXAMPLES / "adult" / "adult.data"
+ADULT_TEST = EXAMPLES / "adult" / "adult.test"
 
 
 @pytest.fixture(scope="session")
@@ -13,7 +15,7 @@ def abalone():
     from common.data import load
     from common.schema import Schema
 
-    return load(DATASETS / "abalone.data", Schema.load(EXAMPLES / "abalone" / "schema.toml"))
+    return load(ABALONE, Schema.load(EXAMPLES / "abalone" / "schema.toml"))
 
 
 @pytest.fixture(scope="session")
@@ -21,7 +23,7 @@ def adult():
     from common.data import load
     from common.schema import Schema
 
-    return load(DATASETS / "adult.data", Schema.load(EXAMPLES / "adult" / "schema.toml"))
+    return load(ADULT, Schema.load(EXAMPLES / "adult" / "schema.toml"))
 
 
 def insecure(seed=0, noise=True):

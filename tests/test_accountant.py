@@ -88,6 +88,38 @@ def test_pure_dp_rdp_bounds_discrete_laplace_numerically():
     assert A.pure_dp_rdp(alpha, eps) == pytest.approx(rr, rel=1e-12)
 
 
+def test_pure_dp_rdp_over_the_whole_range_without_overflow():
+    """Huge ε (a plan may state anything) or α must neither overflow nor warn; checked against 60-digit
+    arithmetic of the randomized-response formula, and the bound never exceeds ε."""
+    import warnings
+
+    import mpmath
+
+    mpmath.mp.dps = 60
+
+    def oracle(alpha, eps):
+        a, e = mpmath.mpf(alpha), mpmath.mpf(eps)
+        return float(mpmath.log((mpmath.exp(a * e) + mpmath.exp(-(a - 1) * e)) / (1 + mpmath.exp(e))) / (a - 1))
+
+    alphas = np.array([2, 7, 64, 512, 200_000])
+    for eps in (1e-6, 0.005, 0.3, 5.0, 80.0, 700.0, 744.0, 746.0, 1e4, 1e300):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            vec = A.pure_dp_rdp(alphas, eps)
+            one = [A.pure_dp_rdp(int(a), eps) for a in alphas]
+        assert np.all(np.isfinite(vec)) and np.all(vec <= eps * (1 + 1e-15)) and np.all(vec >= 0), (eps, vec)
+        for a, v, w in zip(alphas, vec, one):
+            assert v == w
+            assert v == pytest.approx(oracle(a, eps), rel=1e-12, abs=1e-300), (eps, a)
+    assert A.pure_dp_rdp(5, float("inf")) == float("inf")  # no bound at all, and no warning either
+
+
+@pytest.mark.parametrize("eps", [700.5, 1e4, 1e308, float("inf"), float("nan")])
+def test_absurd_budgets_are_refused_by_name(eps):
+    with pytest.raises(A.AccountingError, match="too large for the accountant"):
+        A.calibrate(eps, 5e-8, 0.1, 100, 0.1, 0.005)
+
+
 @pytest.mark.parametrize("eps,gamma,rounds,share", [(0.105, 0.1, 150, 0.1), (0.02, 0.005, 200, 0.0),
                                                      (1.0, 0.2, 500, 0.1), (5.0, 1.0, 20, 0.0)])
 def test_calibration_meets_target_and_is_minimal(eps, gamma, rounds, share):

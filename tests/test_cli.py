@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from conftest import DATASETS, EXAMPLES, ROOT
+from conftest import ABALONE, ADULT, ADULT_TEST, EXAMPLES, ROOT
 
 
 def run(*args, ok=True):
@@ -18,16 +18,16 @@ def run(*args, ok=True):
 
 def test_train_evaluate_predict_account_json(tmp_path):
     model = tmp_path / "m.json"
-    p = run("train", "--data", str(DATASETS / "abalone.data"), "--schema", str(EXAMPLES / "abalone/schema.toml"),
+    p = run("train", "--data", str(ABALONE), "--schema", str(EXAMPLES / "abalone/schema.toml"),
             "--out", str(model), "--epsilon", "1", "--trees", "30", "--depth", "2", "--json")
     out = json.loads(p.stdout)  # exactly one JSON object on stdout
     assert {"epsilon", "delta", "sigma", "alpha", "trees", "seconds"} <= set(out)
     assert out["trees"] == 30 and out["epsilon"] <= 1.0
-    ev = json.loads(run("evaluate", "--model", str(model), "--data", str(DATASETS / "abalone.data"),
+    ev = json.loads(run("evaluate", "--model", str(model), "--data", str(ABALONE),
                         "--json").stdout)
     assert ev["n"] == 4177 and 1.0 < ev["rmse"] < 4.0
     pred = tmp_path / "p.csv"
-    run("predict", "--model", str(model), "--data", str(DATASETS / "abalone.data"), "--out", str(pred))
+    run("predict", "--model", str(model), "--data", str(ABALONE), "--out", str(pred))
     lines = pred.read_text().splitlines()
     assert lines[0] == "id,prediction" and len(lines) == 4178
     acc = json.loads(run("account", "--epsilon", "0.105", "--trees", "150", "--subsample", "0.1",
@@ -38,9 +38,9 @@ def test_train_evaluate_predict_account_json(tmp_path):
 
 def test_binary_evaluate_keys(tmp_path):
     model = tmp_path / "m.json"
-    run("train", "--data", str(DATASETS / "adult.data"), "--schema", str(EXAMPLES / "adult/schema.toml"),
+    run("train", "--data", str(ADULT), "--schema", str(EXAMPLES / "adult/schema.toml"),
         "--out", str(model), "--epsilon", "1", "--trees", "20", "--depth", "3", "--quiet")
-    ev = json.loads(run("evaluate", "--model", str(model), "--data", str(DATASETS / "adult.test"),
+    ev = json.loads(run("evaluate", "--model", str(model), "--data", str(ADULT_TEST),
                         "--json").stdout)
     assert set(ev) == {"n", "auc", "accuracy"} and ev["auc"] > 0.6
 
@@ -72,7 +72,103 @@ def test_bad_data_leaves_no_model(tmp_path):
 def test_corrupt_model_file(tmp_path):
     m = tmp_path / "m.json"
     m.write_text('{"format": "fedsbdt-model", "version": 99}')
-    p = run("evaluate", "--model", str(m), "--data", str(DATASETS / "abalone.data"), ok=False)
+    p = run("evaluate", "--model", str(m), "--data", str(ABALONE), ok=False)
     assert p.returncode == 2 and "version" in p.stderr
     m.write_text("{not json")
     assert "not valid JSON" in run("evaluate", "--model", str(m), "--data", "x", ok=False).stderr
+
+
+def test_predict_scores_records_without_labels(tmp_path):
+    """New patients have no outcome: predict reads files with or without the label column (CSV, Parquet),
+    keeps the schema's id column, and evaluate still insists on labels."""
+    import pandas as pd
+
+    schema = (EXAMPLES / "abalone/schema.toml").read_text()
+    rows = ABALONE.read_text().splitlines()[:50]
+    # with an id column (header file): the ids as written come back in the output
+    head = "pid,Sex,Length,Diameter,Height,Whole_weight,Shucked_weight,Viscera_weight,Shell_weight,Rings"
+    cols = head.split(",")
+    (tmp_path / "ids.toml").write_text(schema.replace("columns = [", 'id_column = "pid"\ncolumns = ["pid", ')
+                                       .replace("header = false", "header = true"))
+    labelled = tmp_path / "labelled.csv"
+    labelled.write_text(head + "\n" + "\n".join(f"p-{i:03d},{r}" for i, r in enumerate(rows)) + "\n")
+    model = tmp_path / "m.json"
+    run("train", "--data", str(labelled), "--schema", str(tmp_path / "ids.toml"), "--out", str(model),
+        "--trees", "5", "--quiet")
+    frame = pd.read_csv(labelled, dtype={"pid": str})
+    frame.drop(columns=["Rings"]).to_csv(tmp_path / "new.csv", index=False)
+    frame.drop(columns=["Rings"]).to_parquet(tmp_path / "new.parquet")
+    outs = {}
+    for name in ("labelled.csv", "new.csv", "new.parquet"):
+        out = tmp_path / f"{name}.pred.csv"
+        res = json.loads(run("predict", "--model", str(model), "--data", str(tmp_path / name), "--out", str(out),
+                             "--json").stdout)
+        assert res == {"n": 50, "dropped": 0, "out": str(out)}
+        outs[name] = pd.read_csv(out, dtype={"pid": str})
+    assert list(outs["new.csv"].columns) == ["pid", "prediction"]
+    assert outs["new.csv"]["pid"].tolist() == [f"p-{i:03d}" for i in range(50)]
+    pd.testing.assert_frame_equal(outs["new.csv"], outs["labelled.csv"])
+    pd.testing.assert_frame_equal(outs["new.parquet"], outs["labelled.csv"])
+    p = run("evaluate", "--model", str(model), "--data", str(tmp_path / "new.csv"), ok=False)
+    assert p.returncode == 2 and "missing column(s) 'Rings'" in p.stderr and "Traceback" not in p.stderr
+    assert cols[-1] == "Rings"
+    # no header, no id column: the row number as "id", one field fewer than the training file
+    bare = tmp_path / "bare.csv"
+    bare.write_text("\n".join(r.rsplit(",", 1)[0] for r in rows) + "\n")
+    plain = tmp_path / "plain.json"
+    run("train", "--data", str(ABALONE), "--schema", str(EXAMPLES / "abalone/schema.toml"), "--out", str(plain),
+        "--trees", "5", "--quiet")
+    run("predict", "--model", str(plain), "--data", str(bare), "--out", str(tmp_path / "bare.pred.csv"))
+    lines = (tmp_path / "bare.pred.csv").read_text().splitlines()
+    assert lines[0] == "id,prediction" and lines[1].startswith("0,") and len(lines) == 51
+
+
+@pytest.mark.parametrize("log_format", ["text", "json"])
+def test_unusable_out_paths_are_one_line_and_leave_nothing(tmp_path, log_format):
+    """--out '.', an existing folder, a missing folder: exit 2, one line naming the path given, no traceback,
+    no stray DIR.tmp; train refuses before it trains (no privacy spent for a model it cannot write)."""
+    model = tmp_path / "m.json"
+    run("train", "--data", str(ABALONE), "--schema", str(EXAMPLES / "abalone/schema.toml"), "--out", str(model),
+        "--trees", "3", "--quiet")
+    folder = tmp_path / "models"
+    folder.mkdir()
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    cases = {
+        ".": "is a folder, not a file name for the {}",
+        str(folder): "is a folder, not a file name for the {}",
+        "/nonexistent/dir/x.json": "folder /nonexistent/dir does not exist",
+    }
+    commands = {
+        "model": ["train", "--data", str(ABALONE), "--schema", str(EXAMPLES / "abalone/schema.toml"), "--trees", "3"],
+        "predictions": ["predict", "--model", str(model), "--data", str(ABALONE)],
+        "XGBoost model": ["export", "--model", str(model), "--format", "xgboost"],
+    }
+    for what, cmd in commands.items():
+        for out, needle in cases.items():
+            p = subprocess.run([sys.executable, "-m", "common.cli", "--log-format", log_format, *cmd, "--out", out],
+                               capture_output=True, text=True, cwd=tmp_path, timeout=300)
+            assert p.returncode == 2, (cmd, out, p.stderr)
+            err = p.stderr.strip().splitlines()
+            assert len(err) == 1 and "Traceback" not in p.stderr and p.stdout == "", (cmd, out, p.stderr)
+            line = json.loads(err[0])["msg"] if log_format == "json" else err[0]
+            assert f"error: {out}" in line and needle.format(what) in line, line
+            assert ".tmp" not in line and "progress" not in line
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before  # nothing written, nothing left behind
+
+
+def test_a_failed_write_leaves_nothing_and_names_the_given_path(tmp_path, monkeypatch):
+    """The disk fills up at the last step: the temporary file goes, the message names the user's path."""
+    import errno
+    import os
+
+    from common.files import OutputError, write_atomic
+
+    def full(src, dst):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", full)
+    target = tmp_path / "m.json"
+    with pytest.raises(OutputError) as e:
+        write_atomic(target, "{}", "model")
+    assert str(e.value) == f"{target}: cannot write the model: No space left on device"
+    assert list(tmp_path.iterdir()) == []

@@ -6,7 +6,7 @@ import pytest
 from common.data import DataError, Dataset, load
 from common.schema import Schema, SchemaError
 
-from conftest import DATASETS, EXAMPLES
+from conftest import ADULT_TEST, EXAMPLES
 
 TOY = """
 name = "toy"
@@ -48,7 +48,7 @@ def test_uci_files_read_unchanged(abalone, adult):
     assert abalone.y.min() == 1 and abalone.y.max() == 29
     assert adult.n == 30162 and adult.dropped == 2399  # the reference protocol's rows
     assert adult.y.mean() == pytest.approx(7508 / 30162)
-    test = load(DATASETS / "adult.test", adult.schema)  # comment line, labels with a trailing period
+    test = load(ADULT_TEST, adult.schema)  # comment line, labels with a trailing period
     assert test.n == 15060 and set(np.unique(test.y)) == {0.0, 1.0}
 
 
@@ -75,7 +75,7 @@ def test_parquet_equals_csv(tmp_path, toy_schema):
     ("pid,age,label\n1,30,yes\n", "missing column(s) 'ward'"),
     ("pid,age,ward,label\n", "no data rows"),
     ("", "no data rows"),
-    ("pid,age,ward,label\n1,30,A,yes,extra,fields\n", "malformed CSV"),
+    ("pid,age,ward,label\n1,30,A,yes,extra,fields\n", "line 2: expected 4 fields as in the header, found 6"),
 ])
 def test_bad_csv_is_refused_with_file_line_and_column(tmp_path, toy_schema, body, needle):
     p = write(tmp_path, body)
@@ -104,6 +104,67 @@ def test_regression_labels_outside_public_range(tmp_path):
     with pytest.raises(DataError, match="outside the public label range"):
         load(p, s)
     p = write(tmp_path, "M,0.4,0.3,0.1,0.5,0.2,0.1,0.15\n")
+    with pytest.raises(DataError, match="expected 9 fields"):
+        load(p, s)
+
+
+def test_dropped_rows_are_counted_in_words(tmp_path):
+    s = Schema.from_dict(Schema.load(EXAMPLES / "adult" / "schema.toml").to_dict())
+    one = "39, State-gov, 77516, Bachelors, 13, Never-married, ?, Not-in-family, White, Male, 2174, 0, 40, " \
+          "United-States, <=50K\n"
+    with pytest.raises(DataError, match="no rows left after dropping 1 row with missing values$"):
+        load(write(tmp_path, one), s)
+    with pytest.raises(DataError, match="no rows left after dropping 2 rows with missing values$"):
+        load(write(tmp_path, one * 2), s)
+
+
+ABALONE_ROW = "M,0.455,0.365,0.095,0.514,0.2245,0.101,0.15,15"
+
+
+@pytest.mark.parametrize("rows,labels,message", [
+    ([ABALONE_ROW, ABALONE_ROW + ",7", ABALONE_ROW],  # an extra column
+     True, "line 2: expected 9 fields (Sex, Length, Diameter, Height, Whole_weight, Shucked_weight, Viscera_weight, "
+           "Shell_weight, Rings), found 10"),
+    ([ABALONE_ROW, ABALONE_ROW.rsplit(",", 1)[0]], True, "line 2: expected 9 fields (Sex, Length, Diameter, Height, "
+     "Whole_weight, Shucked_weight, Viscera_weight, Shell_weight, Rings), found 8"),
+    ([ABALONE_ROW] * 3 + ["1,2"] * 4, True, "line 4: expected 9 fields (Sex, Length, Diameter, Height, "
+     "Whole_weight, Shucked_weight, Viscera_weight, Shell_weight, Rings), found 2 (and 3 more such lines)"),
+    ([ABALONE_ROW.rsplit(",", 1)[0], ABALONE_ROW], False, "line 2: expected 8 fields like line 1, found 9"),
+    (["1,2,3"], False, "line 1: expected 9 fields (Sex, Length, Diameter, Height, Whole_weight, Shucked_weight, "
+     "Viscera_weight, Shell_weight, Rings) or 8 without the label 'Rings', found 3"),
+])
+def test_wrong_field_counts_name_file_line_expected_and_found(tmp_path, rows, labels, message):
+    s = Schema.load(EXAMPLES / "abalone" / "schema.toml")
+    p = write(tmp_path, "\n".join(rows) + "\n")
+    with pytest.raises(DataError) as e:
+        load(p, s, labels=labels)
+    assert str(e.value) == f"{p}: {message}"
+
+
+def test_another_data_set_is_refused_with_the_field_counts():
+    """Adult's file given to the Abalone schema: not pandas' wording, but file, line, expected and found."""
+    s = Schema.load(EXAMPLES / "abalone" / "schema.toml")
+    with pytest.raises(DataError) as e:
+        load(EXAMPLES / "adult" / "adult.data", s)
+    assert str(e.value).startswith(f"{EXAMPLES / 'adult' / 'adult.data'}: line 1: expected 9 fields (Sex, ")
+    assert str(e.value).endswith("Rings), found 15 (and 32560 more such lines)")
+
+
+def test_features_only_files_load_for_prediction(tmp_path, toy_schema):
+    """labels=False: the target column may be absent (CSV with header, Parquet) or present (ignored)."""
+    full = write(tmp_path, "pid,age,ward,label\n7,30,A,yes\n9,50.5,B,maybe\n")
+    bare = write(tmp_path, "pid,age,ward\n7,30,A\n9,50.5,B\n", "bare.csv")
+    pd.read_csv(bare).to_parquet(tmp_path / "bare.parquet")
+    a, b, c = (load(p, toy_schema, labels=False) for p in (full, bare, tmp_path / "bare.parquet"))
+    for d in (a, b, c):
+        assert d.y is None and d.n == 2
+        np.testing.assert_array_equal(d.X, [[30, 0], [50.5, 1]])
+        assert d.ids.tolist() == [7, 9] and [str(v) for v in d.id_values] == ["7", "9"]
+    with pytest.raises(DataError, match="missing column\\(s\\) 'label'"):
+        load(bare, toy_schema)  # training and evaluation still need the labels
+    s = Schema.load(EXAMPLES / "abalone" / "schema.toml")
+    p = write(tmp_path, ABALONE_ROW.rsplit(",", 1)[0] + "\n", "abalone.csv")  # no header: one field fewer
+    assert load(p, s, labels=False).X.shape == (1, 8)
     with pytest.raises(DataError, match="expected 9 fields"):
         load(p, s)
 

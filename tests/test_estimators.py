@@ -18,7 +18,7 @@ from common.engine import train
 from common.estimators import PublicBoundsError, SBDTClassifier, SBDTRegressor, expected_failed_checks
 from common.schema import Schema
 
-from conftest import DATASETS, EXAMPLES, insecure
+from conftest import ABALONE, ADULT, EXAMPLES, insecure
 
 ABALONE_SCHEMA = EXAMPLES / "abalone" / "schema.toml"
 
@@ -100,7 +100,7 @@ def test_out_of_range_refused_or_clipped():
 
 def abalone_frame():
     cols = list(Schema.load(ABALONE_SCHEMA).columns)
-    return pd.read_csv(DATASETS / "abalone.data", header=None, names=cols)
+    return pd.read_csv(ABALONE, header=None, names=cols)
 
 
 def test_schema_path_and_dataframe_equal_the_engine():
@@ -158,7 +158,7 @@ def test_classifier_public_classes_and_labels():
 
 def test_adult_schema_classifier_with_string_labels():
     schema = Schema.load(EXAMPLES / "adult" / "schema.toml")
-    frame = pd.read_csv(DATASETS / "adult.data", header=None, names=list(schema.columns), sep=", ",
+    frame = pd.read_csv(ADULT, header=None, names=list(schema.columns), sep=", ",
                         engine="python", na_values="?").dropna().head(3000)
     clf = SBDTClassifier(schema=schema, classes=["<=50K", ">50K"], trees=20, depth=3)
     clf.fit(frame, frame["income"])

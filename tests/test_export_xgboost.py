@@ -18,11 +18,26 @@ from common.splits import random_splits
 
 @pytest.fixture(scope="module")
 def models(abalone, adult):
-    """Real DP models (secure randomness) on the shared UCI data."""
+    """Real DP models (secure randomness) on the bundled UCI data (examples/), thresholds uniform over the
+    ranges (almost never within a float32 ulp of a float64 input; the default candidates: test below)."""
+    uniform = dict(cyclical=False, split_candidates=0)
     return {
-        "abalone": (train(abalone, Hyperparameters(epsilon=1.0, trees=100, depth=4)).model, abalone),
-        "adult": (train(adult, Hyperparameters(epsilon=1.0, trees=60, depth=5)).model, adult),
+        "abalone": (train(abalone, Hyperparameters(epsilon=1.0, trees=100, depth=4, **uniform)).model, abalone),
+        "adult": (train(adult, Hyperparameters(epsilon=1.0, trees=60, depth=5, **uniform)).model, adult),
     }
+
+
+def test_default_split_candidates_match_on_float32_inputs(abalone, tmp_path):
+    """Equidistant candidates can equal round data values (Abalone Diameter 0.45): float64 rows may then
+    change sides in XGBoost (docs/xgboost-export.md); on float32 inputs both agree to float32 rounding."""
+    model = train(abalone, Hyperparameters(epsilon=1.0, trees=100, depth=4)).model
+    assert model.hyperparameters.split_candidates > 0
+    X32 = abalone.X.astype(np.float32).astype(np.float64)
+    b = booster(model, tmp_path)
+    np.testing.assert_array_equal(b.predict(xgb.DMatrix(X32), output_margin=True),
+                                  float32_emulation(model, X32, tmp_path))
+    lo, hi = model.schema.label_range
+    assert np.abs(b.predict(xgb.DMatrix(X32)) - model.predict(X32)).max() <= 1e-6 * (hi - lo)
 
 
 def booster(model, tmp_path, **kw):

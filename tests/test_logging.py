@@ -9,9 +9,9 @@ import pytest
 from common.cli import main
 from common.logging_setup import configure_logging
 
-from conftest import DATASETS, EXAMPLES
+from conftest import ABALONE, EXAMPLES
 
-TRAIN = ["train", "--data", str(DATASETS / "abalone.data"), "--schema", str(EXAMPLES / "abalone/schema.toml"),
+TRAIN = ["train", "--data", str(ABALONE), "--schema", str(EXAMPLES / "abalone/schema.toml"),
          "--trees", "30", "--depth", "2"]
 
 

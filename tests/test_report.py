@@ -1,6 +1,6 @@
 """The HTML privacy report: structure, values, self-containment, ledger interface, CLI."""
-import base64
 import json
+import re
 import sqlite3
 import subprocess
 import sys
@@ -29,7 +29,7 @@ class Page(HTMLParser):
         self.sections, self.tables, self.images, self.external, self.tags = {}, {}, [], [], []
         self._section, self._row, self._cell = None, None, None
         self.title = ""
-        self._in_title = False
+        self._in_title = self._in_svg = False
         self.feed(text)
 
     def handle_starttag(self, tag, attrs):
@@ -43,10 +43,12 @@ class Page(HTMLParser):
             self._row = []
         elif tag in ("td", "th"):
             self._cell = ""
-        elif tag == "img":
+        elif tag in ("img", "svg"):
             self.images.append(a)
-        elif tag == "title":
+        elif tag == "title" and not self._in_svg:  # the page's title, not a chart's
             self._in_title = True
+        if tag == "svg":
+            self._in_svg = True
         for k in ("src", "href"):
             if k in a and not a[k].startswith("data:"):
                 self.external.append(a[k])
@@ -62,6 +64,8 @@ class Page(HTMLParser):
             self._section = None
         elif tag == "title":
             self._in_title = False
+        elif tag == "svg":
+            self._in_svg = False
 
     def handle_data(self, data):
         if self._in_title:
@@ -114,9 +118,35 @@ def test_self_contained(model):
     assert not page.external, page.external
     assert "script" not in page.tags and "link" not in page.tags and "<style>" in text
     assert page.images
-    for img in page.images:
-        assert img["src"].startswith("data:image/png;base64,") and img["alt"]
-        assert base64.b64decode(img["src"].split(",", 1)[1])[:8] == b"\x89PNG\r\n\x1a\n"
+    for img in page.images:  # inline SVG charts, labelled for screen readers
+        assert set(img) >= {"role", "aria-label", "viewbox"} and img["role"] == "img" and img["aria-label"]
+    assert "<img" not in text
+
+
+def test_report_needs_no_plotting_library(model, tmp_path):
+    """After the main install (no matplotlib) every command works: the report draws its own SVG charts."""
+    m = tmp_path / "m.json"
+    model.save(m)
+    code = ("import sys; sys.modules['matplotlib'] = None\n"  # any import of matplotlib now fails
+            "from common.cli import main\n"
+            f"sys.exit(main(['report', '--model', {str(m)!r}, '--out', {str(tmp_path / 'r.html')!r}]))")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert p.returncode == 0, p.stderr
+    page = Page((tmp_path / "r.html").read_text())
+    assert {i["aria-label"] for i in page.images} == {"epsilon over trees"}
+
+
+def test_svg_charts_scale_their_data_into_the_frame():
+    from common import svgplot
+
+    assert svgplot.nice_ticks(0, 1) == [0, 0.2, 0.4, 0.6, 0.8, 1.0]
+    assert svgplot.nice_ticks(0, 7, integer=True) == [0, 2, 4, 6]
+    svg = svgplot.line_chart([1, 2, 3], [0.1, 0.2, 0.3], "t", "x", "y", "ε", ref=0.3, ref_label="final")
+    pts = [tuple(map(float, p.split(","))) for p in re.search(r'<polyline points="([^"]+)"', svg).group(1).split()]
+    xs, ys = zip(*pts)
+    assert xs[0] == svgplot.LEFT and xs[-1] == svgplot.WIDTH - svgplot.RIGHT  # x range fills the frame
+    assert ys[0] > ys[1] > ys[2] >= svgplot.TOP  # larger values higher up, inside the frame
+    assert ys[0] < svgplot.HEIGHT - svgplot.BOTTOM
 
 
 def federated_training(n_trees=25):
@@ -147,7 +177,7 @@ def test_federated_rounds_are_rendered(model):
                      {**federated_training(), "dropout_slack": 1})
     who = Page(build_report(slack, plots=False)).value("training", "guarantee holds against")
     assert "With 1 colluder it does not hold" in who
-    assert any(i["alt"] == "sites alive per round" for i in page.images)
+    assert any(i["aria-label"] == "sites alive per round" for i in page.images)
     assert round_groups([{"sites": ["b", "a"]}, {"sites": ["a", "b"]}, {"sites": []}]) == \
         [(1, 2, ["a", "b"]), (3, 3, [])]
     assert round_groups([{"tree": 0, "sites": ["a"]}, {"tree": 2, "sites": ["a"]}]) == [(1, 1, ["a"]), (3, 3, ["a"])]

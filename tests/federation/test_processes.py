@@ -175,8 +175,11 @@ def test_demo_runs_a_whole_federation_and_prints_one_json_object():
                        capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     out = json.loads(p.stdout)
-    assert set(out) == {"n", "rmse", "epsilon", "sites", "seconds"}
+    assert set(out) == {"n", "rmse", "epsilon", "delta", "sites", "trees", "dataset", "rows", "dropped",
+                        "model_sha256", "seconds"}
     assert out["sites"] == 3 and out["epsilon"] <= 1.0 and 1.0 < out["rmse"] < 5.0
+    assert out["delta"] == 5e-8 and out["trees"] == 6 and out["dataset"] == "abalone"
+    assert out["rows"] + out["n"] == 4177 and out["dropped"] == 0 and len(out["model_sha256"]) == 64
 
 
 def test_coordinator_refuses_a_plan_whose_noise_does_not_match_its_claim(tmp_path):

@@ -113,7 +113,7 @@ REGRESSION_CASES = [
     ("empty.csv", lambda r: "", ["the file holds no data rows"]),
     ("header_only.csv", lambda r: ",".join(r.columns) + "\n", ["the file holds no data rows"]),
     ("too_many_fields.csv", lambda r: csv_text(r).replace("\n", ",1,2\n", 4).replace(",1,2\n", "\n", 3),
-     ["malformed CSV", "Expected 10 fields in line 4, saw 12"]),
+     ["line 4: expected 10 fields as in the header, found 12"]),
     ("missing_column.csv", lambda r: csv_text(r.drop(columns=["Length"])), ["missing column(s) 'Length'"]),
     ("binary.csv", lambda r: os.urandom(64) + b"\xff", ["not UTF-8 text"]),
     ("garbage.parquet", lambda r: b"PAR1" + os.urandom(100), ["not a readable Parquet file"]),
