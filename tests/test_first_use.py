@@ -70,8 +70,13 @@ def test_first_run_says_that_kernels_are_compiling(caplog):
     from server.demo import warm_up_kernels
 
     schema = Schema.load(ROOT / "examples/abalone/schema.toml")
-    with caplog.at_level(logging.INFO, logger="fedsbdt.demo"):
-        warm_up_kernels(schema, Hyperparameters(trees=5, seed=1), notice_after=0.0)
+    logger = logging.getLogger("fedsbdt.demo")  # a CLI test may have made "fedsbdt" stop propagating
+    logger.addHandler(caplog.handler)
+    try:
+        with caplog.at_level(logging.INFO, logger="fedsbdt.demo"):
+            warm_up_kernels(schema, Hyperparameters(trees=5, seed=1), notice_after=0.0)
+    finally:
+        logger.removeHandler(caplog.handler)
     msgs = [r.getMessage() for r in caplog.records]
     assert any(m.startswith("compiling kernels (first run only") for m in msgs), msgs
     assert any(m.startswith("kernels ready in") for m in msgs), msgs
