@@ -98,7 +98,7 @@ def test_pure_dp_rdp_over_the_whole_range_without_overflow():
     mpmath.mp.dps = 60
 
     def oracle(alpha, eps):
-        a, e = mpmath.mpf(alpha), mpmath.mpf(eps)
+        a, e = mpmath.mpf(int(alpha)), mpmath.mpf(float(eps))
         return float(mpmath.log((mpmath.exp(a * e) + mpmath.exp(-(a - 1) * e)) / (1 + mpmath.exp(e))) / (a - 1))
 
     alphas = np.array([2, 7, 64, 512, 200_000])

@@ -45,7 +45,7 @@ def test_a_site_refuses_a_sybil_roster_with_central_noise_and_sends_nothing(tmp_
     ca_server(ca_dir, tmp_path / "coordinator", ["localhost", "127.0.0.1"], days=2)
     data = write_splits(raw, [VICTIM, SYBIL], tmp_path / "data")
     plan = make_test_plan(schema, ids, Hyperparameters(trees=4, depth=2, seed=5, epsilon=1.0), threshold=2,
-                          noise="central")
+                          noise="central", assumed_colluders=0)  # the attacker declares c = 0
     plan_path = tmp_path / "plan.toml"
     plan.save(plan_path)
     assert (plan.n, plan.threshold, plan.assumed_colluders, plan.noise) == (2, 2, 0, "central")
