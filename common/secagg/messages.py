@@ -28,6 +28,7 @@ Message flow (C = coordinator, S = site); one epoch prepares ``E`` rounds::
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import ClassVar
 
 import numpy as np
@@ -321,11 +322,21 @@ class SignedCommitments:
             w.text(h).raw(d)
         return w
 
-    def signing_bytes(self) -> bytes:
+    # The encoding is computed once per object (it is frozen): the coordinator routes every dealer's
+    # commitments to every holder, so EpochShares encoding would otherwise redo O(n) fields n² times per epoch.
+    @cached_property
+    def _signed_body(self) -> bytes:
         return self._body(Writer()).getvalue()
 
+    @cached_property
+    def _encoded(self) -> bytes:
+        return self._signed_body + self.signature
+
+    def signing_bytes(self) -> bytes:
+        return self._signed_body
+
     def _write(self, w: Writer) -> None:
-        self._body(w).raw(self.signature)
+        w.raw(self._encoded)
 
     @classmethod
     def _read(cls, r: Reader) -> "SignedCommitments":
@@ -342,10 +353,7 @@ class SignedCommitments:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, SignedCommitments):
             return NotImplemented
-        w1, w2 = Writer(), Writer()
-        self._write(w1)
-        other._write(w2)
-        return w1.getvalue() == w2.getvalue()
+        return self._encoded == other._encoded
 
     __hash__ = None  # type: ignore[assignment]
 
