@@ -705,9 +705,12 @@ def _check_shares(entries: tuple, what: str) -> tuple:
     _sorted_unique(entries, lambda e: e[0], what)
     for _, s in entries:
         check_bytes(s, SHARE_SIZE, f"{what} value")
-        if int.from_bytes(s, "big") >= PRIME:
+        if s >= _PRIME_BYTES:  # big-endian, equal length: bytes order is numeric order
             raise InvalidMessage(f"{what} value is not a field element")
     return entries
+
+
+_PRIME_BYTES = PRIME.to_bytes(SHARE_SIZE, "big")
 
 
 @dataclass(frozen=True, eq=False)
@@ -748,7 +751,7 @@ class UnmaskResponse(Message):
         lists = []
         for what in ("seed shares", "mask-key shares"):
             n = r.count(what, MAX_SITES)
-            lists.append(tuple((r.site_id("dealer"), r.raw(SHARE_SIZE, "share")) for _ in range(n)))
+            lists.append(r.id_fields(n, "dealer", SHARE_SIZE, "share"))
         return cls(digest, epoch, rnd, sender, lists[0], lists[1])
 
 
