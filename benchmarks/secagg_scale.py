@@ -27,6 +27,10 @@ and projected to 1,000 sites; the table says from which n the n² term is
 more than half of the fit.  Writes ``benchmarks/results/secagg_scale.json``
 and ``secagg_scale.png``.
 
+Cost: every site of every size runs in this process, so the run is dominated by
+n = 200 (two epoch setups of 200 sites: a few minutes of CPU); about 5–10 min
+on a shared 2-core machine, ``--quick`` (n = 3, 10, 30) about 20 s.
+
 Run:  python benchmarks/secagg_scale.py [--sizes 3,5,10,20,35,50,75,100,200] [--quick]
 """
 from __future__ import annotations
