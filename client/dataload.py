@@ -8,7 +8,7 @@ the validated arrays (an ``.npz`` stream on the child's stdout), so the
 daemon process never imports pandas.  The result and every
 :class:`~common.data.DataError` message are exactly those of ``load``.
 
-Child protocol: ``python -m client.dataload PATH`` with the schema as JSON
+Child protocol: :func:`_child` (``PATH``) with the schema as JSON
 (``Schema.to_dict``) on stdin; exit 0 with the arrays on stdout, or exit 2
 with the DataError message on stderr.
 """
@@ -26,12 +26,15 @@ from common.data import DataError, Dataset
 from common.schema import Schema
 
 EXIT_DATA_ERROR = 2
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[1])
+_CHILD = "import sys; sys.path.insert(0, sys.argv[1]); from client.dataload import _child; sys.exit(_child(sys.argv[2]))"
 
 
 def load_isolated(path: str | Path, schema: Schema) -> Dataset:
     """``common.data.load(path, schema)``, parsed in a child process (see the module docstring)."""
     spec = json.dumps({"schema": schema.to_dict(), "digest": schema.digest()}).encode()
-    proc = subprocess.run([sys.executable, "-m", "client.dataload", str(path)], input=spec,
+    # -P and an explicit path: the child runs this very package, never a ``client`` in the working directory
+    proc = subprocess.run([sys.executable, "-P", "-c", _CHILD, _PACKAGE_ROOT, str(path)], input=spec,
                           capture_output=True, check=False)
     if proc.returncode == EXIT_DATA_ERROR:
         raise DataError(proc.stderr.decode("utf-8", "replace").strip())
@@ -63,7 +66,3 @@ def _child(path: str) -> int:
     sys.stdout.buffer.write(buf.getvalue())
     sys.stdout.buffer.flush()
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(_child(sys.argv[1]))

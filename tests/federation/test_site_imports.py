@@ -70,3 +70,14 @@ def test_isolated_load_reports_the_same_data_error(tmp_path):
     assert "line 8" in str(isolated.value)
     with pytest.raises(DataError, match="not found"):
         load_isolated(tmp_path / "missing.csv", schema)
+
+
+def test_isolated_load_runs_this_package_not_one_in_the_working_directory(tmp_path, monkeypatch):
+    decoy = tmp_path / "client"
+    decoy.mkdir()
+    (decoy / "__init__.py").write_text("")
+    (decoy / "dataload.py").write_text("import sys\ndef _child(path):\n    sys.exit(7)\n")
+    monkeypatch.chdir(tmp_path)
+    schema = Schema.load(EXAMPLES / "abalone" / "schema.toml")
+    ds = load_isolated(EXAMPLES / "abalone" / "abalone.data", schema)
+    assert ds.n == 4177
