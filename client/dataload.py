@@ -38,7 +38,7 @@ def load_isolated(path: str | Path, schema: Schema) -> Dataset:
                           capture_output=True, check=False)
     if proc.returncode == EXIT_DATA_ERROR:
         raise DataError(proc.stderr.decode("utf-8", "replace").strip())
-    if proc.returncode != 0:
+    if proc.returncode != 0 or not proc.stdout:
         tail = proc.stderr.decode("utf-8", "replace").strip().splitlines()[-3:]
         raise RuntimeError(f"the data loader for {path} failed (exit {proc.returncode}): {' | '.join(tail)}")
     with np.load(io.BytesIO(proc.stdout), allow_pickle=False) as z:
