@@ -102,6 +102,15 @@ class Federation:
         self.sent[s] += 0 if out is None else len(out)
         return out, dt
 
+    def _deliver(self, data_of, stage: str, site: dict) -> list[bytes | None]:
+        """Each roster site handles ``data_of(site)``; its CPU goes to ``site[stage]``; returns the replies."""
+        out = []
+        for s in self.ids:
+            b, dt = self._site(s, data_of(s))
+            site[stage].append(dt)
+            out.append(b)
+        return out
+
     def epoch(self, slots: int) -> tuple[dict[str, list[float]], dict[str, float]]:
         """One epoch setup; returns (stage → CPU of every site, stage → coordinator CPU)."""
         site = {k: [] for k in SITE_SETUP}
@@ -110,30 +119,32 @@ class Federation:
         setup, ann = self.coord.begin_epoch(slots)
         ann_b = ann.to_bytes()
         c = cpu() - t0
-        adverts = []
-        for s in self.ids:
-            b, dt = self._site(s, ann_b)
-            site["advertise"].append(dt)
-            adverts.append(b)
+        adverts = self._deliver(lambda s: ann_b, "advertise", site)
         t0 = cpu()
         for b in adverts:
             setup.receive_advertise(decode_message(b))
         roster_b = setup.close_advertise().to_bytes()
         coord["advertise"] = c + cpu() - t0
-        share_keys = []
-        for s in self.ids:
-            b, dt = self._site(s, roster_b)
-            site["share_keys"].append(dt)
-            share_keys.append(b)
+        share_keys = self._deliver(lambda s: roster_b, "share_keys", site)
         t0 = cpu()
         for b in share_keys:
             setup.receive_share_keys(decode_message(b))
         routed = {s: m.to_bytes() for s, m in setup.close_share_keys().items()}
         coord["share_keys"] = cpu() - t0
-        for s in self.ids:
-            _, dt = self._site(s, routed[s])
-            site["epoch_shares"].append(dt)
+        self._deliver(routed.__getitem__, "epoch_shares", site)
         return site, coord
+
+    def _collect(self, rnd, data: bytes, stage: str, site: dict, values=None) -> float:
+        """Deliver ``data`` to every participant, record each site's CPU, hand the replies to the
+        coordinator; returns the coordinator's CPU for receiving them."""
+        c = 0.0
+        for s in rnd.participants:
+            b, dt = self._site(s, data, None if values is None else values[s])
+            site[stage].append(dt)
+            t0 = cpu()
+            rnd.receive(b)
+            c += cpu() - t0
+        return c
 
     def round(self) -> tuple[dict[str, list[float]], dict[str, float]]:
         """One round with every site taking part; checks the sum."""
@@ -143,34 +154,16 @@ class Federation:
         rnd, start = self.coord.begin_round(self.d)
         start_b = start.to_bytes()
         c = cpu() - t0
-        inputs = {}
-        for s in start.participants:
-            inputs[s] = self.rng.integers(-(2**40), 2**40, self.d)
-            b, dt = self._site(s, start_b, inputs[s])
-            site["masked_input"].append(dt)
-            t0 = cpu()
-            rnd.receive(b)
-            c += cpu() - t0
+        inputs = {s: self.rng.integers(-(2**40), 2**40, self.d) for s in start.participants}
+        c += self._collect(rnd, start_b, "masked_input", site, inputs)
         t0 = cpu()
         creq_b = rnd.close_inputs().to_bytes()
         coord["masked_input"] = c + cpu() - t0
-        c = 0.0
-        for s in start.participants:
-            b, dt = self._site(s, creq_b)
-            site["consistency"].append(dt)
-            t0 = cpu()
-            rnd.receive(b)
-            c += cpu() - t0
+        c = self._collect(rnd, creq_b, "consistency", site)
         t0 = cpu()
         ureq_b = rnd.close_consistency().to_bytes()
         coord["consistency"] = c + cpu() - t0
-        c = 0.0
-        for s in start.participants:
-            b, dt = self._site(s, ureq_b)
-            site["unmask"].append(dt)
-            t0 = cpu()
-            rnd.receive(b)
-            c += cpu() - t0
+        c = self._collect(rnd, ureq_b, "unmask", site)
         t0 = cpu()
         res = rnd.finalize()
         coord["unmask"] = c + cpu() - t0
@@ -215,18 +208,14 @@ def measure(n: int, d: int, epoch_rounds: int) -> dict:
         return per_epoch, per_slot, per_epoch / epoch_rounds + per_slot
 
     site_ms, coord_ms, parts = {}, {}, {}
-    for k in SITE_ROUND:
-        site_ms[k] = 1e3 * med(round_site[k])
-    for k in SITE_SETUP:
-        pe, ps, pr = per_round(med(setup_site[a][k]), med(setup_site[b][k]))
-        site_ms[f"setup_{k}"] = 1e3 * pr
-        parts[f"site_{k}"] = {"per_epoch_ms": 1e3 * pe, "per_slot_ms": 1e3 * ps}
-    for k in COORD_ROUND:
-        coord_ms[k] = 1e3 * med(round_coord[k])
-    for k in COORD_SETUP:
-        pe, ps, pr = per_round(med(setup_coord[a][k]), med(setup_coord[b][k]))
-        coord_ms[f"setup_{k}"] = 1e3 * pr
-        parts[f"coordinator_{k}"] = {"per_epoch_ms": 1e3 * pe, "per_slot_ms": 1e3 * ps}
+    for party, ms, rounds_of, setup_of in (("site", site_ms, round_site, setup_site),
+                                           ("coordinator", coord_ms, round_coord, setup_coord)):
+        for k, v in rounds_of.items():
+            ms[k] = 1e3 * med(v)
+        for k in setup_of[a]:
+            pe, ps, pr = per_round(med(setup_of[a][k]), med(setup_of[b][k]))
+            ms[f"setup_{k}"] = 1e3 * pr
+            parts[f"{party}_{k}"] = {"per_epoch_ms": 1e3 * pe, "per_slot_ms": 1e3 * ps}
     slots = reps * sum(SLOTS)
     return {
         "n": n, "t": fed.t, "repeats": reps, "rounds": done_rounds,
@@ -329,6 +318,7 @@ def main() -> None:
     ap.add_argument("--epoch-rounds", type=int, default=64, help="E used to amortise setup (the plan default)")
     ap.add_argument("--project", default="500,1000")
     ap.add_argument("--quick", action="store_true", help="n = 3, 10, 30 only")
+    ap.add_argument("--out", default="secagg_scale", help="result name under benchmarks/results/ (.json, .png)")
     args = ap.parse_args()
     sizes = [3, 10, 30] if args.quick else [int(x) for x in args.sizes.split(",")]
     project = [int(x) for x in args.project.split(",")]
@@ -352,9 +342,9 @@ def main() -> None:
         print(f"{k:32} {f['c0_ms']:8.3f} {f['c1_ms_per_site']:9.4f} {f['c2_ms_per_site2']:10.6f} "
               f"{'-' if dom is None else f'{dom:.0f}':>17} "
               + " ".join(f"{f['projected_ms'][str(m)]:11.1f}" for m in project))
-    png = RESULTS / "secagg_scale.png"
+    png = RESULTS / f"{args.out}.png"
     plot(rows, fit, max(project), png)
-    path = save("secagg_scale", {
+    path = save(args.out, {
         "description": "secure aggregation CPU per round against the number of sites, in one process (no gRPC); "
                        "CPU = process time, medians over sites and repeats; setup amortised per round",
         "setting": {"vector_len": args.vector_len, "epoch_rounds_for_amortisation": args.epoch_rounds,
