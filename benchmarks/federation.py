@@ -60,10 +60,12 @@ def federated_run(hp: dict, sites: int, noise: str = "distributed", threshold: i
         procs = Processes()
         releases: list[float] = []
         cpu: list[float] = []
+        index: list[int] = []
         events: list[dict] = []
 
         def on_event(rec: dict) -> None:
             if rec.get("event") == "tree":
+                index.append(int(rec["tree"]))
                 releases.append(float(rec["at"]))
                 cpu.append(float(rec["cpu"]))
             elif rec.get("event") in ("round_failed", "suspended", "session_failed"):
@@ -74,7 +76,8 @@ def federated_run(hp: dict, sites: int, noise: str = "distributed", threshold: i
             address, coord = start_coordinator(layout, procs)
             reader = follow_log(coord.stderr, on_event, [], layout.logs / "coordinator.log")
             ps = {sid: start_site(layout, sid, address, plan, procs) for sid in plan.site_ids}
-            out, _ = coord.communicate(timeout=3600)
+            out = coord.stdout.read()  # not communicate(): it would read stderr too, taking lines from the reader
+            coord.wait(timeout=3600)
             reader.join(timeout=10)
             results = {}
             for sid, p in ps.items():
@@ -97,7 +100,7 @@ def federated_run(hp: dict, sites: int, noise: str = "distributed", threshold: i
             "round_latency_ms_median": round(float(np.median(lat)), 3) if lat.size else None,
             "round_latency_ms_p99": round(float(np.percentile(lat, 99)), 3) if lat.size else None,
             "rounds_failed": coord_res["rounds_failed"],
-            "cpu_ms_per_round": {"coordinator": round((cpu[-1] - cpu[0]) / (len(cpu) - 1) * 1e3, 3)
+            "cpu_ms_per_round": {"coordinator": round((cpu[-1] - cpu[0]) / (index[-1] - index[0]) * 1e3, 3)
                                  if len(cpu) > 1 else None,
                                  **{sid: r.get("cpu_ms_per_round") for sid, r in results.items()}},
             "incidents": [e.get("msg") for e in events][:10],

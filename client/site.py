@@ -64,7 +64,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from common import kernels
 from common.boosting import LocalData, split_edges
 from common.config import ConfigError
-from common.data import DataError, load
+from common.data import DataError
 from common.engine import filter_for
 from common.fixedpoint import FixedPointError
 from common.schema import Schema
@@ -94,6 +94,7 @@ from server.wire import (
     sign_join,
 )
 
+from .dataload import load_isolated
 from .ledger import LedgerError, SiteLedger, ledger_path
 from .noise import NoiseShares
 from .policy import SitePolicy
@@ -242,7 +243,7 @@ class SiteMachine:
             raise SiteRefusal(f"schema mismatch: the local schema (digest {local.digest()[:16]}…) differs from the "
                               f"plan's schema (digest {plan.schema.digest()[:16]}…)")
         try:
-            ds = load(self.data_path, plan.schema)
+            ds = load_isolated(self.data_path, plan.schema)  # parsed in a child: no pandas in the daemon
         except DataError as e:
             raise SiteRefusal(f"the local data does not match the plan's schema: {e}") from None
         if ds.n > plan.max_records_per_site:

@@ -11,9 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
 from .schema import Schema
+
+# pandas is imported where a table is parsed, not with this module: the site daemon imports Dataset and
+# DataError but parses its file in a child process (client/dataload.py), so it never holds pandas (~90 MB).
 
 MAX_REPORTED = 5
 
@@ -49,6 +51,7 @@ class Dataset:
     @classmethod
     def from_arrays(cls, X, y, schema: Schema, ids=None, source: str = "<arrays>") -> "Dataset":
         """Validate in-memory arrays: categorical columns as level strings or integer level codes."""
+        import pandas as pd
         X = np.asarray(X)
         if X.ndim != 2 or X.shape[1] != schema.n_features:
             raise DataError(f"{source}: expected a 2-D array with {schema.n_features} feature columns "
@@ -84,6 +87,7 @@ def load(path: str | Path, schema: Schema, labels: bool = True) -> Dataset:
 
 
 def _load_parquet(p: Path, schema: Schema, labels: bool) -> Dataset:
+    import pandas as pd
     try:
         frame = pd.read_parquet(p)
     except Exception as e:  # pyarrow raises many types for corrupt files
@@ -144,6 +148,7 @@ def _data_lines(p: Path, fmt) -> tuple[np.ndarray, list[str]]:
 
 
 def _load_csv(p: Path, schema: Schema, labels: bool) -> Dataset:
+    import pandas as pd
     fmt = schema.format
     lines, text = _data_lines(p, fmt)
     if lines.size == 0:
@@ -273,6 +278,7 @@ def rows(n: int) -> str:
 
 
 def _to_float(col: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+    import pandas as pd
     if col.dtype.kind in "fiub":
         v = col.to_numpy(dtype=np.float64)
         return v, np.zeros(v.shape, bool)
@@ -326,6 +332,7 @@ def _categorical(col, f, source, lines, row_word) -> np.ndarray:
 
 
 def _labels(col, schema: Schema, source, lines, row_word) -> np.ndarray:
+    import pandas as pd
     name = schema.target
     if schema.task == "regression":
         lo, hi = schema.label_range
@@ -361,6 +368,7 @@ def _num_str(x) -> str:
 
 
 def _ids(col, name, source, lines, row_word) -> np.ndarray:
+    import pandas as pd
     missing = np.flatnonzero(col.isna().to_numpy())  # Parquet nulls (a CSV field is never null here)
     if missing.size:
         raise _fail(source, [f"{row_word} {lines[i]}, id column {name!r}: missing record id"

@@ -70,13 +70,19 @@ class CoordinatorStore:
         except sqlite3.Error as e:
             raise CheckpointError(f"{self.path}: cannot open the coordinator database: {e}") from None
         self._depth = 0
+        self._begun = False  # a BEGIN was executed in the current outermost transaction
         self.storage = _SecAggStorage(self)
 
     # ------------------------------------------------------------------ transactions
 
     @contextmanager
     def transaction(self):
-        """Everything written inside commits together (one fsync) when the outermost block ends."""
+        """Everything written inside commits together (one fsync) when the outermost block ends.
+
+        The SQLite transaction begins at the first write (:meth:`_write`): most session steps (a
+        signature or a share arriving) write nothing, and then cost no BEGIN/COMMIT at all.  The
+        coordinator is the only writer of its database, so reads before that write see the same state.
+        """
         if self._depth:
             self._depth += 1
             try:
@@ -84,21 +90,31 @@ class CoordinatorStore:
             finally:
                 self._depth -= 1
             return
-        self.db.execute("BEGIN IMMEDIATE")
-        self._depth = 1
+        self._depth, self._begun = 1, False
         try:
             yield
         except BaseException:
             self._depth = 0
-            self.db.execute("ROLLBACK")
+            if self._begun:
+                self._begun = False
+                self.db.execute("ROLLBACK")
             raise
         self._depth = 0
-        self.db.execute("COMMIT")
+        if self._begun:
+            self._begun = False
+            self.db.execute("COMMIT")
+
+    def _write(self, sql: str, params: tuple) -> sqlite3.Cursor:
+        """Execute one write inside the current transaction (opening it), or in its own one."""
+        with self.transaction():
+            if not self._begun:
+                self.db.execute("BEGIN IMMEDIATE")
+                self._begun = True
+            return self.db.execute(sql, params)
 
     def _append(self, kind: str, obj: dict) -> None:
-        with self.transaction():
-            self.db.execute("INSERT INTO log (kind, body) VALUES (?, ?)",
-                            (kind, json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False)))
+        self._write("INSERT INTO log (kind, body) VALUES (?, ?)",
+                    (kind, json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False)))
 
     # ------------------------------------------------------------------ the log
 
@@ -162,9 +178,7 @@ class CoordinatorStore:
 
     def remember_join_nonce(self, site: str, nonce: bytes) -> bool:
         """Record the nonce of a signed Join; False if this site used it before (a replayed Join)."""
-        with self.transaction():
-            cur = self.db.execute("INSERT OR IGNORE INTO join_nonces (site, nonce) VALUES (?, ?)",
-                                  (site, bytes(nonce)))
+        cur = self._write("INSERT OR IGNORE INTO join_nonces (site, nonce) VALUES (?, ?)", (site, bytes(nonce)))
         return cur.rowcount == 1
 
     def close(self) -> None:
@@ -183,15 +197,12 @@ class _SecAggStorage:
 
     def put(self, key: str, value: bytes) -> None:
         try:
-            with self._s.transaction():
-                self._s.db.execute("INSERT OR REPLACE INTO secagg (key, value) VALUES (?, ?)",
-                                   (check_key(key), bytes(value)))
+            self._s._write("INSERT OR REPLACE INTO secagg (key, value) VALUES (?, ?)", (check_key(key), bytes(value)))
         except sqlite3.Error as e:
             raise StorageError(f"cannot write {key!r}: {e}") from None
 
     def delete(self, key: str) -> None:
-        with self._s.transaction():
-            self._s.db.execute("DELETE FROM secagg WHERE key = ?", (check_key(key),))
+        self._s._write("DELETE FROM secagg WHERE key = ?", (check_key(key),))
 
     def keys(self, prefix: str = "") -> list[str]:
         rows = self._s.db.execute("SELECT key FROM secagg WHERE substr(key, 1, ?) = ? ORDER BY key",

@@ -188,6 +188,39 @@ class Reader:
         except InvalidMessage as exc:
             raise self._fail(str(exc)) from None
 
+    def id_fields(self, n: int, id_field: str, size: int, field: str) -> tuple[tuple[str, bytes], ...]:
+        """``n`` pairs ``(site_id(id_field), raw(size, field))`` — what a loop of those two reads returns.
+
+        The coordinator decodes n·n such pairs per round (every survivor's shares of every survivor), so
+        this reads them in one pass and checks each distinct id once; on any irregularity it re-reads the
+        pairs one field at a time, which raises exactly the error the plain loop would.
+        """
+        data, start, end = self._data, self._pos, len(self._data)
+        pos, out, ok = start, [], {}
+        unpack = _U32.unpack_from
+        for _ in range(n):
+            if pos + 4 > end:
+                break
+            k = unpack(data, pos)[0]
+            if k > 64 or pos + 4 + k + size > end:
+                break
+            raw_id = data[pos + 4 : pos + 4 + k]
+            sid = ok.get(raw_id)
+            if sid is None:
+                try:
+                    sid = check_site_id(raw_id.decode("utf-8"))
+                except (UnicodeDecodeError, InvalidMessage):
+                    break
+                ok[raw_id] = sid
+            pos += 4 + k
+            out.append((sid, data[pos : pos + size]))
+            pos += size
+        else:
+            self._pos = pos
+            return tuple(out)
+        self._pos = start
+        return tuple((self.site_id(id_field), self.raw(size, field)) for _ in range(n))
+
     def ids(self, field: str) -> tuple[str, ...]:
         n = self.count(field, MAX_SITES)
         out = tuple(self.site_id(field) for _ in range(n))

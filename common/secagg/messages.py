@@ -28,6 +28,7 @@ Message flow (C = coordinator, S = site); one epoch prepares ``E`` rounds::
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import ClassVar
 
 import numpy as np
@@ -321,11 +322,21 @@ class SignedCommitments:
             w.text(h).raw(d)
         return w
 
-    def signing_bytes(self) -> bytes:
+    # The encoding is computed once per object (it is frozen): the coordinator routes every dealer's
+    # commitments to every holder, so EpochShares encoding would otherwise redo O(n) fields n² times per epoch.
+    @cached_property
+    def _signed_body(self) -> bytes:
         return self._body(Writer()).getvalue()
 
+    @cached_property
+    def _encoded(self) -> bytes:
+        return self._signed_body + self.signature
+
+    def signing_bytes(self) -> bytes:
+        return self._signed_body
+
     def _write(self, w: Writer) -> None:
-        self._body(w).raw(self.signature)
+        w.raw(self._encoded)
 
     @classmethod
     def _read(cls, r: Reader) -> "SignedCommitments":
@@ -342,10 +353,7 @@ class SignedCommitments:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, SignedCommitments):
             return NotImplemented
-        w1, w2 = Writer(), Writer()
-        self._write(w1)
-        other._write(w2)
-        return w1.getvalue() == w2.getvalue()
+        return self._encoded == other._encoded
 
     __hash__ = None  # type: ignore[assignment]
 
@@ -697,9 +705,12 @@ def _check_shares(entries: tuple, what: str) -> tuple:
     _sorted_unique(entries, lambda e: e[0], what)
     for _, s in entries:
         check_bytes(s, SHARE_SIZE, f"{what} value")
-        if int.from_bytes(s, "big") >= PRIME:
+        if s >= _PRIME_BYTES:  # big-endian, equal length: bytes order is numeric order
             raise InvalidMessage(f"{what} value is not a field element")
     return entries
+
+
+_PRIME_BYTES = PRIME.to_bytes(SHARE_SIZE, "big")
 
 
 @dataclass(frozen=True, eq=False)
@@ -740,7 +751,7 @@ class UnmaskResponse(Message):
         lists = []
         for what in ("seed shares", "mask-key shares"):
             n = r.count(what, MAX_SITES)
-            lists.append(tuple((r.site_id("dealer"), r.raw(SHARE_SIZE, "share")) for _ in range(n)))
+            lists.append(r.id_fields(n, "dealer", SHARE_SIZE, "share"))
         return cls(digest, epoch, rnd, sender, lists[0], lists[1])
 
 

@@ -317,3 +317,35 @@ def test_fedsbdt_plan_sets_every_deadline(tmp_path, capsys):
     capsys.readouterr()
     assert main([*base, "--out", str(tmp_path / "q.toml"), "--finish-deadline", "0"]) == 2
     assert "deadlines.finish" in capsys.readouterr().err and not (tmp_path / "q.toml").exists()
+
+
+# --------------------------------------------------------------------------- coordinator checkpoint transactions
+
+
+def test_checkpoint_transactions_begin_at_the_first_write_and_roll_back_on_error(tmp_path):
+    from server.checkpoint import CoordinatorStore
+
+    store = CoordinatorStore(tmp_path / "c", "ab" * 32)
+    store.load()
+    statements: list[str] = []
+    store.db.set_trace_callback(statements.append)
+    with store.transaction():  # a step that writes nothing (most site messages): no SQLite transaction
+        with store.transaction():
+            assert store.storage.get("coordinator/meta") is None
+    assert not any(s.startswith(("BEGIN", "COMMIT")) for s in statements)
+    statements.clear()
+    with store.transaction():  # two writes in nested blocks: one transaction, committed once at the end
+        store.storage.put("coordinator/meta", b"m1")
+        with store.transaction():
+            store.storage.put("coordinator/epoch/1", b"e1")
+        assert [s for s in statements if s.startswith(("BEGIN", "COMMIT"))] == ["BEGIN IMMEDIATE"]
+    assert [s for s in statements if s.startswith(("BEGIN", "COMMIT"))] == ["BEGIN IMMEDIATE", "COMMIT"]
+    with pytest.raises(RuntimeError):
+        with store.transaction():  # a failing step: its writes are rolled back, earlier commits stay
+            store.storage.put("coordinator/meta", b"m2")
+            store.storage.delete("coordinator/epoch/1")
+            raise RuntimeError("step failed")
+    store.close()
+    again = CoordinatorStore(tmp_path / "c", "ab" * 32)
+    assert again.storage.get("coordinator/meta") == b"m1" and again.storage.get("coordinator/epoch/1") == b"e1"
+    assert again.remember_join_nonce("s", b"n") and not again.remember_join_nonce("s", b"n")

@@ -148,3 +148,43 @@ def test_reader_limits_are_checked_before_allocation():
     bad_utf8 = Writer().var(b"\xff\xfe").getvalue()
     with pytest.raises(InvalidMessage, match="UTF-8"):
         Reader(bad_utf8, "x").text("name")
+
+
+def _pairs_slow(data: bytes, n: int):
+    r = Reader(data, "x")
+    return tuple((r.site_id("dealer"), r.raw(33, "share")) for _ in range(n)), r
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["a", "site-1", "b.c", "", "x" * 65, "é", "bad id"]),
+                          st.one_of(st.binary(min_size=33, max_size=33), st.binary(max_size=40))), max_size=6),
+       st.integers(0, 8), st.integers(0, 3))
+def test_id_fields_reads_exactly_what_the_field_by_field_loop_reads(pairs, n, cut):
+    """The coordinator's one-pass reader of (dealer, share) pairs returns the same pairs, leaves the reader
+    at the same offset, and raises the same error as reading the fields one at a time."""
+    w = Writer()
+    for sid, share in pairs:
+        w.text(sid).raw(share)
+    data = w.getvalue()
+    data = data[: max(len(data) - cut, 0)]
+    try:
+        want, slow = _pairs_slow(data, n)
+        want_pos = slow._pos
+    except InvalidMessage as e:
+        with pytest.raises(InvalidMessage) as got:
+            Reader(data, "x").id_fields(n, "dealer", 33, "share")
+        assert str(got.value) == str(e)
+        return
+    fast = Reader(data, "x")
+    assert fast.id_fields(n, "dealer", 33, "share") == want
+    assert fast._pos == want_pos
+
+
+def test_unmask_response_refuses_a_share_outside_the_field():
+    from common.secagg.shamir import PRIME
+
+    ok = (PRIME - 1).to_bytes(33, "big")
+    M.UnmaskResponse(bytes(32), 1, 2, "a", (("a", ok),), ())
+    for bad in (PRIME.to_bytes(33, "big"), (PRIME + 5).to_bytes(33, "big"), b"\xff" * 33):
+        with pytest.raises(InvalidMessage, match="not a field element"):
+            M.UnmaskResponse(bytes(32), 1, 2, "a", (("a", bad),), ())

@@ -1,0 +1,236 @@
+"""Coordinator CPU per round and site memory in a real federation, this tree against a baseline (a script).
+
+Runs a 3-site federation on Adult (``adult.data`` dealt round-robin, separate
+processes, gRPC over loopback with mutual TLS, distributed noise, 1000 trees
+of depth 6 by default) once with the code of a baseline git ref (exported with
+``git archive`` to a temporary directory, run from there) and once with this
+working tree, alternating ``--repeats`` times so that both see the same
+machine load.  Per run it records:
+
+* coordinator CPU per round: process time between the first and last tree
+  release (the ``cpu`` field of its ``tree`` events) / rounds;
+* each site's CPU per round (its own ``cpu_ms_per_round``);
+* peak resident memory (``VmHWM`` from ``/proc/<pid>/status``, polled) of
+  the coordinator and of every site process;
+* the median time between tree releases.
+
+Optionally (``--profile FILE``) the working tree's first coordinator runs
+under ``py-spy record`` (``pip install py-spy`` into the venv): a flame
+graph (``.svg``) or collapsed stacks (``.txt``) in FILE.
+
+Run:  python benchmarks/federation_costs.py [--baseline REF] [--trees 1000] [--repeats 2] [--profile F.svg]
+Writes ``benchmarks/results/federation_costs.json``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from _util import RESULTS, save  # noqa: E402
+from server.demo import Layout, follow_log, prepare  # noqa: E402
+
+
+def export_tree(ref: str, dest: Path) -> Path:
+    """The files of git ref ``ref`` under ``dest`` (reused when already there)."""
+    commit = subprocess.run(["git", "rev-parse", ref], cwd=ROOT, capture_output=True, text=True,
+                            check=True).stdout.strip()
+    out = dest / commit[:12]
+    if not (out / "common" / "cli.py").exists():
+        out.mkdir(parents=True, exist_ok=True)
+        archive = subprocess.run(["git", "archive", commit], cwd=ROOT, capture_output=True, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(out)], input=archive, check=True)
+    return out
+
+
+class PeakMemory:
+    """Polls ``VmHWM`` (peak resident set) of processes until they exit."""
+
+    def __init__(self) -> None:
+        self.peak: dict[str, float] = {}
+        self.pids: dict[str, int] = {}
+        self._stop = threading.Event()
+        self._th = threading.Thread(target=self._run, daemon=True)
+        self._th.start()
+
+    def watch(self, name: str, pid: int) -> None:
+        self.pids[name] = pid
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.2):
+            for name, pid in list(self.pids.items()):
+                try:
+                    with open(f"/proc/{pid}/status") as fh:
+                        for line in fh:
+                            if line.startswith("VmHWM:"):
+                                self.peak[name] = max(self.peak.get(name, 0.0), int(line.split()[1]) / 1024)
+                except OSError:
+                    continue
+
+    def stop(self) -> dict[str, float]:
+        self._stop.set()
+        self._th.join()
+        return {k: round(v, 1) for k, v in self.peak.items()}
+
+
+def run_federation(code: Path, hp: dict, sites: int, profile: Path | None = None) -> dict:
+    """One federation with the code under ``code``; returns CPU and memory figures."""
+    env = dict(os.environ, PYTHONPATH=str(code))
+    env.setdefault("NUMBA_CACHE_DIR", str(code / ".numba-cache"))
+
+    def cli(*args: str) -> list[str]:
+        return [sys.executable, "-m", "common.cli", "--log-format", "json", *args]
+
+    with tempfile.TemporaryDirectory(prefix="fedsbdt-costs-") as tmp:
+        layout = Layout(Path(tmp))
+        plan, rows = prepare(layout, sites, "adult", hp, ["localhost", "127.0.0.1"], epoch_rounds=128)
+        layout.logs.mkdir(parents=True, exist_ok=True)
+        mem = PeakMemory()
+        procs: list[subprocess.Popen] = []
+        index: list[int] = []
+        cpu_at: list[float] = []
+        release_at: list[float] = []
+
+        def on_event(rec: dict) -> None:
+            if rec.get("event") == "tree":
+                index.append(int(rec["tree"]))
+                cpu_at.append(float(rec["cpu"]))
+                release_at.append(float(rec["at"]))
+
+        try:
+            r, w = os.pipe()
+            cmd = cli("coordinator", "--plan", str(layout.plan), "--listen", "127.0.0.1:0", "--state",
+                      str(layout.coordinator), "--ready-fd", str(w), "--json")
+            if profile is not None:
+                cmd = [str(Path(sys.executable).with_name("py-spy")), "record", "--rate", "200", "--subprocesses",
+                       "--nonblocking", "--format", "raw" if profile.suffix == ".txt" else "flamegraph",
+                       "-o", str(profile), "--"] + cmd
+            coord = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=(w,), text=True,
+                                     cwd=code, env=env)
+            os.close(w)
+            procs.append(coord)
+            with os.fdopen(r) as fh:
+                address = fh.readline().strip()
+            if not address:
+                raise RuntimeError("the coordinator did not start: " + coord.stderr.read()[-2000:])
+            mem.watch("coordinator", _python_pid(coord.pid) if profile is not None else coord.pid)
+            reader = follow_log(coord.stderr, on_event, [], layout.logs / "coordinator.log")
+            site_procs = {}
+            for sid in plan.site_ids:
+                err = open(layout.logs / f"{sid}.log", "w")
+                p = subprocess.Popen(cli("client", "--coordinator", f"localhost:{address.rsplit(':', 1)[1]}",
+                                         "--site", sid, "--data", str(layout.site_data(sid)), "--state",
+                                         str(layout.site_state(sid)), "--plan-hash", plan.sha256, "--json"),
+                                     stdout=subprocess.PIPE, stderr=err, text=True, cwd=code, env=env)
+                err.close()
+                procs.append(p)
+                site_procs[sid] = p
+                mem.watch(sid, p.pid)
+            out = coord.stdout.read()  # not communicate(): the log reader owns stderr
+            coord.wait(timeout=3600)
+            reader.join(timeout=10)
+            site_out = {}
+            for sid, p in site_procs.items():
+                sout, _ = p.communicate(timeout=120)
+                if p.returncode != 0:
+                    raise RuntimeError(f"{sid} failed: {(layout.logs / f'{sid}.log').read_text()[-2000:]}")
+                site_out[sid] = json.loads(sout)
+            if coord.returncode != 0:
+                raise RuntimeError(f"coordinator failed: {out[-2000:]}")
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+            peaks = mem.stop()
+    rounds = index[-1] - index[0]
+    gaps = np.diff(release_at) * 1e3
+    return {
+        "trees": index[-1] + 1, "rows": rows,
+        "coordinator_cpu_ms_per_round": round((cpu_at[-1] - cpu_at[0]) / rounds * 1e3, 3),
+        "site_cpu_ms_per_round": {sid: o.get("cpu_ms_per_round") for sid, o in site_out.items()},
+        "peak_rss_mb": peaks,
+        "round_latency_ms_median": round(float(np.median(gaps)), 3),
+    }
+
+
+def _python_pid(spy_pid: int, timeout: float = 10.0) -> int:
+    """The pid of the process py-spy started (its child)."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        try:
+            kids = Path(f"/proc/{spy_pid}/task/{spy_pid}/children").read_text().split()
+        except OSError:
+            kids = []
+        if kids:
+            return int(kids[0])
+        time.sleep(0.05)
+    return spy_pid
+
+
+def summarise(runs: list[dict]) -> dict:
+    med = statistics.median
+    coord = [r["coordinator_cpu_ms_per_round"] for r in runs]
+    site_cpu = [v for r in runs for v in r["site_cpu_ms_per_round"].values() if v is not None]
+    site_rss = [v for r in runs for k, v in r["peak_rss_mb"].items() if k != "coordinator"]
+    return {
+        "coordinator_cpu_ms_per_round_median": med(coord), "coordinator_cpu_ms_per_round_min": min(coord),
+        "site_cpu_ms_per_round_median": med(site_cpu) if site_cpu else None,
+        "site_peak_rss_mb_max": max(site_rss), "site_peak_rss_mb_median": med(site_rss),
+        "coordinator_peak_rss_mb_max": max(r["peak_rss_mb"].get("coordinator", 0.0) for r in runs),
+        "round_latency_ms_median": med(r["round_latency_ms_median"] for r in runs),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--baseline", help="git ref to compare against (e.g. main); omitted: this tree only")
+    ap.add_argument("--trees", type=int, default=1000)
+    ap.add_argument("--depth", type=int, default=6)
+    ap.add_argument("--sites", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--profile", metavar="FILE",
+                    help="py-spy the coordinator of this tree's first run: flame graph (.svg) or raw stacks (.txt)")
+    ap.add_argument("--out", default="federation_costs")
+    args = ap.parse_args()
+    hp = {"epsilon": 1.0, "trees": args.trees, "depth": args.depth, "seed": 1}
+    versions = {"this_tree": ROOT}
+    tmp = Path(tempfile.gettempdir()) / "fedsbdt-baselines"
+    if args.baseline:
+        versions = {f"baseline ({args.baseline})": export_tree(args.baseline, tmp), **versions}
+    runs: dict[str, list[dict]] = {k: [] for k in versions}
+    profile = Path(args.profile) if args.profile else None
+    for rep in range(args.repeats):
+        for name, code in versions.items():
+            prof = profile if (profile is not None and name == "this_tree" and rep == 0) else None
+            print(f"run {rep + 1}/{args.repeats}: {name} ...", flush=True)
+            r = run_federation(code, hp, args.sites, prof)
+            print("  " + json.dumps(r), flush=True)
+            runs[name].append(r)
+    summary = {k: summarise(v) for k, v in runs.items()}
+    print(json.dumps(summary, indent=2))
+    path = save(args.out, {
+        "description": "3-site federation on Adult over gRPC/mTLS on loopback: coordinator CPU per round, "
+                       "site CPU per round, peak RSS per process (VmHWM); versions alternated in one run",
+        "setting": {"dataset": "adult", "sites": args.sites, **hp, "noise": "distributed", "epoch_rounds": 128,
+                    "repeats": args.repeats},
+        "summary": summary, "runs": runs,
+    })
+    print(f"saved {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+"""The site daemon's import footprint and its out-of-process data loader.
+
+A site process runs for the whole session, so it imports only what it needs:
+no pandas/pyarrow (its file is parsed in a child process, client/dataload.py),
+no accounting or plotting libraries.  Checked on ``sys.modules`` of a fresh
+interpreter that imports what ``fedsbdt client`` imports — not by timing or RSS.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from client.dataload import load_isolated
+from common.data import DataError, load
+from common.schema import Schema
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
+
+#: top-level packages a site daemon must not hold (measured: pandas + pyarrow ≈ 90 MB, dp_accounting ≈ 90 MB)
+NOT_IN_SITE = {"pandas", "pyarrow", "dp_accounting", "rich", "sklearn", "matplotlib", "xgboost", "opendp"}
+
+
+def imported_by(code: str) -> set[str]:
+    probe = code + "\nimport json, sys\nprint(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return set(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def test_site_daemon_does_not_import_heavy_modules():
+    # what `fedsbdt client` imports before it runs: the CLI with every registered command, then the daemon
+    mods = imported_by("import common.cli\ncommon.cli.build_parser()\n"
+                       "import client.cli, client.daemon, client.site, client.dataload")
+    assert {"client", "grpc", "numpy", "numba"} <= mods  # the probe imported the daemon
+    assert not (mods & NOT_IN_SITE), f"the site daemon imports {sorted(mods & NOT_IN_SITE)}"
+
+
+def test_the_probe_sees_a_heavy_import():
+    assert "pandas" not in imported_by("import common.data")  # pandas is imported where a file is parsed
+    assert "pandas" in imported_by("import common.estimators")  # which imports it at the top
+
+
+@pytest.mark.parametrize("name, file", [("abalone", "abalone.data"), ("adult", "adult.test")])
+def test_isolated_load_equals_load(name, file):
+    schema = Schema.load(EXAMPLES / name / "schema.toml")
+    a = load(EXAMPLES / name / file, schema)
+    b = load_isolated(EXAMPLES / name / file, schema)
+    assert a.X.dtype == b.X.dtype and a.y.dtype == b.y.dtype and a.ids.dtype == b.ids.dtype
+    assert np.array_equal(a.X, b.X, equal_nan=True) and np.array_equal(a.y, b.y) and np.array_equal(a.ids, b.ids)
+    assert (a.source, a.dropped, a.arrival, b.schema) == (b.source, b.dropped, b.arrival, schema)
+
+
+def test_isolated_load_reports_the_same_data_error(tmp_path):
+    schema = Schema.load(EXAMPLES / "abalone" / "schema.toml")
+    bad = tmp_path / "bad.csv"
+    lines = (EXAMPLES / "abalone" / "abalone.data").read_text().splitlines()[:20]
+    lines[7] = lines[7].replace("M,", "Q,", 1) if lines[7].startswith("M,") else "Q" + lines[7][1:]
+    bad.write_text("\n".join(lines) + "\n")
+    with pytest.raises(DataError) as direct:
+        load(bad, schema)
+    with pytest.raises(DataError) as isolated:
+        load_isolated(bad, schema)
+    assert str(isolated.value) == str(direct.value)
+    assert "line 8" in str(isolated.value)
+    with pytest.raises(DataError, match="not found"):
+        load_isolated(tmp_path / "missing.csv", schema)
+
+
+def test_isolated_load_runs_this_package_not_one_in_the_working_directory(tmp_path, monkeypatch):
+    decoy = tmp_path / "client"
+    decoy.mkdir()
+    (decoy / "__init__.py").write_text("")
+    (decoy / "dataload.py").write_text("import sys\ndef _child(path):\n    sys.exit(7)\n")
+    monkeypatch.chdir(tmp_path)
+    schema = Schema.load(EXAMPLES / "abalone" / "schema.toml")
+    ds = load_isolated(EXAMPLES / "abalone" / "abalone.data", schema)
+    assert ds.n == 4177
