@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 
-from .config import ConfigError, Hyperparameters
+from .config import SAMPLERS, ConfigError, Hyperparameters
 
 EXIT_USAGE = 2
 
@@ -139,6 +139,7 @@ def _load_data(data: str, schema):
 
 def cmd_train(args: argparse.Namespace) -> int:
     from .engine import train
+    from .randomness import SecureRandomness
     from .schema import Schema
 
     schema = Schema.load(args.schema)
@@ -151,7 +152,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     prog = Progress("train", hp.total_rounds, quiet=quiet, extra=f"ε={cal.epsilon:.4g}",
                     fields={"epsilon": cal.epsilon})
     try:
-        res = train(ds, hp, progress=prog)
+        res = train(ds, hp, SecureRandomness(sampler=args.sampler), progress=prog)
     finally:
         prog.close()
     res.model.save(args.out)
@@ -247,6 +248,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--out", required=True, help="where to write the model (JSON)")
     t.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     t.add_argument("--quiet", action="store_true", help="no progress output")
+    t.add_argument("--sampler", choices=SAMPLERS, default="ours",
+                   help="exact noise sampler: ours (default) or opendp (~30x slower)")
     add_hyperparameter_flags(t)
     t.set_defaults(func=cmd_train)
 
