@@ -64,10 +64,16 @@ G_WIDTH = L_WIDTH + 9
 
 @njit(cache=True, nogil=True, inline="always")
 def take(buf, st, k):
-    """The next ``k`` (0..64) bits of the stream as a uint64; sets the exhausted flag st[2] past the end."""
+    """The next ``k`` (0..64) bits of the stream as a uint64.
+
+    Past the end it returns 0 and sets the exhausted flag st[2] to the stream
+    length this draw needed (> 0; the exactness tests use it to enumerate);
+    once exhausted, every draw returns 0.
+    """
     pos = st[0]
-    if pos + k > st[1]:
-        st[2] = 1
+    if st[2] != 0 or pos + k > st[1]:
+        if st[2] == 0:
+            st[2] = pos + k
         return _0
     st[0] = pos + k
     if k == 0:
@@ -366,14 +372,26 @@ def laplace_fill(out, which, params, buf, st, start):
 
 
 @njit(cache=True, nogil=True)
-def bern_exp_fill(out, n, d, buf, st, start):
-    """out[i] ← Bernoulli(exp(−n/d)) (0/1 as int64), n, d uint64, d ≥ 1 — for the exactness tests."""
+def bern_exp_fill(out, wide, n, d, buf, st, start):
+    """out[i] ← Bernoulli(exp(−n/d)) as 0/1, uint64 n ≥ 0, d ≥ 1 — for the exactness tests.
+
+    ``wide``: through :func:`bern_exp_wide` (Alg. 3's acceptance step, any n);
+    otherwise through :func:`bern_exp` (Alg. 2's step, n < d).
+    """
     d4 = (d, _0, _0, _0)
     dl = bit_length(d)
+    z = 0
+    while (d >> np.uint64(z)) & _1 == _0:
+        z += 1
+    m = d >> np.uint64(z)
+    mbits = bit_length(m - _1)
     i = start
     while i < out.shape[0]:
         pos = st[0]
-        r = bern_exp_wide(buf, st, n, _0, _0, _0, d4, 0, dl)
+        if wide:
+            r = bern_exp_wide(buf, st, n, _0, _0, _0, d4, 0, dl)
+        else:
+            r = bern_exp(buf, st, n, m, mbits, z)
         if st[2] != 0:
             st[0] = pos
             return i

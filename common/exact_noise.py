@@ -11,8 +11,8 @@ Parameters are exact rationals (``int``, :class:`fractions.Fraction`, or a
 * N_Z(0, σ²): σ² = sn/sd is used exactly when sn < 2^126, τ·sd < 2^64 and
   2·sn·sd·τ² < 2^255 (τ ≈ σ, :func:`proposal_scale`); otherwise it is rounded **up** to
   sn/2^f with the largest such f ≤ 128 — more noise is always safe; the
-  relative increase is below 2^-(bits of sn − 1), i.e. ≤ 2^-80 at σ ≥ 1 (for
-  a float σ at σ ≈ 2^24: ≤ 2^-86).  σ must lie in (0, 2^50].
+  relative increase is below 1/sn: ≤ 2^-61/σ at σ ≥ 1 (≤ 2^-85 at our leaf
+  scales, σ ≈ 2^24) and ≤ 2^-63/σ² below.  σ must lie in (0, 2^50].
 * Lap_Z(b) (pmf ∝ exp(−|x|/b)): b = t/s is used exactly when t ≤ 2^40 and
   s < 2^62, otherwise rounded **up** to ⌈b·2^f⌉/2^f with the largest such
   f ≤ 62 (relative increase < 2^-(bits of t − 1), ≤ 2^-39 at b ≥ 1).  b must
