@@ -21,7 +21,7 @@ from common.engine import train  # noqa: E402
 from common.metrics import auc, rmse  # noqa: E402
 from common.schema import Schema  # noqa: E402
 
-DATASETS = ROOT.parent / "shared" / "datasets"
+DATASETS = Path(os.environ.get("FEDSBDT_DATASETS", ROOT.parent / "shared" / "datasets"))
 RESULTS = Path(__file__).resolve().parent / "results"
 
 #: Paper Fig. 4 ablation settings as the reference code runs them (see the issue).

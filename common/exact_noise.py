@@ -41,7 +41,7 @@ WordSource = Callable[[np.ndarray], None]
 MAX_SIGMA2 = Fraction(2**100)  # σ ≤ 2^50
 MAX_LAPLACE_SCALE = Fraction(2**40)
 #: Expected random words per value (a little above the measured means), to size the blocks.
-_WORDS_PER_VALUE = {"gaussian": 2.0, "laplace": 1.5}
+_WORDS_PER_VALUE = {"gaussian": 4.0, "laplace": 2.0}
 
 
 class NoiseParameterError(ValueError):
