@@ -26,7 +26,7 @@ change below exp(−2^22) for either sampler within these ranges
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from fractions import Fraction
 from functools import lru_cache
 from numbers import Rational
@@ -141,40 +141,35 @@ def _draw(kind: str, rows: list[list[int]], which: np.ndarray, words: WordSource
     return out
 
 
-def _index(values: Sequence, exact: Callable[[Fraction], Fraction], what: str):
-    """Distinct exact parameters and, per entry, the index of its parameter (zeros marked −1)."""
-    arr = np.asarray(values)
-    flat = arr.ravel()
-    uniq, inv = np.unique(flat, return_inverse=True) if flat.dtype != object else (flat, np.arange(flat.size))
-    params, which = [], np.empty(flat.size, dtype=np.int64)
-    index: dict[Fraction, int] = {}
-    lookup = []
-    for u in uniq:
-        q = _exact(u, what)
-        if q == 0:
-            lookup.append(-1)
-            continue
-        q = exact(q)
-        if q not in index:
-            index[q] = len(params)
-            params.append(q)
-        lookup.append(index[q])
-    which[:] = np.asarray(lookup, dtype=np.int64)[inv.ravel()] if flat.size else which
-    return arr.shape, params, which
-
-
-def _per_entry(kind: str, values, words: WordSource | None, square: bool) -> np.ndarray:
+@lru_cache(maxsize=4096)
+def _row_for_scale(kind: str, scale: float) -> tuple[int, ...] | None:
+    """The kernel parameter row for a float scale (σ for the Gaussian, b for Laplace); None for 0."""
+    q = _exact(scale, "noise scale")
+    if q == 0:
+        return None
     if kind == "gaussian":
-        exact = (lambda q: gaussian_variance(q * q)) if square else gaussian_variance
-    else:
-        exact = laplace_scale
-    shape, params, which = _index(values, exact, "noise scale")
+        return tuple(_gaussian_row(gaussian_variance(q * q)))
+    b = laplace_scale(q)
+    return tuple(_laplace_row(b.numerator, b.denominator))
+
+
+def _per_entry(kind: str, values) -> np.ndarray:
+    arr = np.asarray(values, dtype=np.float64)
+    if np.any(~np.isfinite(arr)) or np.any(arr < 0):
+        raise NoiseParameterError("noise scales must be finite and non-negative")
+    uniq, inv = np.unique(arr.ravel(), return_inverse=True)
+    rows, lookup = [], np.empty(uniq.size, dtype=np.int64)
+    for i, u in enumerate(uniq.tolist()):
+        row = _row_for_scale(kind, u)
+        lookup[i] = -1 if row is None else len(rows)
+        if row is not None:
+            rows.append(row)
+    which = lookup[inv.ravel()]
     out = np.zeros(which.size, dtype=np.int64)
     live = np.flatnonzero(which >= 0)
     if live.size:
-        rows = [_gaussian_row(p) if kind == "gaussian" else _laplace_row(p.numerator, p.denominator) for p in params]
-        out[live] = _draw(kind, rows, which[live], words)
-    return out.reshape(shape)
+        out[live] = _draw(kind, rows, which[live], None)
+    return out.reshape(arr.shape)
 
 
 def discrete_gaussian(sigma2, size: int, *, words: WordSource | None = None) -> np.ndarray:
@@ -190,21 +185,12 @@ def discrete_laplace(scale, size: int, *, words: WordSource | None = None) -> np
     return _draw("laplace", [row], np.zeros(int(size), dtype=np.int64), words)
 
 
-def discrete_gaussian_scales(sigmas, *, words: WordSource | None = None) -> np.ndarray:
-    """One draw of N_Z(0, σ_i²) per entry σ_i ≥ 0 of ``sigmas`` (σ_i² computed exactly; σ_i = 0 gives 0)."""
-    _check_non_negative(sigmas)
-    return _per_entry("gaussian", sigmas, words, True)
+def discrete_gaussian_scales(sigmas) -> np.ndarray:
+    """One draw of N_Z(0, σ_i²) per entry σ_i ≥ 0 of the float array ``sigmas`` (σ_i² computed exactly from
+    σ_i's binary value; σ_i = 0 gives 0), from the CSPRNG."""
+    return _per_entry("gaussian", sigmas)
 
 
-def discrete_laplace_scales(scales, *, words: WordSource | None = None) -> np.ndarray:
-    """One draw of Lap_Z(b_i) per entry b_i ≥ 0 of ``scales`` (b_i = 0 gives 0)."""
-    _check_non_negative(scales)
-    return _per_entry("laplace", scales, words, False)
-
-
-def _check_non_negative(values) -> None:
-    arr = np.asarray(values)
-    if arr.dtype == object:
-        return
-    if not np.issubdtype(arr.dtype, np.number) or np.any(~np.isfinite(arr)) or np.any(arr < 0):
-        raise NoiseParameterError("noise scales must be finite and non-negative")
+def discrete_laplace_scales(scales) -> np.ndarray:
+    """One draw of Lap_Z(b_i) per entry b_i ≥ 0 of the float array ``scales`` (b_i = 0 gives 0), from the CSPRNG."""
+    return _per_entry("laplace", scales)

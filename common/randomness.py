@@ -88,21 +88,47 @@ def _csprng_uint64_scratch(n: int) -> np.ndarray:
     return buf[:nbytes].view("<u8")
 
 
-def csprng_fill(out: np.ndarray) -> None:
-    """Fill the uint64 array ``out`` in place with AES-256-CTR keystream under a fresh ``os.urandom`` key."""
-    if out.dtype != np.uint64 or not out.flags.c_contiguous:
-        raise ValueError("csprng_fill fills a contiguous uint64 array")
+def _keystream_into(out: np.ndarray) -> None:
+    """Fill the uint64 array ``out`` with AES-256-CTR keystream under a fresh ``os.urandom`` key."""
     view = out.view(np.uint8)
     nbytes = view.size
     buf = getattr(_scratch, "fill", None)
     if buf is None or buf.size < nbytes + 16:
-        buf = _scratch.fill = np.empty(max(nbytes + 16, 1 << 16), dtype=np.uint8)
+        buf = _scratch.fill = np.empty(nbytes + 16, dtype=np.uint8)
     enc = Cipher(algorithms.AES(os.urandom(32)), modes.CTR(b"\x00" * 16)).encryptor()
     written = enc.update_into(_zeros(nbytes), buf)
     enc.finalize()
     if written != nbytes:
         raise RuntimeError(f"AES-CTR produced {written} of {nbytes} keystream bytes")
     view[:] = buf[:nbytes]
+
+
+_POOL_WORDS = 1 << 15
+
+
+def csprng_fill(out: np.ndarray) -> None:
+    """Fill the uint64 array ``out`` in place with CSPRNG words (AES-256-CTR, fresh ``os.urandom`` keys).
+
+    Small requests are served from a per-thread pool of 256 KiB of keystream
+    (one key per pool): every word is handed out once and never again, and
+    a pool inherited across ``fork`` is dropped, so parent and child never
+    share words.  Large requests get their own key.
+    """
+    if out.dtype != np.uint64 or not out.flags.c_contiguous:
+        raise ValueError("csprng_fill fills a contiguous uint64 array")
+    n = out.size
+    if n > _POOL_WORDS // 4:
+        _keystream_into(out)
+        return
+    pool = getattr(_scratch, "pool", None)
+    if pool is None or pool[0] != os.getpid() or pool[2] + n > _POOL_WORDS:
+        words = np.empty(_POOL_WORDS, dtype=np.uint64)
+        _keystream_into(words)
+        pool = _scratch.pool = [os.getpid(), words, 0]
+    pos = pool[2]
+    out[:] = pool[1][pos:pos + n]
+    pool[1][pos:pos + n] = 0  # consumed: erased
+    pool[2] = pos + n
 
 
 def _bernoulli_from_u64(u: np.ndarray, p: float) -> np.ndarray:
@@ -152,7 +178,7 @@ class SecureRandomness:
             try:
                 draw = exact_noise.discrete_gaussian_scales if kind == "gaussian" else \
                     exact_noise.discrete_laplace_scales
-                return draw(scales, words=csprng_fill)
+                return draw(scales)
             except exact_noise.NoiseParameterError as e:
                 raise ValueError(str(e)) from None
         if np.any(~np.isfinite(scales)) or np.any(scales < 0):

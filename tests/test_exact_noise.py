@@ -396,3 +396,31 @@ def test_train_cli_refuses_an_unknown_sampler(tmp_path):
                         "--out", str(tmp_path / "m.json"), "--sampler", "numpy"], capture_output=True, text=True,
                        cwd=ROOT, timeout=120)
     assert p.returncode == 2 and "--sampler" in p.stderr and not (tmp_path / "m.json").exists()
+
+
+def test_csprng_pool_hands_out_each_word_once_and_not_across_fork():
+    from common.randomness import csprng_fill
+
+    a, b = np.empty(300, np.uint64), np.empty(300, np.uint64)
+    csprng_fill(a)
+    csprng_fill(b)
+    assert not set(a.tolist()) & set(b.tolist())
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child draws from the pool it inherited
+        c = np.empty(300, np.uint64)
+        csprng_fill(c)
+        os.write(w, c.tobytes())
+        os._exit(0)
+    os.close(w)
+    d = np.empty(300, np.uint64)
+    csprng_fill(d)
+    got = b""
+    while len(got) < 2400:
+        chunk = os.read(r, 2400 - len(got))
+        if not chunk:
+            break
+        got += chunk
+    os.waitpid(pid, 0)
+    child = np.frombuffer(got, dtype=np.uint64)
+    assert child.size == 300 and not set(child.tolist()) & set(d.tolist())
