@@ -42,6 +42,7 @@ MAX_SIGMA2 = Fraction(2**100)  # σ ≤ 2^50
 MAX_LAPLACE_SCALE = Fraction(2**40)
 #: Expected random words per value (a little above the measured means), to size the blocks.
 _WORDS_PER_VALUE = {"gaussian": 4.0, "laplace": 2.0}
+_MAX_BLOCK_WORDS = 1 << 20  # 8 MiB of keystream per block at most
 
 
 class NoiseParameterError(ValueError):
@@ -129,7 +130,7 @@ def _draw(kind: str, rows: list[list[int]], which: np.ndarray, words: WordSource
     offset = 0
     i = 0
     while i < out.size:
-        fresh = int((out.size - i) * _WORDS_PER_VALUE[kind]) + 64
+        fresh = min(int((out.size - i) * _WORDS_PER_VALUE[kind]) + 64, _MAX_BLOCK_WORDS)
         buf = np.empty(carry.size + fresh, dtype=np.uint64)
         buf[:carry.size] = carry
         words(buf[carry.size:])
