@@ -9,7 +9,7 @@ Parameters are exact rationals (``int``, :class:`fractions.Fraction`, or a
 ``float`` taken at its exact binary value; never rounded through floats):
 
 * N_Z(0, σ²): σ² = sn/sd is used exactly when sn < 2^126, τ·sd < 2^64 and
-  2·sn·sd·τ² < 2^255 (τ ≈ σ, :func:`proposal_scale`); otherwise it is rounded **up** to
+  2·sn·sd·τ² < 2^255 (τ ≈ σ, :func:`_proposal_scale`); otherwise it is rounded **up** to
   sn/2^f with the largest such f ≤ 128 — more noise is always safe; the
   relative increase is below 1/sn: ≤ 2^-61/σ at σ ≥ 1 (≤ 2^-85 at our leaf
   scales, σ ≈ 2^24) and ≤ 2^-63/σ² below.  σ must lie in (0, 2^50].
@@ -60,7 +60,7 @@ def _exact(x, what: str) -> Fraction:
     return Fraction(int(x)) if isinstance(x, np.integer) else Fraction(x)
 
 
-def proposal_scale(sn: int, sd: int) -> int:
+def _proposal_scale(sn: int, sd: int) -> int:
     """τ for Alg. 3: ⌈σ⌉ rounded up to 5 significant bits (any τ ≥ 1 is exact; τ ∈ [σ, σ + σ/16 + 1]
     keeps the acceptance rate within 1% of τ = σ's and makes U ~ uniform[0, τ) mostly raw bits)."""
     r = math.isqrt(sn // sd)
@@ -70,7 +70,7 @@ def proposal_scale(sn: int, sd: int) -> int:
 
 
 def _gaussian_fits(sn: int, sd: int) -> bool:
-    tau = proposal_scale(sn, sd)
+    tau = _proposal_scale(sn, sd)
     return sn < 2**126 and tau * sd < 2**64 and 2 * sn * sd * tau * tau < 2**255
 
 
@@ -110,7 +110,7 @@ def _laplace_row(t: int, s: int) -> list[int]:
 
 def _gaussian_row(sigma2: Fraction) -> list[int]:
     sn, sd = sigma2.numerator, sigma2.denominator
-    tau = proposal_scale(sn, sd)
+    tau = _proposal_scale(sn, sd)
     d = 2 * sn * sd * tau * tau
     dl = d.bit_length()
     dj = (dl - 1) // 64
