@@ -109,6 +109,15 @@ def environment() -> dict:
             "load_average": os.getloadavg(), "date": time.strftime("%Y-%m-%d %H:%M:%S")}
 
 
+def spawn_child(script: str, kind: str, spec: dict, env: dict) -> dict:
+    """Run ``script --child kind spec`` in a fresh process and return the JSON object it prints last."""
+    p = subprocess.run([sys.executable, script, "--child", kind, json.dumps(spec)], capture_output=True, text=True,
+                       env=env, cwd=ROOT)
+    if p.returncode != 0:
+        raise RuntimeError(f"child {kind} {spec} failed:\n{p.stderr}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
 def save(name: str, payload: dict) -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.json"

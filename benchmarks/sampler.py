@@ -24,11 +24,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 
-from _util import ROOT, save  # noqa: E402
+from _util import save, spawn_child  # noqa: E402
 from speed import CONFIGS, adult, cpu_seconds  # noqa: E402
 
 SCALES = {"gaussian": [2.0**10, 2.0**24], "laplace": [2.0**10, 2.0**24]}
@@ -102,12 +101,7 @@ CHILDREN = {"noise": child_noise, "sbdt": child_sbdt, "xgboost": child_xgboost}
 
 
 def spawn(kind: str, spec: dict) -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS="1", OMP_WAIT_POLICY="passive")
-    p = subprocess.run([sys.executable, __file__, "--child", kind, json.dumps(spec)], capture_output=True, text=True,
-                       env=env, cwd=ROOT)
-    if p.returncode != 0:
-        raise RuntimeError(f"child {kind} {spec} failed:\n{p.stderr}")
-    return json.loads(p.stdout.strip().splitlines()[-1])
+    return spawn_child(__file__, kind, spec, dict(os.environ, OMP_NUM_THREADS="1", OMP_WAIT_POLICY="passive"))
 
 
 def main(argv=None) -> int:

@@ -37,13 +37,12 @@ import json
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 import tomllib
 
-from _util import DATASETS, ROOT, save  # noqa: E402
+from _util import DATASETS, ROOT, save, spawn_child  # noqa: E402
 
 CONFIGS = {
     "paper": dict(epsilon=0.1, depth=6, subsample=0.005, r1=0.1, grad_clip=0.5, hess_clip=0.1, l2=10.0,
@@ -208,11 +207,7 @@ CHILDREN = {"sbdt": child_sbdt, "noise": child_noise, "compile": child_compile, 
 
 def spawn(kind: str, spec: dict, env_extra: dict | None = None) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS="2", NUMBA_NUM_THREADS="2", **(env_extra or {}))
-    p = subprocess.run([sys.executable, __file__, "--child", kind, json.dumps(spec)], capture_output=True, text=True,
-                       env=env, cwd=ROOT)
-    if p.returncode != 0:
-        raise RuntimeError(f"child {kind} {spec} failed:\n{p.stderr}")
-    return json.loads(p.stdout.strip().splitlines()[-1])
+    return spawn_child(__file__, kind, spec, env)
 
 
 # ---------------------------------------------------------------------- driver

@@ -56,7 +56,6 @@ L_WIDTH = 5
 # Gaussian parameter row (uint64): the Laplace row of τ (s = 1), c = τ·sd, sn (2 limbs), D (4 limbs),
 # index of D's top limb, its bit length.
 G_C, G_SN0, G_SN1, G_D0, G_D1, G_D2, G_D3, G_DJ, G_DL = range(L_WIDTH, L_WIDTH + 9)
-G_WIDTH = L_WIDTH + 9
 
 
 # ------------------------------------------------------------------ random bits
@@ -337,64 +336,42 @@ def gaussian_one(buf, st, p):
 # ------------------------------------------------------------------ batch kernels
 
 
-@njit(cache=True, nogil=True)
-def gaussian_fill(out, which, params, buf, st, start):
-    """out[i] ← N_Z(0, σ²_which[i]) for i ≥ start until done or the bits run out; returns the next index.
+#: What :func:`fill` draws; the Bernoulli kinds exist for the exactness tests.
+GAUSSIAN, LAPLACE, BERN_WIDE, BERN_SMALL = 0, 1, 2, 3
+# Bernoulli(exp(−n/d)) parameter row (uint64): n, d, bits(d), m, bits(m − 1), z with d = m·2^z, m odd.
+B_N, B_D, B_DL, B_M, B_MBITS, B_Z = range(6)
 
-    On running out, st[0] is rewound to the bit where value i started (see the module docstring).
+
+@njit(cache=True, nogil=True)
+def draw_one(kind, buf, st, p):
+    """One value of ``kind`` with the parameter row ``p`` (Bernoulli kinds: 0/1).
+
+    BERN_WIDE goes through :func:`bern_exp_wide` (Alg. 3's acceptance step, any n);
+    BERN_SMALL through :func:`bern_exp` (Alg. 2's step, n < d).
     """
+    if kind == GAUSSIAN:
+        return gaussian_one(buf, st, p)
+    if kind == LAPLACE:
+        return laplace_one(buf, st, p, p[L_S])
+    if kind == BERN_WIDE:
+        r = bern_exp_wide(buf, st, p[B_N], _0, _0, _0, (p[B_D], _0, _0, _0), 0, np.int64(p[B_DL]))
+    else:
+        r = bern_exp(buf, st, p[B_N], p[B_M], np.int64(p[B_MBITS]), np.int64(p[B_Z]))
+    return np.int64(1) if r else np.int64(0)
+
+
+@njit(cache=True, nogil=True)
+def fill(out, kind, which, params, buf, st, start):
+    """out[i] ← a draw of ``kind`` with the row params[which[i]], for i ≥ start until done or the bits
+    run out; returns the next index.  On running out, st[0] is rewound to the bit where value i
+    started (see the module docstring)."""
     i = start
     while i < out.shape[0]:
         pos = st[0]
-        y = gaussian_one(buf, st, params[which[i]])
+        y = draw_one(kind, buf, st, params[which[i]])
         if st[2] != 0:
             st[0] = pos
             return i
         out[i] = y
-        i += 1
-    return i
-
-
-@njit(cache=True, nogil=True)
-def laplace_fill(out, which, params, buf, st, start):
-    """out[i] ← Lap_Z(t/s) with the row params[which[i]] for i ≥ start; as :func:`gaussian_fill`."""
-    i = start
-    while i < out.shape[0]:
-        pos = st[0]
-        p = params[which[i]]
-        y = laplace_one(buf, st, p, p[L_S])
-        if st[2] != 0:
-            st[0] = pos
-            return i
-        out[i] = y
-        i += 1
-    return i
-
-
-@njit(cache=True, nogil=True)
-def bern_exp_fill(out, wide, n, d, buf, st, start):
-    """out[i] ← Bernoulli(exp(−n/d)) as 0/1, uint64 n ≥ 0, d ≥ 1 — for the exactness tests.
-
-    ``wide``: through :func:`bern_exp_wide` (Alg. 3's acceptance step, any n);
-    otherwise through :func:`bern_exp` (Alg. 2's step, n < d).
-    """
-    d4 = (d, _0, _0, _0)
-    dl = bit_length(d)
-    z = 0
-    while (d >> np.uint64(z)) & _1 == _0:
-        z += 1
-    m = d >> np.uint64(z)
-    mbits = bit_length(m - _1)
-    i = start
-    while i < out.shape[0]:
-        pos = st[0]
-        if wide:
-            r = bern_exp_wide(buf, st, n, _0, _0, _0, d4, 0, dl)
-        else:
-            r = bern_exp(buf, st, n, m, mbits, z)
-        if st[2] != 0:
-            st[0] = pos
-            return i
-        out[i] = 1 if r else 0
         i += 1
     return i

@@ -108,6 +108,12 @@ def _laplace_row(t: int, s: int) -> list[int]:
     return [t, m, (m - 1).bit_length(), z, s]
 
 
+def _bernoulli_row(n: int, d: int) -> list[int]:
+    """Kernel row for Bernoulli(exp(−n/d)) (tests of Alg. 1)."""
+    z = (d & -d).bit_length() - 1
+    return [n, d, d.bit_length(), d >> z, ((d >> z) - 1).bit_length(), z]
+
+
 def _gaussian_row(sigma2: Fraction) -> list[int]:
     sn, sd = sigma2.numerator, sigma2.denominator
     tau = _proposal_scale(sn, sd)
@@ -122,8 +128,8 @@ def _draw(kind: str, rows: list[list[int]], which: np.ndarray, words: WordSource
     """Run the fill kernel over ``which`` with fresh blocks of words, replaying a value cut by a block's end."""
     if words is None:
         from .randomness import csprng_fill as words
-    fill = K.gaussian_fill if kind == "gaussian" else K.laplace_fill
-    params = np.array(rows, dtype=np.uint64).reshape(len(rows), K.G_WIDTH if kind == "gaussian" else K.L_WIDTH)
+    code = {"gaussian": K.GAUSSIAN, "laplace": K.LAPLACE}[kind]
+    params = np.array(rows, dtype=np.uint64).reshape(len(rows), -1)
     which = np.ascontiguousarray(which, dtype=np.int64)
     out = np.empty(which.size, dtype=np.int64)
     carry = np.empty(0, dtype=np.uint64)
@@ -135,7 +141,7 @@ def _draw(kind: str, rows: list[list[int]], which: np.ndarray, words: WordSource
         buf[:carry.size] = carry
         words(buf[carry.size:])
         st = np.array([offset, 64 * buf.size, 0], dtype=np.int64)
-        i = fill(out, which, params, buf, st, i)
+        i = K.fill(out, code, which, params, buf, st, i)
         if i < out.size:  # keep the unfinished value's bits: it is replayed on them and then fresh ones
             carry = buf[st[0] >> 6:].copy()
             offset = int(st[0] & 63)

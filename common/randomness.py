@@ -69,6 +69,21 @@ def _zeros(nbytes: int) -> memoryview:
     return memoryview(_zero_block)[:nbytes]
 
 
+def _keystream_scratch(nbytes: int, slot: str) -> np.ndarray:
+    """``nbytes`` of AES-256-CTR keystream under a fresh ``os.urandom`` key, in the calling thread's
+    scratch buffer ``slot`` (uint8; valid until that thread's next call for the same slot)."""
+    buf = getattr(_scratch, slot, None)
+    if buf is None or buf.size < nbytes + 16:
+        buf = np.empty(nbytes + 16, dtype=np.uint8)
+        setattr(_scratch, slot, buf)
+    enc = Cipher(algorithms.AES(os.urandom(32)), modes.CTR(b"\x00" * 16)).encryptor()
+    written = enc.update_into(_zeros(nbytes), buf)
+    enc.finalize()
+    if written != nbytes:
+        raise RuntimeError(f"AES-CTR produced {written} of {nbytes} keystream bytes")
+    return buf[:nbytes]
+
+
 def _csprng_uint64_scratch(n: int) -> np.ndarray:
     """Like :func:`csprng_uint64` (same fresh-key AES-256-CTR keystream), written into a per-thread buffer.
 
@@ -76,31 +91,13 @@ def _csprng_uint64_scratch(n: int) -> np.ndarray:
     consumers that reduce it at once (the subsample mask), it saves two
     allocations and a copy of 8n bytes per call.
     """
-    nbytes = 8 * n
-    buf = getattr(_scratch, "buf", None)
-    if buf is None or buf.size < nbytes + 16:
-        buf = _scratch.buf = np.empty(nbytes + 16, dtype=np.uint8)
-    enc = Cipher(algorithms.AES(os.urandom(32)), modes.CTR(b"\x00" * 16)).encryptor()
-    written = enc.update_into(_zeros(nbytes), buf)
-    enc.finalize()
-    if written != nbytes:
-        raise RuntimeError(f"AES-CTR produced {written} of {nbytes} keystream bytes")
-    return buf[:nbytes].view("<u8")
+    return _keystream_scratch(8 * n, "buf").view("<u8")
 
 
 def _keystream_into(out: np.ndarray) -> None:
     """Fill the uint64 array ``out`` with AES-256-CTR keystream under a fresh ``os.urandom`` key."""
     view = out.view(np.uint8)
-    nbytes = view.size
-    buf = getattr(_scratch, "fill", None)
-    if buf is None or buf.size < nbytes + 16:
-        buf = _scratch.fill = np.empty(nbytes + 16, dtype=np.uint8)
-    enc = Cipher(algorithms.AES(os.urandom(32)), modes.CTR(b"\x00" * 16)).encryptor()
-    written = enc.update_into(_zeros(nbytes), buf)
-    enc.finalize()
-    if written != nbytes:
-        raise RuntimeError(f"AES-CTR produced {written} of {nbytes} keystream bytes")
-    view[:] = buf[:nbytes]
+    view[:] = _keystream_scratch(view.size, "fill")
 
 
 _POOL_WORDS = 1 << 15

@@ -87,7 +87,8 @@ def check_interval(probs, pending, exact):
 
 
 def bern_runner(wide, n, d):
-    return kernel_runner(K.bern_exp_fill, wide, np.uint64(n), np.uint64(d))
+    return kernel_runner(K.fill, K.BERN_WIDE if wide else K.BERN_SMALL, np.zeros(1, np.int64),
+                         np.array([E._bernoulli_row(n, d)], dtype=np.uint64))
 
 
 WIDE = [(0, 1), (1, 3), (2, 3), (1, 1), (5, 4), (7, 2), (13, 5), (3, 7)]  # γ = n/d, both branches of Alg. 1
@@ -123,7 +124,8 @@ def test_bernoulli_exp_frequency(wide, n, d):
     csprng_fill(words)
     out = np.empty(N, dtype=np.int64)
     st = np.array([0, 64 * words.size, 0], dtype=np.int64)
-    assert K.bern_exp_fill(out, wide, np.uint64(n), np.uint64(d), words, st, 0) == N
+    params = np.array([E._bernoulli_row(n, d)], dtype=np.uint64)
+    assert K.fill(out, K.BERN_WIDE if wide else K.BERN_SMALL, np.zeros(N, np.int64), params, words, st, 0) == N
     p = math.exp(-n / d)
     lo, hi = stats.binom.isf(1 - P / 2, N, p), stats.binom.isf(P / 2, N, p)
     assert lo <= out.sum() <= hi, (out.sum(), lo, hi)
@@ -272,31 +274,26 @@ def counts(x, edges):
     return np.bincount(np.searchsorted(np.asarray(edges), x, side="left"), minlength=len(edges) + 1)
 
 
-@pytest.mark.parametrize("sigma", [0.7, 3.0, 2.0**10 + 0.3, 2.0**24, 12595257.3])
-def test_gaussian_matches_the_closed_form_pmf(sigma):
-    n = 200_000
-    x = SecureRandomness().discrete_gaussian(np.full(n, sigma))
-    edges, p = bins_for(gaussian_cdf(sigma), sigma, n)
+def fits(x, edges, p) -> bool:
+    """Pearson χ² of the draws ``x`` in the bins against probabilities ``p``, below the p = 1e-6 critical value."""
+    n = x.size
     obs = counts(x, edges)
-    chi2 = float(((obs - n * p) ** 2 / (n * p)).sum())
-    assert chi2 < stats.chi2.isf(P, len(p) - 1), (chi2, len(p))
+    return float(((obs - n * p) ** 2 / (n * p)).sum()) < stats.chi2.isf(P, len(p) - 1)
+
+
+@pytest.mark.parametrize("kind,scale", [("gaussian", 0.7), ("gaussian", 3.0), ("gaussian", 2.0**10 + 0.3),
+                                        ("gaussian", 2.0**24), ("gaussian", 12595257.3), ("laplace", 0.4),
+                                        ("laplace", 2.5), ("laplace", 20.0), ("laplace", 2.0**20 / 3)])
+def test_matches_the_closed_form_pmf(kind, scale):
+    n = 200_000
+    x = getattr(SecureRandomness(), f"discrete_{kind}")(np.full(n, scale))
+    cdf = gaussian_cdf(scale) if kind == "gaussian" else laplace_cdf(scale)
+    edges, p = bins_for(cdf, scale, n)
+    assert fits(x, edges, p)
+    obs = counts(x, edges)
     assert obs[0] > 0 and obs[-1] > 0  # the tail bins are populated on both sides
-    # and a 1% wider Gaussian would fail the same test at large σ
-    if sigma > 100:
-        bad = np.rint(x * 1.02).astype(np.int64)
-        obs_bad = counts(bad, edges)
-        assert float(((obs_bad - n * p) ** 2 / (n * p)).sum()) > stats.chi2.isf(P, len(p) - 1)
-
-
-@pytest.mark.parametrize("b", [0.4, 2.5, 20.0, 2.0**20 / 3])
-def test_laplace_matches_the_closed_form_pmf(b):
-    n = 200_000
-    x = SecureRandomness().discrete_laplace(np.full(n, b))
-    edges, p = bins_for(laplace_cdf(b), b, n)
-    obs = counts(x, edges)
-    chi2 = float(((obs - n * p) ** 2 / (n * p)).sum())
-    assert chi2 < stats.chi2.isf(P, len(p) - 1), (chi2, len(p))
-    assert obs[0] > 0 and obs[-1] > 0
+    if scale > 100:  # and a 2% wider distribution fails the same test
+        assert not fits(np.rint(x * 1.02).astype(np.int64), edges, p)
 
 
 @pytest.mark.parametrize("kind,scale", [("gaussian", 3.0), ("gaussian", 2.0**24), ("laplace", 2.5),
@@ -328,9 +325,10 @@ from common import exact_kernels as K, exact_noise as E
 
 E.discrete_gaussian(Fraction(5, 3), 50)
 E.discrete_laplace(Fraction(7, 2), 50)
-for wide in (True, False):
+for kind in (K.BERN_WIDE, K.BERN_SMALL):
     st = np.array([0, 64 * 8, 0], dtype=np.int64)
-    K.bern_exp_fill(np.zeros(3, np.int64), wide, np.uint64(1), np.uint64(2), np.ones(8, np.uint64), st, 0)
+    K.fill(np.zeros(3, np.int64), kind, np.zeros(3, np.int64), np.array([E._bernoulli_row(1, 2)], dtype=np.uint64),
+           np.ones(8, np.uint64), st, 0)
 
 def floaty(ty):
     if isinstance(ty, (types.Float, types.Complex)):
@@ -374,8 +372,8 @@ def test_no_float_in_the_sampling_path(tmp_path):
                        cwd=ROOT, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     res = json.loads(p.stdout.strip().splitlines()[-1])
-    assert {"gaussian_fill", "laplace_fill", "bern_exp_fill", "gaussian_one", "laplace_one",
-            "bern_exp_wide", "bern_exp", "bern_exp_one", "uniform_below"} <= set(res["checked"])
+    assert {"fill", "draw_one", "gaussian_one", "laplace_one", "bern_exp_wide", "bern_exp", "bern_exp_one",
+            "uniform_below"} <= set(res["checked"])
     assert res["bad"] == []
 
 
