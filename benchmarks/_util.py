@@ -21,7 +21,7 @@ from common.engine import train  # noqa: E402
 from common.metrics import auc, rmse  # noqa: E402
 from common.schema import Schema  # noqa: E402
 
-DATASETS = ROOT.parent / "shared" / "datasets"
+DATASETS = Path(os.environ.get("FEDSBDT_DATASETS", ROOT.parent / "shared" / "datasets"))
 RESULTS = Path(__file__).resolve().parent / "results"
 
 #: Paper Fig. 4 ablation settings as the reference code runs them (see the issue).
@@ -113,6 +113,15 @@ def environment() -> dict:
     return {"commit": commit, "common_dirty": dirty, "python": platform.python_version(),
             "machine": platform.machine(), "cpus": os.cpu_count(),
             "load_average": os.getloadavg(), "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+
+
+def spawn_child(script: str, kind: str, spec: dict, env: dict) -> dict:
+    """Run ``script --child kind spec`` in a fresh process and return the JSON object it prints last."""
+    p = subprocess.run([sys.executable, script, "--child", kind, json.dumps(spec)], capture_output=True, text=True,
+                       env=env, cwd=ROOT)
+    if p.returncode != 0:
+        raise RuntimeError(f"child {kind} {spec} failed:\n{p.stderr}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
 
 
 def save(name: str, payload: dict) -> Path:

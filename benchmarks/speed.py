@@ -21,9 +21,10 @@ Configurations ("paper": the Adult settings of ``utility.py`` with depth 6 and
 the library defaults — random features per node, thresholds uniform over the
 public range, γ = 0.1).
 
-Noise: OpenDP's exact discrete Gaussian costs ≈ 20 µs per sample and a
-depth-6 round needs 128 samples, so 1000 rounds need ≈ 2.6 CPU-seconds of
-sampling; ``prefetched_gaussian`` spreads it over two threads (the training
+Noise: our exact discrete Gaussian (``common/exact_noise.py``) costs
+≈ 0.4 µs per sample (OpenDP's, ``--sampler opendp``: ≈ 20 µs; see
+``sampler.py``) and a depth-6 round needs 128 samples;
+``prefetched_gaussian`` draws them ahead in a second thread (the training
 thread helps when it would wait).  The per-sample cost is measured here.
 
 Run:  python benchmarks/speed.py [--trees 1000] [--repeat 3] [--quick]
@@ -36,13 +37,12 @@ import json
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 import tomllib
 
-from _util import DATASETS, ROOT, save  # noqa: E402
+from _util import DATASETS, ROOT, save, spawn_child  # noqa: E402
 
 CONFIGS = {
     "paper": dict(epsilon=0.1, depth=6, subsample=0.005, r1=0.1, grad_clip=0.5, hess_clip=0.1, l2=10.0,
@@ -157,7 +157,7 @@ def child_noise(spec: dict) -> dict:
 
 
 def child_compile(spec: dict) -> dict:
-    """First minus second run of a 3-tree training: kernel loading/compilation (calibration and OpenDP set-up excluded)."""
+    """First minus second run of a 3-tree training: kernel loading/compilation (calibration and sampler set-up excluded)."""
     import numpy as np
 
     from common.config import Hyperparameters
@@ -165,7 +165,7 @@ def child_compile(spec: dict) -> dict:
     from common.randomness import SecureRandomness
 
     ds = adult(spec["drop_missing"])
-    SecureRandomness().discrete_gaussian(np.ones(4))  # imports OpenDP
+    SecureRandomness().discrete_gaussian(np.ones(4))  # loads the sampler kernels
     out = {}
     t_all = time.perf_counter()
     for name, cfg in CONFIGS.items():
@@ -207,11 +207,7 @@ CHILDREN = {"sbdt": child_sbdt, "noise": child_noise, "compile": child_compile, 
 
 def spawn(kind: str, spec: dict, env_extra: dict | None = None) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS="2", NUMBA_NUM_THREADS="2", **(env_extra or {}))
-    p = subprocess.run([sys.executable, __file__, "--child", kind, json.dumps(spec)], capture_output=True, text=True,
-                       env=env, cwd=ROOT)
-    if p.returncode != 0:
-        raise RuntimeError(f"child {kind} {spec} failed:\n{p.stderr}")
-    return json.loads(p.stdout.strip().splitlines()[-1])
+    return spawn_child(__file__, kind, spec, env)
 
 
 # ---------------------------------------------------------------------- driver
@@ -297,7 +293,7 @@ def main(argv=None) -> int:
               f"{min(r['cpu_seconds'] for r in runs):6.2f} {'':12} {'':11} {a['best'] / xref:9.2f}x "
               f"{max(r['peak_rss'] for r in runs) * mb:8.0f} {runs[0]['rss_before'] * mb:9.0f}")
     out["xgboost_reference_seconds"] = xref
-    print(f"\nexact discrete Gaussian (OpenDP): {per_sample * 1e6:.1f} µs/sample, {spr} samples/round; "
+    print(f"\nexact discrete Gaussian (ours): {per_sample * 1e6:.2f} µs/sample, {spr} samples/round; "
           f"drawing {trees} rounds of noise alone with the 2-thread prefetcher: "
           f"{out['noise']['prefetch_seconds_for_all_rounds']['median']:.2f} s")
     print(f"numba compile (first minus second 3-tree run, all 4 configurations): cold cache "

@@ -1,8 +1,8 @@
 """A site's leaf-noise shares, drawn ahead of use in a background thread.
 
 DP noise does not depend on the data, so a site can draw the next rounds'
-shares while it waits for the coordinator; OpenDP's exact sampler releases
-the GIL.  Each vector is handed out exactly once (:meth:`NoiseShares.take`)
+shares while it waits for the coordinator; the exact samplers release the
+GIL.  Each vector is handed out exactly once (:meth:`NoiseShares.take`)
 and never reused; vectors still queued when the process exits are simply
 lost, which costs no privacy.  The deterministic test source is drawn inline,
 in order, so that a federated test run stays in step with a centralised one.

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 TASKS = ("regression", "binary")
+#: Exact DP-noise samplers (common/randomness.py): our own (default) or OpenDP's.
+SAMPLERS = ("ours", "opendp")
 MAX_DEPTH = 12  # 2·2^12 fixed-point values per round: well inside the gRPC message limit
 
 

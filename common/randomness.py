@@ -1,11 +1,13 @@
 """Sources of privacy-relevant randomness (design.md "Noise").
 
 * :class:`SecureRandomness` — the only source allowed outside tests.  DP noise
-  comes from OpenDP's exact discrete Gaussian and discrete Laplace samplers
-  (integer, fixed-point units); the Poisson subsample from exact integer
-  comparisons against a CSPRNG stream (AES-256-CTR keyed with 32 fresh bytes
-  from ``os.urandom`` per call — a key-erasure DRBG).  Never numpy's
-  floating-point generators (Mironov 2012).
+  comes from exact discrete Gaussian and discrete Laplace samplers (integer,
+  fixed-point units): by default our own (:mod:`common.exact_noise`,
+  Canonne–Kamath–Steinke 2020, integer arithmetic only, numba), or OpenDP's
+  (``sampler="opendp"``, ~30× slower, the oracle of the tests).  Their
+  random bits, and the Poisson subsample's, come from a CSPRNG stream
+  (AES-256-CTR keyed with 32 fresh bytes from ``os.urandom`` per block — a
+  key-erasure DRBG).  Never numpy's floating-point generators (Mironov 2012).
 * :class:`InsecureTestRandomness` — deterministic, *clearly insecure*, for
   tests only: noise can be switched off and the subsample is a public hash
   of (seed, round, record id), so a federated run and a centralised run select
@@ -23,6 +25,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+from .config import SAMPLERS
 
 _U64 = 2.0**64
 
@@ -65,6 +69,21 @@ def _zeros(nbytes: int) -> memoryview:
     return memoryview(_zero_block)[:nbytes]
 
 
+def _keystream_scratch(nbytes: int, slot: str) -> np.ndarray:
+    """``nbytes`` of AES-256-CTR keystream under a fresh ``os.urandom`` key, in the calling thread's
+    scratch buffer ``slot`` (uint8; valid until that thread's next call for the same slot)."""
+    buf = getattr(_scratch, slot, None)
+    if buf is None or buf.size < nbytes + 16:
+        buf = np.empty(nbytes + 16, dtype=np.uint8)
+        setattr(_scratch, slot, buf)
+    enc = Cipher(algorithms.AES(os.urandom(32)), modes.CTR(b"\x00" * 16)).encryptor()
+    written = enc.update_into(_zeros(nbytes), buf)
+    enc.finalize()
+    if written != nbytes:
+        raise RuntimeError(f"AES-CTR produced {written} of {nbytes} keystream bytes")
+    return buf[:nbytes]
+
+
 def _csprng_uint64_scratch(n: int) -> np.ndarray:
     """Like :func:`csprng_uint64` (same fresh-key AES-256-CTR keystream), written into a per-thread buffer.
 
@@ -72,16 +91,41 @@ def _csprng_uint64_scratch(n: int) -> np.ndarray:
     consumers that reduce it at once (the subsample mask), it saves two
     allocations and a copy of 8n bytes per call.
     """
-    nbytes = 8 * n
-    buf = getattr(_scratch, "buf", None)
-    if buf is None or buf.size < nbytes + 16:
-        buf = _scratch.buf = np.empty(nbytes + 16, dtype=np.uint8)
-    enc = Cipher(algorithms.AES(os.urandom(32)), modes.CTR(b"\x00" * 16)).encryptor()
-    written = enc.update_into(_zeros(nbytes), buf)
-    enc.finalize()
-    if written != nbytes:
-        raise RuntimeError(f"AES-CTR produced {written} of {nbytes} keystream bytes")
-    return buf[:nbytes].view("<u8")
+    return _keystream_scratch(8 * n, "buf").view("<u8")
+
+
+def _keystream_into(out: np.ndarray) -> None:
+    """Fill the uint64 array ``out`` with AES-256-CTR keystream under a fresh ``os.urandom`` key."""
+    view = out.view(np.uint8)
+    view[:] = _keystream_scratch(view.size, "fill")
+
+
+_POOL_WORDS = 1 << 15
+
+
+def csprng_fill(out: np.ndarray) -> None:
+    """Fill the uint64 array ``out`` in place with CSPRNG words (AES-256-CTR, fresh ``os.urandom`` keys).
+
+    Small requests are served from a per-thread pool of 256 KiB of keystream
+    (one key per pool): every word is handed out once and never again, and
+    a pool inherited across ``fork`` is dropped, so parent and child never
+    share words.  Large requests get their own key.
+    """
+    if out.dtype != np.uint64 or not out.flags.c_contiguous:
+        raise ValueError("csprng_fill fills a contiguous uint64 array")
+    n = out.size
+    if n > _POOL_WORDS // 4:
+        _keystream_into(out)
+        return
+    pool = getattr(_scratch, "pool", None)
+    if pool is None or pool[0] != os.getpid() or pool[2] + n > _POOL_WORDS:
+        words = np.empty(_POOL_WORDS, dtype=np.uint64)
+        _keystream_into(words)
+        pool = _scratch.pool = [os.getpid(), words, 0]
+    pos = pool[2]
+    out[:] = pool[1][pos:pos + n]
+    pool[1][pos:pos + n] = 0  # consumed: erased
+    pool[2] = pos + n
 
 
 def _bernoulli_from_u64(u: np.ndarray, p: float) -> np.ndarray:
@@ -93,8 +137,9 @@ def _bernoulli_from_u64(u: np.ndarray, p: float) -> np.ndarray:
 
 @dataclass
 class SecureRandomness:
-    """Exact samplers from OpenDP fed by OS randomness; Poisson subsample from the CSPRNG."""
+    """Exact noise samplers and the Poisson subsample, all fed by the OS-keyed CSPRNG."""
 
+    sampler: str = "ours"
     insecure: bool = field(default=False, init=False)
     _cache: dict = field(default_factory=dict, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
@@ -118,8 +163,21 @@ class SecureRandomness:
                 self._cache[key] = m
         return m
 
+    def __post_init__(self) -> None:
+        if self.sampler not in SAMPLERS:
+            raise ValueError(f"sampler must be one of {', '.join(SAMPLERS)}, got {self.sampler!r}")
+
     def _sample(self, kind: str, scales: np.ndarray) -> np.ndarray:
         scales = np.asarray(scales, dtype=np.float64)
+        if self.sampler == "ours":
+            from . import exact_noise
+
+            try:
+                draw = exact_noise.discrete_gaussian_scales if kind == "gaussian" else \
+                    exact_noise.discrete_laplace_scales
+                return draw(scales)
+            except exact_noise.NoiseParameterError as e:
+                raise ValueError(str(e)) from None
         if np.any(~np.isfinite(scales)) or np.any(scales < 0):
             raise ValueError("noise scales must be finite and non-negative")
         out = np.zeros(scales.shape, dtype=np.int64)
@@ -143,7 +201,12 @@ class SecureRandomness:
         return _bernoulli_from_u64(_csprng_uint64_scratch(len(record_ids)), p)
 
     def describe(self) -> str:
-        return "opendp-exact+aes-ctr-drbg"
+        return describe_secure(self.sampler)
+
+
+def describe_secure(sampler: str) -> str:
+    """How :class:`SecureRandomness` with this sampler is named in privacy receipts."""
+    return "cks-exact+aes-ctr-drbg" if sampler == "ours" else "opendp-exact+aes-ctr-drbg"
 
 
 def _splitmix64(x: np.ndarray) -> np.ndarray:
@@ -258,8 +321,8 @@ def prefetched_gaussian(randomness, scales: np.ndarray, rounds: int, chunk: int 
     """Yield ``rounds`` discrete-Gaussian vectors with per-coordinate ``scales``, drawn ahead of use.
 
     Leaf noise does not depend on the data, so it is drawn in chunks of
-    ``chunk`` rounds by ``workers − 1`` background threads (OpenDP's sampler
-    releases the GIL) while the training thread computes leaf sums; when the
+    ``chunk`` rounds by ``workers − 1`` background threads (both samplers
+    release the GIL) while the training thread computes leaf sums; when the
     training thread needs a chunk that is not ready it draws the next
     unclaimed chunk itself instead of idling.  So at most ``workers`` threads
     compute at any time (training included) and none of them waits while

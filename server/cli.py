@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from common.cli import CliError, add_hyperparameter_flags, emit, hyperparameters_from_args
+from common.config import SAMPLERS
 
 log = logging.getLogger("fedsbdt.coordinator")
 
@@ -137,7 +138,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
                    epoch_rounds=args.epoch_rounds,
                    max_records_per_site=args.max_records,
                    deadlines=Deadlines(join=args.join_deadline, stage=args.stage_deadline,
-                                       quorum=args.quorum_deadline, finish=args.finish_deadline))
+                                       quorum=args.quorum_deadline, finish=args.finish_deadline),
+                   sampler=args.sampler)
     if args.insecure_test_randomness is not None:
         session.update(randomness="insecure-test", test_seed=args.insecure_test_randomness,
                        test_noise=args.test_noise)
@@ -220,6 +222,8 @@ def register(sub) -> None:
                    help="seconds with fewer than t usable sites before the session gives up (default: 600)")
     p.add_argument("--finish-deadline", type=float, default=30.0,
                    help="seconds to wait for every site's confirmation of the model hash (default: 30)")
+    p.add_argument("--sampler", choices=SAMPLERS, default="ours",
+                   help="exact noise sampler every party uses: ours (default) or opendp (~30x slower)")
     p.add_argument("--insecure-test-randomness", type=int, metavar="SEED",
                    help="TESTS ONLY: deterministic randomness with this seed (no privacy)")
     p.add_argument("--test-noise", action=argparse.BooleanOptionalAction, default=True,

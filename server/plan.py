@@ -14,6 +14,7 @@ A plan is a TOML file every party can read and hash::
     max_records_per_site = 100000 # public bound for the fixed-point capacity check
     max_attempts = 20             # attempts per round before the session gives up
     randomness = "secure"         # "insecure-test" only in tests (sites refuse it by default)
+    sampler = "ours"              # exact noise sampler: "ours" (default) or "opendp" (~30x slower)
 
     [deadlines]                   # seconds
     join = 120                    # wait for the whole roster before starting with ≥ t sites
@@ -52,7 +53,7 @@ from typing import Any
 
 from common.accountant import AccountingError, PrivacyCalibration
 from common.guarantee import collusion_guarantee, default_colluders
-from common.config import ConfigError, Hyperparameters
+from common.config import SAMPLERS, ConfigError, Hyperparameters
 from common.files import write_atomic
 from common.schema import Schema, SchemaError
 
@@ -141,6 +142,7 @@ class Plan:
     max_records_per_site: int = 1_000_000
     max_attempts: int = 20
     randomness: str = "secure"
+    sampler: str = "ours"
     test_seed: int = 0
     test_noise: bool = True
     deadlines: Deadlines = field(default_factory=Deadlines)
@@ -173,6 +175,8 @@ class Plan:
             raise PlanError("session.max_attempts must be in 1..10000")
         if self.randomness not in RANDOMNESS:
             raise PlanError(f"session.randomness = {self.randomness!r}: must be one of {', '.join(RANDOMNESS)}")
+        if self.sampler not in SAMPLERS:
+            raise PlanError(f"session.sampler = {self.sampler!r}: must be one of {', '.join(SAMPLERS)}")
         if self.test_seed < 0:
             raise PlanError("session.test_seed must be ≥ 0")
         if not isinstance(self.test_noise, bool):
@@ -423,7 +427,7 @@ class Plan:
         from common.randomness import InsecureTestRandomness, SecureRandomness
 
         if not self.insecure:
-            return SecureRandomness()
+            return SecureRandomness(sampler=self.sampler)
         if not allow_insecure:
             raise PlanError("the plan uses test-only randomness (session.randomness = \"insecure-test\"): it is "
                             "deterministic and gives no privacy; refusing (start with "
@@ -432,7 +436,9 @@ class Plan:
 
     def randomness_description(self) -> str:
         if not self.insecure:
-            return "opendp-exact+aes-ctr-drbg"
+            from common.randomness import describe_secure
+
+            return describe_secure(self.sampler)
         return f"INSECURE-TEST(seed={self.test_seed}, noise={'on' if self.test_noise else 'off'})"
 
     # ------------------------------------------------------------------ (de)serialisation
@@ -444,6 +450,8 @@ class Plan:
             "max_records_per_site": self.max_records_per_site, "max_attempts": self.max_attempts,
             "randomness": self.randomness,
         }
+        if self.sampler != "ours":
+            session["sampler"] = self.sampler
         if self.insecure:
             session["test_seed"] = self.test_seed
             session["test_noise"] = self.test_noise
@@ -504,7 +512,7 @@ class Plan:
 
         s = dict(section("session"))
         s_known = {"id", "threshold", "assumed_colluders", "dropout_slack", "noise", "epoch_rounds", "max_records_per_site",
-                   "max_attempts", "randomness", "test_seed", "test_noise"}
+                   "max_attempts", "randomness", "sampler", "test_seed", "test_noise"}
         bad = sorted(set(s) - s_known)
         if bad:
             raise PlanError(f"{source}: unknown [session] key(s) {', '.join(bad)}")
@@ -552,6 +560,7 @@ class Plan:
                 dropout_slack=s.get("dropout_slack", 0),
                 epoch_rounds=s.get("epoch_rounds", 64), max_records_per_site=s.get("max_records_per_site", 1_000_000),
                 max_attempts=s.get("max_attempts", 20), randomness=s.get("randomness", "secure"),
+                sampler=s.get("sampler", "ours"),
                 test_seed=s.get("test_seed", 0), test_noise=s.get("test_noise", True), deadlines=Deadlines(**dl),
             )
         except PlanError as e:

@@ -75,6 +75,7 @@ def test_plan_round_trips_through_toml_and_its_hash_ignores_formatting(tmp_path)
     (lambda d: d["privacy"].pop("sigma"), "exactly sigma and epsilon"),
     (lambda d: d["hyperparameters"].update(depth=13), "depth"),
     (lambda d: d["session"].update(randomness="numpy"), "randomness"),
+    (lambda d: d["session"].update(sampler="numpy"), "session.sampler"),
     (lambda d: d["deadlines"].update(stage=-1), "deadlines.stage"),
 ])
 def test_plan_refuses_malformed_or_unsafe_content(edit, needle):
@@ -104,6 +105,15 @@ def test_test_only_randomness_needs_an_explicit_opt_in():
         p.make_randomness()
     assert p.make_randomness(allow_insecure=True).insecure
     assert plan(3).make_randomness().describe() == plan(3).randomness_description()
+
+
+def test_the_plan_names_the_exact_sampler_every_party_uses():
+    p = plan(3)
+    assert p.sampler == "ours" and "sampler" not in json.loads(p.canonical_json)["session"]  # default: unchanged hash
+    q = Plan.from_toml(plan(3, sampler="opendp").to_toml())
+    assert q.sampler == "opendp" and q.sha256 != p.sha256
+    assert q.make_randomness().sampler == "opendp"
+    assert q.randomness_description() == q.make_randomness().describe() == "opendp-exact+aes-ctr-drbg"
 
 
 def test_distributed_noise_shares_sum_to_at_least_the_calibrated_variance():

@@ -1,0 +1,203 @@
+"""Exact discrete Gaussian and discrete Laplace noise (Canonne–Kamath–Steinke 2020, Alg. 1–3).
+
+A small numpy API over the numba kernels of :mod:`common.exact_kernels`,
+fed in big blocks by a stream of uniformly random 64-bit words — in
+production the AES-256-CTR keystream of :func:`common.randomness.csprng_fill`
+(fresh ``os.urandom`` key per block).
+
+Parameters are exact rationals (``int``, :class:`fractions.Fraction`, or a
+``float`` taken at its exact binary value; never rounded through floats):
+
+* N_Z(0, σ²): σ² = sn/sd is used exactly when sn < 2^126, τ·sd < 2^64 and
+  2·sn·sd·τ² < 2^255 (τ ≈ σ, :func:`_proposal_scale`); otherwise it is rounded **up** to
+  sn/2^f with the largest such f ≤ 128 — more noise is always safe; the
+  relative increase is below 1/sn: ≤ 2^-61/σ at σ ≥ 1 (≤ 2^-85 at our leaf
+  scales, σ ≈ 2^24) and ≤ 2^-63/σ² below.  σ must lie in (0, 2^50].
+* Lap_Z(b) (pmf ∝ exp(−|x|/b)): b = t/s is used exactly when t ≤ 2^40 and
+  s < 2^62, otherwise rounded **up** to ⌈b·2^f⌉/2^f with the largest such
+  f ≤ 62 (relative increase < 2^-(bits of t − 1), ≤ 2^-39 at b ≥ 1).  b must
+  lie in (0, 2^40].
+
+The draws are exact for the (rounded-up) parameter, conditioned on the
+Laplace proposal staying below 2^62 (int64 outputs): a total-variation
+change below exp(−2^22) for either sampler within these ranges
+(:mod:`common.exact_kernels`).
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from fractions import Fraction
+from functools import lru_cache
+from numbers import Rational
+
+import numpy as np
+
+from . import exact_kernels as K
+
+#: A source of random words: fills a uint64 array in place with independent uniform words.
+WordSource = Callable[[np.ndarray], None]
+
+MAX_SIGMA2 = Fraction(2**100)  # σ ≤ 2^50
+MAX_LAPLACE_SCALE = Fraction(2**40)
+#: Expected random words per value (a little above the measured means), to size the blocks.
+_WORDS_PER_VALUE = {"gaussian": 4.0, "laplace": 2.0}
+_MAX_BLOCK_WORDS = 1 << 20  # 8 MiB of keystream per block at most
+
+
+class NoiseParameterError(ValueError):
+    pass
+
+
+def _exact(x, what: str) -> Fraction:
+    """``x`` as an exact rational (a float at its exact binary value); refuses NaN, ±inf, bools, strings."""
+    if isinstance(x, bool) or not isinstance(x, (Rational, float, np.integer, np.floating)):
+        raise NoiseParameterError(f"{what} must be a number, got {x!r}")
+    if isinstance(x, (float, np.floating)):
+        if not math.isfinite(x):
+            raise NoiseParameterError(f"{what} must be finite, got {x!r}")
+        return Fraction(float(x))
+    return Fraction(int(x)) if isinstance(x, np.integer) else Fraction(x)
+
+
+def _proposal_scale(sn: int, sd: int) -> int:
+    """τ for Alg. 3: ⌈σ⌉ rounded up to 5 significant bits (any τ ≥ 1 is exact; τ ∈ [σ, σ + σ/16 + 1]
+    keeps the acceptance rate within 1% of τ = σ's and makes U ~ uniform[0, τ) mostly raw bits)."""
+    r = math.isqrt(sn // sd)
+    ceil_sigma = r if r * r * sd == sn else r + 1  # ⌈σ⌉ ≥ 1
+    j = max(0, ceil_sigma.bit_length() - 5)
+    return -(-ceil_sigma >> j) << j
+
+
+def _gaussian_fits(sn: int, sd: int) -> bool:
+    tau = _proposal_scale(sn, sd)
+    return sn < 2**126 and tau * sd < 2**64 and 2 * sn * sd * tau * tau < 2**255
+
+
+@lru_cache(maxsize=1024)
+def gaussian_variance(sigma2: Fraction) -> Fraction:
+    """The variance the sampler uses for a requested σ²: σ² itself, or the smallest representable value above."""
+    if not 0 < sigma2 <= MAX_SIGMA2:
+        raise NoiseParameterError(f"discrete Gaussian variance must be in (0, 2^100], got {sigma2}")
+    if _gaussian_fits(sigma2.numerator, sigma2.denominator):
+        return sigma2
+    for f in range(128, -1, -1):
+        sn = -((-sigma2.numerator << f) // sigma2.denominator)  # ⌈σ²·2^f⌉
+        if _gaussian_fits(sn, 1 << f):
+            return Fraction(sn, 1 << f)
+    raise NoiseParameterError(f"discrete Gaussian variance {sigma2} cannot be represented")  # pragma: no cover
+
+
+@lru_cache(maxsize=1024)
+def laplace_scale(b: Fraction) -> Fraction:
+    """The scale the sampler uses for a requested b: b itself, or the smallest representable value above."""
+    if not 0 < b <= MAX_LAPLACE_SCALE:
+        raise NoiseParameterError(f"discrete Laplace scale must be in (0, 2^40], got {b}")
+    if b.numerator <= 2**40 and b.denominator < 2**62:
+        return b
+    for f in range(62, -1, -1):
+        t = -((-b.numerator << f) // b.denominator)
+        if t <= 2**40:
+            return Fraction(t, 1 << f)
+    raise NoiseParameterError(f"discrete Laplace scale {b} cannot be represented")  # pragma: no cover
+
+
+def _laplace_row(t: int, s: int) -> list[int]:
+    z = (t & -t).bit_length() - 1  # t = m·2^z, m odd
+    m = t >> z
+    return [t, m, (m - 1).bit_length(), z, s]
+
+
+def _bernoulli_row(n: int, d: int) -> list[int]:
+    """Kernel row for Bernoulli(exp(−n/d)) (tests of Alg. 1)."""
+    z = (d & -d).bit_length() - 1
+    return [n, d, d.bit_length(), d >> z, ((d >> z) - 1).bit_length(), z]
+
+
+def _gaussian_row(sigma2: Fraction) -> list[int]:
+    sn, sd = sigma2.numerator, sigma2.denominator
+    tau = _proposal_scale(sn, sd)
+    d = 2 * sn * sd * tau * tau
+    dl = d.bit_length()
+    dj = (dl - 1) // 64
+    limbs = [(d >> (64 * i)) & (2**64 - 1) for i in range(4)]
+    return [*_laplace_row(tau, 1), tau * sd, sn & (2**64 - 1), sn >> 64, *limbs, dj, dl - 64 * dj]
+
+
+def _draw(kind: str, rows: list[list[int]], which: np.ndarray, words: WordSource | None) -> np.ndarray:
+    """Run the fill kernel over ``which`` with fresh blocks of words, replaying a value cut by a block's end."""
+    if words is None:
+        from .randomness import csprng_fill as words
+    code = {"gaussian": K.GAUSSIAN, "laplace": K.LAPLACE}[kind]
+    params = np.array(rows, dtype=np.uint64).reshape(len(rows), -1)
+    which = np.ascontiguousarray(which, dtype=np.int64)
+    out = np.empty(which.size, dtype=np.int64)
+    carry = np.empty(0, dtype=np.uint64)
+    offset = 0
+    i = 0
+    while i < out.size:
+        fresh = min(int((out.size - i) * _WORDS_PER_VALUE[kind]) + 64, _MAX_BLOCK_WORDS)
+        buf = np.empty(carry.size + fresh, dtype=np.uint64)
+        buf[:carry.size] = carry
+        words(buf[carry.size:])
+        st = np.array([offset, 64 * buf.size, 0], dtype=np.int64)
+        i = K.fill(out, code, which, params, buf, st, i)
+        if i < out.size:  # keep the unfinished value's bits: it is replayed on them and then fresh ones
+            carry = buf[st[0] >> 6:].copy()
+            offset = int(st[0] & 63)
+    return out
+
+
+@lru_cache(maxsize=4096)
+def _row_for_scale(kind: str, scale: float) -> tuple[int, ...] | None:
+    """The kernel parameter row for a float scale (σ for the Gaussian, b for Laplace); None for 0."""
+    q = _exact(scale, "noise scale")
+    if q == 0:
+        return None
+    if kind == "gaussian":
+        return tuple(_gaussian_row(gaussian_variance(q * q)))
+    b = laplace_scale(q)
+    return tuple(_laplace_row(b.numerator, b.denominator))
+
+
+def _per_entry(kind: str, values) -> np.ndarray:
+    arr = np.asarray(values, dtype=np.float64)
+    if np.any(~np.isfinite(arr)) or np.any(arr < 0):
+        raise NoiseParameterError("noise scales must be finite and non-negative")
+    uniq, inv = np.unique(arr.ravel(), return_inverse=True)
+    rows, lookup = [], np.empty(uniq.size, dtype=np.int64)
+    for i, u in enumerate(uniq.tolist()):
+        row = _row_for_scale(kind, u)
+        lookup[i] = -1 if row is None else len(rows)
+        if row is not None:
+            rows.append(row)
+    which = lookup[inv.ravel()]
+    out = np.zeros(which.size, dtype=np.int64)
+    live = np.flatnonzero(which >= 0)
+    if live.size:
+        out[live] = _draw(kind, rows, which[live], None)
+    return out.reshape(arr.shape)
+
+
+def discrete_gaussian(sigma2, size: int, *, words: WordSource | None = None) -> np.ndarray:
+    """``size`` independent draws of N_Z(0, σ²) (pmf ∝ exp(−x²/(2σ²)) on the integers) for an exact σ² > 0."""
+    row = _gaussian_row(gaussian_variance(_exact(sigma2, "variance")))
+    return _draw("gaussian", [row], np.zeros(int(size), dtype=np.int64), words)
+
+
+def discrete_laplace(scale, size: int, *, words: WordSource | None = None) -> np.ndarray:
+    """``size`` independent draws of Lap_Z(b) (pmf ∝ exp(−|x|/b) on the integers) for an exact scale b > 0."""
+    b = laplace_scale(_exact(scale, "scale"))
+    row = _laplace_row(b.numerator, b.denominator)
+    return _draw("laplace", [row], np.zeros(int(size), dtype=np.int64), words)
+
+
+def discrete_gaussian_scales(sigmas) -> np.ndarray:
+    """One draw of N_Z(0, σ_i²) per entry σ_i ≥ 0 of the float array ``sigmas`` (σ_i² computed exactly from
+    σ_i's binary value; σ_i = 0 gives 0), from the CSPRNG."""
+    return _per_entry("gaussian", sigmas)
+
+
+def discrete_laplace_scales(scales) -> np.ndarray:
+    """One draw of Lap_Z(b_i) per entry b_i ≥ 0 of the float array ``scales`` (b_i = 0 gives 0), from the CSPRNG."""
+    return _per_entry("laplace", scales)
