@@ -302,11 +302,12 @@ def bounded_range_rdp(alpha: np.ndarray | int | float, eps: float) -> np.ndarray
     ``p_{ε,t} = (e^{−t} − e^{−ε})/(1 − e^{−ε})`` — the Rényi divergence of the
     generalised randomized response RR_{ε,t} (Lemma 1).  The bracket
     ``h(t)`` vanishes at t = 0 and t = ε and has exactly one stationary point
-    (``h'(t) = 0`` is linear in u = e^{−t}):
-    ``u* = α·(A·c·e^{−ε} − 1)/(A·c·(α−1))`` with ``A = e^{αε} − 1``,
-    ``c = 1/(1 − e^{−ε})``; so the supremum is ``max(0, h(t*))`` — exact, no
-    grid.  Evaluated in log space (Appendix A.1) so large αε cannot overflow.
-    ``α = 1`` gives the KL bound ``ε/(e^ε−1) − 1 − log(ε/(e^ε−1))``.
+    (``h'(t) = 0`` is linear in e^{−t}):
+    ``t* = ε + log((α−1)/α) − log(1 − 1/R)``, ``R = (e^{αε}−1)/(e^ε−1) ≥ α``,
+    which lies in [0, ε]; so the supremum is ``h(t*)`` — exact, no grid.
+    Evaluated with ``expm1``/``log1p`` and in log space for large αε
+    (Appendix A.1), so neither tiny ε nor large α loses precision or
+    overflows.  ``α = 1`` gives the KL bound ``ε/(e^ε−1) − 1 − log(ε/(e^ε−1))``.
     """
     a = np.asarray(alpha, dtype=np.float64)
     if np.any(a < 1):
@@ -315,20 +316,17 @@ def bounded_range_rdp(alpha: np.ndarray | int | float, eps: float) -> np.ndarray
         raise AccountingError(f"bounded-range ε must be finite and ≥ 0, got {eps}")
     if eps == 0:
         return np.zeros_like(a) if a.ndim else 0.0
-    log_c = -math.log(-math.expm1(-eps))
     kl = eps / math.expm1(eps) - 1.0 - math.log(eps / math.expm1(eps))
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         am = np.where(a > 1, a, 2.0)
-        ae = am * eps
-        log_A = ae + np.log(-np.expm1(-ae))  # log(e^{αε} − 1)
-        L = log_A + log_c - eps  # log(A·c·e^{−ε})
-        log_u = np.log(am) - np.log(am - 1) + L + np.log(-np.expm1(-np.maximum(L, 1e-300))) - (log_A + log_c)
-        t = np.clip(-log_u, 0.0, eps)
-        t = np.where(L > 0, t, 0.0)
-        log_p = -t + np.log(-np.expm1(-(eps - t))) + log_c  # log p_{ε,t}
-        log_1p = np.log(-np.expm1(-t)) + log_c  # log(1 − p_{ε,t})
-        h = am * (t - eps) + np.logaddexp(ae + log_p, log_1p)
-        h = np.where((t > 0) & (t < eps), h, 0.0)
+        log_A = am * eps + np.log(-np.expm1(-am * eps))  # log(e^{αε} − 1)
+        log_R = log_A - math.log(math.expm1(eps))
+        t = np.clip(eps + np.log((am - 1) / am) - np.log1p(-np.exp(-log_R)), 0.0, eps)
+        p = np.expm1(eps - t) / math.expm1(eps)  # p_{ε,t}
+        log_X = log_A + np.log(p)  # log((e^{αε} − 1)·p)
+        log1p_X = np.where(log_X < 0, np.log1p(np.exp(np.minimum(log_X, 0.0))),
+                           log_X + np.log1p(np.exp(-np.maximum(log_X, 0.0))))
+        h = am * (t - eps) + log1p_X
         out = np.where(a > 1, np.maximum(h, 0.0) / (am - 1), kl)
     return float(out) if np.ndim(out) == 0 else out
 
@@ -496,21 +494,32 @@ def calibrate_greedy(
     eps_ds = eps_ds if init_share > 0 else 0.0
     if alpha_max is None:
         alpha_max = default_alpha_max(epsilon, delta)
-    interval = min(1e-4, epsilon * 1e-3)
+    # dp-accounting's PLDs are pessimistic at any discretization (valid upper bounds); 1e-3 keeps the
+    # composition of T·d pure-DP events fast
+    interval = min(1e-3, epsilon * 1e-2)
+
+    if accountant not in ("rdp", "pld"):
+        raise AccountingError(f"unknown accountant {accountant!r} (use 'rdp' or 'pld')")
 
     def eps_of(scale: float) -> float:
         ev = greedy_training_event(*greedy_budget(scale, rounds, depth, selection_share), depth, rounds,
                                    eps_init, eps_ds)
-        if accountant == "rdp":
-            return event_epsilon_rdp(ev, delta, alpha_max)[0]
-        if accountant == "pld":
+        try:
+            if accountant == "rdp":
+                return event_epsilon_rdp(ev, delta, alpha_max)[0]
             return float(event_pld(ev, interval).get_epsilon_for_delta(delta))
-        raise AccountingError(f"unknown accountant {accountant!r} (use 'rdp' or 'pld')")
+        except OverflowError:  # a budget far beyond any target (the bisection's upper end)
+            return math.inf
 
     # ε grows with the scale: bisect for the largest scale with ε ≤ target (σ = 1/√scale-like inversion).
+    lo, hi = 1e-6, 1e8
+    if accountant == "pld":  # bracket the search around the (fast) RDP calibration
+        r = calibrate_greedy(epsilon, delta, rounds, depth, selection_share, init_share, eps_ds, "rdp", alpha_max)
+        scale_rdp = rounds / ((1.0 - selection_share) * r.sigma**2)
+        lo, hi = 1.0 / (16.0 * scale_rdp), 16.0 / scale_rdp
     try:
-        inv = _bisect_sigma(lambda x: eps_of(1.0 / x), epsilon, lo=1e-6, hi=1e8,
-                            rel_tol=1e-7 if accountant == "rdp" else 1e-4)
+        inv = _bisect_sigma(lambda x: eps_of(1.0 / x), epsilon, lo=lo, hi=hi,
+                            rel_tol=1e-7 if accountant == "rdp" else 1e-3)
     except OverflowError:
         raise AccountingError(f"ε = {epsilon:g} is too large for the accountant (numerical overflow)") from None
     scale = 1.0 / inv
