@@ -216,6 +216,7 @@ class PrivacyCalibration:
     eps_init: float
     eps_ds: float
     eps_select: float = 0.0  # greedy trees: ε of the exponential mechanism per level (0: random trees)
+    sigma_select: float = 0.0  # greedy trees with histogram selection: σ_s of the level histograms
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -450,39 +451,54 @@ def init_score_events(eps_init: float, eps_ds: float) -> ComposedEvent:
     return compose(*(LaplaceEvent(e) for e in (eps_init, eps_ds) if e > 0))
 
 
-def greedy_tree_event(eps_select: float, sigma: float, depth: int) -> ComposedEvent:
-    """One greedy tree: ``depth`` levels of exponential-mechanism node selection (the nodes of a level hold
-    disjoint records: parallel composition, one ε-BR release per level) and the Gaussian leaf release of
-    S-BDT with unweighted noise σ (noise multiplier σ/√2, :mod:`common.accountant` module doc)."""
-    return compose(compose(ExponentialEvent(eps_select), count=depth), GaussianEvent(sigma / math.sqrt(2.0)))
+SELECTIONS = ("exponential", "histogram")
 
 
-def greedy_training_event(eps_select: float, sigma: float, depth: int, rounds: int, eps_init: float,
-                          eps_ds: float) -> ComposedEvent:
+def greedy_tree_event(select: float, sigma: float, depth: int, selection: str = "exponential") -> ComposedEvent:
+    """One greedy tree: ``depth`` levels of node selection and the Gaussian leaf release of S-BDT with
+    unweighted noise σ (noise multiplier σ/√2, module doc).
+
+    The nodes of a level hold disjoint records, so a level is one release (parallel composition):
+    ``selection="exponential"``: the exponential mechanism, ``select`` = its ε (bounded range, Thm. 1);
+    ``"histogram"``: noisy level histograms (:mod:`common.greedy_levels`), ``select`` = their σ_s, a
+    Gaussian of noise multiplier σ_s/√2."""
+    if selection == "exponential":
+        level = ExponentialEvent(select)
+    elif selection == "histogram":
+        level = GaussianEvent(select / math.sqrt(2.0))
+    else:
+        raise AccountingError(f"unknown selection {selection!r} (use 'exponential' or 'histogram')")
+    return compose(compose(level, count=depth), GaussianEvent(sigma / math.sqrt(2.0)))
+
+
+def greedy_training_event(select: float, sigma: float, depth: int, rounds: int, eps_init: float,
+                          eps_ds: float, selection: str = "exponential") -> ComposedEvent:
     """Everything a greedy training run releases: the initial score and ``rounds`` greedy trees."""
-    return compose(init_score_events(eps_init, eps_ds), compose(greedy_tree_event(eps_select, sigma, depth),
-                                                                count=rounds))
+    return compose(init_score_events(eps_init, eps_ds),
+                   compose(greedy_tree_event(select, sigma, depth, selection), count=rounds))
 
 
-def greedy_budget(scale: float, rounds: int, depth: int, selection_share: float) -> tuple[float, float]:
-    """(ε_select per level, σ) for a zCDP budget ``scale`` split selection : leaves = s : 1 − s.
+def greedy_budget(scale: float, rounds: int, depth: int, selection_share: float,
+                  selection: str = "exponential") -> tuple[float, float]:
+    """(selection parameter per level, σ) for a zCDP budget ``scale`` split selection : leaves = s : 1 − s.
 
     The shares are of the trees' zCDP cost (paper §6: selection : leaf = 0.7 : 0.3):
-    ``T·d·ε_select²/8 = s·scale`` and ``T·1/σ² = (1 − s)·scale`` (the leaf
-    release is (α, α/σ²)-RDP).  The accountant then charges the exponential
-    mechanism with the tighter Thm. 1, so the achieved ε is below zCDP's.
+    exponential: ``T·d·ε_select²/8 = s·scale``; histogram: ``T·d/σ_s² = s·scale``; leaves
+    ``T/σ² = (1 − s)·scale`` (a Gaussian of multiplier σ/√2 is (α, α/σ²)-RDP).  The accountant then
+    charges the exponential mechanism with the tighter Thm. 1, so its achieved ε is below zCDP's.
     """
-    eps_select = math.sqrt(8.0 * selection_share * scale / (rounds * depth))
+    per_level = selection_share * scale / (rounds * depth)
+    select = math.sqrt(8.0 * per_level) if selection == "exponential" else math.sqrt(1.0 / per_level)
     sigma = math.sqrt(rounds / ((1.0 - selection_share) * scale))
-    return eps_select, sigma
+    return select, sigma
 
 
 @lru_cache(maxsize=128)
 def calibrate_greedy(
     epsilon: float, delta: float, rounds: int, depth: int, selection_share: float = 0.7, init_share: float = 0.0,
-    eps_ds: float = 0.0, accountant: str = "rdp", alpha_max: int | None = None,
+    eps_ds: float = 0.0, accountant: str = "rdp", alpha_max: int | None = None, selection: str = "exponential",
 ) -> PrivacyCalibration:
-    """The largest greedy budget (ε_select, σ) whose whole release (:func:`greedy_training_event`) is
+    """The largest greedy budget (selection parameter, σ) whose whole release (:func:`greedy_training_event`) is
     (ε, δ)-DP under ``accountant`` (bisection on the zCDP budget scale of :func:`greedy_budget`)."""
     if not (epsilon > 0 and math.isfinite(epsilon)):
         raise AccountingError(f"ε must be a positive number, got {epsilon}")
@@ -498,12 +514,14 @@ def calibrate_greedy(
     # composition of T·d pure-DP events fast
     interval = min(1e-3, epsilon * 1e-2)
 
+    if selection not in SELECTIONS:
+        raise AccountingError(f"unknown selection {selection!r} (use 'exponential' or 'histogram')")
     if accountant not in ("rdp", "pld"):
         raise AccountingError(f"unknown accountant {accountant!r} (use 'rdp' or 'pld')")
 
     def eps_of(scale: float) -> float:
-        ev = greedy_training_event(*greedy_budget(scale, rounds, depth, selection_share), depth, rounds,
-                                   eps_init, eps_ds)
+        ev = greedy_training_event(*greedy_budget(scale, rounds, depth, selection_share, selection), depth,
+                                   rounds, eps_init, eps_ds, selection)
         try:
             if accountant == "rdp":
                 return event_epsilon_rdp(ev, delta, alpha_max)[0]
@@ -514,7 +532,8 @@ def calibrate_greedy(
     # ε grows with the scale: bisect for the largest scale with ε ≤ target (σ = 1/√scale-like inversion).
     lo, hi = 1e-6, 1e8
     if accountant == "pld":  # bracket the search around the (fast) RDP calibration
-        r = calibrate_greedy(epsilon, delta, rounds, depth, selection_share, init_share, eps_ds, "rdp", alpha_max)
+        r = calibrate_greedy(epsilon, delta, rounds, depth, selection_share, init_share, eps_ds, "rdp", alpha_max,
+                             selection)
         scale_rdp = rounds / ((1.0 - selection_share) * r.sigma**2)
         lo, hi = 1.0 / (16.0 * scale_rdp), 16.0 / scale_rdp
     try:
@@ -523,13 +542,14 @@ def calibrate_greedy(
     except OverflowError:
         raise AccountingError(f"ε = {epsilon:g} is too large for the accountant (numerical overflow)") from None
     scale = 1.0 / inv
-    eps_select, sigma = greedy_budget(scale, rounds, depth, selection_share)
-    ev = greedy_training_event(eps_select, sigma, depth, rounds, eps_init, eps_ds)
+    select, sigma = greedy_budget(scale, rounds, depth, selection_share, selection)
+    ev = greedy_training_event(select, sigma, depth, rounds, eps_init, eps_ds, selection)
     if accountant == "rdp":
         eps, alpha = event_epsilon_rdp(ev, delta, alpha_max)
-        rho = float(event_rdp(compose(greedy_tree_event(eps_select, sigma, depth), count=rounds),
+        rho = float(event_rdp(compose(greedy_tree_event(select, sigma, depth, selection), count=rounds),
                               np.array([alpha]))[0])
     else:
         eps, alpha, rho = eps_of(scale), 0, 0.0
+    exponential = selection == "exponential"
     return PrivacyCalibration(accountant, sigma, alpha, rho, eps, delta, rounds, 1.0, eps_init, eps_ds,
-                              eps_select)
+                              select if exponential else 0.0, 0.0 if exponential else select)

@@ -27,6 +27,7 @@ from . import kernels
 from .accountant import PrivacyCalibration
 from .boosting import TASK_CODE, LocalData, split_edges
 from .config import Hyperparameters
+from .greedy_levels import level_layout, level_noise_scales, level_sums, select_splits
 from .schema import Schema
 from .splits import Splits, random_splits
 
@@ -110,16 +111,21 @@ def level_histograms(codes: np.ndarray, node: np.ndarray, weight: np.ndarray, n_
 
 @dataclass
 class GreedyTrees:
-    """DP-XGB node selection (paper §4.2) on the public grid of ``hp.split_candidates`` thresholds."""
+    """DP-XGB node selection (paper §4.2) on the public grid of ``hp.split_candidates`` thresholds.
+
+    ``hp.selection = "exponential"``: the exponential mechanism on the exact gains with ε ``select``;
+    ``"histogram"``: the arg max of the gains of noisy level histograms with noise σ_s = ``select``
+    (:mod:`common.greedy_levels`, the federation's rule)."""
 
     schema: Schema
     hp: Hyperparameters
-    eps_select: float  # ε of the exponential mechanism per level
+    select: float  # ε of the exponential mechanism per level, or σ_s of the level histograms
     _cache: dict = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.candidates, self.edges = Candidates.grid(self.schema, self.hp.split_candidates)
         self.is_cat = np.array([f.is_categorical for f in self.schema.features])
+        self.cand_start = np.searchsorted(self.candidates.feature, np.arange(self.schema.n_features))
 
     def _codes(self, local: LocalData) -> np.ndarray:
         key = self._cache.get("key")
@@ -130,7 +136,7 @@ class GreedyTrees:
 
     def scale(self, grad_clip: float) -> float:
         """Scale of the exponential mechanism ``P ∝ exp(score/scale)``: ``2Δ/ε_select``."""
-        return 2.0 * score_sensitivity(grad_clip) / self.eps_select
+        return 2.0 * score_sensitivity(grad_clip) / self.select
 
     def splits(self, round_id: int, local: LocalData, randomness) -> Splits:
         hp, enc, cand = self.hp, local.enc, self.candidates
@@ -151,14 +157,22 @@ class GreedyTrees:
         rows = np.arange(local.n)
         for level in range(hp.depth):
             n_nodes, first = 2**level, 2**level - 1
-            HG = level_histograms(codes, node, g * present, n_nodes, features)
-            HN = level_histograms(codes, node, present, n_nodes, features)
-            lo, hi = cand.lo[idx], cand.hi[idx]
-            for q in range(n_nodes):
-                GL = HG[fpos, q, hi] - HG[fpos, q, lo]
-                NL = HN[fpos, q, hi] - HN[fpos, q, lo]
-                score = gains(GL, NL, HG[0, q, 256], HN[0, q, 256], hp.l2)
-                chosen[first + q] = idx[randomness.exponential_mechanism(score, scale)]
+            if hp.selection == "histogram":
+                layout = level_layout(self.schema, self.edges, level, features)
+                sums = level_sums(codes, node, gq, present > 0, layout)
+                noisy = sums + randomness.discrete_gaussian(
+                    level_noise_scales(layout, enc.grad.bound_units, self.select))
+                k, j = select_splits(noisy, layout, enc.scale, hp.l2)
+                chosen[first:first + n_nodes] = self.cand_start[features[k]] + j
+            else:
+                HG = level_histograms(codes, node, g * present, n_nodes, features)
+                HN = level_histograms(codes, node, present, n_nodes, features)
+                lo, hi = cand.lo[idx], cand.hi[idx]
+                for q in range(n_nodes):
+                    GL = HG[fpos, q, hi] - HG[fpos, q, lo]
+                    NL = HN[fpos, q, hi] - HN[fpos, q, lo]
+                    score = gains(GL, NL, HG[0, q, 256], HN[0, q, 256], hp.l2)
+                    chosen[first + q] = idx[randomness.exponential_mechanism(score, scale)]
             # route every record to its child (heap order: left 2k+1, right 2k+2)
             c = chosen[first + node]
             code = codes[rows, cand.feature[c]].astype(np.int64)
@@ -169,5 +183,5 @@ class GreedyTrees:
 def tree_builder_for(hp: Hyperparameters, schema: Schema, cal: PrivacyCalibration) -> TreeBuilder:
     """The strategy ``hp.tree_builder`` names, with the calibrated selection budget for greedy trees."""
     if hp.tree_builder == "greedy":
-        return GreedyTrees(schema, hp, cal.eps_select)
+        return GreedyTrees(schema, hp, cal.eps_select if hp.selection == "exponential" else cal.sigma_select)
     return RandomTrees(schema, hp)

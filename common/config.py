@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 TASKS = ("regression", "binary")
-TREE_BUILDERS = ("random", "greedy")  # S-BDT's public random trees; DP-XGB greedy trees (docs/greedy.md)
+TREE_BUILDERS = ("random", "greedy")
+SELECTIONS = ("exponential", "histogram")  # greedy node selection (docs/greedy.md)  # S-BDT's public random trees; DP-XGB greedy trees (docs/greedy.md)
 #: what a greedy run takes for keys it is not given (:func:`builder_defaults`): every record in every
 #: tree (the paper's DP-XGB does not subsample) and a public grid of 32 candidate thresholds per feature
 GREEDY_DEFAULTS = {"subsample": 1.0, "split_candidates": 32}
@@ -50,6 +51,7 @@ class Hyperparameters:
     scale_bits: int = 20  # fixed-point scale 2^scale_bits
     tree_builder: str = "random"  # "random" (S-BDT) or "greedy" (DP-XGB: exponential mechanism per level)
     selection_share: float = 0.7  # greedy: share of the trees' zCDP budget for node selection (rest: leaves)
+    selection: str = "exponential"  # greedy: exponential mechanism, or arg max of noisy level histograms
 
     def __post_init__(self) -> None:
         def bad(name: str, why: str) -> ConfigError:
@@ -73,6 +75,11 @@ class Hyperparameters:
             raise bad("accountant", "must be 'rdp' or 'pld'")
         if not isinstance(self.tree_builder, str) or self.tree_builder not in TREE_BUILDERS:
             raise bad("tree_builder", "must be 'random' or 'greedy'")
+        if not isinstance(self.selection, str) or self.selection not in SELECTIONS:
+            raise bad("selection", "must be 'exponential' or 'histogram'")
+        if self.tree_builder == "random" and self.selection != "exponential":
+            raise bad("selection", "chooses how greedy trees select splits; random trees have no selection "
+                      "(set tree_builder = 'greedy')")
         if not self.epsilon > 0:
             raise bad("epsilon", "must be > 0")
         if not 0 < self.delta < 1:

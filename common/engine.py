@@ -31,7 +31,7 @@ def calibration_for(hp: Hyperparameters) -> PrivacyCalibration:
     """Alg. 6 for these hyperparameters (cached); greedy trees: :func:`~common.accountant.calibrate_greedy`."""
     if hp.tree_builder == "greedy":
         return calibrate_greedy(hp.epsilon, hp.delta, hp.accounted_rounds, hp.depth, hp.selection_share,
-                                hp.init_share, hp.eps_ds, hp.accountant)
+                                hp.init_share, hp.eps_ds, hp.accountant, selection=hp.selection)
     return calibrate(hp.epsilon, hp.delta, hp.subsample, hp.accounted_rounds, hp.init_share, hp.eps_ds,
                      hp.accountant)
 
@@ -63,6 +63,8 @@ def privacy_receipt(hp: Hyperparameters, cal: PrivacyCalibration, rounds_complet
         "filter": bool(hp.filter),
         "tree_builder": hp.tree_builder,
         "eps_select": cal.eps_select,
+        "selection": hp.selection,
+        "sigma_select": cal.sigma_select,
         "noise_mode": noise_mode,
         "randomness": randomness,
         "parties": list(parties or []),

@@ -425,7 +425,8 @@ class SBDTRegressor(RegressorMixin, _SBDTBase):
     def __init__(self, *, epsilon=1.0, delta=5e-8, trees=100, extra_trees=0, depth=3, subsample=0.1,
                  learning_rate=0.1, l2=1.0, leaf_clip=2.0, grad_clip=0.5, hess_clip=None, label_clip=1.0, r1=0.2,
                  init_share=0.1, eps_ds=0.005, accountant="rdp", filter=False, cyclical=False, split_candidates=0,
-                 seed=None, scale_bits=20, tree_builder="random", selection_share=0.7, schema=None, feature_ranges=None, categorical=None, label_range=None,
+                 seed=None, scale_bits=20, tree_builder="random", selection_share=0.7,
+                 selection="exponential", schema=None, feature_ranges=None, categorical=None, label_range=None,
                  out_of_range=None):
         self.epsilon = epsilon
         self.delta = delta
@@ -450,6 +451,7 @@ class SBDTRegressor(RegressorMixin, _SBDTBase):
         self.scale_bits = scale_bits
         self.tree_builder = tree_builder
         self.selection_share = selection_share
+        self.selection = selection
         self.schema = schema
         self.feature_ranges = feature_ranges
         self.categorical = categorical
@@ -497,7 +499,8 @@ class SBDTClassifier(ClassifierMixin, _SBDTBase):
     def __init__(self, *, epsilon=1.0, delta=5e-8, trees=100, extra_trees=0, depth=3, subsample=0.1,
                  learning_rate=0.1, l2=1.0, leaf_clip=2.0, grad_clip=0.5, hess_clip=None, label_clip=1.0, r1=0.2,
                  init_share=0.1, eps_ds=0.005, accountant="rdp", filter=False, cyclical=False, split_candidates=0,
-                 seed=None, scale_bits=20, tree_builder="random", selection_share=0.7, schema=None, feature_ranges=None, categorical=None, classes=None,
+                 seed=None, scale_bits=20, tree_builder="random", selection_share=0.7,
+                 selection="exponential", schema=None, feature_ranges=None, categorical=None, classes=None,
                  out_of_range=None):
         self.epsilon = epsilon
         self.delta = delta
@@ -522,6 +525,7 @@ class SBDTClassifier(ClassifierMixin, _SBDTBase):
         self.scale_bits = scale_bits
         self.tree_builder = tree_builder
         self.selection_share = selection_share
+        self.selection = selection
         self.schema = schema
         self.feature_ranges = feature_ranges
         self.categorical = categorical

@@ -181,9 +181,10 @@ def epsilon_curve(privacy: dict[str, Any], points: int = 40, depth: int = 0) -> 
     if privacy.get("tree_builder") == "greedy":
         if depth < 1:
             return np.zeros(0), np.zeros(0)
-        e_sel = float(privacy["eps_select"])
-        eps = [event_epsilon_rdp(greedy_training_event(e_sel, sigma, depth, int(r), e_init, e_ds), delta)[0]
-               for r in rs]
+        selection = str(privacy.get("selection", "exponential"))
+        select = float(privacy["eps_select"] if selection == "exponential" else privacy["sigma_select"])
+        eps = [event_epsilon_rdp(greedy_training_event(select, sigma, depth, int(r), e_init, e_ds, selection),
+                                 delta)[0] for r in rs]
     else:
         eps = [epsilon_rdp(sigma, float(privacy["subsample"]), int(r), delta, e_init, e_ds)[0] for r in rs]
     return rs, np.asarray(eps)
@@ -362,7 +363,10 @@ def _accountant(p: dict[str, Any], curve: str | None) -> str:
         ("tree builder", p.get("tree_builder", "random"), "random: public random splits (S-BDT); greedy: "
          "splits chosen by the exponential mechanism (DP-XGB)"),
         *([("ε_select", p.get("eps_select"), "exponential mechanism per tree level (bounded-range RDP, Thm. 1 "
-            "of 'Revisiting DP-XGBoost')")] if p.get("tree_builder") == "greedy" else []),
+            "of 'Revisiting DP-XGBoost')")] if p.get("tree_builder") == "greedy"
+          and p.get("selection", "exponential") == "exponential" else []),
+        *([("σ_select", p.get("sigma_select"), "noise of the level histograms the splits were chosen from "
+            "(a Gaussian release per tree level)")] if p.get("selection") == "histogram" else []),
         ("noise mode", p.get("noise_mode"), "central: one party added all noise; distributed: each site a share"),
         ("randomness", p.get("randomness"), "source of noise and subsampling"),
     ]
@@ -516,9 +520,11 @@ def tree_svg(model: Ensemble, index: int) -> str:
 def _trees(model: Ensemble) -> str:
     hp = model.hyperparameters
     what = ("the margin (log-odds)" if model.task == "binary" else "the scaled label")
+    how = ("as the best split on noisy histograms of the gradients (a Gaussian release per tree level)"
+           if hp.selection == "histogram" else
+           "by the exponential mechanism (a noisy choice favouring splits that explain the gradient best)")
     body = (f"<p>Each of the {len(model.trees)} trees below was grown greedily: every split was chosen among the "
-            f"public candidate thresholds by the exponential mechanism (a noisy choice favouring splits that "
-            f"explain the gradient best), and every leaf value is a noisy Newton step. A record goes left "
+            f"public candidate thresholds {how}, and every leaf value is a noisy Newton step. A record goes left "
             f"(<em>yes</em>) when the test holds. The prediction is {_e(what)}: the initial score "
             f"{model.init_score:+.4f} plus η = {hp.learning_rate:g} times the leaf reached in every tree. "
             "All of it is public output of the DP mechanisms; nothing here is computed from records.</p>")

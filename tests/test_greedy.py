@@ -226,7 +226,7 @@ def test_greedy_splits_equal_the_record_by_record_argmax(adult_small):
     local = LocalData(ds.X[idx], ds.y[idx], ds.ids[idx], "binary", hp,
                       is_categorical=np.array([f.is_categorical for f in ds.schema.features]))
     local.set_init_score(-1.1)
-    builder = GreedyTrees(ds.schema, hp, eps_select=0.5)
+    builder = GreedyTrees(ds.schema, hp, select=0.5)
     sp = builder.splits(0, local, insecure(noise=False))
     f, t = brute_force_splits(ds.subset(idx), hp, local, builder.candidates)
     np.testing.assert_array_equal(sp.features, f)
@@ -235,7 +235,7 @@ def test_greedy_splits_equal_the_record_by_record_argmax(adult_small):
     assert sp.features.size == 7 and len(set(sp.features.tolist())) > 1
     # cyclical: tree r tests only feature r mod m
     hpc = hp.replace(cyclical=True)
-    spc = GreedyTrees(ds.schema, hpc, eps_select=0.5).splits(5, local, insecure(noise=False))
+    spc = GreedyTrees(ds.schema, hpc, select=0.5).splits(5, local, insecure(noise=False))
     assert set(spc.features.tolist()) == {5 % ds.schema.n_features}
 
 
@@ -375,3 +375,91 @@ def test_federated_plan_refuses_greedy(adult_small):
     sites = [SiteEntry(f"s{i}", bytes([i]) * 32) for i in range(3)]
     with pytest.raises(PlanError, match="not available in a federation"):
         make_plan(adult_small.schema, Hyperparameters.from_dict({"tree_builder": "greedy"}), sites)
+
+
+# --------------------------------------------------------------------------- histogram selection (the federated rule)
+
+
+def test_site_level_vectors_add_up_to_the_central_one(adult_small):
+    """Three sites' level vectors sum exactly (int64) to the vector of all their records."""
+    from common import kernels
+    from common.greedy_levels import level_layout, level_sums
+
+    ds = adult_small
+    cand, edges = Candidates.grid(ds.schema, 16)
+    is_cat = np.array([f.is_categorical for f in ds.schema.features])
+    codes = kernels.bin_codes(ds.X, edges, is_cat)
+    rng = np.random.default_rng(0)
+    node = rng.integers(0, 4, ds.n)
+    gq = rng.integers(-2**19, 2**19, ds.n)
+    present = rng.random(ds.n) < 0.9
+    layout = level_layout(ds.schema, edges, 2, np.arange(ds.schema.n_features))
+    whole = level_sums(codes, node, gq, present, layout)
+    parts = np.array_split(np.arange(ds.n), 3)
+    assert whole.size == layout.length
+    np.testing.assert_array_equal(sum(level_sums(codes[p], node[p], gq[p], present[p], layout) for p in parts),
+                                  whole)
+    # the count half: every present record once per carried feature
+    assert whole[layout.length // 2:].sum() == present.sum() * ds.schema.n_features
+
+
+def test_histogram_selection_without_noise_is_the_argmax_of_the_gains(adult_small):
+    ds = adult_small
+    idx = np.arange(0, ds.n, 7)
+    hp = Hyperparameters.from_dict({"tree_builder": "greedy", "selection": "histogram", "depth": 3,
+                                    "split_candidates": 16})
+    local = LocalData(ds.X[idx], ds.y[idx], ds.ids[idx], "binary", hp,
+                      is_categorical=np.array([f.is_categorical for f in ds.schema.features]))
+    local.set_init_score(-1.1)
+    builder = GreedyTrees(ds.schema, hp, select=3.0)
+    sp = builder.splits(0, local, insecure(noise=False))
+    f, t = brute_force_splits(ds.subset(idx), hp, local, builder.candidates)
+    # the same tree as the exponential path's arg max (up to float ties between equal-gain candidates)
+    assert sp.features[0] == f[0] and sp.thresholds[0] == t[0]
+    assert (sp.features == f).mean() >= 5 / 7
+
+
+def test_level_noise_makes_a_gaussian_of_multiplier_sigma_over_sqrt2():
+    """Worst-case record: F gradient entries of g* and F counts of 1; Σ (Δ_i/s_i)² = 2/σ_s²."""
+    from common.greedy_levels import LevelLayout, level_noise_scales
+
+    F, units, sigma_s = 5, 2**19, 7.0
+    layout = LevelLayout(2, np.arange(F), np.full(F, 9), np.zeros(F, bool))
+    s = level_noise_scales(layout, units, sigma_s)
+    half = s.size // 2
+    worst = F * (units / s[0]) ** 2 + F * (1.0 / s[half]) ** 2
+    assert math.isclose(worst, 2.0 / sigma_s**2, rel_tol=1e-12)
+    shares = level_noise_scales(layout, units, sigma_s, shares=4)
+    np.testing.assert_allclose(4 * shares**2, s**2, rtol=1e-12)
+
+
+def test_histogram_calibration_is_all_gaussian_and_matches_pld():
+    cal = calibrate_greedy(1.0, 1e-5, 20, 3, 0.7, 0.1, 0.005, selection="histogram")
+    assert cal.sigma_select > 0 and cal.eps_select == 0 and 0.999 < cal.epsilon <= 1.0
+    assert math.isclose(20 * 3 / cal.sigma_select**2 / (20 / cal.sigma**2), 0.7 / 0.3, rel_tol=1e-9)
+    ev = greedy_training_event(cal.sigma_select, cal.sigma, 3, 20, 0.1, 0.005, "histogram")
+    pld = event_pld(ev).get_epsilon_for_delta(1e-5)
+    assert pld <= cal.epsilon  # PLD is tighter than RDP for Gaussian ledgers
+    with pytest.raises(ConfigError, match="selection"):
+        Hyperparameters(selection="histogram")  # random trees have no selection
+
+
+def test_cli_trains_with_histogram_selection(tmp_path, capsys):
+    schema, data = EXAMPLES / "abalone" / "schema.toml", EXAMPLES / "abalone" / "abalone.data"
+    out = tmp_path / "h.json"
+    assert main(["train", "--schema", str(schema), "--data", str(data), "--tree-builder", "greedy", "--selection",
+                 "histogram", "--trees", "4", "--depth", "2", "--out", str(out), "--json", "--quiet"]) == 0
+    capsys.readouterr()
+    p = Ensemble.load(out).privacy
+    assert p["selection"] == "histogram" and p["sigma_select"] > 0 and p["epsilon"] <= 1.0
+
+
+def test_report_curve_charges_histogram_levels(tmp_path):
+    from common.report import epsilon_curve
+
+    schema, data = EXAMPLES / "abalone" / "schema.toml", EXAMPLES / "abalone" / "abalone.data"
+    ds = load(data, Schema.load(schema))
+    model = train(ds, Hyperparameters.from_dict({"tree_builder": "greedy", "selection": "histogram", "trees": 3,
+                                                 "depth": 2})).model
+    rs, eps = epsilon_curve(model.privacy, depth=model.depth)
+    assert math.isclose(eps[-1], model.privacy["epsilon"], rel_tol=1e-9)

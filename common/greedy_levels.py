@@ -1,0 +1,130 @@
+"""Noisy level histograms: greedy node selection from released sums (docs/greedy.md, "Federated greedy").
+
+The exponential mechanism needs exact gains, which no party of a federation
+holds.  Here a level of a greedy tree is instead released as a vector of
+**histograms** — per node of the level, per carried feature, per bin of the
+public grid: the clipped-gradient sum and the record count — with Gaussian
+noise, and the split of every node is the arg max of the gain computed from
+the noisy histograms: post-processing, no extra privacy cost.  Every site can
+compute its part of the vector (:func:`level_sums`), the parts add up exactly
+(int64 fixed point) through secure aggregation, and the coordinator runs
+:func:`select_splits` on the noisy sum.  In one process the same functions
+give the central variant (``selection = "histogram"``).
+
+Sensitivity: a record lies in one node and, per carried feature, in one bin,
+so one record changes ``F`` gradient entries by ≤ g* and ``F`` count entries
+by 1.  With per-entry noise ``g*·σ_s·√F/√(2·r_g)`` on gradient entries and
+``σ_s·√F/√(2·(1−r_g))`` on counts the level is a Gaussian mechanism of
+noise multiplier ``σ_s/√2`` — the form of S-BDT's leaf release
+(:func:`common.accountant.greedy_tree_event` with ``selection="histogram"``).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import kernels
+from .schema import Schema
+
+#: gradient share of the level noise (the rest goes to the counts)
+GRAD_SHARE = 0.5
+
+
+@dataclass(frozen=True)
+class LevelLayout:
+    """Public layout of one level's vector ``[gradient histograms | count histograms]``.
+
+    Per node (``n_nodes``) and carried feature (``features``): ``bins[k]``
+    entries — numeric: ``K + 1`` bins of the grid codes; categorical: one bin
+    per level plus one for codes that match no level.
+    """
+
+    n_nodes: int
+    features: np.ndarray  # int64 (F,)
+    bins: np.ndarray  # int64 (F,)
+    categorical: np.ndarray  # bool (F,)
+
+    @property
+    def per_node(self) -> int:
+        return int(self.bins.sum())
+
+    @property
+    def length(self) -> int:
+        return 2 * self.n_nodes * self.per_node
+
+    @property
+    def offsets(self) -> np.ndarray:
+        return np.concatenate([[0], np.cumsum(self.bins)[:-1]]).astype(np.int64)
+
+
+def level_layout(schema: Schema, edges: list, level: int, features: np.ndarray) -> LevelLayout:
+    """Layout of level ``level`` carrying ``features`` (all of them, or tree r's feature when cyclical)."""
+    features = np.asarray(features, np.int64)
+    bins = np.array([min(len(schema.features[f].levels), kernels.NO_LEVEL) + 1 if schema.features[f].is_categorical
+                     else len(edges[f]) + 1 for f in features], np.int64)
+    return LevelLayout(2**level, features, bins,
+                       np.array([schema.features[f].is_categorical for f in features], bool))
+
+
+def level_sums(codes: np.ndarray, node: np.ndarray, grad_units: np.ndarray, present: np.ndarray,
+               layout: LevelLayout) -> np.ndarray:
+    """One party's level vector (int64): per node, feature, bin the clipped-gradient sum (fixed-point units)
+    and the count of its present records.  ``codes``: :func:`kernels.bin_codes`; ``node``: each record's
+    node at this level."""
+    out = np.zeros((2, layout.n_nodes, layout.per_node), np.int64)
+    rows = np.flatnonzero(present)
+    base = node[rows].astype(np.int64) * layout.per_node
+    g = grad_units[rows].astype(np.int64)
+    for off, f, b in zip(layout.offsets, layout.features, layout.bins):
+        cell = base + off + np.minimum(codes[rows, f].astype(np.int64), b - 1)
+        out[0] += _int_bincount(cell, g, out[0].size).reshape(out[0].shape)
+        out[1] += np.bincount(cell, minlength=out[1].size).astype(np.int64).reshape(out[1].shape)
+    return out.ravel()
+
+
+def _int_bincount(cell: np.ndarray, weights: np.ndarray, size: int) -> np.ndarray:
+    """Exact int64 weighted bincount (float weights could round sums above 2^53)."""
+    out = np.zeros(size, np.int64)
+    np.add.at(out, cell, weights)
+    return out
+
+
+def level_noise_scales(layout: LevelLayout, grad_units: int, sigma_select: float, shares: int = 1) -> np.ndarray:
+    """Per-entry noise std (integer units) making the level a Gaussian mechanism of multiplier σ_s/√2;
+    split into ``shares`` equal-variance shares for distributed noise."""
+    F = layout.features.size
+    sg = grad_units * sigma_select * math.sqrt(F) / math.sqrt(2.0 * GRAD_SHARE) / math.sqrt(shares)
+    sn = sigma_select * math.sqrt(F) / math.sqrt(2.0 * (1.0 - GRAD_SHARE)) / math.sqrt(shares)
+    half = layout.n_nodes * layout.per_node
+    return np.concatenate([np.full(half, sg), np.full(half, sn)])
+
+
+def select_splits(noisy: np.ndarray, layout: LevelLayout, scale: float, l2: float) -> tuple[np.ndarray, np.ndarray]:
+    """Coordinator side (post-processing): per node the (carried-feature index, grid position) of the
+    largest gain ``G_L²/(n_L+λ) + G_R²/(n_R+λ)`` on the noisy histograms.
+
+    Numeric feature: candidate j sends bins ≤ j left (``x < edge_j``); categorical: candidate l sends bin l
+    left.  Noisy counts are floored at 0.  Returns ``(feature position k, candidate j)`` per node."""
+    v = np.asarray(noisy, np.float64).reshape(2, layout.n_nodes, layout.per_node)
+    G_all, N_all = v[0] / scale, np.maximum(v[1], 0.0)
+    best_k = np.zeros(layout.n_nodes, np.int64)
+    best_j = np.zeros(layout.n_nodes, np.int64)
+    best = np.full(layout.n_nodes, -np.inf)
+    for k, (off, b) in enumerate(zip(layout.offsets, layout.bins)):
+        G, N = G_all[:, off:off + b], N_all[:, off:off + b]
+        Gt, Nt = G.sum(axis=1, keepdims=True), N.sum(axis=1, keepdims=True)
+        if layout.categorical[k]:
+            GL, NL = G[:, :-1], N[:, :-1]
+        else:
+            GL, NL = np.cumsum(G, axis=1)[:, :-1], np.cumsum(N, axis=1)[:, :-1]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            NR, GR = np.maximum(Nt - NL, 0.0), Gt - GL
+            score = (np.where(NL + l2 > 0, GL**2 / (NL + l2), 0.0) + np.where(NR + l2 > 0, GR**2 / (NR + l2), 0.0))
+        j = np.argmax(score, axis=1)
+        s = score[np.arange(layout.n_nodes), j]
+        better = s > best
+        best, best_k, best_j = np.where(better, s, best), np.where(better, k, best_k), np.where(better, j, best_j)
+    return best_k, best_j
+
