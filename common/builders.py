@@ -27,9 +27,13 @@ from . import kernels
 from .accountant import PrivacyCalibration
 from .boosting import TASK_CODE, LocalData, split_edges
 from .config import Hyperparameters
-from .greedy_levels import level_layout, level_noise_scales, level_sums, select_splits
+from .greedy_levels import count_noise, level_layout, level_noise_scales, level_sums, select_splits
 from .schema import Schema
 from .splits import Splits, random_splits
+
+
+#: histogram selection ignores splits with a side whose noisy count is below this many noise stds
+MIN_COUNT_SIGMAS = 3.0
 
 
 class TreeBuilder(Protocol):
@@ -162,7 +166,8 @@ class GreedyTrees:
                 sums = level_sums(codes, node, gq, present > 0, layout)
                 noisy = sums + randomness.discrete_gaussian(
                     level_noise_scales(layout, enc.grad.bound_units, self.select))
-                k, j = select_splits(noisy, layout, enc.scale, hp.l2)
+                k, j = select_splits(noisy, layout, enc.scale, hp.l2,
+                                     min_count=MIN_COUNT_SIGMAS * count_noise(layout, self.select))
                 chosen[first:first + n_nodes] = self.cand_start[features[k]] + j
             else:
                 HG = level_histograms(codes, node, g * present, n_nodes, features)

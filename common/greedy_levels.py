@@ -85,10 +85,12 @@ def level_sums(codes: np.ndarray, node: np.ndarray, grad_units: np.ndarray, pres
 
 
 def _int_bincount(cell: np.ndarray, weights: np.ndarray, size: int) -> np.ndarray:
-    """Exact int64 weighted bincount (float weights could round sums above 2^53)."""
-    out = np.zeros(size, np.int64)
-    np.add.at(out, cell, weights)
-    return out
+    """Exact int64 weighted bincount: float64 partial sums of integers are exact below 2^53."""
+    if weights.size and float(np.abs(weights).max()) * weights.size >= 2.0**53:
+        out = np.zeros(size, np.int64)
+        np.add.at(out, cell, weights)
+        return out
+    return np.rint(np.bincount(cell, weights=weights.astype(np.float64), minlength=size)).astype(np.int64)
 
 
 def level_noise_scales(layout: LevelLayout, grad_units: int, sigma_select: float, shares: int = 1) -> np.ndarray:
@@ -101,17 +103,25 @@ def level_noise_scales(layout: LevelLayout, grad_units: int, sigma_select: float
     return np.concatenate([np.full(half, sg), np.full(half, sn)])
 
 
-def select_splits(noisy: np.ndarray, layout: LevelLayout, scale: float, l2: float) -> tuple[np.ndarray, np.ndarray]:
+def select_splits(noisy: np.ndarray, layout: LevelLayout, scale: float, l2: float,
+                  min_count: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
     """Coordinator side (post-processing): per node the (carried-feature index, grid position) of the
     largest gain ``G_L²/(n_L+λ) + G_R²/(n_R+λ)`` on the noisy histograms.
 
     Numeric feature: candidate j sends bins ≤ j left (``x < edge_j``); categorical: candidate l sends bin l
-    left.  Noisy counts are floored at 0.  Returns ``(feature position k, candidate j)`` per node."""
+    left.  A side whose noisy count is below ``min_count`` would let noise alone make a large gain
+    (``noise²/λ``), so such candidates only win where no candidate has both sides above it; among
+    those the most balanced split (largest smaller side) is taken.  Returns ``(feature position k,
+    candidate j)`` per node."""
     v = np.asarray(noisy, np.float64).reshape(2, layout.n_nodes, layout.per_node)
     G_all, N_all = v[0] / scale, np.maximum(v[1], 0.0)
+    rows = np.arange(layout.n_nodes)
+    best = np.full(layout.n_nodes, -np.inf)
     best_k = np.zeros(layout.n_nodes, np.int64)
     best_j = np.zeros(layout.n_nodes, np.int64)
-    best = np.full(layout.n_nodes, -np.inf)
+    bal = np.full(layout.n_nodes, -np.inf)  # fallback: the most balanced candidate
+    bal_k = np.zeros(layout.n_nodes, np.int64)
+    bal_j = np.zeros(layout.n_nodes, np.int64)
     for k, (off, b) in enumerate(zip(layout.offsets, layout.bins)):
         G, N = G_all[:, off:off + b], N_all[:, off:off + b]
         Gt, Nt = G.sum(axis=1, keepdims=True), N.sum(axis=1, keepdims=True)
@@ -119,12 +129,23 @@ def select_splits(noisy: np.ndarray, layout: LevelLayout, scale: float, l2: floa
             GL, NL = G[:, :-1], N[:, :-1]
         else:
             GL, NL = np.cumsum(G, axis=1)[:, :-1], np.cumsum(N, axis=1)[:, :-1]
+        NR, GR = np.maximum(Nt - NL, 0.0), Gt - GL
         with np.errstate(divide="ignore", invalid="ignore"):
-            NR, GR = np.maximum(Nt - NL, 0.0), Gt - GL
-            score = (np.where(NL + l2 > 0, GL**2 / (NL + l2), 0.0) + np.where(NR + l2 > 0, GR**2 / (NR + l2), 0.0))
+            score = np.where(NL + l2 > 0, GL**2 / (NL + l2), 0.0) + np.where(NR + l2 > 0, GR**2 / (NR + l2), 0.0)
+        smaller = np.minimum(NL, NR)
+        score = np.where(smaller >= min_count, score, -np.inf)
         j = np.argmax(score, axis=1)
-        s = score[np.arange(layout.n_nodes), j]
-        better = s > best
-        best, best_k, best_j = np.where(better, s, best), np.where(better, k, best_k), np.where(better, j, best_j)
-    return best_k, best_j
+        better = score[rows, j] > best
+        best, best_k, best_j = np.where(better, score[rows, j], best), np.where(better, k, best_k), \
+            np.where(better, j, best_j)
+        jb = np.argmax(smaller, axis=1)
+        better = smaller[rows, jb] > bal
+        bal, bal_k, bal_j = np.where(better, smaller[rows, jb], bal), np.where(better, k, bal_k), \
+            np.where(better, jb, bal_j)
+    none = ~np.isfinite(best)
+    return np.where(none, bal_k, best_k), np.where(none, bal_j, best_j)
 
+
+def count_noise(layout: LevelLayout, sigma_select: float) -> float:
+    """Std of the noise on one count entry (what :func:`select_splits`'s ``min_count`` is measured in)."""
+    return float(level_noise_scales(layout, 1, sigma_select)[-1])

@@ -463,3 +463,30 @@ def test_report_curve_charges_histogram_levels(tmp_path):
                                                  "depth": 2})).model
     rs, eps = epsilon_curve(model.privacy, depth=model.depth)
     assert math.isclose(eps[-1], model.privacy["epsilon"], rel_tol=1e-9)
+
+
+def test_select_splits_ignores_sides_that_only_noise_fills():
+    """One node, one numeric feature with 4 bins: a split leaving one record alone has the largest noisy gain
+    (its gradient noise squared over λ) but is skipped when its side is below min_count."""
+    from common.greedy_levels import LevelLayout, select_splits
+
+    layout = LevelLayout(1, np.array([0]), np.array([4]), np.array([False]))
+    grad = np.array([40.0, -300.0, 310.0, 5.0])  # bin 0 holds one record with a noisy gradient sum
+    count = np.array([1.0, 1000.0, 1000.0, 1000.0])
+    noisy = np.concatenate([grad, count])
+    k, j = select_splits(noisy, layout, 1.0, 0.1)
+    assert (k[0], j[0]) == (0, 0)  # without the guard: the lone record wins
+    k, j = select_splits(noisy, layout, 1.0, 0.1, min_count=50.0)
+    assert (k[0], j[0]) == (0, 1)  # bins {0, 1} | {2, 3}: the real signal
+    k, j = select_splits(noisy, layout, 1.0, 0.1, min_count=5000.0)  # nothing qualifies: most balanced
+    assert (k[0], j[0]) == (0, 1)
+
+
+def test_level_sums_are_exact_for_large_weights():
+    from common.greedy_levels import LevelLayout, level_sums
+
+    layout = LevelLayout(1, np.array([0]), np.array([2]), np.array([False]))
+    codes = np.zeros((4, 1), np.uint8)
+    g = np.array([2**52 + 1, 2**52 + 1, -1, 3], np.int64)
+    v = level_sums(codes, np.zeros(4, np.int64), g, np.ones(4, bool), layout)
+    assert v[0] == int(g.sum()) and v[2] == 4
