@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 TASKS = ("regression", "binary")
-TREE_BUILDERS = ("random", "greedy")
-SELECTIONS = ("exponential", "histogram")  # greedy node selection (docs/greedy.md)  # S-BDT's public random trees; DP-XGB greedy trees (docs/greedy.md)
+TREE_BUILDERS = ("random", "greedy")  # S-BDT's public random trees; DP-XGB greedy trees (docs/greedy.md)
+SELECTIONS = ("exponential", "histogram")  # how greedy trees choose splits (docs/greedy.md)
 #: what a greedy run takes for keys it is not given (:func:`builder_defaults`): every record in every
 #: tree (the paper's DP-XGB does not subsample) and a public grid of 32 candidate thresholds per feature
 GREEDY_DEFAULTS = {"subsample": 1.0, "split_candidates": 32}

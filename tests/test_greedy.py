@@ -219,16 +219,22 @@ def brute_force_splits(ds, hp, local, cand, round_id=0):
     return cand.feature[chosen], cand.threshold[chosen]
 
 
-def test_greedy_splits_equal_the_record_by_record_argmax(adult_small):
-    ds = adult_small
+def every_7th(ds, hp) -> LocalData:
+    """A site holding every 7th Adult record, after an initial score of −1.1."""
     idx = np.arange(0, ds.n, 7)
-    hp = Hyperparameters(tree_builder="greedy", depth=3, split_candidates=16, subsample=1.0)
     local = LocalData(ds.X[idx], ds.y[idx], ds.ids[idx], "binary", hp,
                       is_categorical=np.array([f.is_categorical for f in ds.schema.features]))
     local.set_init_score(-1.1)
+    return local
+
+
+def test_greedy_splits_equal_the_record_by_record_argmax(adult_small):
+    ds = adult_small
+    hp = Hyperparameters(tree_builder="greedy", depth=3, split_candidates=16, subsample=1.0)
+    local = every_7th(ds, hp)
     builder = GreedyTrees(ds.schema, hp, select=0.5)
     sp = builder.splits(0, local, insecure(noise=False))
-    f, t = brute_force_splits(ds.subset(idx), hp, local, builder.candidates)
+    f, t = brute_force_splits(ds.subset(np.arange(0, ds.n, 7)), hp, local, builder.candidates)
     np.testing.assert_array_equal(sp.features, f)
     np.testing.assert_array_equal(sp.thresholds, t)
     # the tree routes records as the engine's walk does
@@ -405,15 +411,12 @@ def test_site_level_vectors_add_up_to_the_central_one(adult_small):
 
 def test_histogram_selection_without_noise_is_the_argmax_of_the_gains(adult_small):
     ds = adult_small
-    idx = np.arange(0, ds.n, 7)
     hp = Hyperparameters.from_dict({"tree_builder": "greedy", "selection": "histogram", "depth": 3,
                                     "split_candidates": 16})
-    local = LocalData(ds.X[idx], ds.y[idx], ds.ids[idx], "binary", hp,
-                      is_categorical=np.array([f.is_categorical for f in ds.schema.features]))
-    local.set_init_score(-1.1)
+    local = every_7th(ds, hp)
     builder = GreedyTrees(ds.schema, hp, select=3.0)
     sp = builder.splits(0, local, insecure(noise=False))
-    f, t = brute_force_splits(ds.subset(idx), hp, local, builder.candidates)
+    f, t = brute_force_splits(ds.subset(np.arange(0, ds.n, 7)), hp, local, builder.candidates)
     # the same tree as the exponential path's arg max (up to float ties between equal-gain candidates)
     assert sp.features[0] == f[0] and sp.thresholds[0] == t[0]
     assert (sp.features == f).mean() >= 5 / 7
