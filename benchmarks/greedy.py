@@ -50,6 +50,8 @@ PAPER_ADULT = {"greedy_cyc": (0.8977, 0.0031), "greedy_ada": (0.8901, 0.0043), "
                "random": (0.8947, 0.0040)}
 SIM_TREES = (5, 10, 20, 35, 50, 100, 200)
 ADULT_GRID = ((20, 3), (50, 3), (20, 4), (100, 4))  # (trees, depth)
+#: histogram selection draws ~10^3 exact discrete Gaussians per level through OpenDP (slow today): no 100-tree cell
+SKIP = {"greedy_hist": {(100, 4)}}
 SPLIT_SEED = 20251123  # public: the 70/30 shuffles (run r uses SPLIT_SEED + r)
 
 
@@ -95,6 +97,8 @@ def adult(runs: int, grid) -> dict:
         tr, te = ds.subset(tr_idx), ds.subset(te_idx)
         for m in METHODS:
             for T, d in grid:
+                if (T, d) in SKIP.get(m, ()) and len(grid) > 1:
+                    continue
                 a, s = fit_auc(tr, te, m, T, d, seed=7919 * run + 31 * T + d)
                 cells[m].setdefault(f"T={T},d={d}", []).append(a)
                 seconds[m].append(s)
