@@ -217,6 +217,7 @@ class PrivacyCalibration:
     eps_ds: float
     eps_select: float = 0.0  # greedy trees: ε of the exponential mechanism per level (0: random trees)
     sigma_select: float = 0.0  # greedy trees with histogram selection: σ_s of the level histograms
+    sigma_sketch: float = 0.0  # greedy trees with the adaptive Hessian sketch: σ_k of its histograms
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -454,49 +455,60 @@ def init_score_events(eps_init: float, eps_ds: float) -> ComposedEvent:
 SELECTIONS = ("exponential", "histogram")
 
 
-def greedy_tree_event(select: float, sigma: float, depth: int, selection: str = "exponential") -> ComposedEvent:
+def greedy_tree_event(select: float, sigma: float, depth: int, selection: str = "exponential",
+                      sigma_sketch: float = 0.0) -> ComposedEvent:
     """One greedy tree: ``depth`` levels of node selection and the Gaussian leaf release of S-BDT with
     unweighted noise σ (noise multiplier σ/√2, module doc).
 
     The nodes of a level hold disjoint records, so a level is one release (parallel composition):
     ``selection="exponential"``: the exponential mechanism, ``select`` = its ε (bounded range, Thm. 1);
     ``"histogram"``: noisy level histograms (:mod:`common.greedy_levels`), ``select`` = their σ_s, a
-    Gaussian of noise multiplier σ_s/√2."""
+    Gaussian of noise multiplier σ_s/√2.  ``sigma_sketch > 0``: first the adaptive Hessian sketch
+    (:mod:`common.greedy_levels`), a Gaussian of noise multiplier σ_k/√2."""
     if selection == "exponential":
         level = ExponentialEvent(select)
     elif selection == "histogram":
         level = GaussianEvent(select / math.sqrt(2.0))
     else:
         raise AccountingError(f"unknown selection {selection!r} (use 'exponential' or 'histogram')")
-    return compose(compose(level, count=depth), GaussianEvent(sigma / math.sqrt(2.0)))
+    sketch = GaussianEvent(sigma_sketch / math.sqrt(2.0)) if sigma_sketch > 0 else None
+    return compose(sketch, compose(level, count=depth), GaussianEvent(sigma / math.sqrt(2.0)))
 
 
 def greedy_training_event(select: float, sigma: float, depth: int, rounds: int, eps_init: float,
-                          eps_ds: float, selection: str = "exponential") -> ComposedEvent:
+                          eps_ds: float, selection: str = "exponential", sigma_sketch: float = 0.0) -> ComposedEvent:
     """Everything a greedy training run releases: the initial score and ``rounds`` greedy trees."""
     return compose(init_score_events(eps_init, eps_ds),
-                   compose(greedy_tree_event(select, sigma, depth, selection), count=rounds))
+                   compose(greedy_tree_event(select, sigma, depth, selection, sigma_sketch), count=rounds))
 
 
 def greedy_budget(scale: float, rounds: int, depth: int, selection_share: float,
-                  selection: str = "exponential") -> tuple[float, float]:
+                  selection: str = "exponential", sketch_share: float = 0.0) -> tuple[float, float]:
     """(selection parameter per level, σ) for a zCDP budget ``scale`` split selection : leaves = s : 1 − s.
 
     The shares are of the trees' zCDP cost (paper §6: selection : leaf = 0.7 : 0.3):
     exponential: ``T·d·ε_select²/8 = s·scale``; histogram: ``T·d/σ_s² = s·scale``; leaves
     ``T/σ² = (1 − s)·scale`` (a Gaussian of multiplier σ/√2 is (α, α/σ²)-RDP).  The accountant then
     charges the exponential mechanism with the tighter Thm. 1, so its achieved ε is below zCDP's.
+    With an adaptive Hessian sketch (share k, :func:`sketch_sigma`) the leaves get ``1 − s − k``
+    (paper: sketch : selection : leaf = 0.1 : 0.6 : 0.3).
     """
     per_level = selection_share * scale / (rounds * depth)
     select = math.sqrt(8.0 * per_level) if selection == "exponential" else math.sqrt(1.0 / per_level)
-    sigma = math.sqrt(rounds / ((1.0 - selection_share) * scale))
+    sigma = math.sqrt(rounds / ((1.0 - selection_share - sketch_share) * scale))
     return select, sigma
+
+
+def sketch_sigma(scale: float, rounds: int, sketch_share: float) -> float:
+    """σ_k of the per-tree Hessian sketch: ``T/σ_k² = k·scale`` (0 without a sketch)."""
+    return math.sqrt(rounds / (sketch_share * scale)) if sketch_share > 0 else 0.0
 
 
 @lru_cache(maxsize=128)
 def calibrate_greedy(
     epsilon: float, delta: float, rounds: int, depth: int, selection_share: float = 0.7, init_share: float = 0.0,
     eps_ds: float = 0.0, accountant: str = "rdp", alpha_max: int | None = None, selection: str = "exponential",
+    sketch_share: float = 0.0,
 ) -> PrivacyCalibration:
     """The largest greedy budget (selection parameter, σ) whose whole release (:func:`greedy_training_event`) is
     (ε, δ)-DP under ``accountant`` (bisection on the zCDP budget scale of :func:`greedy_budget`)."""
@@ -520,8 +532,8 @@ def calibrate_greedy(
         raise AccountingError(f"unknown accountant {accountant!r} (use 'rdp' or 'pld')")
 
     def eps_of(scale: float) -> float:
-        ev = greedy_training_event(*greedy_budget(scale, rounds, depth, selection_share, selection), depth,
-                                   rounds, eps_init, eps_ds, selection)
+        ev = greedy_training_event(*greedy_budget(scale, rounds, depth, selection_share, selection, sketch_share),
+                                   depth, rounds, eps_init, eps_ds, selection, sketch_sigma(scale, rounds, sketch_share))
         try:
             if accountant == "rdp":
                 return event_epsilon_rdp(ev, delta, alpha_max)[0]
@@ -533,8 +545,8 @@ def calibrate_greedy(
     lo, hi = 1e-6, 1e8
     if accountant == "pld":  # bracket the search around the (fast) RDP calibration
         r = calibrate_greedy(epsilon, delta, rounds, depth, selection_share, init_share, eps_ds, "rdp", alpha_max,
-                             selection)
-        scale_rdp = rounds / ((1.0 - selection_share) * r.sigma**2)
+                             selection, sketch_share)
+        scale_rdp = rounds / ((1.0 - selection_share - sketch_share) * r.sigma**2)
         lo, hi = 1.0 / (16.0 * scale_rdp), 16.0 / scale_rdp
     try:
         inv = _bisect_sigma(lambda x: eps_of(1.0 / x), epsilon, lo=lo, hi=hi,
@@ -542,14 +554,15 @@ def calibrate_greedy(
     except OverflowError:
         raise AccountingError(f"ε = {epsilon:g} is too large for the accountant (numerical overflow)") from None
     scale = 1.0 / inv
-    select, sigma = greedy_budget(scale, rounds, depth, selection_share, selection)
-    ev = greedy_training_event(select, sigma, depth, rounds, eps_init, eps_ds, selection)
+    select, sigma = greedy_budget(scale, rounds, depth, selection_share, selection, sketch_share)
+    sk = sketch_sigma(scale, rounds, sketch_share)
+    ev = greedy_training_event(select, sigma, depth, rounds, eps_init, eps_ds, selection, sk)
     if accountant == "rdp":
         eps, alpha = event_epsilon_rdp(ev, delta, alpha_max)
-        rho = float(event_rdp(compose(greedy_tree_event(select, sigma, depth, selection), count=rounds),
+        rho = float(event_rdp(compose(greedy_tree_event(select, sigma, depth, selection, sk), count=rounds),
                               np.array([alpha]))[0])
     else:
         eps, alpha, rho = eps_of(scale), 0, 0.0
     exponential = selection == "exponential"
     return PrivacyCalibration(accountant, sigma, alpha, rho, eps, delta, rounds, 1.0, eps_init, eps_ds,
-                              select if exponential else 0.0, 0.0 if exponential else select)
+                              select if exponential else 0.0, 0.0 if exponential else select, sk)

@@ -27,7 +27,8 @@ from . import kernels
 from .accountant import PrivacyCalibration
 from .boosting import TASK_CODE, LocalData, split_edges
 from .config import Hyperparameters
-from .greedy_levels import count_noise, level_layout, level_noise_scales, level_sums, select_splits
+from .greedy_levels import (count_noise, level_layout, level_noise_scales, level_sums, select_splits,
+                            sketch_candidates, sketch_noise_scale, sketch_sums)
 from .schema import Schema
 from .splits import Splits, random_splits
 
@@ -124,10 +125,13 @@ class GreedyTrees:
     schema: Schema
     hp: Hyperparameters
     select: float  # ε of the exponential mechanism per level, or σ_s of the level histograms
+    sigma_sketch: float = 0.0  # σ_k of the adaptive Hessian sketch (0: the uniform grid is the candidate set)
     _cache: dict = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self.candidates, self.edges = Candidates.grid(self.schema, self.hp.split_candidates)
+        K = self.hp.split_candidates
+        # with a sketch the candidates of a tree are chosen among a fine public grid of min(255, 4K) edges
+        self.candidates, self.edges = Candidates.grid(self.schema, min(255, 4 * K) if self.sigma_sketch > 0 else K)
         self.is_cat = np.array([f.is_categorical for f in self.schema.features])
         self.cand_start = np.searchsorted(self.candidates.feature, np.arange(self.schema.n_features))
 
@@ -152,6 +156,8 @@ class GreedyTrees:
         allowed = np.ones(cand.feature.size, bool)
         if hp.cyclical:
             allowed = cand.feature == round_id % self.schema.n_features
+        if self.sigma_sketch > 0:
+            allowed &= self._sketch(local, codes, present > 0, allowed, randomness)
         idx = np.flatnonzero(allowed)
         features = np.unique(cand.feature[idx])
         fpos = np.searchsorted(features, cand.feature[idx])
@@ -185,8 +191,29 @@ class GreedyTrees:
         return Splits(cand.feature[chosen].astype(np.int32), cand.threshold[chosen].astype(np.float64))
 
 
+    def _sketch(self, local: LocalData, codes: np.ndarray, present: np.ndarray, allowed: np.ndarray,
+                randomness) -> np.ndarray:
+        """Adaptive Hessian sketch: the noisy Hessian mass per fine bin of every numeric feature in play
+        (a Gaussian release) and, as post-processing, K candidates per feature at its quantiles.  Returns
+        the mask of candidates kept (categorical ones all)."""
+        enc, cand = local.enc, self.candidates
+        _, hq = kernels.grad_hess_units(local.pred, local.y, TASK_CODE[local.task], enc.scale,
+                                        enc.grad.bound_units, enc.hess.bound_units)
+        feats = np.unique(cand.feature[allowed & ~self.is_cat[cand.feature]])
+        keep = self.is_cat[cand.feature].copy()
+        if feats.size == 0:
+            return keep
+        scale = sketch_noise_scale(feats.size, enc.hess.bound_units, self.sigma_sketch)
+        for f in feats:
+            sums = sketch_sums(codes, hq, present, np.array([f]), len(self.edges[f]) + 1)
+            noisy = sums + randomness.discrete_gaussian(np.full(sums.size, scale)).reshape(sums.shape)
+            keep[self.cand_start[f] + sketch_candidates(noisy, self.hp.split_candidates)[0]] = True
+        return keep
+
+
 def tree_builder_for(hp: Hyperparameters, schema: Schema, cal: PrivacyCalibration) -> TreeBuilder:
     """The strategy ``hp.tree_builder`` names, with the calibrated selection budget for greedy trees."""
     if hp.tree_builder == "greedy":
-        return GreedyTrees(schema, hp, cal.eps_select if hp.selection == "exponential" else cal.sigma_select)
+        return GreedyTrees(schema, hp, cal.eps_select if hp.selection == "exponential" else cal.sigma_select,
+                           cal.sigma_sketch)
     return RandomTrees(schema, hp)

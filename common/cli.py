@@ -52,6 +52,7 @@ _HELP = {
     "tree_builder": "random (S-BDT) or greedy (DP-XGB; implies --subsample 1 --split-candidates 32 unless given)",
     "selection_share": "greedy: share of the trees' budget for node selection (rest: leaf release)",
     "selection": "greedy: exponential (mechanism on exact gains) or histogram (arg max of noisy histograms)",
+    "sketch_share": "greedy: budget share of the adaptive Hessian sketch (0 = uniform grid; paper 0.1)",
 }
 
 
@@ -225,7 +226,8 @@ def cmd_account(args: argparse.Namespace) -> int:
     cal = calibration_for(hp)
     res = {"sigma": cal.sigma, "alpha": cal.alpha, "rho": cal.rho, "epsilon": cal.epsilon, "delta": cal.delta,
            "accountant": cal.accountant, "rounds": cal.rounds, "eps_init": cal.eps_init, "eps_ds": cal.eps_ds,
-           "tree_builder": hp.tree_builder, "eps_select": cal.eps_select, "sigma_select": cal.sigma_select}
+           "tree_builder": hp.tree_builder, "eps_select": cal.eps_select, "sigma_select": cal.sigma_select,
+           "sigma_sketch": cal.sigma_sketch}
     human = (f"accountant   {cal.accountant}\n"
              f"sigma        {cal.sigma:.6g}   (unweighted leaf noise σ_leaf)\n"
              f"alpha        {cal.alpha}   (RDP order α̂)\n"

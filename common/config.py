@@ -52,13 +52,14 @@ class Hyperparameters:
     tree_builder: str = "random"  # "random" (S-BDT) or "greedy" (DP-XGB: exponential mechanism per level)
     selection_share: float = 0.7  # greedy: share of the trees' zCDP budget for node selection (rest: leaves)
     selection: str = "exponential"  # greedy: exponential mechanism, or arg max of noisy level histograms
+    sketch_share: float = 0.0  # greedy: share for the adaptive Hessian sketch (0 = the uniform grid; paper 0.1)
 
     def __post_init__(self) -> None:
         def bad(name: str, why: str) -> ConfigError:
             return ConfigError(f"{name} = {getattr(self, name)!r}: {why}")
 
         for name in ("epsilon", "delta", "subsample", "learning_rate", "l2", "leaf_clip", "grad_clip",
-                     "label_clip", "r1", "init_share", "eps_ds", "selection_share"):
+                     "label_clip", "r1", "init_share", "eps_ds", "selection_share", "sketch_share"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
                 raise bad(name, "must be a finite number")
@@ -77,6 +78,8 @@ class Hyperparameters:
             raise bad("tree_builder", "must be 'random' or 'greedy'")
         if not isinstance(self.selection, str) or self.selection not in SELECTIONS:
             raise bad("selection", "must be 'exponential' or 'histogram'")
+        if self.tree_builder == "random" and self.sketch_share != 0:
+            raise bad("sketch_share", "the adaptive Hessian sketch is for greedy trees (set tree_builder = 'greedy')")
         if self.tree_builder == "random" and self.selection != "exponential":
             raise bad("selection", "chooses how greedy trees select splits; random trees have no selection "
                       "(set tree_builder = 'greedy')")
@@ -136,6 +139,11 @@ class Hyperparameters:
                       "feature (e.g. 32)")
         if not 0 < self.selection_share < 1:
             raise bad("selection_share", "the node-selection share of the budget must be in (0, 1)")
+        if not 0 <= self.sketch_share < 1 or not self.selection_share + self.sketch_share < 1:
+            raise bad("sketch_share", "must be in [0, 1) with selection_share + sketch_share < 1 (the rest is "
+                      "for the leaves; paper: 0.1 with selection_share 0.6)")
+        if self.sketch_share > 0 and self.selection != "exponential":
+            raise bad("sketch_share", "the adaptive Hessian sketch works with selection = 'exponential'")
 
     # ------------------------------------------------------------------ derived
 

@@ -31,7 +31,8 @@ def calibration_for(hp: Hyperparameters) -> PrivacyCalibration:
     """Alg. 6 for these hyperparameters (cached); greedy trees: :func:`~common.accountant.calibrate_greedy`."""
     if hp.tree_builder == "greedy":
         return calibrate_greedy(hp.epsilon, hp.delta, hp.accounted_rounds, hp.depth, hp.selection_share,
-                                hp.init_share, hp.eps_ds, hp.accountant, selection=hp.selection)
+                                hp.init_share, hp.eps_ds, hp.accountant, selection=hp.selection,
+                                sketch_share=hp.sketch_share)
     return calibrate(hp.epsilon, hp.delta, hp.subsample, hp.accounted_rounds, hp.init_share, hp.eps_ds,
                      hp.accountant)
 
@@ -65,6 +66,7 @@ def privacy_receipt(hp: Hyperparameters, cal: PrivacyCalibration, rounds_complet
         "eps_select": cal.eps_select,
         "selection": hp.selection,
         "sigma_select": cal.sigma_select,
+        "sigma_sketch": cal.sigma_sketch,
         "noise_mode": noise_mode,
         "randomness": randomness,
         "parties": list(parties or []),

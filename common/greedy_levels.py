@@ -149,3 +149,42 @@ def select_splits(noisy: np.ndarray, layout: LevelLayout, scale: float, l2: floa
 def count_noise(layout: LevelLayout, sigma_select: float) -> float:
     """Std of the noise on one count entry (what :func:`select_splits`'s ``min_count`` is measured in)."""
     return float(level_noise_scales(layout, 1, sigma_select)[-1])
+
+
+# --------------------------------------------------------------------------- adaptive Hessian sketch
+
+
+def sketch_sums(codes: np.ndarray, hess_units: np.ndarray, present: np.ndarray, features: np.ndarray,
+                bins: int) -> np.ndarray:
+    """Per sketched (numeric) feature the Hessian sum of the present records in each of ``bins`` fine-grid
+    bins (int64, ``(len(features), bins)``): the data of the adaptive Hessian sketch (Maddock et al. 2022,
+    paper §4.1)."""
+    out = np.zeros((len(features), bins), np.int64)
+    rows = np.flatnonzero(present)
+    h = hess_units[rows].astype(np.int64)
+    for k, f in enumerate(features):
+        out[k] = _int_bincount(np.minimum(codes[rows, f].astype(np.int64), bins - 1), h, bins)
+    return out
+
+
+def sketch_noise_scale(features: int, hess_units: int, sigma_sketch: float) -> float:
+    """Per-entry noise std making the sketch a Gaussian of multiplier σ_k/√2 (a record adds ≤ h* to one bin of
+    each of the ``features`` sketched features: L2 sensitivity √F·h*)."""
+    return hess_units * sigma_sketch * math.sqrt(features) / math.sqrt(2.0)
+
+
+def sketch_candidates(noisy: np.ndarray, candidates: int) -> list[np.ndarray]:
+    """Post-processing: per feature the fine-grid edges (indices) at the quantiles j/(K+1), j = 1…K, of the
+    noisy Hessian mass, so each candidate interval holds about equal Hessian weight.  Edge e splits bins
+    ≤ e from the rest; without positive mass the uniform subset is kept."""
+    out = []
+    for row in np.asarray(noisy, np.float64):
+        n_edges = row.size - 1
+        mass = np.cumsum(np.maximum(row, 0.0))[:n_edges]
+        total = float(np.maximum(row, 0.0).sum())
+        if not total > 0:
+            out.append(np.unique(np.linspace(0, n_edges - 1, min(candidates, n_edges)).round().astype(np.int64)))
+            continue
+        q = total * np.arange(1, candidates + 1) / (candidates + 1)
+        out.append(np.unique(np.minimum(np.searchsorted(mass, q), n_edges - 1)))
+    return out

@@ -183,7 +183,8 @@ def epsilon_curve(privacy: dict[str, Any], points: int = 40, depth: int = 0) -> 
             return np.zeros(0), np.zeros(0)
         selection = str(privacy.get("selection", "exponential"))
         select = float(privacy["eps_select"] if selection == "exponential" else privacy["sigma_select"])
-        eps = [event_epsilon_rdp(greedy_training_event(select, sigma, depth, int(r), e_init, e_ds, selection),
+        sk = float(privacy.get("sigma_sketch", 0.0) or 0.0)
+        eps = [event_epsilon_rdp(greedy_training_event(select, sigma, depth, int(r), e_init, e_ds, selection, sk),
                                  delta)[0] for r in rs]
     else:
         eps = [epsilon_rdp(sigma, float(privacy["subsample"]), int(r), delta, e_init, e_ds)[0] for r in rs]

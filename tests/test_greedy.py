@@ -493,3 +493,88 @@ def test_level_sums_are_exact_for_large_weights():
     g = np.array([2**52 + 1, 2**52 + 1, -1, 3], np.int64)
     v = level_sums(codes, np.zeros(4, np.int64), g, np.ones(4, bool), layout)
     assert v[0] == int(g.sum()) and v[2] == 4
+
+
+# --------------------------------------------------------------------------- adaptive Hessian sketch (XGB_ada)
+
+
+def test_sketch_candidates_follow_the_hessian_mass():
+    from common.greedy_levels import sketch_candidates
+
+    mass = np.zeros(129)
+    mass[100:110] = 50.0  # all Hessian weight in bins 100..109
+    (chosen,) = sketch_candidates(mass[None, :], 4)
+    assert np.all((chosen >= 100) & (chosen <= 109)) and chosen.size == 4
+    # equal mass 3 in 129 bins (total 387): the first edges whose left mass 3·(e+1) reaches 387·j/4
+    (uniform,) = sketch_candidates(np.full((1, 129), 3.0), 3)
+    np.testing.assert_array_equal(uniform, [32, 64, 96])
+    (fallback,) = sketch_candidates(-np.ones((1, 129)), 4)  # no positive mass: uniform subset
+    assert fallback.size == 4
+
+
+def test_sketch_calibration_charges_a_gaussian_per_tree():
+    T, d, delta = 20, 3, 1e-5
+    cal = calibrate_greedy(1.0, delta, T, d, 0.6, 0.1, 0.005, sketch_share=0.1)
+    assert cal.sigma_sketch > 0 and 0.999 < cal.epsilon <= 1.0
+    zc_sel, zc_leaf, zc_sk = T * d * cal.eps_select**2 / 8, T / cal.sigma**2, T / cal.sigma_sketch**2
+    assert math.isclose(zc_sel / zc_sk, 6.0, rel_tol=1e-9) and math.isclose(zc_leaf / zc_sk, 3.0, rel_tol=1e-9)
+    a = alpha_grid(512)
+    rho = (T * d * bounded_range_rdp(a, cal.eps_select) + T * a / cal.sigma**2 + T * a / cal.sigma_sketch**2
+           + pure_dp_rdp(a, 0.1) + pure_dp_rdp(a, 0.005))
+    assert math.isclose(float(np.min(rdp_to_dp(a, rho, delta))), cal.epsilon, rel_tol=1e-9)
+
+
+def test_sketch_noise_makes_a_gaussian_of_multiplier_sigma_over_sqrt2():
+    from common.greedy_levels import sketch_noise_scale
+
+    F, units, sk = 6, 2**18, 11.0
+    s = sketch_noise_scale(F, units, sk)
+    assert math.isclose(F * (units / s) ** 2, 2 / sk**2, rel_tol=1e-12)
+
+
+def test_greedy_with_sketch_chooses_among_the_sketched_candidates(adult_small):
+    from common.greedy_levels import sketch_candidates, sketch_sums
+
+    ds = adult_small
+    hp = Hyperparameters.from_dict({"tree_builder": "greedy", "depth": 3, "split_candidates": 8,
+                                    "sketch_share": 0.1, "selection_share": 0.6})
+    local = every_7th(ds, hp)
+    builder = GreedyTrees(ds.schema, hp, select=0.5, sigma_sketch=5.0)
+    assert builder.candidates.feature.size > Candidates.grid(ds.schema, 8)[0].feature.size  # fine grid: 32
+    sp = builder.splits(0, local, insecure(noise=False))
+    # noise off: the kept candidates are the exact Hessian quantiles of every numeric feature
+    from common import kernels
+    from common.boosting import TASK_CODE
+
+    enc = local.enc
+    _, hq = kernels.grad_hess_units(local.pred, local.y, TASK_CODE["binary"], enc.scale, enc.grad.bound_units,
+                                    enc.hess.bound_units)
+    codes = builder._codes(local)
+    for k, f in enumerate(sp.features):
+        if ds.schema.features[f].is_categorical:
+            continue
+        sums = sketch_sums(codes, hq, np.ones(local.n, bool), np.array([f]), len(builder.edges[f]) + 1)
+        kept = builder.edges[f][sketch_candidates(sums, 8)[0]]
+        assert sp.thresholds[k] in kept
+    with pytest.raises(ConfigError, match="sketch_share"):
+        Hyperparameters.from_dict({"tree_builder": "greedy", "sketch_share": 0.4, "selection_share": 0.6})
+    with pytest.raises(ConfigError, match="sketch_share"):
+        Hyperparameters(sketch_share=0.1)
+    with pytest.raises(ConfigError, match="sketch_share"):
+        Hyperparameters.from_dict({"tree_builder": "greedy", "sketch_share": 0.1, "selection": "histogram",
+                                   "selection_share": 0.6})
+
+
+def test_cli_trains_with_the_sketch_and_the_report_curve_charges_it(tmp_path, capsys):
+    from common.report import epsilon_curve
+
+    schema, data = EXAMPLES / "abalone" / "schema.toml", EXAMPLES / "abalone" / "abalone.data"
+    out = tmp_path / "s.json"
+    assert main(["train", "--schema", str(schema), "--data", str(data), "--tree-builder", "greedy", "--sketch-share",
+                 "0.1", "--selection-share", "0.6", "--trees", "4", "--depth", "2", "--out", str(out), "--json",
+                 "--quiet"]) == 0
+    capsys.readouterr()
+    model = Ensemble.load(out)
+    assert model.privacy["sigma_sketch"] > 0
+    rs, eps = epsilon_curve(model.privacy, depth=model.depth)
+    assert math.isclose(eps[-1], model.privacy["epsilon"], rel_tol=1e-9)
