@@ -4,7 +4,7 @@
 
 * Simulated problems (Appendix C.2.1, ``common/simulate.py``): 10,000 records, 3 Gaussian features,
   labels from two- and three-way interactions (problem 1) plus main effects (problem 2). Test AUC vs
-  number of trees for random, random-cyclical, greedy, greedy-cyclical (central) and greedy_hist (the
+  number of trees for random, random-cyclical, greedy, greedy-cyclical, greedy-adaptive-sketch and greedy_hist (the
   federated selection rule in one process; docs/greedy.md).
 * Cost of the federated design: secure-aggregation vector length per level next to a random round, and
   the ms a site needs to compute its level vector (one third of Adult) — local compute only; the gRPC
@@ -15,7 +15,8 @@
 
 All noise from ``SecureRandomness`` (OpenDP exact samplers); split seeds and the 70/30 shuffles are public.
 Learning rate 0.3 and λ = 1 as the paper; random trees keep S-BDT's defaults otherwise (γ = 0.1, 32
-candidates), greedy trees use every record and the 32-candidate grid, selection : leaf = 0.7 : 0.3.
+candidates), greedy trees use every record and the 32-candidate grid, selection : leaf = 0.7 : 0.3
+(with the adaptive Hessian sketch sketch : selection : leaf = 0.1 : 0.6 : 0.3).
 
 Run:  python benchmarks/greedy.py [--runs N] [--sim-runs N] [--quick]
 Writes ``benchmarks/results/greedy.json`` and ``greedy.png``.
@@ -41,6 +42,7 @@ METHODS = {  # name -> hyperparameters beyond the common ones (paper Table 4 nam
     "random_cyc": {"tree_builder": "random", "split_candidates": 32, "cyclical": True},  # TR_cyc
     "greedy": {"tree_builder": "greedy"},  # XGB
     "greedy_cyc": {"tree_builder": "greedy", "cyclical": True},  # XGB_cyc
+    "greedy_ada": {"tree_builder": "greedy", "sketch_share": 0.1, "selection_share": 0.6},  # XGB_ada
     # the federation's selection rule (noisy level histograms + arg max, docs/greedy.md) run in one process:
     # in distribution what a federation releases (its noise shares sum to the same variance)
     "greedy_hist": {"tree_builder": "greedy", "selection": "histogram"},

@@ -475,8 +475,8 @@ def greedy_tree_event(select: float, sigma: float, depth: int, selection: str = 
     return compose(sketch, compose(level, count=depth), GaussianEvent(sigma / math.sqrt(2.0)))
 
 
-def greedy_training_event(select: float, sigma: float, depth: int, rounds: int, eps_init: float,
-                          eps_ds: float, selection: str = "exponential", sigma_sketch: float = 0.0) -> ComposedEvent:
+def greedy_training_event(select: float, sigma: float, depth: int, rounds: int, eps_init: float, eps_ds: float,
+                          selection: str = "exponential", sigma_sketch: float = 0.0) -> ComposedEvent:
     """Everything a greedy training run releases: the initial score and ``rounds`` greedy trees."""
     return compose(init_score_events(eps_init, eps_ds),
                    compose(greedy_tree_event(select, sigma, depth, selection, sigma_sketch), count=rounds))
@@ -532,8 +532,9 @@ def calibrate_greedy(
         raise AccountingError(f"unknown accountant {accountant!r} (use 'rdp' or 'pld')")
 
     def eps_of(scale: float) -> float:
-        ev = greedy_training_event(*greedy_budget(scale, rounds, depth, selection_share, selection, sketch_share),
-                                   depth, rounds, eps_init, eps_ds, selection, sketch_sigma(scale, rounds, sketch_share))
+        select, sigma = greedy_budget(scale, rounds, depth, selection_share, selection, sketch_share)
+        ev = greedy_training_event(select, sigma, depth, rounds, eps_init, eps_ds, selection,
+                                   sketch_sigma(scale, rounds, sketch_share))
         try:
             if accountant == "rdp":
                 return event_epsilon_rdp(ev, delta, alpha_max)[0]

@@ -79,7 +79,8 @@ class Hyperparameters:
         if not isinstance(self.selection, str) or self.selection not in SELECTIONS:
             raise bad("selection", "must be 'exponential' or 'histogram'")
         if self.tree_builder == "random" and self.sketch_share != 0:
-            raise bad("sketch_share", "the adaptive Hessian sketch is for greedy trees (set tree_builder = 'greedy')")
+            raise bad("sketch_share", "the adaptive Hessian sketch is for greedy trees "
+                      "(set tree_builder = 'greedy')")
         if self.tree_builder == "random" and self.selection != "exponential":
             raise bad("selection", "chooses how greedy trees select splits; random trees have no selection "
                       "(set tree_builder = 'greedy')")

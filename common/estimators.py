@@ -426,7 +426,8 @@ class SBDTRegressor(RegressorMixin, _SBDTBase):
                  learning_rate=0.1, l2=1.0, leaf_clip=2.0, grad_clip=0.5, hess_clip=None, label_clip=1.0, r1=0.2,
                  init_share=0.1, eps_ds=0.005, accountant="rdp", filter=False, cyclical=False, split_candidates=0,
                  seed=None, scale_bits=20, tree_builder="random", selection_share=0.7,
-                 selection="exponential", sketch_share=0.0, schema=None, feature_ranges=None, categorical=None, label_range=None,
+                 selection="exponential", sketch_share=0.0, schema=None, feature_ranges=None, categorical=None,
+                 label_range=None,
                  out_of_range=None):
         self.epsilon = epsilon
         self.delta = delta
@@ -501,7 +502,8 @@ class SBDTClassifier(ClassifierMixin, _SBDTBase):
                  learning_rate=0.1, l2=1.0, leaf_clip=2.0, grad_clip=0.5, hess_clip=None, label_clip=1.0, r1=0.2,
                  init_share=0.1, eps_ds=0.005, accountant="rdp", filter=False, cyclical=False, split_candidates=0,
                  seed=None, scale_bits=20, tree_builder="random", selection_share=0.7,
-                 selection="exponential", sketch_share=0.0, schema=None, feature_ranges=None, categorical=None, classes=None,
+                 selection="exponential", sketch_share=0.0, schema=None, feature_ranges=None, categorical=None,
+                 classes=None,
                  out_of_range=None):
         self.epsilon = epsilon
         self.delta = delta

@@ -177,7 +177,8 @@ def epsilon_curve(privacy: dict[str, Any], points: int = 40, depth: int = 0) -> 
     if T < 1 or not sigma > 0:
         return np.zeros(0), np.zeros(0)
     rs = np.unique(np.linspace(1, T, min(points, T)).round().astype(int))
-    delta, e_init, e_ds = float(privacy["delta"]), float(privacy.get("eps_init", 0.0)), float(privacy.get("eps_ds", 0.0))
+    delta = float(privacy["delta"])
+    e_init, e_ds = float(privacy.get("eps_init", 0.0)), float(privacy.get("eps_ds", 0.0))
     if privacy.get("tree_builder") == "greedy":
         if depth < 1:
             return np.zeros(0), np.zeros(0)

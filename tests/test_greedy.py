@@ -316,7 +316,7 @@ def test_cli_greedy_train_evaluate_account(tmp_path, capsys):
         assert not (tmp_path / "x.json").exists()
 
 
-# --------------------------------------------------------------------------- downstream: export, estimators, report, plan
+# ------------------------------------------------------------------- downstream: export, estimators, report, plan
 
 
 @pytest.fixture(scope="module")
