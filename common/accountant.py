@@ -232,6 +232,9 @@ class PrivacyCalibration:
     gamma: float
     eps_init: float
     eps_ds: float
+    eps_select: float = 0.0  # greedy trees: ε of the exponential mechanism per level (0: random trees)
+    sigma_select: float = 0.0  # greedy trees with histogram selection: σ_s of the level histograms
+    sigma_sketch: float = 0.0  # greedy trees with the adaptive Hessian sketch: σ_k of its histograms
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -308,3 +311,279 @@ def _calibrate(
         sigma = _bisect_sigma(f, epsilon, lo=upper / 4.0, hi=upper, rel_tol=1e-4)
         return PrivacyCalibration("pld", sigma, 0, 0.0, f(sigma), delta, rounds, gamma, eps_init, eps_ds)
     raise AccountingError(f"unknown accountant {accountant!r} (use 'rdp' or 'pld')")
+
+
+# --------------------------------------------------------------------------- exponential mechanism (bounded range)
+
+
+def bounded_range_rdp(alpha: np.ndarray | int | float, eps: float) -> np.ndarray | float:
+    """Thm. 1 of "Revisiting DP-XGBoost" (eq. 4): RDP of any ε-bounded-range mechanism, e.g. the exponential
+    mechanism ``P[y] ∝ exp(ε·u(y)/(2Δu))`` (Dong et al. 2019).
+
+    ``f(α) = sup_{t∈[0,ε]} 1/(α−1)·[α(t−ε) + log((e^{αε}−1)·p_{ε,t} + 1)]``,
+    ``p_{ε,t} = (e^{−t} − e^{−ε})/(1 − e^{−ε})`` — the Rényi divergence of the
+    generalised randomized response RR_{ε,t} (Lemma 1).  The bracket
+    ``h(t)`` vanishes at t = 0 and t = ε and has exactly one stationary point
+    (``h'(t) = 0`` is linear in e^{−t}):
+    ``t* = ε + log((α−1)/α) − log(1 − 1/R)``, ``R = (e^{αε}−1)/(e^ε−1) ≥ α``,
+    which lies in [0, ε]; so the supremum is ``h(t*)`` — exact, no grid.
+    Evaluated with ``expm1``/``log1p`` and in log space for large αε
+    (Appendix A.1), so neither tiny ε nor large α loses precision or
+    overflows.  ``α = 1`` gives the KL bound ``ε/(e^ε−1) − 1 − log(ε/(e^ε−1))``.
+    """
+    a = np.asarray(alpha, dtype=np.float64)
+    if np.any(a < 1):
+        raise AccountingError("RDP orders must be ≥ 1")
+    if eps < 0 or not math.isfinite(eps):
+        raise AccountingError(f"bounded-range ε must be finite and ≥ 0, got {eps}")
+    if eps == 0:
+        return np.zeros_like(a) if a.ndim else 0.0
+    kl = eps / math.expm1(eps) - 1.0 - math.log(eps / math.expm1(eps))
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        am = np.where(a > 1, a, 2.0)
+        log_A = am * eps + np.log(-np.expm1(-am * eps))  # log(e^{αε} − 1)
+        log_R = log_A - math.log(math.expm1(eps))
+        t = np.clip(eps + np.log((am - 1) / am) - np.log1p(-np.exp(-log_R)), 0.0, eps)
+        p = np.expm1(eps - t) / math.expm1(eps)  # p_{ε,t}
+        log_X = log_A + np.log(p)  # log((e^{αε} − 1)·p)
+        log1p_X = np.where(log_X < 0, np.log1p(np.exp(np.minimum(log_X, 0.0))),
+                           log_X + np.log1p(np.exp(-np.maximum(log_X, 0.0))))
+        h = am * (t - eps) + log1p_X
+        out = np.where(a > 1, np.maximum(h, 0.0) / (am - 1), kl)
+    return float(out) if np.ndim(out) == 0 else out
+
+
+def exponential_zcdp_rdp(alpha: np.ndarray | int | float, eps: float) -> np.ndarray | float:
+    """Cesar & Rogers (2021) / Dong et al.: an ε-bounded-range mechanism is ε²/8-zCDP, i.e. (α, α·ε²/8)-RDP."""
+    a = np.asarray(alpha, dtype=np.float64)
+    out = a * eps**2 / 8.0
+    return float(out) if np.ndim(out) == 0 else out
+
+
+# --------------------------------------------------------------------------- releases as data (DpEvent-like)
+
+
+@dataclass(frozen=True)
+class GaussianEvent:
+    """Gaussian mechanism with L2 sensitivity 1 and noise std ``noise_multiplier``: RDP α/(2z²)."""
+
+    noise_multiplier: float
+
+
+@dataclass(frozen=True)
+class PoissonSampledEvent:
+    """``event`` run on a Poisson subsample of rate ``rate`` (add/remove neighbours)."""
+
+    rate: float
+    event: "DpEvent"
+
+
+@dataclass(frozen=True)
+class ExponentialEvent:
+    """An ε-bounded-range release: the exponential mechanism ``∝ exp(ε·u/(2Δu))`` (paper Thm. 1)."""
+
+    epsilon: float
+
+
+@dataclass(frozen=True)
+class LaplaceEvent:
+    """A pure ε-DP release (here: the discrete Laplace of the initial score)."""
+
+    epsilon: float
+
+
+@dataclass(frozen=True)
+class ComposedEvent:
+    """Adaptive composition of ``events`` each repeated ``count`` times."""
+
+    events: tuple
+    count: int = 1
+
+
+DpEvent = GaussianEvent | PoissonSampledEvent | ExponentialEvent | LaplaceEvent | ComposedEvent
+
+
+def compose(*events: DpEvent, count: int = 1) -> ComposedEvent:
+    return ComposedEvent(tuple(e for e in events if e is not None), int(count))
+
+
+def event_rdp(event: DpEvent, alphas: np.ndarray) -> np.ndarray:
+    """RDP curve ρ(α) of ``event`` at the integer ``alphas`` (≥ 2); composition adds curves."""
+    alphas = np.asarray(alphas, dtype=np.int64)
+    if isinstance(event, ComposedEvent):
+        total = np.zeros(alphas.shape)
+        for e in event.events:
+            total = total + event_rdp(e, alphas)
+        return event.count * total
+    if isinstance(event, GaussianEvent):
+        return alphas / (2.0 * event.noise_multiplier**2)
+    if isinstance(event, PoissonSampledEvent):
+        if not isinstance(event.event, GaussianEvent):
+            raise AccountingError("only Poisson-subsampled Gaussian releases are supported")
+        return tree_rdp(event.rate, math.sqrt(2.0) * event.event.noise_multiplier, alphas)
+    if isinstance(event, ExponentialEvent):
+        return np.asarray(bounded_range_rdp(alphas, event.epsilon), dtype=np.float64)
+    if isinstance(event, LaplaceEvent):
+        return np.asarray(pure_dp_rdp(alphas, event.epsilon), dtype=np.float64)
+    raise AccountingError(f"unknown privacy event {event!r}")
+
+
+def event_epsilon_rdp(event: DpEvent, delta: float, alpha_max: int = DEFAULT_ALPHA_MAX) -> tuple[float, int]:
+    """(ε, α̂) of ``event`` by the RDP ledger and Cor. 6."""
+    alphas = alpha_grid(alpha_max)
+    eps = rdp_to_dp(alphas, event_rdp(event, alphas), delta)
+    i = int(np.argmin(eps))
+    return float(eps[i]), int(alphas[i])
+
+
+def event_pld(event: DpEvent, value_discretization_interval: float = 1e-4):
+    """``event`` as a dp-accounting privacy-loss distribution.
+
+    Gaussian, subsampled Gaussian and pure-DP releases are exact; an
+    exponential mechanism is represented by the worst-case PLD of a pure
+    ε-DP mechanism (valid: it is ε-DP; dp-accounting has no bounded-range
+    PLD, so its BR refinement (Thm. 1) is not used there).
+    """
+    from dp_accounting.pld import common, privacy_loss_distribution as pld_lib
+
+    vdi = value_discretization_interval
+    if isinstance(event, ComposedEvent):
+        parts = [event_pld(e, vdi) for e in event.events]
+        if not parts:
+            raise AccountingError("empty composition")
+        pld = parts[0]
+        for p in parts[1:]:
+            pld = pld.compose(p)
+        return pld.self_compose(event.count) if event.count > 1 else pld
+    if isinstance(event, GaussianEvent):
+        return pld_lib.from_gaussian_mechanism(standard_deviation=event.noise_multiplier, sensitivity=1.0,
+                                               value_discretization_interval=vdi)
+    if isinstance(event, PoissonSampledEvent) and isinstance(event.event, GaussianEvent):
+        return pld_lib.from_gaussian_mechanism(standard_deviation=event.event.noise_multiplier, sensitivity=1.0,
+                                               sampling_prob=event.rate, value_discretization_interval=vdi)
+    if isinstance(event, (ExponentialEvent, LaplaceEvent)):
+        return pld_lib.from_privacy_parameters(common.DifferentialPrivacyParameters(event.epsilon, 0.0),
+                                               value_discretization_interval=vdi)
+    raise AccountingError(f"dp-accounting cannot represent {event!r}")
+
+
+def init_score_events(eps_init: float, eps_ds: float) -> ComposedEvent:
+    """The initial score (Alg. 3): two discrete-Laplace releases."""
+    return compose(*(LaplaceEvent(e) for e in (eps_init, eps_ds) if e > 0))
+
+
+SELECTIONS = ("exponential", "histogram")
+
+
+def greedy_tree_event(select: float, sigma: float, depth: int, selection: str = "exponential",
+                      sigma_sketch: float = 0.0) -> ComposedEvent:
+    """One greedy tree: ``depth`` levels of node selection and the Gaussian leaf release of S-BDT with
+    unweighted noise σ (noise multiplier σ/√2, module doc).
+
+    The nodes of a level hold disjoint records, so a level is one release (parallel composition):
+    ``selection="exponential"``: the exponential mechanism, ``select`` = its ε (bounded range, Thm. 1);
+    ``"histogram"``: noisy level histograms (:mod:`common.greedy_levels`), ``select`` = their σ_s, a
+    Gaussian of noise multiplier σ_s/√2.  ``sigma_sketch > 0``: first the adaptive Hessian sketch
+    (:mod:`common.greedy_levels`), a Gaussian of noise multiplier σ_k/√2."""
+    if selection == "exponential":
+        level = ExponentialEvent(select)
+    elif selection == "histogram":
+        level = GaussianEvent(select / math.sqrt(2.0))
+    else:
+        raise AccountingError(f"unknown selection {selection!r} (use 'exponential' or 'histogram')")
+    sketch = GaussianEvent(sigma_sketch / math.sqrt(2.0)) if sigma_sketch > 0 else None
+    return compose(sketch, compose(level, count=depth), GaussianEvent(sigma / math.sqrt(2.0)))
+
+
+def greedy_training_event(select: float, sigma: float, depth: int, rounds: int, eps_init: float, eps_ds: float,
+                          selection: str = "exponential", sigma_sketch: float = 0.0) -> ComposedEvent:
+    """Everything a greedy training run releases: the initial score and ``rounds`` greedy trees."""
+    return compose(init_score_events(eps_init, eps_ds),
+                   compose(greedy_tree_event(select, sigma, depth, selection, sigma_sketch), count=rounds))
+
+
+def greedy_budget(scale: float, rounds: int, depth: int, selection_share: float,
+                  selection: str = "exponential", sketch_share: float = 0.0) -> tuple[float, float]:
+    """(selection parameter per level, σ) for a zCDP budget ``scale`` split selection : leaves = s : 1 − s.
+
+    The shares are of the trees' zCDP cost (paper §6: selection : leaf = 0.7 : 0.3):
+    exponential: ``T·d·ε_select²/8 = s·scale``; histogram: ``T·d/σ_s² = s·scale``; leaves
+    ``T/σ² = (1 − s)·scale`` (a Gaussian of multiplier σ/√2 is (α, α/σ²)-RDP).  The accountant then
+    charges the exponential mechanism with the tighter Thm. 1, so its achieved ε is below zCDP's.
+    With an adaptive Hessian sketch (share k, :func:`sketch_sigma`) the leaves get ``1 − s − k``
+    (paper: sketch : selection : leaf = 0.1 : 0.6 : 0.3).
+    """
+    per_level = selection_share * scale / (rounds * depth)
+    select = math.sqrt(8.0 * per_level) if selection == "exponential" else math.sqrt(1.0 / per_level)
+    sigma = math.sqrt(rounds / ((1.0 - selection_share - sketch_share) * scale))
+    return select, sigma
+
+
+def sketch_sigma(scale: float, rounds: int, sketch_share: float) -> float:
+    """σ_k of the per-tree Hessian sketch: ``T/σ_k² = k·scale`` (0 without a sketch)."""
+    return math.sqrt(rounds / (sketch_share * scale)) if sketch_share > 0 else 0.0
+
+
+@lru_cache(maxsize=128)
+def calibrate_greedy(
+    epsilon: float, delta: float, rounds: int, depth: int, selection_share: float = 0.7, init_share: float = 0.0,
+    eps_ds: float = 0.0, accountant: str = "rdp", alpha_max: int | None = None, selection: str = "exponential",
+    sketch_share: float = 0.0,
+) -> PrivacyCalibration:
+    """The largest greedy budget (selection parameter, σ) whose whole release (:func:`greedy_training_event`) is
+    (ε, δ)-DP under ``accountant`` (bisection on the zCDP budget scale of :func:`greedy_budget`)."""
+    if not (epsilon > 0 and math.isfinite(epsilon)):
+        raise AccountingError(f"ε must be a positive number, got {epsilon}")
+    if not (0 < delta < 1):
+        raise AccountingError(f"δ must be in (0, 1), got {delta}")
+    if rounds < 1 or depth < 1:
+        raise AccountingError("at least one accounted tree of depth ≥ 1 is needed")
+    eps_init = init_share * epsilon
+    eps_ds = eps_ds if init_share > 0 else 0.0
+    if alpha_max is None:
+        alpha_max = default_alpha_max(epsilon, delta)
+    # dp-accounting's PLDs are pessimistic at any discretization (valid upper bounds); 1e-3 keeps the
+    # composition of T·d pure-DP events fast
+    interval = min(1e-3, epsilon * 1e-2)
+
+    if selection not in SELECTIONS:
+        raise AccountingError(f"unknown selection {selection!r} (use 'exponential' or 'histogram')")
+    if accountant not in ("rdp", "pld"):
+        raise AccountingError(f"unknown accountant {accountant!r} (use 'rdp' or 'pld')")
+
+    def eps_of(scale: float) -> float:
+        select, sigma = greedy_budget(scale, rounds, depth, selection_share, selection, sketch_share)
+        ev = greedy_training_event(select, sigma, depth, rounds, eps_init, eps_ds, selection,
+                                   sketch_sigma(scale, rounds, sketch_share))
+        try:
+            if accountant == "rdp":
+                return event_epsilon_rdp(ev, delta, alpha_max)[0]
+            return float(event_pld(ev, interval).get_epsilon_for_delta(delta))
+        except OverflowError:  # a budget far beyond any target (the bisection's upper end)
+            return math.inf
+
+    # ε grows with the scale: bisect for the largest scale with ε ≤ target (σ = 1/√scale-like inversion).
+    lo, hi = 1e-6, 1e8
+    if accountant == "pld":  # bracket the search around the (fast) RDP calibration
+        r = calibrate_greedy(epsilon, delta, rounds, depth, selection_share, init_share, eps_ds, "rdp", alpha_max,
+                             selection, sketch_share)
+        scale_rdp = rounds / ((1.0 - selection_share - sketch_share) * r.sigma**2)
+        lo, hi = 1.0 / (16.0 * scale_rdp), 16.0 / scale_rdp
+    try:
+        inv = _bisect_sigma(lambda x: eps_of(1.0 / x), epsilon, lo=lo, hi=hi,
+                            rel_tol=1e-7 if accountant == "rdp" else 1e-3)
+    except OverflowError:
+        raise AccountingError(f"ε = {epsilon:g} is too large for the accountant (numerical overflow)") from None
+    scale = 1.0 / inv
+    select, sigma = greedy_budget(scale, rounds, depth, selection_share, selection, sketch_share)
+    sk = sketch_sigma(scale, rounds, sketch_share)
+    ev = greedy_training_event(select, sigma, depth, rounds, eps_init, eps_ds, selection, sk)
+    if accountant == "rdp":
+        eps, alpha = event_epsilon_rdp(ev, delta, alpha_max)
+        rho = float(event_rdp(compose(greedy_tree_event(select, sigma, depth, selection, sk), count=rounds),
+                              np.array([alpha]))[0])
+    else:
+        eps, alpha, rho = eps_of(scale), 0, 0.0
+    exponential = selection == "exponential"
+    return PrivacyCalibration(accountant, sigma, alpha, rho, eps, delta, rounds, 1.0, eps_init, eps_ds,
+                              select if exponential else 0.0, 0.0 if exponential else select, sk)

@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 
-from .config import SAMPLERS, ConfigError, Hyperparameters
+from .config import SAMPLERS, SELECTIONS, TREE_BUILDERS, ConfigError, Hyperparameters, builder_defaults
 
 EXIT_USAGE = 2
 
@@ -48,6 +48,10 @@ _HELP = {
     "split_candidates": "N equidistant threshold candidates (0 = uniform over the range)",
     "seed": "public seed of the random splits (never used for noise or subsampling)",
     "scale_bits": "fixed-point scale 2^k",
+    "tree_builder": "random (S-BDT) or greedy (DP-XGB; implies --subsample 1 --split-candidates 32 unless given)",
+    "selection_share": "greedy: share of the trees' budget for node selection (rest: leaf release)",
+    "selection": "greedy: exponential (mechanism on exact gains) or histogram (arg max of noisy histograms)",
+    "sketch_share": "greedy: budget share of the adaptive Hessian sketch (0 = uniform grid; paper 0.1)",
 }
 
 
@@ -64,6 +68,10 @@ def add_hyperparameter_flags(p: argparse.ArgumentParser) -> None:
             g.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=help_)
         elif f.name == "accountant":
             g.add_argument(flag, dest=f.name, choices=["rdp", "pld"], default=None, help=help_)
+        elif f.name == "tree_builder":
+            g.add_argument(flag, dest=f.name, choices=list(TREE_BUILDERS), default=None, help=help_)
+        elif f.name == "selection":
+            g.add_argument(flag, dest=f.name, choices=list(SELECTIONS), default=None, help=help_)
         elif f.type in ("int", "int | None"):
             g.add_argument(flag, dest=f.name, type=int, default=None, metavar="N", help=help_)
         else:
@@ -74,7 +82,7 @@ def hyperparameters_from_args(args: argparse.Namespace, base: Hyperparameters | 
     base = base or Hyperparameters()
     changes = {f.name: getattr(args, f.name) for f in dataclasses.fields(Hyperparameters)
                if getattr(args, f.name, None) is not None}
-    return base.replace(**changes)
+    return base.replace(**builder_defaults(changes))
 
 
 # --------------------------------------------------------------------------- output helpers
@@ -242,13 +250,20 @@ def cmd_account(args: argparse.Namespace) -> int:
     hp = hyperparameters_from_args(args)
     cal = calibration_for(hp)
     res = {"sigma": cal.sigma, "alpha": cal.alpha, "rho": cal.rho, "epsilon": cal.epsilon, "delta": cal.delta,
-           "accountant": cal.accountant, "rounds": cal.rounds, "eps_init": cal.eps_init, "eps_ds": cal.eps_ds}
+           "accountant": cal.accountant, "rounds": cal.rounds, "eps_init": cal.eps_init, "eps_ds": cal.eps_ds,
+           "tree_builder": hp.tree_builder, "eps_select": cal.eps_select, "sigma_select": cal.sigma_select,
+           "sigma_sketch": cal.sigma_sketch}
     human = (f"accountant   {cal.accountant}\n"
              f"sigma        {cal.sigma:.6g}   (unweighted leaf noise σ_leaf)\n"
              f"alpha        {cal.alpha}   (RDP order α̂)\n"
              f"rho          {cal.rho:.6g}   (per-record RDP budget ρ(α̂) of the trees)\n"
              f"epsilon      {cal.epsilon:.6g}   (achieved, target {hp.epsilon:g}; δ = {cal.delta:.3g})\n"
-             f"rounds       {cal.rounds} accounted trees, γ = {cal.gamma:g}")
+             f"rounds       {cal.rounds} accounted trees, γ = {cal.gamma:g}, {hp.tree_builder} trees")
+    if hp.tree_builder == "greedy" and hp.selection == "exponential":
+        human += (f"\neps_select   {cal.eps_select:.6g}   (exponential mechanism per level, Δ = 3·g*²; "
+                  f"bounded-range RDP, Thm. 1)")
+    elif hp.tree_builder == "greedy":
+        human += f"\nsigma_select {cal.sigma_select:.6g}   (noise of the level histograms, docs/greedy.md)"
     emit(args, res, human)
     return 0
 

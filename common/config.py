@@ -14,6 +14,11 @@ from typing import Any
 TASKS = ("regression", "binary")
 #: Exact DP-noise samplers (common/randomness.py): our own (default) or OpenDP's.
 SAMPLERS = ("ours", "opendp")
+TREE_BUILDERS = ("random", "greedy")  # S-BDT's public random trees; DP-XGB greedy trees (docs/greedy.md)
+SELECTIONS = ("exponential", "histogram")  # how greedy trees choose splits (docs/greedy.md)
+#: what a greedy run takes for keys it is not given (:func:`builder_defaults`): every record in every
+#: tree (the paper's DP-XGB does not subsample) and a public grid of 32 candidate thresholds per feature
+GREEDY_DEFAULTS = {"subsample": 1.0, "split_candidates": 32}
 MAX_DEPTH = 12  # 2·2^12 fixed-point values per round: well inside the gRPC message limit
 
 
@@ -47,13 +52,17 @@ class Hyperparameters:
     split_candidates: int = 32  # N equidistant thresholds; 0 = thresholds uniform over the public range
     seed: int | None = None  # public randomness (splits only)
     scale_bits: int = 20  # fixed-point scale 2^scale_bits
+    tree_builder: str = "random"  # "random" (S-BDT) or "greedy" (DP-XGB: exponential mechanism per level)
+    selection_share: float = 0.7  # greedy: share of the trees' zCDP budget for node selection (rest: leaves)
+    selection: str = "exponential"  # greedy: exponential mechanism, or arg max of noisy level histograms
+    sketch_share: float = 0.0  # greedy: share for the adaptive Hessian sketch (0 = the uniform grid; paper 0.1)
 
     def __post_init__(self) -> None:
         def bad(name: str, why: str) -> ConfigError:
             return ConfigError(f"{name} = {getattr(self, name)!r}: {why}")
 
         for name in ("epsilon", "delta", "subsample", "learning_rate", "l2", "leaf_clip", "grad_clip",
-                     "label_clip", "r1", "init_share", "eps_ds"):
+                     "label_clip", "r1", "init_share", "eps_ds", "selection_share", "sketch_share"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
                 raise bad(name, "must be a finite number")
@@ -68,6 +77,16 @@ class Hyperparameters:
                 raise bad(name, "must be true or false")
         if not isinstance(self.accountant, str):
             raise bad("accountant", "must be 'rdp' or 'pld'")
+        if not isinstance(self.tree_builder, str) or self.tree_builder not in TREE_BUILDERS:
+            raise bad("tree_builder", "must be 'random' or 'greedy'")
+        if not isinstance(self.selection, str) or self.selection not in SELECTIONS:
+            raise bad("selection", "must be 'exponential' or 'histogram'")
+        if self.tree_builder == "random" and self.sketch_share != 0:
+            raise bad("sketch_share", "the adaptive Hessian sketch is for greedy trees "
+                      "(set tree_builder = 'greedy')")
+        if self.tree_builder == "random" and self.selection != "exponential":
+            raise bad("selection", "chooses how greedy trees select splits; random trees have no selection "
+                      "(set tree_builder = 'greedy')")
         if not self.epsilon > 0:
             raise bad("epsilon", "must be > 0")
         if not 0 < self.delta < 1:
@@ -108,6 +127,27 @@ class Hyperparameters:
             raise bad("seed", "must be a non-negative integer")
         if not 8 <= self.scale_bits <= 30:
             raise bad("scale_bits", "must be in 8..30")
+        if self.tree_builder == "greedy":
+            self._check_greedy(bad)
+
+    def _check_greedy(self, bad) -> None:
+        """What the greedy builder (docs/greedy.md) needs on top of the common checks."""
+        if self.filter:
+            raise ConfigError("the individual Rényi filter does not apply to greedy trees (the exponential "
+                              "mechanism's cost does not depend on a record's gradient); use tree_builder = "
+                              "'random' with the filter, or drop the filter")
+        if self.subsample != 1.0:
+            raise bad("subsample", "greedy trees use every record in every tree (paper Alg. 1): set subsample = 1")
+        if not 1 <= self.split_candidates <= 255:
+            raise bad("split_candidates", "greedy trees choose among a public grid of 1..255 candidates per "
+                      "feature (e.g. 32)")
+        if not 0 < self.selection_share < 1:
+            raise bad("selection_share", "the node-selection share of the budget must be in (0, 1)")
+        if not 0 <= self.sketch_share < 1 or not self.selection_share + self.sketch_share < 1:
+            raise bad("sketch_share", "must be in [0, 1) with selection_share + sketch_share < 1 (the rest is "
+                      "for the leaves; paper: 0.1 with selection_share 0.6)")
+        if self.sketch_share > 0 and self.selection != "exponential":
+            raise bad("sketch_share", "the adaptive Hessian sketch works with selection = 'exponential'")
 
     # ------------------------------------------------------------------ derived
 
@@ -144,6 +184,7 @@ class Hyperparameters:
         unknown = sorted(set(d) - names)
         if unknown:
             raise ConfigError(f"unknown hyperparameter(s): {', '.join(unknown)} (known: {', '.join(sorted(names))})")
+        d = builder_defaults(d)
         kw = {}
         for f in dataclasses.fields(cls):
             if f.name in d:
@@ -155,6 +196,13 @@ class Hyperparameters:
 
     def replace(self, **changes: Any) -> "Hyperparameters":
         return dataclasses.replace(self, **changes)
+
+
+def builder_defaults(given: dict[str, Any]) -> dict[str, Any]:
+    """``given`` (plan keys or CLI flags that were set) plus the greedy defaults for keys not given."""
+    if given.get("tree_builder") != "greedy":
+        return dict(given)
+    return {**{k: v for k, v in GREEDY_DEFAULTS.items() if k not in given}, **given}
 
 
 def hyperparameter_names() -> list[str]:

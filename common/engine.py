@@ -13,22 +13,26 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .accountant import PrivacyCalibration, calibrate
+from .accountant import PrivacyCalibration, calibrate, calibrate_greedy
 from .boosting import (Encoding, LocalData, init_noise_scales, init_score, leaf_noise_scales, leaf_values,
                        split_edges)
+from .builders import tree_builder_for
 from .config import Hyperparameters
 from .data import Dataset
 from .fixedpoint import check_capacity
 from .model import Ensemble, Tree
 from .rdp_filter import FilterTable, filter_table
 from .randomness import SecureRandomness, prefetched_gaussian
-from .splits import random_splits
 
 Progress = Callable[[int, int], None]
 
 
 def calibration_for(hp: Hyperparameters) -> PrivacyCalibration:
-    """Alg. 6 for these hyperparameters (cached)."""
+    """Alg. 6 for these hyperparameters (cached); greedy trees: :func:`~common.accountant.calibrate_greedy`."""
+    if hp.tree_builder == "greedy":
+        return calibrate_greedy(hp.epsilon, hp.delta, hp.accounted_rounds, hp.depth, hp.selection_share,
+                                hp.init_share, hp.eps_ds, hp.accountant, selection=hp.selection,
+                                sketch_share=hp.sketch_share)
     return calibrate(hp.epsilon, hp.delta, hp.subsample, hp.accounted_rounds, hp.init_share, hp.eps_ds,
                      hp.accountant)
 
@@ -58,6 +62,11 @@ def privacy_receipt(hp: Hyperparameters, cal: PrivacyCalibration, rounds_complet
         "rounds_accounted": cal.rounds,
         "rounds_completed": int(rounds_completed),
         "filter": bool(hp.filter),
+        "tree_builder": hp.tree_builder,
+        "eps_select": cal.eps_select,
+        "selection": hp.selection,
+        "sigma_select": cal.sigma_select,
+        "sigma_sketch": cal.sigma_sketch,
         "noise_mode": noise_mode,
         "randomness": randomness,
         "parties": list(parties or []),
@@ -102,8 +111,9 @@ def train(dataset: Dataset, hp: Hyperparameters, randomness=None, progress: Prog
     scales = leaf_noise_scales(hp, enc, cal.sigma)
     total = hp.total_rounds
     noise = prefetched_gaussian(randomness, scales, total)
+    builder = tree_builder_for(hp, schema, cal)
     for r in range(total):
-        splits = random_splits(schema, hp.depth, hp.seed, r, hp.cyclical, hp.split_candidates)
+        splits = builder.splits(r, local, randomness)
         c = local.contribution(splits, r, randomness, table)
         local.commit(c)
         values = leaf_values(c.sums + next(noise), hp, enc)

@@ -55,7 +55,7 @@ from sklearn.utils.multiclass import type_of_target
 from sklearn.utils.validation import check_array, check_consistent_length, check_is_fitted, column_or_1d, \
     validate_data
 
-from .config import Hyperparameters, hyperparameter_names
+from .config import GREEDY_DEFAULTS, Hyperparameters, hyperparameter_names
 from .schema import Feature, FileFormat, Schema
 
 
@@ -301,6 +301,11 @@ class _SBDTBase(BaseEstimator):
                 kw[name] = float(v)
             if isinstance(v, np.bool_):
                 kw[name] = bool(v)
+        if kw["tree_builder"] == "greedy":  # parameters left at the random trees' defaults take greedy's
+            defaults = Hyperparameters()
+            for name, v in GREEDY_DEFAULTS.items():
+                if kw[name] == getattr(defaults, name):
+                    kw[name] = v
         return Hyperparameters(**kw)
 
     def _layout(self, X: Any, m: int) -> _Layout:
@@ -403,6 +408,8 @@ class SBDTRegressor(RegressorMixin, _SBDTBase):
     public bounds: ``schema`` (a :class:`~common.schema.Schema` or TOML path) *or* ``feature_ranges``,
     ``categorical`` and ``label_range``; ``out_of_range`` (``"error"``/``"clip"``, default: the schema's
     setting, else ``"error"``).  ``fit`` without public bounds raises :class:`PublicBoundsError`.
+    ``tree_builder="greedy"`` trains DP-XGB greedy trees (docs/greedy.md); ``subsample`` and
+    ``split_candidates`` left at their defaults then take the greedy ones (1 and 32).
 
     Fitted attributes: ``model_`` (:class:`~common.model.Ensemble`), ``privacy_`` (the privacy receipt),
     ``schema_``, ``n_features_in_`` (and ``feature_names_in_`` for DataFrames).
@@ -418,7 +425,9 @@ class SBDTRegressor(RegressorMixin, _SBDTBase):
     def __init__(self, *, epsilon=1.0, delta=5e-8, trees=100, extra_trees=0, depth=3, subsample=0.1,
                  learning_rate=0.1, l2=1.0, leaf_clip=2.0, grad_clip=0.5, hess_clip=None, label_clip=1.0, r1=0.2,
                  init_share=0.1, eps_ds=0.005, accountant="rdp", filter=False, cyclical=True, split_candidates=32,
-                 seed=None, scale_bits=20, schema=None, feature_ranges=None, categorical=None, label_range=None,
+                 seed=None, scale_bits=20, tree_builder="random", selection_share=0.7,
+                 selection="exponential", sketch_share=0.0, schema=None, feature_ranges=None, categorical=None,
+                 label_range=None,
                  out_of_range=None):
         self.epsilon = epsilon
         self.delta = delta
@@ -441,6 +450,10 @@ class SBDTRegressor(RegressorMixin, _SBDTBase):
         self.split_candidates = split_candidates
         self.seed = seed
         self.scale_bits = scale_bits
+        self.tree_builder = tree_builder
+        self.selection_share = selection_share
+        self.selection = selection
+        self.sketch_share = sketch_share
         self.schema = schema
         self.feature_ranges = feature_ranges
         self.categorical = categorical
@@ -488,7 +501,9 @@ class SBDTClassifier(ClassifierMixin, _SBDTBase):
     def __init__(self, *, epsilon=1.0, delta=5e-8, trees=100, extra_trees=0, depth=3, subsample=0.1,
                  learning_rate=0.1, l2=1.0, leaf_clip=2.0, grad_clip=0.5, hess_clip=None, label_clip=1.0, r1=0.2,
                  init_share=0.1, eps_ds=0.005, accountant="rdp", filter=False, cyclical=True, split_candidates=32,
-                 seed=None, scale_bits=20, schema=None, feature_ranges=None, categorical=None, classes=None,
+                 seed=None, scale_bits=20, tree_builder="random", selection_share=0.7,
+                 selection="exponential", sketch_share=0.0, schema=None, feature_ranges=None, categorical=None,
+                 classes=None,
                  out_of_range=None):
         self.epsilon = epsilon
         self.delta = delta
@@ -511,6 +526,10 @@ class SBDTClassifier(ClassifierMixin, _SBDTBase):
         self.split_candidates = split_candidates
         self.seed = seed
         self.scale_bits = scale_bits
+        self.tree_builder = tree_builder
+        self.selection_share = selection_share
+        self.selection = selection
+        self.sketch_share = sketch_share
         self.schema = schema
         self.feature_ranges = feature_ranges
         self.categorical = categorical

@@ -135,6 +135,15 @@ def _bernoulli_from_u64(u: np.ndarray, p: float) -> np.ndarray:
     return u < np.uint64(k)
 
 
+def _check_scores(scores: np.ndarray, scale: float) -> np.ndarray:
+    scores = np.asarray(scores, dtype=np.float64).ravel()
+    if scores.size == 0 or not np.all(np.isfinite(scores)):
+        raise ValueError("the exponential mechanism needs a non-empty vector of finite scores")
+    if not (scale > 0 and math.isfinite(scale)):
+        raise ValueError(f"the exponential mechanism's scale must be positive and finite, got {scale}")
+    return scores
+
+
 @dataclass
 class SecureRandomness:
     """Exact noise samplers and the Poisson subsample, all fed by the OS-keyed CSPRNG."""
@@ -200,6 +209,25 @@ class SecureRandomness:
         """Poisson subsample: each record independently with probability ≤ p (exactly floor(p·2^64)/2^64)."""
         return _bernoulli_from_u64(_csprng_uint64_scratch(len(record_ids)), p)
 
+    def exponential_mechanism(self, scores: np.ndarray, scale: float) -> int:
+        """Index i drawn with probability ∝ exp(scores[i]/scale), exactly (OpenDP ``make_noisy_max`` with
+        zCDP output: report-noisy-max with exactly sampled Gumbel noise = the exponential mechanism)."""
+        scores = _check_scores(scores, scale)
+        key = ("noisy_max", float(scale), scores.size)
+        with self._lock:
+            m = self._cache.get(key)
+            if m is None:
+                from opendp import domains, measurements, measures, metrics, mod
+
+                mod.enable_features("contrib")
+                m = measurements.make_noisy_max(
+                    domains.vector_domain(domains.atom_domain(T=float, nan=False), size=scores.size),
+                    metrics.linf_distance(T=float), measures.zero_concentrated_divergence(), scale=float(scale))
+                if len(self._cache) > 256:
+                    self._cache.clear()
+                self._cache[key] = m
+        return int(m([float(x) for x in scores]))
+
     def describe(self) -> str:
         return describe_secure(self.sampler)
 
@@ -244,6 +272,13 @@ class InsecureTestRandomness:
         if not self.noise:
             return np.zeros(scales.shape, dtype=np.int64)
         return np.rint(self._rng.laplace(0.0, 1.0, scales.shape) * scales).astype(np.int64)
+
+    def exponential_mechanism(self, scores: np.ndarray, scale: float) -> int:
+        """Gumbel-max on numpy floats (insecure); without noise the arg max."""
+        scores = _check_scores(scores, scale)
+        if not self.noise:
+            return int(np.argmax(scores))
+        return int(np.argmax(scores / scale + self._rng.gumbel(size=scores.size)))
 
     def subsample(self, p: float, record_ids: np.ndarray, round_id: int) -> np.ndarray:
         """A public function of (seed, round, record id): identical wherever the record lives."""

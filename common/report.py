@@ -165,17 +165,30 @@ def one_in(delta: float) -> str:
     return f"1 in {n:.3g}"
 
 
-def epsilon_curve(privacy: dict[str, Any], points: int = 40) -> tuple[np.ndarray, np.ndarray]:
-    """ε after r accounted trees (RDP accountant at the model's σ), for a grid of r up to the total."""
-    from .accountant import epsilon_rdp
+def epsilon_curve(privacy: dict[str, Any], points: int = 40, depth: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """ε after r accounted trees (RDP accountant at the model's σ), for a grid of r up to the total.
+
+    Greedy trees (``depth`` levels of exponential mechanism each) are charged by the same event ledger as
+    in training (:func:`common.accountant.greedy_training_event`)."""
+    from .accountant import epsilon_rdp, event_epsilon_rdp, greedy_training_event
 
     T = int(privacy.get("rounds_accounted", 0) or 0)
     sigma = float(privacy.get("sigma", 0) or 0)
     if T < 1 or not sigma > 0:
         return np.zeros(0), np.zeros(0)
     rs = np.unique(np.linspace(1, T, min(points, T)).round().astype(int))
-    eps = [epsilon_rdp(sigma, float(privacy["subsample"]), int(r), float(privacy["delta"]),
-                       float(privacy.get("eps_init", 0.0)), float(privacy.get("eps_ds", 0.0)))[0] for r in rs]
+    delta = float(privacy["delta"])
+    e_init, e_ds = float(privacy.get("eps_init", 0.0)), float(privacy.get("eps_ds", 0.0))
+    if privacy.get("tree_builder") == "greedy":
+        if depth < 1:
+            return np.zeros(0), np.zeros(0)
+        selection = str(privacy.get("selection", "exponential"))
+        select = float(privacy["eps_select"] if selection == "exponential" else privacy["sigma_select"])
+        sk = float(privacy.get("sigma_sketch", 0.0) or 0.0)
+        eps = [event_epsilon_rdp(greedy_training_event(select, sigma, depth, int(r), e_init, e_ds, selection, sk),
+                                 delta)[0] for r in rs]
+    else:
+        eps = [epsilon_rdp(sigma, float(privacy["subsample"]), int(r), delta, e_init, e_ds)[0] for r in rs]
     return rs, np.asarray(eps)
 
 
@@ -308,6 +321,13 @@ def _accountant(p: dict[str, Any], curve: str | None) -> str:
         ("ε_init", p.get("eps_init"), "budget of the initial score (label mean)"),
         ("ε_ds", p.get("eps_ds"), "budget of the record count used by the initial score"),
         ("individual filter", p.get("filter"), "records stop taking part once their own budget is used"),
+        ("tree builder", p.get("tree_builder", "random"), "random: public random splits (S-BDT); greedy: "
+         "splits chosen by the exponential mechanism (DP-XGB)"),
+        *([("ε_select", p.get("eps_select"), "exponential mechanism per tree level (bounded-range RDP, Thm. 1 "
+            "of 'Revisiting DP-XGBoost')")] if p.get("tree_builder") == "greedy"
+          and p.get("selection", "exponential") == "exponential" else []),
+        *([("σ_select", p.get("sigma_select"), "noise of the level histograms the splits were chosen from "
+            "(a Gaussian release per tree level)")] if p.get("selection") == "histogram" else []),
         ("noise mode", p.get("noise_mode"), "central: one party added all noise; distributed: each site a share"),
         ("randomness", p.get("randomness"), "source of noise and subsampling"),
     ]
@@ -415,6 +435,83 @@ def _schema(model: Ensemble) -> str:
             f"</p><table><tr><th>feature</th><th>type</th><th>public range / levels</th></tr>{tr}</table>")
 
 
+#: greedy models small enough to read tree by tree (the reason a clinician picks them) are drawn
+MAX_DRAWN_TREES = 50
+MAX_DRAWN_DEPTH = 4
+
+
+def draws_trees(model: Ensemble) -> bool:
+    """Does the report draw the trees?  Greedy models of at most 50 trees of depth ≤ 4."""
+    return (model.hyperparameters.tree_builder == "greedy" and 0 < len(model.trees) <= MAX_DRAWN_TREES
+            and model.depth <= MAX_DRAWN_DEPTH)
+
+
+def _node_label(model: Ensemble, feature: int, threshold: float) -> str:
+    f = model.schema.features[int(feature)]
+    if f.is_categorical:
+        level = int(threshold)
+        return f"{f.name} = {f.levels[level] if 0 <= level < len(f.levels) else level}"
+    return f"{f.name} < {threshold:.4g}"
+
+
+def tree_svg(model: Ensemble, index: int) -> str:
+    """One tree as inline SVG: inner nodes "feature < threshold" (left branch: yes), leaves with values."""
+    t = model.trees[index]
+    d = model.depth
+    leaves = 2**d
+    w_leaf, h_level, box_h = 112, 64, 26
+    width, height = leaves * w_leaf, (d + 1) * h_level
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+             f'viewBox="0 0 {width} {height}" role="img" aria-label="tree {index + 1}" '
+             'font-family="sans-serif" font-size="11">']
+
+    def pos(level: int, q: int) -> tuple[float, float]:
+        span = width / 2**level
+        return span * (q + 0.5), level * h_level + box_h / 2 + 4
+
+    for level in range(d):
+        for q in range(2**level):
+            x, y = pos(level, q)
+            for side in (0, 1):
+                cx, cy = pos(level + 1, 2 * q + side)
+                parts.append(f'<line x1="{x:.0f}" y1="{y:.0f}" x2="{cx:.0f}" y2="{cy:.0f}" stroke="#999"/>')
+                parts.append(f'<text x="{(x + cx) / 2 + (-8 if side == 0 else 8):.0f}" y="{(y + cy) / 2:.0f}" '
+                             f'text-anchor="middle" fill="#666" font-size="9">{"yes" if side == 0 else "no"}</text>')
+    for level in range(d):
+        for q in range(2**level):
+            k = 2**level - 1 + q
+            x, y = pos(level, q)
+            label = _e(_node_label(model, t.features[k], t.thresholds[k]))
+            bw = min(width / 2**level - 6, 7 * len(label) + 10)
+            parts.append(f'<rect x="{x - bw / 2:.0f}" y="{y - box_h / 2:.0f}" width="{bw:.0f}" height="{box_h}" '
+                         f'rx="4" fill="#eef3fb" stroke="#4a6fa5"/><text x="{x:.0f}" y="{y + 4:.0f}" '
+                         f'text-anchor="middle">{label}</text>')
+    for q in range(leaves):
+        x, y = pos(d, q)
+        v = float(t.leaves[q])
+        parts.append(f'<rect x="{x - 34:.0f}" y="{y - box_h / 2:.0f}" width="68" height="{box_h}" rx="4" '
+                     f'fill="{"#e7f5e9" if v >= 0 else "#fbeaea"}" stroke="#888"/><text x="{x:.0f}" '
+                     f'y="{y + 4:.0f}" text-anchor="middle">{v:+.4f}</text>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def _trees(model: Ensemble) -> str:
+    hp = model.hyperparameters
+    what = ("the margin (log-odds)" if model.task == "binary" else "the scaled label")
+    how = ("as the best split on noisy histograms of the gradients (a Gaussian release per tree level)"
+           if hp.selection == "histogram" else
+           "by the exponential mechanism (a noisy choice favouring splits that explain the gradient best)")
+    body = (f"<p>Each of the {len(model.trees)} trees below was grown greedily: every split was chosen among the "
+            f"public candidate thresholds {how}, and every leaf value is a noisy Newton step. A record goes left "
+            f"(<em>yes</em>) when the test holds. The prediction is {_e(what)}: the initial score "
+            f"{model.init_score:+.4f} plus η = {hp.learning_rate:g} times the leaf reached in every tree. "
+            "All of it is public output of the DP mechanisms; nothing here is computed from records.</p>")
+    for i in range(len(model.trees)):
+        body += f'<figure><figcaption>Tree {i + 1}</figcaption>{tree_svg(model, i)}</figure>'
+    return body
+
+
 def build_report(model: Ensemble, ledger: LedgerSummary | None = None, model_name: str = "model",
                  model_sha256: str | None = None, generated: _dt.datetime | None = None, plots: bool = True) -> str:
     """The report as one self-contained HTML document (string)."""
@@ -425,7 +522,7 @@ def build_report(model: Ensemble, ledger: LedgerSummary | None = None, model_nam
     generated = generated or _dt.datetime.now(_dt.timezone.utc)
     curve = None
     if plots:
-        rs, eps = epsilon_curve(p)
+        rs, eps = epsilon_curve(p, depth=model.depth)
         curve = plot_epsilon(rs, eps, float(p["epsilon"])) if rs.size else None
     rounds = model.training.get("rounds")
     sites_svg = plot_sites(rounds, model.training.get("threshold")) if plots and rounds else None
@@ -443,11 +540,17 @@ def build_report(model: Ensemble, ledger: LedgerSummary | None = None, model_nam
     ]
     if ledger is not None:
         sections.append(_section("ledger", f"Site ledger: {ledger.site}", _ledger(ledger, ledger_svg)))
+    if draws_trees(model):
+        sections.append(_section("trees", "The trees", _trees(model)))
     sections.append(_section("schema", "Public schema", _schema(model)))
     sections.append(_section("about", "About this report", (
         "<p class=\"muted\">Generated by fedsbdt from the model file and its privacy receipt. It contains no "
-        "patient records. The algorithm is S-BDT (Peinemann, Kirschte et al.): random public splits, Poisson "
-        "subsampling, leaf-balanced Gaussian noise and a subsampled-RDP accountant.</p>")))
+        "patient records. " + (
+        "The algorithm is DP-XGB (Revisiting DP-XGBoost, greedy trees): splits chosen by the exponential "
+        "mechanism over the gain, S-BDT's Gaussian leaf release, a Rényi-DP accountant with the bounded-range "
+        "bound.</p>" if model.hyperparameters.tree_builder == "greedy" else
+        "The algorithm is S-BDT (Peinemann, Kirschte et al.): random public splits, Poisson "
+        "subsampling, leaf-balanced Gaussian noise and a subsampled-RDP accountant.</p>"))))
     title = f"Privacy report — {model.schema.name}"
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>"
@@ -484,6 +587,6 @@ def write_report(model_path: str | Path, out: str | Path, ledger_path: str | Pat
     text = build_report(model, ledger, model_name=mp.name, model_sha256=sha)
     o = write_atomic(out, text, "report")
     secs = ["summary", "guarantee", "accountant", "hyperparameters", "training"] + (["ledger"] if ledger else []) \
-        + ["schema", "about"]
+        + (["trees"] if draws_trees(model) else []) + ["schema", "about"]
     return ReportSummary(str(o), float(model.privacy["epsilon"]), float(model.privacy["delta"]), secs,
                          ledger.exhausted_share if ledger else None)

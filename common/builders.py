@@ -1,0 +1,219 @@
+"""Tree builders: where the inner nodes of a round's tree come from (docs/greedy.md).
+
+* :class:`RandomTrees` — S-BDT: public, data-independent random splits
+  (:func:`common.splits.random_splits`); they cost no privacy.
+* :class:`GreedyTrees` — DP-XGB of "Revisiting DP-XGBoost" (§4, Alg. 1/3):
+  level by level, every node picks a (feature, candidate threshold) from the
+  public grid with the exponential mechanism over the gain
+  ``score = G_L²/(n_L + λ) + G_R²/(n_R + λ)`` (eq. 2; gradient sums G over
+  the node's records, counts n), which has add/remove sensitivity
+  ``Δ = 3·g*²`` (Li et al. 2022, Lemma 2; :func:`score_sensitivity`).  The
+  nodes of a level hold disjoint records, so one level is one ε_select
+  bounded-range release (parallel composition), charged by the accountant
+  with Thm. 1 (:func:`common.accountant.greedy_tree_event`).  The cyclical
+  variant (XGB_cyc) lets tree r choose only among feature ``r mod m``.
+
+Both return a :class:`~common.splits.Splits` (complete tree, heap order), so
+leaf release, model, exports and the federation see the same kind of tree.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from . import kernels
+from .accountant import PrivacyCalibration
+from .boosting import TASK_CODE, LocalData, split_edges
+from .config import Hyperparameters
+from .greedy_levels import (count_noise, level_layout, level_noise_scales, level_sums, select_splits,
+                            sketch_candidates, sketch_noise_scale, sketch_sums)
+from .schema import Schema
+from .splits import Splits, random_splits
+
+
+#: histogram selection ignores splits with a side whose noisy count is below this many noise stds
+MIN_COUNT_SIGMAS = 3.0
+
+
+class TreeBuilder(Protocol):
+    def splits(self, round_id: int, local: LocalData, randomness) -> Splits:
+        """The inner nodes of tree ``round_id`` (may look at ``local``'s records only through a DP release)."""
+
+
+@dataclass(frozen=True)
+class RandomTrees:
+    """S-BDT's public random splits (Alg. 4 line 2): data-independent, free of privacy cost."""
+
+    schema: Schema
+    hp: Hyperparameters
+
+    def splits(self, round_id: int, local: LocalData, randomness) -> Splits:
+        hp = self.hp
+        return random_splits(self.schema, hp.depth, hp.seed, round_id, hp.cyclical, hp.split_candidates)
+
+
+def score_sensitivity(grad_clip: float) -> float:
+    """Add/remove sensitivity of the gain (eq. 2): ``3·g*²`` for any λ ≥ 0 (Li et al. 2022, Lemma 2).
+
+    One record sits in one child of one node; ``|(G+g)²/(n+1+λ) − G²/(n+λ)|``
+    with ``|G| ≤ n·g*``, ``|g| ≤ g*`` is below ``3·g*²`` (attained as n → ∞
+    with G = n·g*, g = −g*)."""
+    return 3.0 * float(grad_clip) ** 2
+
+
+def gains(G_left: np.ndarray, n_left: np.ndarray, G: np.ndarray, n: np.ndarray, l2: float) -> np.ndarray:
+    """Eq. 2 for every candidate: ``G_L²/(n_L+λ) + G_R²/(n_R+λ)`` (an empty side scores 0)."""
+    G_right, n_right = G - G_left, n - n_left
+    with np.errstate(divide="ignore", invalid="ignore"):
+        left = np.where(n_left + l2 > 0, G_left**2 / (n_left + l2), 0.0)
+        right = np.where(n_right + l2 > 0, G_right**2 / (n_right + l2), 0.0)
+    return left + right
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """The public split grid: per candidate its feature, threshold and the code test ``lo ≤ code < hi``."""
+
+    feature: np.ndarray  # int32 (C,)
+    threshold: np.ndarray  # float64 (C,)
+    lo: np.ndarray  # int64 (C,)
+    hi: np.ndarray  # int64 (C,)
+
+    @classmethod
+    def grid(cls, schema: Schema, split_candidates: int) -> tuple["Candidates", list]:
+        """Numeric feature: its edges (``x < edge`` ⟺ ``code ≤ j``); categorical: one level against the rest."""
+        edges = [None if e is None else np.unique(np.asarray(e, np.float64))
+                 for e in split_edges(schema, split_candidates)]
+        feat, thr, lo, hi = [], [], [], []
+        for f, feature in enumerate(schema.features):
+            if feature.is_categorical:
+                levels = min(len(feature.levels), kernels.NO_LEVEL)
+                j = np.arange(levels)
+                feat.append(np.full(levels, f)), thr.append(j.astype(np.float64)), lo.append(j), hi.append(j + 1)
+            else:
+                e = edges[f]
+                j = np.arange(e.size)
+                feat.append(np.full(e.size, f)), thr.append(e), lo.append(np.zeros(e.size, np.int64))
+                hi.append(j + 1)
+        return cls(np.concatenate(feat).astype(np.int32), np.concatenate(thr),
+                   np.concatenate(lo).astype(np.int64), np.concatenate(hi).astype(np.int64)), edges
+
+
+def level_histograms(codes: np.ndarray, node: np.ndarray, weight: np.ndarray, n_nodes: int,
+                     features: np.ndarray) -> np.ndarray:
+    """``(len(features), n_nodes, 257)`` cumulative histograms: ``[k, q, c]`` = Σ weight over the records of
+    node q whose code of feature ``features[k]`` is < c (so a code test ``lo ≤ code < hi`` sums to
+    ``H[.., hi] − H[.., lo]``)."""
+    out = np.zeros((len(features), n_nodes, 257))
+    base = node.astype(np.int64) * 256
+    for k, f in enumerate(features):
+        h = np.bincount(base + codes[:, f], weights=weight, minlength=n_nodes * 256).reshape(n_nodes, 256)
+        np.cumsum(h, axis=1, out=out[k, :, 1:])
+    return out
+
+
+@dataclass
+class GreedyTrees:
+    """DP-XGB node selection (paper §4.2) on the public grid of ``hp.split_candidates`` thresholds.
+
+    ``hp.selection = "exponential"``: the exponential mechanism on the exact gains with ε ``select``;
+    ``"histogram"``: the arg max of the gains of noisy level histograms with noise σ_s = ``select``
+    (:mod:`common.greedy_levels`, the federation's rule)."""
+
+    schema: Schema
+    hp: Hyperparameters
+    select: float  # ε of the exponential mechanism per level, or σ_s of the level histograms
+    sigma_sketch: float = 0.0  # σ_k of the adaptive Hessian sketch (0: the uniform grid is the candidate set)
+    _cache: dict = field(default_factory=dict, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        K = self.hp.split_candidates
+        # with a sketch the candidates of a tree are chosen among a fine public grid of min(255, 4K) edges
+        self.candidates, self.edges = Candidates.grid(self.schema, min(255, 4 * K) if self.sigma_sketch > 0 else K)
+        self.is_cat = np.array([f.is_categorical for f in self.schema.features])
+        self.cand_start = np.searchsorted(self.candidates.feature, np.arange(self.schema.n_features))
+
+    def _codes(self, local: LocalData) -> np.ndarray:
+        key = self._cache.get("key")
+        if key is None or key is not local.X:
+            self._cache["codes"] = kernels.bin_codes(local.X, self.edges, self.is_cat)
+            self._cache["key"] = local.X
+        return self._cache["codes"]
+
+    def scale(self, grad_clip: float) -> float:
+        """Scale of the exponential mechanism ``P ∝ exp(score/scale)``: ``2Δ/ε_select``."""
+        return 2.0 * score_sensitivity(grad_clip) / self.select
+
+    def splits(self, round_id: int, local: LocalData, randomness) -> Splits:
+        hp, enc, cand = self.hp, local.enc, self.candidates
+        gq, _ = kernels.grad_hess_units(local.pred, local.y, TASK_CODE[local.task], enc.scale,
+                                        enc.grad.bound_units, enc.hess.bound_units)
+        g = gq / enc.scale  # clipped to g* = bound_units / scale
+        present = (local.arrival <= round_id).astype(np.float64)
+        codes = self._codes(local)
+        allowed = np.ones(cand.feature.size, bool)
+        if hp.cyclical:
+            allowed = cand.feature == round_id % self.schema.n_features
+        if self.sigma_sketch > 0:
+            allowed &= self._sketch(local, codes, present > 0, allowed, randomness)
+        idx = np.flatnonzero(allowed)
+        features = np.unique(cand.feature[idx])
+        fpos = np.searchsorted(features, cand.feature[idx])
+        scale = self.scale(enc.grad.bound_units / enc.scale)
+        node = np.zeros(local.n, np.int64)
+        chosen = np.zeros(hp.leaves - 1, np.int64)  # candidate index per inner node
+        rows = np.arange(local.n)
+        for level in range(hp.depth):
+            n_nodes, first = 2**level, 2**level - 1
+            if hp.selection == "histogram":
+                layout = level_layout(self.schema, self.edges, level, features)
+                sums = level_sums(codes, node, gq, present > 0, layout)
+                noisy = sums + randomness.discrete_gaussian(
+                    level_noise_scales(layout, enc.grad.bound_units, self.select))
+                k, j = select_splits(noisy, layout, enc.scale, hp.l2,
+                                     min_count=MIN_COUNT_SIGMAS * count_noise(layout, self.select))
+                chosen[first:first + n_nodes] = self.cand_start[features[k]] + j
+            else:
+                HG = level_histograms(codes, node, g * present, n_nodes, features)
+                HN = level_histograms(codes, node, present, n_nodes, features)
+                lo, hi = cand.lo[idx], cand.hi[idx]
+                for q in range(n_nodes):
+                    GL = HG[fpos, q, hi] - HG[fpos, q, lo]
+                    NL = HN[fpos, q, hi] - HN[fpos, q, lo]
+                    score = gains(GL, NL, HG[0, q, 256], HN[0, q, 256], hp.l2)
+                    chosen[first + q] = idx[randomness.exponential_mechanism(score, scale)]
+            # route every record to its child (heap order: left 2k+1, right 2k+2)
+            c = chosen[first + node]
+            code = codes[rows, cand.feature[c]].astype(np.int64)
+            node = 2 * node + ~((cand.lo[c] <= code) & (code < cand.hi[c]))
+        return Splits(cand.feature[chosen].astype(np.int32), cand.threshold[chosen].astype(np.float64))
+
+
+    def _sketch(self, local: LocalData, codes: np.ndarray, present: np.ndarray, allowed: np.ndarray,
+                randomness) -> np.ndarray:
+        """Adaptive Hessian sketch: the noisy Hessian mass per fine bin of every numeric feature in play
+        (a Gaussian release) and, as post-processing, K candidates per feature at its quantiles.  Returns
+        the mask of candidates kept (categorical ones all)."""
+        enc, cand = local.enc, self.candidates
+        _, hq = kernels.grad_hess_units(local.pred, local.y, TASK_CODE[local.task], enc.scale,
+                                        enc.grad.bound_units, enc.hess.bound_units)
+        feats = np.unique(cand.feature[allowed & ~self.is_cat[cand.feature]])
+        keep = self.is_cat[cand.feature].copy()
+        if feats.size == 0:
+            return keep
+        scale = sketch_noise_scale(feats.size, enc.hess.bound_units, self.sigma_sketch)
+        for f in feats:
+            sums = sketch_sums(codes, hq, present, np.array([f]), len(self.edges[f]) + 1)
+            noisy = sums + randomness.discrete_gaussian(np.full(sums.size, scale)).reshape(sums.shape)
+            keep[self.cand_start[f] + sketch_candidates(noisy, self.hp.split_candidates)[0]] = True
+        return keep
+
+
+def tree_builder_for(hp: Hyperparameters, schema: Schema, cal: PrivacyCalibration) -> TreeBuilder:
+    """The strategy ``hp.tree_builder`` names, with the calibrated selection budget for greedy trees."""
+    if hp.tree_builder == "greedy":
+        return GreedyTrees(schema, hp, cal.eps_select if hp.selection == "exponential" else cal.sigma_select,
+                           cal.sigma_sketch)
+    return RandomTrees(schema, hp)
