@@ -17,8 +17,10 @@ SAMPLERS = ("ours", "opendp")
 TREE_BUILDERS = ("random", "greedy")  # S-BDT's public random trees; DP-XGB greedy trees (docs/greedy.md)
 SELECTIONS = ("exponential", "histogram")  # how greedy trees choose splits (docs/greedy.md)
 #: what a greedy run takes for keys it is not given (:func:`builder_defaults`): every record in every
-#: tree (the paper's DP-XGB does not subsample) and a public grid of 32 candidate thresholds per feature
-GREEDY_DEFAULTS = {"subsample": 1.0, "split_candidates": 32}
+#: tree (the paper's DP-XGB does not subsample), a public grid of 32 candidate thresholds per feature, and
+#: every feature at every node (greedy trees are chosen for interactions, which cyclical trees miss;
+#: ``cyclical = true`` gives the paper's XGB_cyc)
+GREEDY_DEFAULTS = {"subsample": 1.0, "split_candidates": 32, "cyclical": False}
 MAX_DEPTH = 12  # 2·2^12 fixed-point values per round: well inside the gRPC message limit
 
 

@@ -230,7 +230,7 @@ def every_7th(ds, hp) -> LocalData:
 
 def test_greedy_splits_equal_the_record_by_record_argmax(adult_small):
     ds = adult_small
-    hp = Hyperparameters(tree_builder="greedy", depth=3, split_candidates=16, subsample=1.0)
+    hp = Hyperparameters(tree_builder="greedy", depth=3, split_candidates=16, subsample=1.0, cyclical=False)
     local = every_7th(ds, hp)
     builder = GreedyTrees(ds.schema, hp, select=0.5)
     sp = builder.splits(0, local, insecure(noise=False))
@@ -281,7 +281,7 @@ def test_interaction_problem_greedy_beats_random_with_few_trees():
 
 def test_configuration_refusals_and_defaults():
     hp = Hyperparameters.from_dict({"tree_builder": "greedy"})
-    assert hp.subsample == 1.0 and hp.split_candidates == 32
+    assert hp.subsample == 1.0 and hp.split_candidates == 32 and not hp.cyclical
     assert Hyperparameters.from_dict({"tree_builder": "greedy", "split_candidates": 8}).split_candidates == 8
     with pytest.raises(ConfigError, match="filter does not apply"):
         Hyperparameters(tree_builder="greedy", subsample=1.0, split_candidates=8, filter=True)
@@ -367,7 +367,7 @@ def test_estimator_with_greedy_trees(adult_small):
 
     est = SBDTClassifier(schema=adult_small.schema, tree_builder="greedy", trees=3, depth=2)
     hp = est._hyperparameters()
-    assert hp.subsample == 1.0 and hp.split_candidates == 32
+    assert hp.subsample == 1.0 and hp.split_candidates == 32 and not hp.cyclical
     est.fit(adult_small.X[:3000], adult_small.y[:3000])
     assert est.privacy_["tree_builder"] == "greedy" and len(est.model_.trees) == 3
     with pytest.raises(ConfigError, match="filter"):
