@@ -84,8 +84,8 @@ def prepare(layout: Layout, n: int, trees: int, depth: int) -> object:
     from client.keys import IDENTITY_PUB, keygen, read_identity_pub
     from common.config import Hyperparameters
     from common.schema import Schema
-    from server.pki import ca_init, ca_server, ca_sign
-    from server.plan import Deadlines, SiteEntry, make_plan
+    from common.federation.pki import ca_init, ca_server, ca_sign
+    from common.federation.plan import Deadlines, SiteEntry, make_plan
 
     ca_init(layout.ca, name="fedsbdt load CA", days=7)
     ca_server(layout.ca, layout.coordinator, ["localhost", "127.0.0.1"], days=7)

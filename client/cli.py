@@ -42,7 +42,7 @@ def add_tls_flags(p: argparse.ArgumentParser, default_dir: str) -> None:
 
 
 def cmd_keygen(args: argparse.Namespace) -> int:
-    from server.pki import PkiError
+    from common.federation.pki import PkiError
 
     from .keys import keygen
 
@@ -59,8 +59,8 @@ def cmd_keygen(args: argparse.Namespace) -> int:
 
 def cmd_client(args: argparse.Namespace) -> int:
     from common.schema import Schema
-    from server.pki import PkiError, TlsFiles
-    from server.plan import Plan
+    from common.federation.pki import PkiError, TlsFiles
+    from common.federation.plan import Plan
 
     from .daemon import Daemon, DaemonError, DaemonOptions
     from .keys import IDENTITY_KEY, load_identity

@@ -34,8 +34,8 @@ import grpc
 from common import testhooks
 from fedsbdt.v1 import federation_pb2 as pb
 from fedsbdt.v1 import federation_pb2_grpc as pbg
-from server.pki import TlsFiles, channel_credentials, tls_probe
-from server.wire import (
+from common.federation.pki import TlsFiles, channel_credentials, tls_probe
+from common.federation.wire import (
     GRPC_OPTIONS,
     MAX_TREES_PER_PAGE,
     Done,

@@ -18,7 +18,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from server.pki import TLS_CSR, TLS_KEY, PkiError, _read, make_csr, write_private, write_public
+from common.federation.pki import TLS_CSR, TLS_KEY, PkiError, _read, make_csr, write_private, write_public
 
 IDENTITY_KEY, IDENTITY_PUB = "identity.key", "identity.pub"
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from common.config import ConfigError
 
 if TYPE_CHECKING:
-    from server.plan import Plan
+    from common.federation.plan import Plan
 
 #: Defaults of ``--min-sites``, ``--min-threshold``, ``--min-colluders``.  Two sites is a site alone with one
 #: other party, which may be a sybil; t ≥ 2 and c ≥ 0 are what every valid plan has already.

@@ -72,9 +72,9 @@ from common.secagg import ProtocolAbort, RoundStart, SecAggSite, decode_message
 from common.secagg.errors import InvalidMessage
 from common.secagg.primitives import ed25519_public
 from common.splits import random_splits
-from server.plan import Plan, PlanError
-from server.release import build_model, model_bytes
-from server.wire import (
+from common.federation.plan import Plan, PlanError
+from common.federation.release import build_model, model_bytes
+from common.federation.wire import (
     NONCE_BYTES,
     AbortedMsg,
     Done,

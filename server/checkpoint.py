@@ -30,7 +30,7 @@ import numpy as np
 from common.secagg.errors import StorageError
 from common.secagg.storage import check_key
 
-from .wire import InitScoreMsg, TreeMsg
+from common.federation.wire import InitScoreMsg, TreeMsg
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS log (seq INTEGER PRIMARY KEY, kind TEXT NOT NULL, body TEXT NOT NULL);

@@ -29,8 +29,8 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
     from client.cli import sha256_file
 
     from .checkpoint import CheckpointError, CoordinatorStore
-    from .pki import PkiError, TlsFiles, server_credentials
-    from .plan import Plan
+    from common.federation.pki import PkiError, TlsFiles, server_credentials
+    from common.federation.plan import Plan
     from .service import CoordinatorServer
     from .session import Session
 
@@ -118,7 +118,7 @@ def _site_arg(text: str) -> tuple[str, bytes]:
     sid, val = text.split("=", 1)
     if len(val) == 64 and all(c in "0123456789abcdefABCDEF" for c in val):
         return sid, bytes.fromhex(val)
-    from .pki import PkiError
+    from common.federation.pki import PkiError
 
     try:
         return sid, read_identity_pub(Path(val))
@@ -129,7 +129,7 @@ def _site_arg(text: str) -> tuple[str, bytes]:
 def cmd_plan(args: argparse.Namespace) -> int:
     from common.schema import Schema
 
-    from .plan import Deadlines, SiteEntry, make_plan
+    from common.federation.plan import Deadlines, SiteEntry, make_plan
 
     schema = Schema.load(args.schema)
     hp = hyperparameters_from_args(args)
@@ -159,7 +159,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_ca(args: argparse.Namespace) -> int:
-    from .pki import PkiError, ca_init, ca_server, ca_sign
+    from common.federation.pki import PkiError, ca_init, ca_server, ca_sign
 
     try:
         if args.ca_command == "init":

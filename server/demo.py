@@ -158,8 +158,8 @@ def prepare(layout: Layout, n: int, dataset: str, hp_changes: dict, hosts: list[
     from common.config import Hyperparameters
     from common.schema import Schema
 
-    from .pki import ca_init, ca_server, ca_sign
-    from .plan import Deadlines, SiteEntry, make_plan
+    from common.federation.pki import ca_init, ca_server, ca_sign
+    from common.federation.plan import Deadlines, SiteEntry, make_plan
 
     ca_init(layout.ca, name="fedsbdt demo CA", days=30)
     ca_server(layout.ca, layout.coordinator, hosts, days=30)

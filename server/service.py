@@ -51,7 +51,7 @@ from fedsbdt.v1 import federation_pb2 as pb
 from fedsbdt.v1 import federation_pb2_grpc as pbg
 
 from .session import Rejected, Session
-from .wire import (
+from common.federation.wire import (
     MAX_MESSAGE_BYTES,
     MAX_TREES_PER_PAGE,
     SERVER_OPTIONS,

@@ -56,9 +56,9 @@ from client.noise import NoiseShares
 from common.splits import random_splits
 
 from .checkpoint import CoordinatorStore, Restored
-from .plan import Plan
-from .release import build_model, model_bytes, model_sha256
-from .wire import (
+from common.federation.plan import Plan
+from common.federation.release import build_model, model_bytes, model_sha256
+from common.federation.wire import (
     AbortedMsg,
     Event,
     FinishedMsg,

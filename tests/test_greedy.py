@@ -376,7 +376,7 @@ def test_estimator_with_greedy_trees(adult_small):
 
 
 def test_federated_plan_refuses_greedy(adult_small):
-    from server.plan import PlanError, SiteEntry, make_plan
+    from common.federation.plan import PlanError, SiteEntry, make_plan
 
     sites = [SiteEntry(f"s{i}", bytes([i]) * 32) for i in range(3)]
     with pytest.raises(PlanError, match="not available in a federation"):

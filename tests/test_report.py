@@ -150,7 +150,7 @@ def test_svg_charts_scale_their_data_into_the_frame():
 
 
 def federated_training(n_trees=25):
-    """What server/release.py records for a federated run (public facts only)."""
+    """What common/federation/release.py records for a federated run (public facts only)."""
     rounds = [{"tree": k, "round_id": k + 1 + (k >= 10), "sites": ["h1", "h2", "h3"] if k < 10 else ["h3", "h1"]}
               for k in range(n_trees)]
     return {"federated": True, "plan_sha256": "cd" * 32, "session_id": "cardio-1", "noise_mode": "distributed",

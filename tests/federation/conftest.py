@@ -73,7 +73,7 @@ class Identity:
 def make_identities(root: Path, sites: list[str], ca_dir: Path | None = None) -> dict[str, Identity]:
     """Keys (and, with a CA, certificates) for each site, in ``root/<site>`` (the site's state directory)."""
     from client.keys import keygen
-    from server.pki import ca_sign
+    from common.federation.pki import ca_sign
 
     out = {}
     for s in sites:
@@ -87,7 +87,7 @@ def make_identities(root: Path, sites: list[str], ca_dir: Path | None = None) ->
 
 def make_test_plan(schema, ids: dict[str, Identity], hp=None, **session):
     from common.config import Hyperparameters
-    from server.plan import Deadlines, SiteEntry, make_plan
+    from common.federation.plan import Deadlines, SiteEntry, make_plan
 
     hp = hp or Hyperparameters(trees=8, depth=2, seed=7, epsilon=1.0)
     session.setdefault("deadlines", Deadlines(join=30.0, stage=10.0, quorum=120.0, finish=20.0))
@@ -157,7 +157,7 @@ def cluster_factory(tmp_path):
 
 @pytest.fixture(scope="session")
 def ca_dir(tmp_path_factory):
-    from server.pki import ca_init
+    from common.federation.pki import ca_init
 
     d = tmp_path_factory.mktemp("ca")
     ca_init(d, days=2)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from client.site import NeedCatchUp, SiteMachine
 from server.session import Rejected, Session
-from server.wire import Done, InputReply, Refusal, RoundReply, SetupReply
+from common.federation.wire import Done, InputReply, Refusal, RoundReply, SetupReply
 
 
 @dataclass

@@ -15,7 +15,7 @@ from client.noise import NoiseShares
 from common.boosting import leaf_noise_scales
 from common.randomness import SecureRandomness
 from common.secagg import ConsistencyRequest, decode_message
-from server.wire import Purpose, Refusal, RoundMsg, RoundReply, RoundStartMsg
+from common.federation.wire import Purpose, Refusal, RoundMsg, RoundReply, RoundStartMsg
 
 from .test_state_machines import SITES, Fed, tree_hp
 
@@ -199,7 +199,7 @@ def test_fedsbdt_plan_writes_and_validates_the_dropout_slack(tmp_path, capsys):
     import json
 
     from common.cli import main
-    from server.plan import Plan
+    from common.federation.plan import Plan
 
     from .conftest import EXAMPLES
 

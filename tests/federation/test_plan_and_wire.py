@@ -11,8 +11,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from common.config import Hyperparameters
 from common.schema import Schema
-from server.plan import Plan, PlanError, SiteEntry, make_plan
-from server.wire import (
+from common.federation.plan import Plan, PlanError, SiteEntry, make_plan
+from common.federation.wire import (
     AbortedMsg,
     FinishedMsg,
     InitScoreMsg,
@@ -313,7 +313,7 @@ def test_the_stub_check_notices_a_changed_proto(tmp_path):
 
 def test_fedsbdt_plan_sets_every_deadline(tmp_path, capsys):
     from common.cli import main
-    from server.plan import Plan
+    from common.federation.plan import Plan
 
     from .conftest import EXAMPLES
 

@@ -17,8 +17,8 @@ from common.config import Hyperparameters
 from common.data import load
 from common.engine import calibration_for, filter_for, train
 from common.randomness import InsecureTestRandomness
-from server.pki import ca_init, ca_server, ca_sign
-from server.toml_writer import dumps
+from common.federation.pki import ca_init, ca_server, ca_sign
+from common.federation.toml_writer import dumps
 
 from .conftest import EXAMPLES, ROOT, abalone_with_ids, make_identities, make_test_plan, tree_event, write_splits
 
@@ -162,7 +162,7 @@ STATUS = """
 import json, sys, grpc
 from pathlib import Path
 from fedsbdt.v1 import federation_pb2 as pb, federation_pb2_grpc as pbg
-from server.pki import TlsFiles, channel_credentials
+from common.federation.pki import TlsFiles, channel_credentials
 ch = grpc.secure_channel(f"localhost:{sys.argv[1]}", channel_credentials(TlsFiles.in_dir(Path(sys.argv[2]))))
 st = pbg.FederationStub(ch).GetStatus(pb.GetStatusRequest(), timeout=20)
 print(json.dumps({"stage": st.stage, "trees_released": st.trees_released,
@@ -183,7 +183,7 @@ def test_demo_runs_a_whole_federation_and_prints_one_json_object():
 
 
 def test_coordinator_refuses_a_plan_whose_noise_does_not_match_its_claim(tmp_path):
-    from server.plan import Plan
+    from common.federation.plan import Plan
 
     schema, _ = abalone_with_ids(30)
     ids = make_identities(tmp_path, SITES)

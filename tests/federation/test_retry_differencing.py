@@ -17,7 +17,7 @@ import numpy as np
 
 from common.fixedpoint import from_ring
 from common.secagg import SecAggCoordinator, decode_message
-from server.wire import InitScoreMsg, InputReply, Purpose, RoundMsg, RoundReply, RoundStartMsg, SetupMsg, SetupReply
+from common.federation.wire import InitScoreMsg, InputReply, Purpose, RoundMsg, RoundReply, RoundStartMsg, SetupMsg, SetupReply
 
 from .test_state_machines import SITES, Fed, tree_hp
 

@@ -10,10 +10,10 @@ import pytest
 from common.config import Hyperparameters
 from fedsbdt.v1 import federation_pb2 as pb
 from fedsbdt.v1 import federation_pb2_grpc as pbg
-from server.pki import TlsFiles, ca_init, ca_server, ca_sign, channel_credentials, server_credentials, tls_probe
+from common.federation.pki import TlsFiles, ca_init, ca_server, ca_sign, channel_credentials, server_credentials, tls_probe
 from server.service import CoordinatorServer
 from server.session import Session
-from server.wire import GRPC_OPTIONS, sign_join
+from common.federation.wire import GRPC_OPTIONS, sign_join
 
 from .conftest import abalone_with_ids, make_identities, make_test_plan
 

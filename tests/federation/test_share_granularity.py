@@ -20,7 +20,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from common.config import Hyperparameters
 from common.schema import Schema
-from server.plan import MAX_SHARE_EXCESS, Plan, PlanError, SiteEntry, make_plan
+from common.federation.plan import MAX_SHARE_EXCESS, Plan, PlanError, SiteEntry, make_plan
 
 from .conftest import EXAMPLES
 

@@ -23,9 +23,9 @@ from common.randomness import InsecureTestRandomness
 from common.rdp_filter import UNITS_PER_ROUND
 from common.secagg import RoundStart
 from server.checkpoint import CoordinatorStore
-from server.plan import Deadlines, SiteEntry, make_plan
+from common.federation.plan import Deadlines, SiteEntry, make_plan
 from server.session import Rejected, Session
-from server.wire import InputReply, Purpose, Refusal, RoundMsg, RoundStartMsg, TreeMsg
+from common.federation.wire import InputReply, Purpose, Refusal, RoundMsg, RoundStartMsg, TreeMsg
 
 from .conftest import abalone_with_ids, write_splits
 from .inproc import Clock, InProcess
@@ -519,7 +519,7 @@ def test_site_refusals_before_joining(tmp_path):
     # a plan whose stated noise does not match its hyperparameters (served consistently hashed)
     d = json.loads(plan)
     d["privacy"]["sigma"] *= 0.5
-    from server.plan import Plan
+    from common.federation.plan import Plan
 
     lying = Plan.from_dict(d).canonical_json
     import hashlib

@@ -32,7 +32,7 @@ class Setup:
 def make_setup(root: Path, ca: Path, hp, n_rows: int = 450, sites=SITES, hosts=("localhost", "127.0.0.1"),
                **session) -> Setup:
     """Keys and certificates for every site, a coordinator certificate, Abalone split in turn, the plan."""
-    from server.pki import ca_server
+    from common.federation.pki import ca_server
 
     schema, raw = abalone_with_ids(n_rows)
     ids = make_identities(root, list(sites), ca)

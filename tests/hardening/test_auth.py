@@ -18,10 +18,10 @@ from common.config import Hyperparameters
 from fedsbdt.v1 import federation_pb2 as pb
 from fedsbdt.v1 import federation_pb2_grpc as pbg
 from server.checkpoint import CoordinatorStore
-from server.pki import TlsFiles, ca_server, channel_credentials, load_cert, load_key, server_credentials, tls_probe
+from common.federation.pki import TlsFiles, ca_server, channel_credentials, load_cert, load_key, server_credentials, tls_probe
 from server.service import CoordinatorServer
 from server.session import Session
-from server.wire import GRPC_OPTIONS, sign_join
+from common.federation.wire import GRPC_OPTIONS, sign_join
 
 from federation.conftest import abalone_with_ids, make_identities, make_test_plan
 

@@ -30,8 +30,8 @@ from fedsbdt.v1 import federation_pb2 as pb
 from fedsbdt.v1 import federation_pb2_grpc as pbg
 from server.service import CoordinatorServer
 from server.session import Session
-from server.toml_writer import dumps
-from server.wire import SERVER_OPTIONS
+from common.federation.toml_writer import dumps
+from common.federation.wire import SERVER_OPTIONS
 
 from federation.conftest import abalone_with_ids, make_identities, make_test_plan
 
@@ -299,7 +299,7 @@ def fake(tmp_path):
 
 
 def test_sites_refuse_bad_plans_served_by_a_coordinator(a_plan, fake, tmp_path, capsys):
-    from server.plan import Plan
+    from common.federation.plan import Plan
 
     plan, root = a_plan
     svc, address = fake

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from common.config import Hyperparameters
-from server.plan import Deadlines
+from common.federation.plan import Deadlines
 
 from .conftest import SITES, make_setup
 from .harness import check_outcome, read_ledger

@@ -36,7 +36,7 @@ from fedsbdt.v1 import federation_pb2 as pb
 from fedsbdt.v1 import federation_pb2_grpc as pbg
 from server.service import CoordinatorServer
 from server.session import Rejected, Session
-from server.wire import (
+from common.federation.wire import (
     GRPC_OPTIONS,
     MAX_MESSAGE_BYTES,
     InputReply,

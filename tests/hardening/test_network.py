@@ -26,7 +26,7 @@ import time
 import pytest
 
 from common.config import Hyperparameters
-from server.plan import Deadlines
+from common.federation.plan import Deadlines
 
 from .conftest import SITES, make_setup
 from .faultproxy import FaultProxy

@@ -22,9 +22,9 @@ from client.keys import load_identity
 from common.config import Hyperparameters
 from fedsbdt.v1 import federation_pb2 as pb
 from fedsbdt.v1 import federation_pb2_grpc as pbg
-from server.pki import TlsFiles, channel_credentials
+from common.federation.pki import TlsFiles, channel_credentials
 from server.service import FIRST_MESSAGE_SECONDS, STREAMS_PER_IDENTITY
-from server.wire import GRPC_OPTIONS, sign_join
+from common.federation.wire import GRPC_OPTIONS, sign_join
 
 from federation.conftest import make_identities
 

@@ -14,7 +14,7 @@ from fedsbdt.v1 import federation_pb2 as pb
 from fedsbdt.v1 import federation_pb2_grpc as pbg
 from server.service import CoordinatorServer
 from server.session import Session
-from server.wire import GRPC_OPTIONS, SERVER_OPTIONS, sign_join
+from common.federation.wire import GRPC_OPTIONS, SERVER_OPTIONS, sign_join
 
 from federation.conftest import abalone_with_ids, make_identities, make_test_plan
 
@@ -103,7 +103,7 @@ class _Idle(pbg.FederationServicer):
 def test_keepalive_notices_a_black_holed_connection_and_fails_calls_in_flight():
     """Regression: the keepalive ping's ack timeout is grpc.http2.ping_timeout_ms (60 s by default in this
     gRPC), not keepalive_timeout_ms, so a black-holed connection went unnoticed for ~70 s and a call in
-    flight hung until its deadline.  With the options of server/wire.py (only the ping period shortened
+    flight hung until its deadline.  With the options of common/federation/wire.py (only the ping period shortened
     to 1 s here, to keep the test fast) both fail UNAVAILABLE within seconds."""
     idle = _Idle()
     srv = grpc.server(futures.ThreadPoolExecutor(4), options=list(SERVER_OPTIONS))

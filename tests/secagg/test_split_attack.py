@@ -28,7 +28,7 @@ from common.secagg import primitives as P
 from common.secagg import shamir
 from common.secagg.errors import InvalidMessage
 from common.secagg.loopback import LoopbackFederation
-from server.plan import PlanError, check_trust_parameters, noise_divisor
+from common.federation.plan import PlanError, check_trust_parameters, noise_divisor
 
 from .conftest import identities, make_config
 
