@@ -317,12 +317,24 @@ def grad_hess_units(pred: np.ndarray, y: np.ndarray, task: int, scale: float, g_
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _cell_cost(gq, hq, g_units, h_units, grid, cost_table):
-    """Ledger cost of one record: |g|, h rounded up to the grid (see :func:`filter_step`)."""
+def _ceil_div(num, den, inv_den):
+    """``⌈num/den⌉`` for integers 0 ≤ num < 2^51 and den > 0, exactly, without an integer division.
+
+    The float quotient ``num·inv_den`` is within (num/den)·2^-51 < 1/den of
+    num/den, so its truncation is ⌊num/den⌋, or one less when den divides num;
+    one exact integer product then gives the ceiling.  (The two integer
+    divisions per record were a third of the filter loop's time.)"""
+    k = np.int64(np.float64(num) * inv_den)  # ⌊num/den⌋ or, when den divides num, possibly one less
+    return k + 1 if k * den < num else k
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _cell_cost(gq, hq, g_units, h_units, inv_g, inv_h, grid, cost_table):
+    """Ledger cost of one record: |g|, h rounded up to the grid (see :func:`filter_step`).
+
+    ``inv_g``, ``inv_h`` are ``1.0/g_units``, ``1.0/h_units`` (hoisted out of the loop)."""
     ag = gq if gq >= 0 else -gq
-    kg = (ag * grid + g_units - 1) // g_units
-    kh = (hq * grid + h_units - 1) // h_units
-    return cost_table[kh, kg]
+    return cost_table[_ceil_div(hq * grid, h_units, inv_h), _ceil_div(ag * grid, g_units, inv_g)]
 
 
 @njit(cache=True, nogil=True)
@@ -330,10 +342,12 @@ def _filter_step(gq, hq, g_units, h_units, grid, cost_table, spent, budget, avai
     n = gq.shape[0]
     active = np.zeros(n, dtype=np.bool_)
     new_spent = spent.copy()
+    inv_g = 1.0 / g_units
+    inv_h = 1.0 / h_units
     for i in range(n):
         if not available[i]:
             continue
-        c = _cell_cost(gq[i], hq[i], g_units, h_units, grid, cost_table)
+        c = _cell_cost(gq[i], hq[i], g_units, h_units, inv_g, inv_h, grid, cost_table)
         if spent[i] + c <= budget:
             active[i] = True
             new_spent[i] = spent[i] + c
@@ -398,16 +412,18 @@ def _round_sums_filtered(leaf, pred, y, task, scale, g_units, h_units, sampled, 
     new_spent = spent.copy()
     n_active = 0
     n_sampled = 0
+    inv_g = 1.0 / g_units
+    inv_h = 1.0 / h_units
     for i in range(leaf.shape[0]):
         if not (all_available or available[i]):
             continue
         gq, hq = _gh_units(pred[i], y[i], task, scale, g_units, h_units)
-        c = _cell_cost(gq, hq, g_units, h_units, grid, cost_table)
-        if spent[i] + c > budget:
-            continue
-        new_spent[i] = spent[i] + c
-        n_active += 1
-        if sampled[i]:
+        c = _cell_cost(gq, hq, g_units, h_units, inv_g, inv_h, grid, cost_table)
+        # Branch-free charge: which records are exhausted is unpredictable once budgets run out.
+        ok = spent[i] + c <= budget
+        new_spent[i] = spent[i] + (c if ok else 0)
+        n_active += ok
+        if ok and sampled[i]:
             out[leaf[i]] += hq
             out[n_leaves + leaf[i]] += gq
             n_sampled += 1

@@ -125,3 +125,18 @@ def test_the_production_round_path_never_lets_a_record_exceed_its_budget(labels,
     assert (exact <= cal.rho * (1 + 1e-9)).all()
     worst = np.abs(gq) == G
     assert (rounds_in[worst] == hp.trees).all()  # a worst-case record trains exactly T_regular rounds
+
+
+@pytest.mark.parametrize("g_units, h_units, grid", [(G_UNITS, H_UNITS, 64), (524288, 104858, 64),
+                                                    (999_983, 65_537, 255), (7, 3, 64)])
+def test_every_gradient_and_hessian_lands_in_the_exact_ceiling_cell(g_units, h_units, grid):
+    """The kernels round |g|, h up to the grid without integer division: check every value against ⌈k·K/units⌉."""
+    # cell (kh, kg) costs kh·(K+1) + kg + 1, so the charge names the cell
+    cells = (np.arange(grid + 1)[:, None] * (grid + 1) + np.arange(grid + 1)[None, :] + 1).astype(np.int64)
+    g = np.arange(-g_units, g_units + 1, dtype=np.int64)
+    h = np.resize(np.arange(h_units + 1, dtype=np.int64), g.size)
+    h[: h_units + 1] = np.arange(h_units + 1)  # every Hessian value at least once
+    want = cells[-(-h * grid // h_units), -(-np.abs(g) * grid // g_units)]
+    _, charged = kernels.filter_step(g, h, g_units, h_units, cells, np.zeros(g.size, np.int64), 2**62,
+                                     np.ones(g.size, bool))
+    np.testing.assert_array_equal(charged, want)
