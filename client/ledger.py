@@ -9,8 +9,10 @@ table               content
                     integer ledger units (common/rdp_filter.py); a record that
                     appears later starts at 0, old records keep theirs
 ``contributions``   one row per masked input sent: round id, kind (``init`` /
-                    ``tree``), tree index, whether it carried data, the
-                    (private) active and sampled counts
+                    ``tree`` / ``level``), tree index (and level), whether it
+                    carried data, the (private) active and sampled counts
+``released_splits`` greedy trees: the splits of each tree the coordinator
+                    released so far (a later request may not rewrite them)
 ``secagg``          the secure-aggregation site's records (common/secagg
                     ``Storage``: keys, shares, "input sent", "signed", …)
 ``meta``            plan hash, site id, the stored initial-score vector (and,
@@ -42,9 +44,12 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS ledger (record_id INTEGER PRIMARY KEY, spent INTEGER NOT NULL CHECK (spent >= 0));
 CREATE TABLE IF NOT EXISTS contributions (
-    round_id INTEGER PRIMARY KEY, kind TEXT NOT NULL CHECK (kind IN ('init', 'tree')), tree INTEGER,
-    with_data INTEGER NOT NULL, active INTEGER, sampled INTEGER, sent_at REAL NOT NULL);
+    round_id INTEGER PRIMARY KEY, kind TEXT NOT NULL CHECK (kind IN ('init', 'tree', 'level')), tree INTEGER,
+    with_data INTEGER NOT NULL, active INTEGER, sampled INTEGER, sent_at REAL NOT NULL, level INTEGER);
 CREATE TABLE IF NOT EXISTS secagg (key TEXT PRIMARY KEY, value BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS released_splits (
+    tree INTEGER NOT NULL, node INTEGER NOT NULL, feature INTEGER NOT NULL, threshold REAL NOT NULL,
+    PRIMARY KEY (tree, node));
 """
 
 
@@ -70,6 +75,8 @@ class SiteLedger:
             self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute("PRAGMA synchronous=FULL")
             self.db.executescript(_SCHEMA)
+            if "level" not in {r[1] for r in self.db.execute("PRAGMA table_info(contributions)")}:
+                self.db.execute("ALTER TABLE contributions ADD COLUMN level INTEGER")  # a database of an older version
         except sqlite3.Error as e:
             raise LedgerError(f"{self.path}: cannot open the site database: {e}") from None
         self._depth = 0
@@ -160,12 +167,37 @@ class SiteLedger:
     # ------------------------------------------------------------------ contribution log
 
     def log_contribution(self, round_id: int, kind: str, tree: int | None, with_data: bool, active: int | None,
-                         sampled: int | None) -> None:
+                         sampled: int | None, level: int | None = None) -> None:
         if not self.in_transaction:
             raise LedgerError("the contribution log must be part of the round's transaction")
-        self.db.execute("INSERT INTO contributions (round_id, kind, tree, with_data, active, sampled, sent_at) "
-                        "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                        (int(round_id), kind, tree, int(bool(with_data)), active, sampled, time.time()))
+        self.db.execute("INSERT INTO contributions (round_id, kind, tree, with_data, active, sampled, sent_at, level) "
+                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                        (int(round_id), kind, tree, int(bool(with_data)), active, sampled, time.time(), level))
+
+    def level_contributions(self) -> int:
+        """Greedy level rounds in which this site sent data (each costs one accounted level, retries included)."""
+        return int(self.db.execute(
+            "SELECT COUNT(*) FROM contributions WHERE kind = 'level' AND with_data = 1").fetchone()[0])
+
+    def level_attempts(self, tree: int, level: int) -> int:
+        """Masked inputs this site sent for level ``level`` of tree ``tree`` (every attempt)."""
+        return int(self.db.execute("SELECT COUNT(*) FROM contributions WHERE kind = 'level' AND tree = ? AND level = ?",
+                                   (int(tree), int(level))).fetchone()[0])
+
+    # ------------------------------------------------------------------ greedy trees: released splits
+
+    def released_splits(self, tree: int) -> tuple[np.ndarray, np.ndarray]:
+        """(features, thresholds) of tree ``tree``'s splits seen in the coordinator's requests, heap order."""
+        rows = self.db.execute("SELECT feature, threshold FROM released_splits WHERE tree = ? ORDER BY node",
+                               (int(tree),)).fetchall()
+        return (np.array([r[0] for r in rows], np.int64), np.array([r[1] for r in rows], np.float64))
+
+    def remember_splits(self, tree: int, features, thresholds) -> None:
+        """Record the splits a request carried (those already recorded are kept; the caller checked them)."""
+        if not self.in_transaction:
+            raise LedgerError("released splits must be recorded in the round's transaction")
+        self.db.executemany("INSERT OR IGNORE INTO released_splits (tree, node, feature, threshold) VALUES (?, ?, ?, ?)",
+                            ((int(tree), i, int(f), float(t)) for i, (f, t) in enumerate(zip(features, thresholds))))
 
     def tree_contributions(self) -> int:
         """Tree rounds in which this site sent data (each costs one accounted round, retries included)."""

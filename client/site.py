@@ -62,7 +62,7 @@ import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from common import kernels
-from common.boosting import LocalData, split_edges
+from common.boosting import TASK_CODE, LocalData, split_edges
 from common.config import ConfigError
 from common.data import DataError
 from common.engine import filter_for
@@ -71,8 +71,10 @@ from common.schema import Schema
 from common.secagg import ProtocolAbort, RoundStart, SecAggSite, decode_message
 from common.secagg.errors import InvalidMessage
 from common.secagg.primitives import ed25519_public
-from common.splits import random_splits
+from common.splits import Splits, random_splits
+from common.federation.greedy_rounds import GreedyRequestError
 from common.federation.plan import Plan, PlanError
+from common.greedy_levels import level_sums
 from common.federation.release import build_model, model_bytes
 from common.federation.wire import (
     NONCE_BYTES,
@@ -267,6 +269,8 @@ class SiteMachine:
         self.leaf_scales, self.init_scales = plan.noise_scales()
         self.retry_scales = plan.central_retry_noise_scales()
         self.plan = plan
+        self.greedy = plan.greedy_grid  # greedy trees: the public grid (None: random trees)
+        self._grid_codes = None if self.greedy is None else self.greedy.codes(ds.X)
         self._splits: dict[int, object] = {}
         if hp.init_share == 0:
             self._set_init(InitScoreMsg(0.0, None, ()))
@@ -399,7 +403,15 @@ class SiteMachine:
         except InvalidMessage as e:
             return [Refusal(f"malformed RoundStart: {e}")]
         r = start.round_id
+        if self.greedy is not None and ev.purpose != Purpose.INIT_SCORE:
+            bad = self._greedy_request_refusal(ev)  # before anything is computed
+            if bad is not None:
+                return [Refusal(f"round {r}: {bad}", r)]
+        elif ev.purpose == Purpose.LEVEL:
+            return [Refusal(f"round {r}: level rounds are for greedy trees; the plan's trees are random", r)]
         expected_len = 2 if ev.purpose == Purpose.INIT_SCORE else 2 * hp.leaves
+        if ev.purpose == Purpose.LEVEL:
+            expected_len = self.greedy.layout(ev.tree, ev.level).length
         if start.vector_len != expected_len:
             return [Refusal(f"round {r}: vector length {start.vector_len}, expected {expected_len} for "
                             f"{ev.purpose.name}", r)]
@@ -430,6 +442,9 @@ class SiteMachine:
                 x = local.init_sums()
                 noise = None if self.init_scales is None else self.randomness.discrete_laplace(self.init_scales)
             kind, tree, with_data = "init", None, True
+        elif ev.purpose == Purpose.LEVEL:
+            kind, tree = "level", ev.tree
+            x, noise, with_data = self._level_input(ev, start)
         else:
             k = ev.tree
             if self.init is None or len(self.trees) < k:
@@ -443,7 +458,9 @@ class SiteMachine:
                             extra={"event": "budget_exhausted", "site": self.site_id})
                 x, with_data = np.zeros(expected_len, np.int64), False
             else:
-                c = local.contribution(self.splits(k), k, self.randomness, self.table)
+                splits = self.splits(k) if self.greedy is None else \
+                    Splits(np.asarray(ev.features, np.int32), np.asarray(ev.thresholds, np.float64))
+                c = local.contribution(splits, k, self.randomness, self.table)
                 x, with_data = np.asarray(c.sums, dtype=np.int64), True
             noise = None
             p = len(start.participants)
@@ -463,7 +480,9 @@ class SiteMachine:
             if c is not None and c.new_spent is not None:
                 self.ledger.charge(local.ids, local.spent, c.new_spent)
             self.ledger.log_contribution(r, kind, tree, with_data, None if c is None else c.active,
-                                         None if c is None else c.sampled)
+                                         None if c is None else c.sampled, ev.level if kind == "level" else None)
+            if self.greedy is not None and kind != "init":
+                self.ledger.remember_splits(ev.tree, ev.features, ev.thresholds)
             if kind == "init" and stored_init is None:
                 self.ledger.set_init_vector(x, noise)
             if new_retry_noise is not None:
@@ -475,6 +494,80 @@ class SiteMachine:
             local.commit(c)
             self._leaf_cache = {tree: c.leaf}
         return [InputReply(ev.purpose, ev.tree, masked.to_bytes())]
+
+    # ------------------------------------------------------------------ greedy trees
+
+    def _greedy_request_refusal(self, ev: RoundStartMsg) -> str | None:
+        """Why a greedy tree's request (a level, or the leaves) must not be answered, or None.
+
+        Checked against the pinned plan and this site's records only: the tree is the next one, the
+        level lies below the depth, the splits so far are 2^level − 1 (all of them for the leaves)
+        candidates of the plan's grid, and they repeat every split of this tree released before —
+        no request may rewrite a released split or go back to a released level.
+        """
+        hp, k = self.plan.hyperparameters, ev.tree
+        if self.init is None or len(self.trees) < k:
+            raise NeedCatchUp(len(self.trees), k)
+        if len(self.trees) > k:
+            return f"tree {k} was already released; refusing to contribute to it again"
+        if ev.purpose == Purpose.LEVEL and not 0 <= ev.level < hp.depth:
+            return f"level {ev.level} requested, but the plan's trees have depth {hp.depth} (levels 0..{hp.depth - 1})"
+        n = 2**ev.level - 1 if ev.purpose == Purpose.LEVEL else hp.leaves - 1
+        what = f"level {ev.level}" if ev.purpose == Purpose.LEVEL else "the leaves"
+        if len(ev.features) != n:
+            return f"the request for {what} of tree {k} carries {len(ev.features)} splits, expected {n}"
+        try:
+            self.greedy.candidate_index(k, ev.features, ev.thresholds)
+        except GreedyRequestError as e:
+            return f"the splits of tree {k} are not the plan's candidates ({e})"
+        known_f, known_t = self.ledger.released_splits(k)
+        if known_f.size > n:
+            return f"{what} of tree {k} was already passed ({known_f.size} of its splits were released)"
+        if not (np.array_equal(known_f, np.asarray(ev.features[:known_f.size], np.int64))
+                and np.array_equal(known_t, np.asarray(ev.thresholds[:known_f.size], np.float64))):
+            return f"the request rewrites splits of tree {k} that were released before"
+        return None
+
+    def _level_input(self, ev: RoundStartMsg, start: RoundStart) -> tuple[np.ndarray, np.ndarray | None, bool]:
+        """(level vector, noise share, carries data) for a checked level request (docs/greedy.md).
+
+        At most T·d level rounds carry data (every masked input counts, retries included), as for the
+        leaves.  Distributed noise: a share of variance 1/k_r of the level's noise, k_r from the plan and
+        the participant set; central noise: a retry carries a full, fresh share."""
+        plan, hp, local, grid = self.plan, self.plan.hyperparameters, self.local, self.greedy
+        k, enc = ev.tree, local.enc
+        layout = grid.layout(k, ev.level)
+        if self.ledger.level_contributions() >= hp.accounted_rounds * hp.depth:
+            log.warning(f"{self.site_id}: all {hp.accounted_rounds * hp.depth} accounted level contributions are "
+                        f"spent (failed rounds count); sending no data in round {start.round_id}",
+                        extra={"event": "budget_exhausted", "site": self.site_id})
+            x, with_data = np.zeros(layout.length, np.int64), False
+        else:
+            node = grid.route(self._grid_codes, grid.candidate_index(k, ev.features, ev.thresholds), ev.level)
+            gq, _ = kernels.grad_hess_units(local.pred, local.y, TASK_CODE[local.task], enc.scale,
+                                            enc.grad.bound_units, enc.hess.bound_units)
+            x, with_data = level_sums(self._grid_codes, node, gq, local.arrival <= k, layout), True
+        noise = None
+        p = len(start.participants)
+        if plan.noise == "distributed" and plan.threshold <= p <= plan.n:  # otherwise secagg refuses the round
+            noise = self.randomness.discrete_gaussian(plan.level_share_scales(k, ev.level, plan.noise_divisor(p)))
+        elif plan.noise == "central" and self.ledger.level_attempts(k, ev.level) > 0:
+            noise = self.randomness.discrete_gaussian(plan.level_share_scales(k, ev.level, 1))
+        return x, noise, with_data
+
+    def _greedy_tree_splits(self, t: TreeMsg) -> Splits:
+        """A released greedy tree's splits, if they are on the plan's grid and repeat those released before."""
+        if t.features.size != self.plan.hyperparameters.leaves - 1:
+            raise self._abort(f"tree {t.index} has {t.features.size} splits, not a tree of the plan's depth")
+        try:
+            self.greedy.candidate_index(t.index, t.features, t.thresholds)
+        except GreedyRequestError as e:
+            raise self._abort(f"tree {t.index} does not use the plan's candidate grid ({e})") from None
+        known_f, known_t = self.ledger.released_splits(t.index)
+        if not (np.array_equal(known_f, t.features[:known_f.size].astype(np.int64))
+                and np.array_equal(known_t, t.thresholds[:known_f.size])):
+            raise self._abort(f"tree {t.index} has other splits than the coordinator's requests released")
+        return Splits(t.features, t.thresholds)
 
     # ------------------------------------------------------------------ releases
 
@@ -503,7 +596,7 @@ class SiteMachine:
         hp = self.plan.hyperparameters
         if self.init is None:
             raise self._abort(f"tree {t.index} arrived before the initial score")
-        splits = self.splits(t.index)
+        splits = self.splits(t.index) if self.greedy is None else self._greedy_tree_splits(t)
         self._splits = {k: v for k, v in self._splits.items() if k > t.index}
         if not (np.array_equal(t.features, splits.features) and np.array_equal(t.thresholds, splits.thresholds)):
             raise self._abort(f"tree {t.index} does not use the plan's public random splits")

@@ -4,7 +4,8 @@
 
     log      one row per released fact, in order: the header (plan hash), the
              initial score, every released tree (with its public record
-             ``{tree, round_id, sites}`` and the failed-round counter), finished
+             ``{tree, round_id, sites}`` and the failed-round counter), the
+             splits chosen per level of a greedy tree, finished
     secagg   the secure-aggregation coordinator's storage (epoch and round-id
              counters, ready epochs: common/secagg Storage)
 
@@ -48,6 +49,7 @@ class Restored:
     init: InitScoreMsg | None = None
     has_init: bool = False
     trees: list[TreeMsg] = field(default_factory=list)
+    levels: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)  # greedy: splits of the next tree
     rounds_failed: int = 0
     finished_sha256: str | None = None
 
@@ -145,6 +147,12 @@ class CoordinatorStore:
                                              np.asarray(rec["thresholds"], np.float64),
                                              np.asarray(rec["leaves"], np.float64)))
                     out.rounds_failed = int(rec.get("rounds_failed", 0))
+                    out.levels = []
+                elif kind == "level":
+                    if (rec["tree"], rec["level"]) != (len(out.trees), len(out.levels)):
+                        raise CheckpointError(f"{self.path}: level {rec['level']} of tree {rec['tree']} out of order")
+                    out.levels.append((np.asarray(rec["features"], np.int32), np.asarray(rec["thresholds"], np.float64)))
+                    out.rounds_failed = int(rec.get("rounds_failed", 0))
                 elif kind == "finished":
                     out.finished_sha256 = str(rec["model_sha256"])
                 else:
@@ -163,6 +171,13 @@ class CoordinatorStore:
                               "features": tree.features.astype(int).tolist(),
                               "thresholds": [float(x) for x in tree.thresholds],
                               "leaves": [float(x) for x in tree.leaves], "rounds_failed": rounds_failed})
+
+    def append_level(self, tree: int, level: int, round_id: int, sites, features: np.ndarray,
+                     thresholds: np.ndarray, rounds_failed: int) -> None:
+        """Greedy trees: the splits chosen for one level (durable before the next request carries them)."""
+        self._append("level", {"tree": tree, "level": level, "round_id": round_id, "sites": list(sites),
+                               "features": np.asarray(features).astype(int).tolist(),
+                               "thresholds": [float(x) for x in thresholds], "rounds_failed": rounds_failed})
 
     def finish(self, model_json: bytes, model_sha256: str) -> Path:
         """Write ``model.json`` atomically, then record the session as finished."""

@@ -53,7 +53,7 @@ from common.secagg import (
 )
 from common.secagg.errors import InvalidMessage, SecAggError
 from client.noise import NoiseShares
-from common.splits import random_splits
+from common.splits import Splits, random_splits
 
 from .checkpoint import CoordinatorStore, Restored
 from common.federation.plan import Plan
@@ -103,8 +103,11 @@ class SiteState:
 class Work:
     purpose: Purpose
     tree: int = 0
+    level: int = 0  # Purpose.LEVEL: the level of tree ``tree`` whose histograms are summed
 
     def __str__(self) -> str:
+        if self.purpose == Purpose.LEVEL:
+            return f"tree {self.tree} level {self.level}"
         return "initial score" if self.purpose == Purpose.INIT_SCORE else f"tree {self.tree}"
 
 
@@ -247,6 +250,7 @@ class Session:
         if self.hp.init_share == 0:  # no initial-score round: the score is 0 (as in common.engine)
             self.init, self.has_init = InitScoreMsg(0.0, None, ()), True
         self.trees: list[TreeMsg] = restored.trees
+        self.levels: list[tuple[np.ndarray, np.ndarray]] = restored.levels  # greedy: splits of the next tree
         self.rounds_failed = restored.rounds_failed
         self.total_trees = self.hp.total_rounds
         self.attempts: dict[Work, int] = {}
@@ -297,6 +301,8 @@ class Session:
         if not self.has_init:
             return Work(Purpose.INIT_SCORE)
         if len(self.trees) < self.total_trees:
+            if self.plan.greedy_grid is not None and len(self.levels) < self.hp.depth:
+                return Work(Purpose.LEVEL, len(self.trees), len(self.levels))
             return Work(Purpose.TREE, len(self.trees))
         return None
 
@@ -434,7 +440,8 @@ class Session:
     def submit_input(self, site_id: str, purpose: Purpose, tree: int, data: bytes, now: float) -> list[Outgoing]:
         msg = self._decode(site_id, data, (MaskedInput,))
         ph = self.phase
-        if not isinstance(ph, CollectingInputs) or ph.work != Work(purpose, tree if purpose == Purpose.TREE else 0):
+        if not isinstance(ph, CollectingInputs) or (purpose, tree if purpose != Purpose.INIT_SCORE else 0) != \
+                (ph.work.purpose, ph.work.tree):
             raise Rejected(f"no round for {Work(purpose, tree)} is collecting inputs now")
         try:
             ph.rnd.receive(msg)
@@ -445,7 +452,7 @@ class Session:
                       extra={"event": "input_received", "site": site_id, "round_id": msg.round_id,
                              "work": str(ph.work)})
         st = self.sites[site_id]
-        if purpose == Purpose.TREE:
+        if purpose in (Purpose.TREE, Purpose.LEVEL):
             st.trees_applied = max(st.trees_applied, min(tree, len(self.trees)))
         return self._advance(now)
 
@@ -543,7 +550,8 @@ class Session:
             work = self.next_work()
             if work is None:
                 return False
-            left = (0 if self.has_init else 1) + self.total_trees - len(self.trees)
+            per_tree = 1 if self.plan.greedy_grid is None else self.hp.depth + 1  # greedy: d levels + leaves
+            left = (0 if self.has_init else 1) + (self.total_trees - len(self.trees)) * per_tree - len(self.levels)
             slots = self.coord.slots_remaining()
             low = slots <= max(E // 2, 1) and slots < left + 1
             # a new epoch helps a stalled round only if some connected, caught-up site is usable in no ready epoch
@@ -676,7 +684,7 @@ class Session:
 
         Distributed noise, tree rounds: k_r + c with k_r = max(t, |P_r| − s) − c.  Otherwise t.
         """
-        if self.plan.noise != "distributed" or ph.work.purpose != Purpose.TREE:
+        if self.plan.noise != "distributed" or ph.work.purpose not in (Purpose.TREE, Purpose.LEVEL):
             return self.t
         return self.plan.min_survivors(len(ph.request.participants))
 
@@ -707,21 +715,56 @@ class Session:
 
     def _begin(self, work: Work, epoch_id: int, participants: list[str], now: float, out: list[Outgoing]) -> bool:
         d = 2 if work.purpose == Purpose.INIT_SCORE else 2 * self.hp.leaves
+        if work.purpose == Purpose.LEVEL:
+            d = self.plan.greedy_grid.layout(work.tree, work.level).length
         try:
             rnd, start = self.coord.begin_round(d, participants)
         except SecAggError as e:  # pragma: no cover - eligibility is checked above
             self._fail(f"cannot start a round: {e}", out)
             return True
-        msg = RoundStartMsg(work.purpose, work.tree, start.to_bytes())
+        msg = self._round_start_msg(work, start)
         for s in start.participants:
             out.append((s, msg))
         self.phase = CollectingInputs(rnd, work, start, now + self.plan.deadlines.stage)
         if log.isEnabledFor(logging.DEBUG):
-            k = self.plan.noise_divisor(len(start.participants)) if work.purpose == Purpose.TREE else None
+            k = self.plan.noise_divisor(len(start.participants)) if work.purpose != Purpose.INIT_SCORE else None
             log.debug(f"round {start.round_id} ({work}) started with {list(start.participants)}, noise divisor {k}",
                       extra={"event": "round_started", "round_id": start.round_id, "work": str(work), "at": now,
                              "noise_divisor": k})
         return True
+
+    def _round_start_msg(self, work: Work, start) -> RoundStartMsg:
+        """The round request; greedy trees add the level and the tree's splits chosen so far."""
+        if self.plan.greedy_grid is None or work.purpose == Purpose.INIT_SCORE:
+            return RoundStartMsg(work.purpose, work.tree, start.to_bytes())
+        features, thresholds = self._greedy_splits()
+        return RoundStartMsg(work.purpose, work.tree, start.to_bytes(), work.level,
+                             tuple(int(f) for f in features), tuple(float(t) for t in thresholds))
+
+    def _greedy_splits(self) -> tuple[np.ndarray, np.ndarray]:
+        """The splits chosen for the next tree so far, heap order (all of them once every level is chosen)."""
+        return (np.concatenate([f for f, _ in self.levels] or [np.zeros(0, np.int32)]).astype(np.int32),
+                np.concatenate([t for _, t in self.levels] or [np.zeros(0)]).astype(np.float64))
+
+    def _release_level(self, work: Work, result, now: float) -> None:
+        """Greedy trees: select one split per node of the level from its noisy histograms (post-processing)
+        and checkpoint them before any later request carries them."""
+        total = np.asarray(result.total, dtype=np.int64)
+        cal, grid = self.cal, self.plan.greedy_grid
+        if self.plan.noise == "central":
+            total = total + self.randomness.discrete_gaussian(
+                grid.noise_scales(work.tree, work.level, self.enc.grad.bound_units, cal.sigma_select))
+        features, thresholds = grid.select(total, work.tree, work.level, self.enc.scale, self.hp.l2,
+                                           cal.sigma_select)
+        if self.checkpoint is not None:
+            self.checkpoint.append_level(work.tree, work.level, result.round_id, result.survivors, features,
+                                         thresholds, self.rounds_failed)
+        self.levels.append((features, thresholds))
+        log.info(f"tree {work.tree + 1}/{self.total_trees} level {work.level}: splits chosen (round "
+                 f"{result.round_id}, sites {list(result.survivors)})",
+                 extra={"event": "level", "tree": work.tree, "level": work.level, "round_id": result.round_id,
+                        "sites": list(result.survivors), "vector_len": int(total.size), "at": round(now, 6),
+                        "cpu": round(time.process_time(), 4)})
 
     def _round_failed(self, ph: RoundInFlight, reason: str, now: float, out: list[Outgoing]) -> None:
         self.rounds_failed += 1
@@ -734,6 +777,8 @@ class Session:
             self._fail(f"{ph.work} failed {n} times (last: {reason})", out)
 
     def _release(self, work: Work, result, now: float, out: list[Outgoing]) -> None:
+        if work.purpose == Purpose.LEVEL:
+            return self._release_level(work, result, now)
         total = np.asarray(result.total, dtype=np.int64)
         central = self.plan.noise == "central"
         if work.purpose == Purpose.INIT_SCORE:
@@ -753,13 +798,17 @@ class Session:
                                                      leaf_noise_scales(self.hp, self.enc, self.cal.sigma))
                 total = total + self.central_noise.take()
             values = leaf_values(total, self.hp, self.enc)
-            splits = random_splits(self.plan.schema, self.hp.depth, self.hp.seed, work.tree, self.hp.cyclical,
-                                   self.hp.split_candidates)
+            if self.plan.greedy_grid is not None:
+                splits = Splits(*self._greedy_splits())
+            else:
+                splits = random_splits(self.plan.schema, self.hp.depth, self.hp.seed, work.tree, self.hp.cyclical,
+                                       self.hp.split_candidates)
             msg = TreeMsg(work.tree, result.round_id, tuple(result.survivors), splits.features,
                           splits.thresholds, np.asarray(values, dtype=np.float64))
             if self.checkpoint is not None:
                 self.checkpoint.append_tree(msg, self.rounds_failed)
             self.trees.append(msg)
+            self.levels = []
             log.info(f"tree {work.tree + 1}/{self.total_trees} released (round {result.round_id}, "
                      f"sites {list(result.survivors)})",
                      extra={"event": "tree", "tree": work.tree, "round_id": result.round_id,
@@ -815,7 +864,7 @@ class Session:
         ph = self.phase
         if isinstance(ph, RoundInFlight) and site_id in ph.rnd.awaiting():
             if isinstance(ph, CollectingInputs):
-                out.append((site_id, RoundStartMsg(ph.work.purpose, ph.work.tree, ph.request.to_bytes())))
+                out.append((site_id, self._round_start_msg(ph.work, ph.request)))
             else:
                 out.append((site_id, RoundMsg(ph.request.to_bytes())))
         return out

@@ -121,6 +121,21 @@ def check_trust_parameters(n: int, t: int, c: int, s: int) -> None:
                         f"({n} sites, threshold {t})")
 
 
+def _share_excess(coords, k_max: int, n: int) -> tuple[float, float]:
+    """(smallest share std, η) for coordinates ``(full noise scale S, sensitivity Δ)`` split ``k_max`` ways
+    (:meth:`Plan.share_closeness`)."""
+    num = den = 0.0
+    smallest = math.inf
+    for S, delta in coords:
+        v = S * S / k_max
+        smallest = min(smallest, math.sqrt(v))
+        tau = 10.0 * sum(math.exp(-2.0 * math.pi ** 2 * v * k / (k + 1)) for k in range(1, n))
+        l = delta / S
+        num += l * tau + tau * tau / 2.0
+        den += l * l / 2.0
+    return smallest, num / den
+
+
 def noise_divisor(t: int, c: int, s: int, participants: int) -> int:
     """k_r = max(t, |P_r| − s) − c (≥ t − c ≥ 1 under 2t > n + c): the leaf noise is split k_r ways."""
     return max(t, participants - s) - c
@@ -158,9 +173,10 @@ class Plan:
             raise PlanError("the roster lists one identity key for two sites")
         if len(ids) < 2:
             raise PlanError("a federation needs at least two sites in the roster")
-        if self.hyperparameters.tree_builder != "random":
-            raise PlanError(f"tree_builder = {self.hyperparameters.tree_builder!r} is not available in a "
-                            "federation yet (docs/greedy.md); use it with `fedsbdt train`")
+        if self.hyperparameters.tree_builder == "greedy" and self.hyperparameters.selection != "histogram":
+            raise PlanError("a federation selects greedy splits from noisy level histograms (the coordinator never "
+                            "sees exact gains): set selection = \"histogram\" (`fedsbdt plan` does so for "
+                            "--tree-builder greedy; docs/greedy.md)")
         for name in ("threshold", "assumed_colluders", "dropout_slack", "epoch_rounds", "max_records_per_site", "max_attempts",
                      "test_seed"):
             v = getattr(self, name)
@@ -194,7 +210,7 @@ class Plan:
                 raise PlanError(f"privacy.{name.split('_')[1]} must be a positive number")
         from .wire import MAX_MESSAGE_BYTES, estimated_largest_message
 
-        est = estimated_largest_message(n, self.epoch_rounds, hp.depth)
+        est = estimated_largest_message(n, self.epoch_rounds, hp.depth, self.max_vector_len)
         if est > MAX_MESSAGE_BYTES // 2:
             raise PlanError(f"{n} sites with epoch_rounds = {self.epoch_rounds} would need messages of about "
                             f"{est / 2**20:.1f} MiB (limit {MAX_MESSAGE_BYTES // 2**21} MiB); lower epoch_rounds")
@@ -240,6 +256,28 @@ class Plan:
             raise PlanError(f"leaf noise cannot be split into {shares} shares (t − c = {self.noise_shares}, "
                             f"n = {self.n})")
         return leaf_noise_scales(self.hyperparameters, self.encoding, self.calibration().sigma, shares=shares)
+
+    @cached_property
+    def greedy_grid(self):
+        """Greedy trees: the public candidate grid and level layouts (``None`` for random trees)."""
+        if self.hyperparameters.tree_builder != "greedy":
+            return None
+        from .greedy_rounds import GreedyGrid
+
+        return GreedyGrid.for_plan(self.schema, self.hyperparameters)
+
+    @property
+    def max_vector_len(self) -> int:
+        """The longest secure-aggregation vector: a tree's leaf sums, or a greedy tree's deepest level."""
+        n = max(2 * self.hyperparameters.leaves, 2)
+        return n if self.greedy_grid is None else max(n, self.greedy_grid.max_vector_len())
+
+    def level_share_scales(self, tree: int, level: int, shares: int):
+        """Per-entry std (integer units) of one site's share of a level's noise when split into ``shares``."""
+        if not 1 <= shares <= self.n:
+            raise PlanError(f"level noise cannot be split into {shares} shares (n = {self.n})")
+        return self.greedy_grid.noise_scales(tree, level, self.encoding.grad.bound_units,
+                                             self.calibration().sigma_select, shares)
 
     @property
     def guarantee(self) -> str:
@@ -346,16 +384,13 @@ class Plan:
         full = leaf_noise_scales(hp, enc, self.calibration().sigma, shares=1)
         k_max = self.noise_divisor(self.n)
         L = hp.leaves
-        num = den = 0.0
-        smallest = math.inf
-        for S, delta in ((float(full[0]), enc.hess.bound_units), (float(full[L]), enc.grad.bound_units)):
-            v = S * S / k_max
-            smallest = min(smallest, math.sqrt(v))
-            tau = 10.0 * sum(math.exp(-2.0 * math.pi ** 2 * v * k / (k + 1)) for k in range(1, self.n))
-            l = delta / S
-            num += l * tau + tau * tau / 2.0
-            den += l * l / 2.0
-        return smallest, num / den
+        smallest, eta = _share_excess(((float(full[0]), enc.hess.bound_units), (float(full[L]), enc.grad.bound_units)),
+                                      k_max, self.n)
+        if self.greedy_grid is not None:  # a level: F gradient entries (Δ = g* units) and F counts (Δ = 1)
+            level = self.level_share_scales(0, 0, 1)
+            s2, eta2 = _share_excess(((float(level[0]), enc.grad.bound_units), (float(level[-1]), 1)), k_max, self.n)
+            smallest, eta = min(smallest, s2), max(eta, eta2)
+        return smallest, eta
 
     def check_discrete_noise(self) -> None:
         """Refuse distributed noise whose shares are too coarse for the accountant (docs/privacy.md).
@@ -400,6 +435,10 @@ class Plan:
             s = max(s, float(leaf.max()))
         if init is not None:
             s = max(s, 2.0 * float(init.max()))
+        if self.greedy_grid is not None:  # level noise: the largest share (t − c shares; central: a full one)
+            shares = self.noise_shares if self.noise == "distributed" else 1
+            s = max(s, self.greedy_grid.max_noise_scale(self.encoding.grad.bound_units,
+                                                        self.calibration().sigma_select, shares))
         return s
 
     def secagg_config(self):
@@ -420,7 +459,7 @@ class Plan:
                 max_abs_input=self.max_abs_input(),
                 noise_sigma_units=noise,
                 max_epoch_rounds=self.epoch_rounds,
-                max_vector_len=max(2 * self.hyperparameters.leaves, 2),
+                max_vector_len=self.max_vector_len,
             )
         except SecAggConfigError as e:
             raise PlanError(f"secure aggregation cannot run this plan: {e}") from None

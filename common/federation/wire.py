@@ -26,6 +26,8 @@ import numpy as np
 
 #: gRPC send/receive limit, both directions, both parties.
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+#: A round start carries at most 2^this − 1 splits (a complete tree of the deepest allowed depth)
+MAX_SPLITS_LOG2 = 16
 #: Largest number of trees one GetTrees answer carries (the answer also stays below half the size limit).
 MAX_TREES_PER_PAGE = 4096
 
@@ -51,9 +53,11 @@ class WireError(ValueError):
     """A protobuf message is structurally invalid."""
 
 
-def estimated_largest_message(n_sites: int, epoch_rounds: int, depth: int) -> int:
-    """Upper estimate (bytes) of the largest message a session with these parameters sends."""
+def estimated_largest_message(n_sites: int, epoch_rounds: int, depth: int, vector_len: int = 0) -> int:
+    """Upper estimate (bytes) of the largest message a session with these parameters sends
+    (``vector_len``: the longest secure-aggregation vector, if longer than a tree's ``2·2^depth``)."""
     e, n = int(epoch_rounds), int(n_sites)
+    depth = max(depth, math.ceil(math.log2(max(vector_len, 2) / 2)))
     share_keys = e * (32 + 140 * n) + 200 * n + 4096
     epoch_shares = n * (100 * e + 48 * n + 400) + 4096
     roster = n * (32 * e + 256) + 4096
@@ -65,6 +69,7 @@ def estimated_largest_message(n_sites: int, epoch_rounds: int, depth: int) -> in
 class Purpose(enum.IntEnum):
     INIT_SCORE = 1
     TREE = 2
+    LEVEL = 3  # greedy trees: the noisy histograms of one level of one tree (docs/greedy.md)
 
 
 # --------------------------------------------------------------------------- coordinator → site
@@ -82,6 +87,10 @@ class RoundStartMsg:
     purpose: Purpose
     tree: int
     secagg: bytes
+    # greedy trees (LEVEL, and TREE): the level asked for and the splits released so far (heap order)
+    level: int = 0
+    features: tuple[int, ...] = ()
+    thresholds: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -239,7 +248,9 @@ def event_to_proto(ev: Event, seq: int):
     if isinstance(ev, SetupMsg):
         return pb.Event(seq=seq, setup=pb.SecAggMessage(secagg=ev.secagg))
     if isinstance(ev, RoundStartMsg):
-        return pb.Event(seq=seq, round_start=pb.RoundStart(purpose=int(ev.purpose), tree=ev.tree, secagg=ev.secagg))
+        return pb.Event(seq=seq, round_start=pb.RoundStart(purpose=int(ev.purpose), tree=ev.tree, secagg=ev.secagg,
+                                                           level=ev.level, features=list(ev.features),
+                                                           thresholds=list(ev.thresholds)))
     if isinstance(ev, RoundMsg):
         return pb.Event(seq=seq, round=pb.SecAggMessage(secagg=ev.secagg))
     if isinstance(ev, InitScoreMsg):
@@ -259,7 +270,13 @@ def event_from_proto(m) -> Event:
         return SetupMsg(bytes(m.setup.secagg))
     if kind == "round_start":
         rs = m.round_start
-        return RoundStartMsg(_purpose(rs.purpose), int(rs.tree), bytes(rs.secagg))
+        features, thresholds = tuple(int(f) for f in rs.features), tuple(float(t) for t in rs.thresholds)
+        if len(features) != len(thresholds) or len(features) >= 2**MAX_SPLITS_LOG2:
+            raise WireError(f"round start: {len(features)} features and {len(thresholds)} thresholds")
+        if not all(math.isfinite(t) for t in thresholds):
+            raise WireError("round start: non-finite threshold")
+        return RoundStartMsg(_purpose(rs.purpose), int(rs.tree), bytes(rs.secagg), int(rs.level), features,
+                             thresholds)
     if kind == "round":
         return RoundMsg(bytes(m.round.secagg))
     if kind == "init_score":
