@@ -133,6 +133,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     schema = Schema.load(args.schema)
     hp = hyperparameters_from_args(args)
+    if hp.tree_builder == "greedy" and args.selection is None:  # a federation selects from noisy histograms
+        hp = hp.replace(selection="histogram")
     sites = [SiteEntry(*_site_arg(s)) for s in args.site]
     session = dict(noise=args.noise, assumed_colluders=args.colluders, dropout_slack=args.dropout_slack,
                    epoch_rounds=args.epoch_rounds,

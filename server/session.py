@@ -762,7 +762,7 @@ class Session:
         self.levels.append((features, thresholds))
         log.info(f"tree {work.tree + 1}/{self.total_trees} level {work.level}: splits chosen (round "
                  f"{result.round_id}, sites {list(result.survivors)})",
-                 extra={"event": "level", "tree": work.tree, "level": work.level, "round_id": result.round_id,
+                 extra={"event": "level", "tree": work.tree, "tree_level": work.level, "round_id": result.round_id,
                         "sites": list(result.survivors), "vector_len": int(total.size), "at": round(now, 6),
                         "cpu": round(time.process_time(), 4)})
 

@@ -375,12 +375,14 @@ def test_estimator_with_greedy_trees(adult_small):
                                                                                          adult_small.y[:10])
 
 
-def test_federated_plan_refuses_greedy(adult_small):
+def test_federated_plan_needs_histogram_selection(adult_small):
     from common.federation.plan import PlanError, SiteEntry, make_plan
 
     sites = [SiteEntry(f"s{i}", bytes([i]) * 32) for i in range(3)]
-    with pytest.raises(PlanError, match="not available in a federation"):
+    with pytest.raises(PlanError, match="set selection = \"histogram\""):
         make_plan(adult_small.schema, Hyperparameters.from_dict({"tree_builder": "greedy"}), sites)
+    hp = Hyperparameters.from_dict({"tree_builder": "greedy", "selection": "histogram", "seed": 1})
+    assert make_plan(adult_small.schema, hp, sites).greedy_grid is not None  # tests/federation/test_greedy_*
 
 
 # --------------------------------------------------------------------------- histogram selection (the federated rule)

@@ -38,9 +38,9 @@ class Fed:
     """An in-process federation over a small Abalone sample with record ids."""
 
     def __init__(self, tmp_path, hp: Hyperparameters, n_rows: int = 240, test_noise: bool = False,
-                 store: bool = False, **session):
+                 store: bool = False, data=None, **session):
         self.tmp = tmp_path
-        self.schema, raw = abalone_with_ids(n_rows)
+        self.schema, raw = data if data is not None else abalone_with_ids(n_rows)
         self.raw = raw
         self.paths = write_splits(raw, SITES, tmp_path / "data")
         self.keys = {s: Ed25519PrivateKey.generate() for s in SITES}
