@@ -8,7 +8,7 @@
   federated selection rule in one process; docs/greedy.md).
 * Cost of the federated design: secure-aggregation vector length per level next to a random round, and
   the ms a site needs to compute its level vector (one third of Adult) — local compute only; the gRPC
-  federation of greedy trees is not implemented.
+  federation of greedy trees is measured by ``benchmarks/greedy_federated.py``.
 * Adult (``examples/adult/adult.data``, 30,162 rows after dropping "?"): test AUC per method, the best
   cell of a small (trees × depth) grid as the paper's Table 1 does (it searches 5…200 trees, depth 2…6),
   next to the paper's numbers.
