@@ -80,7 +80,6 @@ def test_federated_greedy_equals_the_central_histogram_rule(tmp_path, dataset):
     assert_equals_central(f)
     fm = f.model()
     assert fm["privacy"]["tree_builder"] == "greedy" and fm["privacy"]["selection"] == "histogram"
-    assert len({t["thresholds"][0] for t in fm["trees"]} | {t["features"][0] for t in fm["trees"]}) >= 1
     for s in SITES:  # every level and every leaf release is logged and charged once
         db = f.db(s)
         kinds = db.execute("SELECT kind, tree, level, with_data FROM contributions WHERE kind != 'init' "
@@ -338,3 +337,20 @@ def test_three_site_processes_train_greedy_and_the_model_exports(tmp_path, ca_di
               "--epsilon", str(hp.epsilon), "--delta", str(hp.delta), "--json")
     assert acc["epsilon"] == pytest.approx(model["privacy"]["epsilon"], rel=1e-9)
     assert acc["sigma_select"] == pytest.approx(model["privacy"]["sigma_select"], rel=1e-9)
+
+
+def test_fedsbdt_plan_writes_histogram_selection_for_greedy_trees(tmp_path):
+    keys = [f"--site=s{i}={bytes([i + 1]).hex() * 32}" for i in range(3)]
+    base = [sys.executable, "-m", "common.cli", "plan", "--schema", str(EXAMPLES / "abalone" / "schema.toml"),
+            *keys, "--tree-builder", "greedy", "--trees", "4", "--depth", "2"]
+    p = subprocess.run([*base, "--out", str(tmp_path / "plan.toml"), "--json"], capture_output=True, text=True,
+                       cwd=ROOT, timeout=120)
+    assert p.returncode == 0, p.stderr
+    from common.federation.plan import Plan
+    plan = Plan.load(tmp_path / "plan.toml")
+    assert plan.hyperparameters.selection == "histogram" and plan.hyperparameters.subsample == 1.0
+    assert json.loads(p.stdout)["sigma"] == plan.stated_sigma
+    p = subprocess.run([*base, "--filter", "--out", str(tmp_path / "never.toml")], capture_output=True, text=True,
+                       cwd=ROOT, timeout=120)
+    assert p.returncode == 2 and "filter does not apply to greedy trees" in p.stderr and "Traceback" not in p.stderr
+    assert not (tmp_path / "never.toml").exists()
