@@ -114,6 +114,19 @@ def level_histograms(codes: np.ndarray, node: np.ndarray, weight: np.ndarray, n_
     return out
 
 
+def missing_sums(miss: np.ndarray, node: np.ndarray, weight: np.ndarray, present: np.ndarray, n_nodes: int,
+                 features: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(G, N)``, each ``(len(features), n_nodes)``: per node the sum of ``weight`` and the count of the present
+    records whose value of ``features[k]`` is missing (NaN), i.e. the mass a default direction moves."""
+    G = np.zeros((len(features), n_nodes))
+    N = np.zeros((len(features), n_nodes))
+    for k, f in enumerate(features):
+        m = miss[:, f]
+        G[k] = np.bincount(node[m], weights=weight[m], minlength=n_nodes)
+        N[k] = np.bincount(node[m], weights=present[m], minlength=n_nodes)
+    return G, N
+
+
 @dataclass
 class GreedyTrees:
     """DP-XGB node selection (paper §4.2) on the public grid of ``hp.split_candidates`` thresholds.
@@ -165,6 +178,11 @@ class GreedyTrees:
         node = np.zeros(local.n, np.int64)
         chosen = np.zeros(hp.leaves - 1, np.int64)  # candidate index per inner node
         rows = np.arange(local.n)
+        # missing values (docs/missing-values.md): the exponential mechanism picks (split, direction) pairs;
+        # the noisy level histograms hold missing values in the right-most bin, so there they go right
+        directed = self.schema.allows_missing and hp.selection != "histogram"
+        default_left = np.zeros(hp.leaves - 1, bool)
+        miss = np.isnan(local.X) if directed else None
         for level in range(hp.depth):
             n_nodes, first = 2**level, 2**level - 1
             if hp.selection == "histogram":
@@ -179,16 +197,27 @@ class GreedyTrees:
                 HG = level_histograms(codes, node, g * present, n_nodes, features)
                 HN = level_histograms(codes, node, present, n_nodes, features)
                 lo, hi = cand.lo[idx], cand.hi[idx]
+                if directed:
+                    GM, NM = missing_sums(miss, node, g * present, present, n_nodes, features)
                 for q in range(n_nodes):
                     GL = HG[fpos, q, hi] - HG[fpos, q, lo]
                     NL = HN[fpos, q, hi] - HN[fpos, q, lo]
                     score = gains(GL, NL, HG[0, q, 256], HN[0, q, 256], hp.l2)
-                    chosen[first + q] = idx[randomness.exponential_mechanism(score, scale)]
+                    if directed:  # candidates: every split with missing values right, then with them left
+                        score = np.concatenate([score, gains(GL + GM[fpos, q], NL + NM[fpos, q], HG[0, q, 256],
+                                                             HN[0, q, 256], hp.l2)])
+                    pick = randomness.exponential_mechanism(score, scale)
+                    chosen[first + q] = idx[pick % idx.size]
+                    default_left[first + q] = pick >= idx.size
             # route every record to its child (heap order: left 2k+1, right 2k+2)
             c = chosen[first + node]
             code = codes[rows, cand.feature[c]].astype(np.int64)
-            node = 2 * node + ~((cand.lo[c] <= code) & (code < cand.hi[c]))
-        return Splits(cand.feature[chosen].astype(np.int32), cand.threshold[chosen].astype(np.float64))
+            left = (cand.lo[c] <= code) & (code < cand.hi[c])
+            if directed:
+                left |= miss[rows, cand.feature[c]] & default_left[first + node]
+            node = 2 * node + ~left
+        return Splits(cand.feature[chosen].astype(np.int32), cand.threshold[chosen].astype(np.float64),
+                      default_left if directed else None)
 
 
     def _sketch(self, local: LocalData, codes: np.ndarray, present: np.ndarray, allowed: np.ndarray,

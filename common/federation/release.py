@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from common.engine import privacy_receipt
 from common.model import Ensemble, Tree
+from common.splits import missing_directions
 
 from .plan import Plan
 from .wire import InitScoreMsg, TreeMsg
@@ -44,12 +45,21 @@ def parties(init: InitScoreMsg | None, trees: Sequence[TreeMsg]) -> list[str]:
 def build_model(plan: Plan, init: InitScoreMsg | None, trees: Sequence[TreeMsg]) -> Ensemble:
     cal = plan.calibration()
     model = Ensemble(plan.schema, plan.hyperparameters, 0.0 if init is None else float(init.score))
-    model.trees = [Tree(t.features.astype("int32"), t.thresholds.astype("float64"), t.leaves.astype("float64"))
-                   for t in trees]
+    model.trees = [Tree(t.features.astype("int32"), t.thresholds.astype("float64"), t.leaves.astype("float64"),
+                        _default_left(plan, t.index)) for t in trees]
     model.privacy = privacy_receipt(plan.hyperparameters, cal, len(trees), plan.noise, plan.randomness_description(),
                                     parties(init, trees))
     model.training = training_record(plan, init, trees)
     return model
+
+
+def _default_left(plan: Plan, index: int):
+    """Random trees: the public default directions of tree ``index`` (a function of the plan's seed, so no
+    message carries them); None without missing values or for other builders (missing values go right)."""
+    hp = plan.hyperparameters
+    if hp.tree_builder != "random":
+        return None
+    return missing_directions(plan.schema, hp.seed, index, 2**hp.depth - 1)
 
 
 def model_bytes(model: Ensemble) -> bytes:
