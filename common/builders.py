@@ -13,6 +13,11 @@
   with Thm. 1 (:func:`common.accountant.greedy_tree_event`).  The cyclical
   variant (XGB_cyc) lets tree r choose only among feature ``r mod m``.
 
+Missing values (docs/missing-values.md): random trees take public default
+directions from the split seed; greedy trees choose (split, direction) pairs in
+the exponential mechanism (same sensitivity), or send missing values right
+with noisy level histograms (their last bin, counted right by every candidate).
+
 Both return a :class:`~common.splits.Splits` (complete tree, heap order), so
 leaf release, model, exports and the federation see the same kind of tree.
 """

@@ -27,6 +27,10 @@ Example (``examples/abalone/schema.toml``)::
     name = "Length"
     type = "numeric"
     range = [0.0, 1.0]
+    allow_missing = true   # optional: keep missing values (NaN), routed by default directions
+
+``format.on_missing = "keep"`` allows missing values in every feature
+(docs/missing-values.md); ``"drop"`` / ``"error"`` apply to the other columns.
 """
 from __future__ import annotations
 
