@@ -222,7 +222,7 @@ class GreedyTrees:
                 left |= miss[rows, cand.feature[c]] & default_left[first + node]
             node = 2 * node + ~left
         return Splits(cand.feature[chosen].astype(np.int32), cand.threshold[chosen].astype(np.float64),
-                      default_left if directed else None)
+                      default_left if self.schema.allows_missing else None)
 
 
     def _sketch(self, local: LocalData, codes: np.ndarray, present: np.ndarray, allowed: np.ndarray,

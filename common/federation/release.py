@@ -10,6 +10,8 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 
+import numpy as np
+
 from common.engine import privacy_receipt
 from common.model import Ensemble, Tree
 from common.splits import missing_directions
@@ -55,10 +57,13 @@ def build_model(plan: Plan, init: InitScoreMsg | None, trees: Sequence[TreeMsg])
 
 def _default_left(plan: Plan, index: int):
     """Random trees: the public default directions of tree ``index`` (a function of the plan's seed, so no
-    message carries them); None without missing values or for other builders (missing values go right)."""
+    message carries them).  Greedy trees select with noisy level histograms in a federation, which count
+    missing values on the right: all False.  None without missing values."""
     hp = plan.hyperparameters
-    if hp.tree_builder != "random":
+    if not plan.schema.allows_missing:
         return None
+    if hp.tree_builder != "random":
+        return np.zeros(2**hp.depth - 1, bool)
     return missing_directions(plan.schema, hp.seed, index, 2**hp.depth - 1)
 
 
