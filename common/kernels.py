@@ -541,25 +541,6 @@ def _predict_margin(X, features, thresholds, leaves, is_cat, depth, eta, init):
     return out
 
 
-@njit(cache=True, nogil=True)
-def _predict_margin_default(X, features, lo, hi, default_left, leaves, depth, eta, init):
-    n = X.shape[0]
-    T = features.shape[0]
-    first_leaf = (1 << depth) - 1
-    out = np.full(n, init)
-    for i in range(n):
-        acc = 0.0
-        for t in range(T):
-            k = 0
-            for _ in range(depth):
-                x = X[i, features[t, k]]
-                left = ((x >= lo[t, k]) & (x < hi[t, k])) | ((x != x) & default_left[t, k])
-                k = 2 * k + 2 - (1 if left else 0)
-            acc += leaves[t, k - first_leaf]
-        out[i] += eta * acc
-    return out
-
-
 def predict_margin(X: np.ndarray, features: np.ndarray, thresholds: np.ndarray, leaves: np.ndarray,
                    is_cat: np.ndarray, depth: int, eta: float, init: float,
                    default_left: np.ndarray | None = None) -> np.ndarray:
@@ -568,13 +549,13 @@ def predict_margin(X: np.ndarray, features: np.ndarray, thresholds: np.ndarray, 
     ``default_left`` (T × nodes bool, optional): where a missing value (NaN) goes; None: right everywhere."""
     if features.shape[0] == 0:
         return np.full(X.shape[0], float(init))
-    if default_left is not None:
-        lo, hi = node_bounds(features.ravel(), thresholds.ravel(), is_cat)
-        return _predict_margin_default(np.ascontiguousarray(X, dtype=np.float64),
-                                       np.ascontiguousarray(features, np.int32), lo.reshape(features.shape),
-                                       hi.reshape(features.shape), np.ascontiguousarray(default_left, np.bool_),
-                                       np.ascontiguousarray(leaves, np.float64), int(depth), float(eta),
-                                       float(init))
+    if default_left is not None:  # tree by tree, summed in the same order as the kernel below
+        X = np.ascontiguousarray(X, dtype=np.float64)
+        acc = np.zeros(X.shape[0])
+        for t in range(features.shape[0]):
+            acc += np.asarray(leaves[t], np.float64)[leaf_index(X, features[t], thresholds[t], is_cat, depth,
+                                                                default_left=default_left[t])]
+        return float(init) + float(eta) * acc
     return _predict_margin(np.ascontiguousarray(X, dtype=np.float64), np.ascontiguousarray(features, np.int32),
                            np.ascontiguousarray(thresholds, np.float64), np.ascontiguousarray(leaves, np.float64),
                            np.asarray(is_cat, np.bool_), int(depth), float(eta), float(init))
