@@ -119,6 +119,15 @@ def level_histograms(codes: np.ndarray, node: np.ndarray, weight: np.ndarray, n_
     return out
 
 
+def pair_gains(G_left: np.ndarray, n_left: np.ndarray, G_missing: np.ndarray, n_missing: np.ndarray,
+               G: np.ndarray, n: np.ndarray, l2: float) -> np.ndarray:
+    """Eq. 2 for every (candidate, direction) pair: first every candidate with the node's missing records on
+    the right (``G_left``, ``n_left`` count present values only), then every candidate with them on the left.
+    Each pair is a partition of the node's records into two children, so one record moves one side by
+    ``(g, 1)`` and :func:`score_sensitivity` bounds every pair (docs/missing-values.md)."""
+    return np.concatenate([gains(G_left, n_left, G, n, l2), gains(G_left + G_missing, n_left + n_missing, G, n, l2)])
+
+
 def missing_sums(miss: np.ndarray, node: np.ndarray, weight: np.ndarray, present: np.ndarray, n_nodes: int,
                  features: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``(G, N)``, each ``(len(features), n_nodes)``: per node the sum of ``weight`` and the count of the present
@@ -207,10 +216,10 @@ class GreedyTrees:
                 for q in range(n_nodes):
                     GL = HG[fpos, q, hi] - HG[fpos, q, lo]
                     NL = HN[fpos, q, hi] - HN[fpos, q, lo]
-                    score = gains(GL, NL, HG[0, q, 256], HN[0, q, 256], hp.l2)
                     if directed:  # candidates: every split with missing values right, then with them left
-                        score = np.concatenate([score, gains(GL + GM[fpos, q], NL + NM[fpos, q], HG[0, q, 256],
-                                                             HN[0, q, 256], hp.l2)])
+                        score = pair_gains(GL, NL, GM[fpos, q], NM[fpos, q], HG[0, q, 256], HN[0, q, 256], hp.l2)
+                    else:
+                        score = gains(GL, NL, HG[0, q, 256], HN[0, q, 256], hp.l2)
                     pick = randomness.exponential_mechanism(score, scale)
                     chosen[first + q] = idx[pick % idx.size]
                     default_left[first + q] = pick >= idx.size
