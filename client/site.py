@@ -605,7 +605,7 @@ class SiteMachine:
             raise self._abort(f"tree {t.index} has leaf values outside [−β, β] = ±{hp.leaf_clip}")
         leaf = self._leaf_cache.pop(t.index, None)
         if leaf is None:
-            leaf = kernels.leaf_index(self.local.X, splits.features, splits.thresholds, self.local.is_cat, hp.depth)
+            leaf = self.local.leaf_index(splits)  # codes or floats, NaN by the default directions
         self.local.apply(leaf, t.leaves)
         self.trees.append(t)
         if self.cpu_at_first_tree is None:

@@ -193,12 +193,22 @@ class LocalData:
 
     def leaf_index(self, splits: Splits) -> np.ndarray:
         """Leaf of every local record in the tree ``splits`` (int32)."""
+        if splits.default_left is not None and self.has_missing():  # NaN by the split's default direction
+            return kernels.leaf_index(self.X, splits.features, splits.thresholds, self.is_cat, self.hp.depth,
+                                      default_left=splits.default_left)
         codes = self._record_codes()
         if codes is not None:
             b = kernels.code_bounds(splits.features, splits.thresholds, self.is_cat, self._packed)
             if b is not None:
                 return kernels.leaf_index_codes(codes, splits.features, b[0], b[1], self.hp.depth)
         return kernels.leaf_index(self.X, splits.features, splits.thresholds, self.is_cat, self.hp.depth)
+
+    def has_missing(self) -> bool:
+        """True if some local value is missing (NaN); such records need the float walk with directions."""
+        key = getattr(self, "_missing_key", None)
+        if key is None or key[0] is not self.X:
+            self._missing_key = (self.X, bool(np.isnan(self.X).any()))
+        return self._missing_key[1]
 
     def commit(self, c: Contribution) -> None:
         """Adopt the ledger of a contribution (after it was persisted)."""

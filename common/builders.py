@@ -13,6 +13,11 @@
   with Thm. 1 (:func:`common.accountant.greedy_tree_event`).  The cyclical
   variant (XGB_cyc) lets tree r choose only among feature ``r mod m``.
 
+Missing values (docs/missing-values.md): random trees take public default
+directions from the split seed; greedy trees choose (split, direction) pairs in
+the exponential mechanism (same sensitivity), or send missing values right
+with noisy level histograms (their last bin, counted right by every candidate).
+
 Both return a :class:`~common.splits.Splits` (complete tree, heap order), so
 leaf release, model, exports and the federation see the same kind of tree.
 """
@@ -114,6 +119,28 @@ def level_histograms(codes: np.ndarray, node: np.ndarray, weight: np.ndarray, n_
     return out
 
 
+def pair_gains(G_left: np.ndarray, n_left: np.ndarray, G_missing: np.ndarray, n_missing: np.ndarray,
+               G: np.ndarray, n: np.ndarray, l2: float) -> np.ndarray:
+    """Eq. 2 for every (candidate, direction) pair: first every candidate with the node's missing records on
+    the right (``G_left``, ``n_left`` count present values only), then every candidate with them on the left.
+    Each pair is a partition of the node's records into two children, so one record moves one side by
+    ``(g, 1)`` and :func:`score_sensitivity` bounds every pair (docs/missing-values.md)."""
+    return np.concatenate([gains(G_left, n_left, G, n, l2), gains(G_left + G_missing, n_left + n_missing, G, n, l2)])
+
+
+def missing_sums(miss: np.ndarray, node: np.ndarray, weight: np.ndarray, present: np.ndarray, n_nodes: int,
+                 features: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(G, N)``, each ``(len(features), n_nodes)``: per node the sum of ``weight`` and the count of the present
+    records whose value of ``features[k]`` is missing (NaN), i.e. the mass a default direction moves."""
+    G = np.zeros((len(features), n_nodes))
+    N = np.zeros((len(features), n_nodes))
+    for k, f in enumerate(features):
+        m = miss[:, f]
+        G[k] = np.bincount(node[m], weights=weight[m], minlength=n_nodes)
+        N[k] = np.bincount(node[m], weights=present[m], minlength=n_nodes)
+    return G, N
+
+
 @dataclass
 class GreedyTrees:
     """DP-XGB node selection (paper §4.2) on the public grid of ``hp.split_candidates`` thresholds.
@@ -165,6 +192,11 @@ class GreedyTrees:
         node = np.zeros(local.n, np.int64)
         chosen = np.zeros(hp.leaves - 1, np.int64)  # candidate index per inner node
         rows = np.arange(local.n)
+        # missing values (docs/missing-values.md): the exponential mechanism picks (split, direction) pairs;
+        # the noisy level histograms hold missing values in the right-most bin, so there they go right
+        directed = self.schema.allows_missing and hp.selection != "histogram"
+        default_left = np.zeros(hp.leaves - 1, bool)
+        miss = np.isnan(local.X) if directed else None
         for level in range(hp.depth):
             n_nodes, first = 2**level, 2**level - 1
             if hp.selection == "histogram":
@@ -179,16 +211,27 @@ class GreedyTrees:
                 HG = level_histograms(codes, node, g * present, n_nodes, features)
                 HN = level_histograms(codes, node, present, n_nodes, features)
                 lo, hi = cand.lo[idx], cand.hi[idx]
+                if directed:
+                    GM, NM = missing_sums(miss, node, g * present, present, n_nodes, features)
                 for q in range(n_nodes):
                     GL = HG[fpos, q, hi] - HG[fpos, q, lo]
                     NL = HN[fpos, q, hi] - HN[fpos, q, lo]
-                    score = gains(GL, NL, HG[0, q, 256], HN[0, q, 256], hp.l2)
-                    chosen[first + q] = idx[randomness.exponential_mechanism(score, scale)]
+                    if directed:  # candidates: every split with missing values right, then with them left
+                        score = pair_gains(GL, NL, GM[fpos, q], NM[fpos, q], HG[0, q, 256], HN[0, q, 256], hp.l2)
+                    else:
+                        score = gains(GL, NL, HG[0, q, 256], HN[0, q, 256], hp.l2)
+                    pick = randomness.exponential_mechanism(score, scale)
+                    chosen[first + q] = idx[pick % idx.size]
+                    default_left[first + q] = pick >= idx.size
             # route every record to its child (heap order: left 2k+1, right 2k+2)
             c = chosen[first + node]
             code = codes[rows, cand.feature[c]].astype(np.int64)
-            node = 2 * node + ~((cand.lo[c] <= code) & (code < cand.hi[c]))
-        return Splits(cand.feature[chosen].astype(np.int32), cand.threshold[chosen].astype(np.float64))
+            left = (cand.lo[c] <= code) & (code < cand.hi[c])
+            if directed:
+                left |= miss[rows, cand.feature[c]] & default_left[first + node]
+            node = 2 * node + ~left
+        return Splits(cand.feature[chosen].astype(np.int32), cand.threshold[chosen].astype(np.float64),
+                      default_left if self.schema.allows_missing else None)
 
 
     def _sketch(self, local: LocalData, codes: np.ndarray, present: np.ndarray, allowed: np.ndarray,

@@ -220,10 +220,13 @@ def _validate(frame: pd.DataFrame, schema: Schema, source: str, lines: np.ndarra
     fmt = schema.format
     keep = np.ones(n, dtype=bool)
     dropped = 0
+    kept = {f.name for f in schema.features if f.allow_missing}  # their missing values stay (as NaN)
     if fmt.missing is not None:
         miss = np.zeros(n, dtype=bool)
         first_col = {}
         for c in needed:
+            if c in kept:
+                continue
             col = frame[c]
             m = ((col.astype(str).str.strip() == fmt.missing).to_numpy() if col.dtype.kind not in "fiub"
                  else np.zeros(n, bool))
@@ -248,10 +251,17 @@ def _validate(frame: pd.DataFrame, schema: Schema, source: str, lines: np.ndarra
     X = np.empty((n, schema.n_features), dtype=np.float64)
     for j, f in enumerate(schema.features):
         col = frame[f.name]
+        absent = _missing_mask(col, fmt.missing) if f.allow_missing else None
+        if absent is not None and absent.any():
+            fill = (f.levels[0] if f.is_categorical else "0") if col.dtype.kind not in "fiub" else 0
+            col = col.where(~absent, fill)  # a valid placeholder, replaced by NaN below
         if f.is_categorical:
             X[:, j] = _categorical(col, f, source, lines, row_word)
         else:
-            X[:, j] = _numeric(col, f.name, source, lines, row_word, f.lo, f.hi, fmt.out_of_range)
+            X[:, j] = _numeric(col, f.name, source, lines, row_word, f.lo, f.hi, fmt.out_of_range,
+                               placeholder=absent)
+        if absent is not None:
+            X[absent, j] = np.nan
     y = _labels(frame[schema.target], schema, source, lines, row_word) if labels else None
     id_values = None
     if id_col:
@@ -288,8 +298,23 @@ def _to_float(col: pd.Series) -> tuple[np.ndarray, np.ndarray]:
     return v, unparsable
 
 
-def _numeric(col, name, source, lines, row_word, lo, hi, out_of_range) -> np.ndarray:
+def _missing_mask(col, marker: str | None) -> np.ndarray:
+    """Missing entries of a column whose feature allows them: the format's marker (e.g. ``?``), an empty
+    field, ``NaN`` (text or float) and Parquet nulls.  Infinities are values, refused as before."""
+    if col.dtype.kind in "fiub":
+        return np.isnan(col.to_numpy(dtype=np.float64))
+    null = col.isna().to_numpy()
+    s = col.astype(str).str.strip()
+    text = (s == "") | s.str.lower().isin(["nan", "+nan", "-nan"])
+    if marker is not None:
+        text |= s == marker
+    return null | text.to_numpy()
+
+
+def _numeric(col, name, source, lines, row_word, lo, hi, out_of_range, placeholder=None) -> np.ndarray:
     v, unparsable = _to_float(col)
+    if placeholder is not None:  # missing entries (set to NaN by the caller) are not range-checked
+        v = np.where(placeholder, 0.5 * (lo + hi), v)
     bad = np.flatnonzero(unparsable)
     if bad.size:
         vals = col.to_numpy()

@@ -118,7 +118,7 @@ def train(dataset: Dataset, hp: Hyperparameters, randomness=None, progress: Prog
         local.commit(c)
         values = leaf_values(c.sums + next(noise), hp, enc)
         local.apply(c.leaf, values)
-        model.trees.append(Tree(splits.features, splits.thresholds, values))
+        model.trees.append(Tree(splits.features, splits.thresholds, values, splits.default_left))
         if progress is not None:
             progress(r + 1, total)
     model.privacy = privacy_receipt(hp, cal, total, "central", randomness.describe())

@@ -185,14 +185,15 @@ def _explicit_layout(est: "_SBDTBase", names: list[str] | None, m: int, task: st
         if j in levels:
             if j in ranges and fr is not None and not _is_pair(fr):
                 raise PublicBoundsError(f"column {name!r} is categorical and also has a numeric range")
-            feats.append(Feature(name, "categorical", levels=tuple(str(x) for x in levels[j])))
+            feats.append(Feature(name, "categorical", levels=tuple(str(x) for x in levels[j]),
+                                 allow_missing=_allow_missing(est)))
             continue
         if j not in ranges:
             raise PublicBoundsError(f"column {name!r} has no public range. {_hint(task)}")
         pair = ranges[j]
         if not _is_pair(pair) or not (np.isfinite(pair).all() and float(pair[0]) < float(pair[1])):
             raise PublicBoundsError(f"column {name!r}: range must be (lo, hi) with finite lo < hi, got {pair!r}")
-        feats.append(Feature(name, "numeric", float(pair[0]), float(pair[1])))
+        feats.append(Feature(name, "numeric", float(pair[0]), float(pair[1]), allow_missing=_allow_missing(est)))
     oor = est.out_of_range or "error"
     if oor not in ("error", "clip"):
         raise PublicBoundsError(f"out_of_range must be 'error' or 'clip', got {oor!r}")
@@ -220,9 +221,27 @@ def _schema_layout(est: "_SBDTBase", task: str) -> _Layout:
     extra: dict[str, Any] = {"positive": ("1",), "negative": ("0",)} if task == "binary" else {}
     # File-layout fields (column order, record ids, arrival rounds) do not apply to in-memory X.
     extra |= {k: None for k in ("id_column", "arrival_column") if hasattr(schema, k)}
+    if _allow_missing(est):
+        extra["features"] = tuple(dataclasses.replace(f, allow_missing=True) for f in schema.features)
     schema = dataclasses.replace(schema, format=fmt, columns=(), **extra)
     levels = {j: f.levels for j, f in enumerate(schema.features) if f.is_categorical}
     return _Layout(schema, levels, True)
+
+
+def _allow_missing(est: "_SBDTBase") -> bool:
+    """``allow_missing`` (True: NaN in X is a missing value in every column, docs/missing-values.md)."""
+    v = getattr(est, "allow_missing", False)
+    if not isinstance(v, (bool, np.bool_)):
+        raise PublicBoundsError(f"allow_missing must be True or False, got {v!r}")
+    return bool(v)
+
+
+def _refuse_missing(X: np.ndarray, schema: Schema) -> None:
+    """NaN is allowed only in the columns whose feature keeps missing values."""
+    for j, f in enumerate(schema.features):
+        if not f.allow_missing and np.isnan(X[:, j]).any():
+            raise ValueError(f"column {f.name!r} holds NaN, but its public bounds do not allow missing values "
+                             "(pass allow_missing=True, or a schema with allow_missing = true for it)")
 
 
 # --------------------------------------------------------------------------- X encoding
@@ -243,7 +262,8 @@ def _num_str(v: Any) -> str:
     return str(int(f)) if f.is_integer() else str(f)
 
 
-def _encode_column(values: np.ndarray, levels: tuple[Any, ...], schema_mode: bool, name: str) -> np.ndarray:
+def _encode_column(values: np.ndarray, levels: tuple[Any, ...], schema_mode: bool, name: str,
+                   allow_missing: bool = False) -> np.ndarray:
     """Categorical values → float level codes; unknown values are refused, naming the column.
 
     Explicit levels (``categorical={col: levels}``): a value is matched to the level with the same
@@ -264,6 +284,11 @@ def _encode_column(values: np.ndarray, levels: tuple[Any, ...], schema_mode: boo
 
         def code(v: Any) -> float | None:
             return by_text.get(_num_str(v))
+    if allow_missing:  # None and NaN are missing values (NaN codes), routed by the default directions
+        inner = code
+
+        def code(v: Any) -> float | None:
+            return np.nan if v is None or v is pd.NA or (_is_number(v) and v != v) else inner(v)
     codes = np.array([code(v) for v in values], dtype=object)
     bad = np.flatnonzero(np.equal(codes, None))
     if bad.size:
@@ -340,8 +365,9 @@ class _SBDTBase(BaseEstimator):
                 X_checked = check_array(X, dtype=None, ensure_all_finite=False)
                 m = X_checked.shape[1]
             layout = self._layout(X, m)
+        nan = "allow-nan" if layout.schema.allows_missing else True
         if not layout.levels:
-            out = validate_data(self, X, reset=reset, dtype=np.float64)
+            out = validate_data(self, X, reset=reset, dtype=np.float64, ensure_all_finite=nan)
         else:
             validate_data(self, X, reset=reset, skip_check_array=True)
             raw = check_array(X, dtype=None, ensure_all_finite=False)
@@ -352,14 +378,16 @@ class _SBDTBase(BaseEstimator):
             for j, f in enumerate(layout.schema.features):
                 col = raw[:, j]
                 if j in layout.levels:
-                    out[:, j] = _encode_column(col, layout.levels[j], layout.schema_mode, f.name)
+                    out[:, j] = _encode_column(col, layout.levels[j], layout.schema_mode, f.name, f.allow_missing)
                 else:
                     try:
                         out[:, j] = np.asarray(col, dtype=np.float64)
                     except (TypeError, ValueError):
                         raise ValueError(f"column {f.name!r} is numeric in the public bounds but holds "
                                          "non-numeric values; declare it in categorical={...}") from None
-            out = check_array(out, dtype=np.float64)
+            out = check_array(out, dtype=np.float64, ensure_all_finite=nan)
+        if layout.schema.allows_missing:
+            _refuse_missing(out, layout.schema)
         if reset:
             self._layout_ = layout
         return out
@@ -393,7 +421,7 @@ class _SBDTBase(BaseEstimator):
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
-        tags.input_tags.allow_nan = False
+        tags.input_tags.allow_nan = bool(getattr(self, "allow_missing", False))
         tags.input_tags.sparse = False
         tags.input_tags.categorical = True
         tags.non_deterministic = False  # see the module docstring: keep every check running
@@ -408,6 +436,9 @@ class SBDTRegressor(RegressorMixin, _SBDTBase):
     public bounds: ``schema`` (a :class:`~common.schema.Schema` or TOML path) *or* ``feature_ranges``,
     ``categorical`` and ``label_range``; ``out_of_range`` (``"error"``/``"clip"``, default: the schema's
     setting, else ``"error"``).  ``fit`` without public bounds raises :class:`PublicBoundsError`.
+    ``allow_missing=True``: NaN (or None) in ``X`` is a missing value in every column, sent at every
+    split the tree's default direction (docs/missing-values.md); else only the columns a schema marks
+    ``allow_missing`` may hold NaN.
     ``tree_builder="greedy"`` trains DP-XGB greedy trees (docs/greedy.md); ``subsample`` and
     ``split_candidates`` left at their defaults then take the greedy ones (1 and 32).
 
@@ -428,7 +459,7 @@ class SBDTRegressor(RegressorMixin, _SBDTBase):
                  seed=None, scale_bits=20, tree_builder="random", selection_share=0.7,
                  selection="exponential", sketch_share=0.0, schema=None, feature_ranges=None, categorical=None,
                  label_range=None,
-                 out_of_range=None):
+                 out_of_range=None, allow_missing=False):
         self.epsilon = epsilon
         self.delta = delta
         self.trees = trees
@@ -459,6 +490,7 @@ class SBDTRegressor(RegressorMixin, _SBDTBase):
         self.categorical = categorical
         self.label_range = label_range
         self.out_of_range = out_of_range
+        self.allow_missing = allow_missing
 
     def fit(self, X, y, *, randomness=None):
         """Train on ``X`` (array or DataFrame) and labels ``y``.  ``randomness``: tests only (default: secure)."""
@@ -504,7 +536,7 @@ class SBDTClassifier(ClassifierMixin, _SBDTBase):
                  seed=None, scale_bits=20, tree_builder="random", selection_share=0.7,
                  selection="exponential", sketch_share=0.0, schema=None, feature_ranges=None, categorical=None,
                  classes=None,
-                 out_of_range=None):
+                 out_of_range=None, allow_missing=False):
         self.epsilon = epsilon
         self.delta = delta
         self.trees = trees
@@ -535,6 +567,7 @@ class SBDTClassifier(ClassifierMixin, _SBDTBase):
         self.categorical = categorical
         self.classes = classes
         self.out_of_range = out_of_range
+        self.allow_missing = allow_missing
 
     def fit(self, X, y, *, randomness=None):
         """Train on ``X`` (array or DataFrame) and binary labels ``y``.  ``randomness``: tests only."""

@@ -25,9 +25,13 @@ The mapping, in brief:
   ``"numeric"``: ordinary numeric splits on the level code with thresholds at
   ``level ± 0.5`` (for a middle level the "rest" subtree appears twice), for
   tools that do not understand categorical splits; exact for valid codes.
-* **Missing values** (NaN, or the implicit zeros of a sparse matrix) are sent
-  the way the value 0 goes, so sparse inputs predict like dense ones.
-  fedsbdt itself refuses NaN.
+* **Missing values.**  A model whose schema allows missing values
+  (docs/missing-values.md) has a default direction at every node; it becomes
+  XGBoost's ``default_left`` (negated where children are swapped), and NaN in
+  the ``DMatrix`` is XGBoost's missing value, so NaN rows take our path.
+  Other models refuse NaN; there a missing value (NaN, or an implicit zero of
+  a sparse matrix) is sent the way the value 0 goes, so sparse inputs predict
+  like dense ones.
 * **Leaf values and base score.**  Regression: our prediction is
   ``lo + (hi − lo)/2 · (init + η·Σ v + 1)``; we write ``base_score =
   lo + (hi − lo)/2 · (init + 1)`` and leaves ``(hi − lo)/2 · η · v`` under
@@ -113,6 +117,7 @@ class _TreeSpec:
     thresholds: np.ndarray
     leaves: np.ndarray  # already folded into XGBoost units
     depth: int
+    default_left: np.ndarray | None = None  # our default directions of missing values (None: as 0 goes)
 
 
 def _build(spec: _TreeSpec, k: int, is_cat: np.ndarray, n_levels: list[int], mode: str) -> _Node:
@@ -122,6 +127,8 @@ def _build(spec: _TreeSpec, k: int, is_cat: np.ndarray, n_levels: list[int], mod
         return _Node(condition=float(spec.leaves[k - n_inner]))
     f = int(spec.features[k])
     t = float(spec.thresholds[k])
+    if spec.default_left is not None:
+        return _build_directed(spec, k, f, t, is_cat, n_levels, mode)
     if not is_cat[f]:
         c = ceil_float32(t)
         return _Node(feature=f, condition=c, default_left=0.0 < c,
@@ -145,6 +152,29 @@ def _build(spec: _TreeSpec, k: int, is_cat: np.ndarray, n_levels: list[int], mod
         return _Node(feature=f, condition=level - 0.5, default_left=True, left=rest(), right=eq())
     inner = _Node(feature=f, condition=level + 0.5, default_left=False, left=eq(), right=rest())
     return _Node(feature=f, condition=level - 0.5, default_left=True, left=rest(), right=inner)
+
+
+def _build_directed(spec: _TreeSpec, k: int, f: int, t: float, is_cat: np.ndarray, n_levels: list[int],
+                    mode: str) -> _Node:
+    """:func:`_build` for a node with an explicit default direction ``dl`` of missing values: XGBoost's
+    ``default_left`` is ``dl`` where its left child is our left subtree and ``not dl`` where swapped."""
+    dl = bool(spec.default_left[k])
+    eq = lambda: _build(spec, 2 * k + 1, is_cat, n_levels, mode)  # noqa: E731
+    rest = lambda: _build(spec, 2 * k + 2, is_cat, n_levels, mode)  # noqa: E731
+    if not is_cat[f]:
+        return _Node(feature=f, condition=ceil_float32(t), default_left=dl, left=eq(), right=rest())
+    level, n_lev = int(t), n_levels[f]
+    if level != t or not 0 <= level < n_lev:
+        raise ExportError(f"tree node {k}: categorical threshold {t!r} is not a level code 0..{n_lev - 1}")
+    if mode == "native":  # category in the set → XGBoost's right child, our "x == level" subtree
+        return _Node(feature=f, condition=float(level), category=level, default_left=not dl, left=rest(),
+                     right=eq())
+    if level == 0 or n_lev == 1:  # codes ≥ 0: x == 0 ⇔ x < 0.5
+        return _Node(feature=f, condition=level + 0.5, default_left=dl, left=eq(), right=rest())
+    if level == n_lev - 1:  # x == last ⇔ x ≥ last − 0.5
+        return _Node(feature=f, condition=level - 0.5, default_left=not dl, left=rest(), right=eq())
+    inner = _Node(feature=f, condition=level + 0.5, default_left=dl, left=eq(), right=rest())
+    return _Node(feature=f, condition=level - 0.5, default_left=not dl, left=rest(), right=inner)
 
 
 def _leaf_count(node: _Node, memo: dict[int, float]) -> float:
@@ -262,7 +292,8 @@ def to_xgboost_dict(model: Ensemble, categorical: str = "native", feature_names:
     m = model.schema.n_features
     trees = []
     for i, t in enumerate(model.trees):
-        spec = _TreeSpec(t.features, t.thresholds, np.asarray(t.leaves, np.float64) * mult, model.depth)
+        spec = _TreeSpec(t.features, t.thresholds, np.asarray(t.leaves, np.float64) * mult, model.depth,
+                         t.default_left)
         trees.append(_tree_json(_build(spec, 0, is_cat, n_levels, categorical), i, m))
     if categorical == "native":
         types = ["c" if c else "float" for c in is_cat]

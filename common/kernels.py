@@ -130,11 +130,32 @@ def _leaf_index(X, features, thresholds, is_cat, depth):
     return out
 
 
+@njit(cache=True, nogil=True)
+def _walk_default(X, features, lo, hi, default_left, depth):
+    """Leaf of every row: left iff ``lo[k] <= x < hi[k]``, or x is NaN (missing) and ``default_left[k]``."""
+    n = X.shape[0]
+    out = np.empty(n, dtype=np.int32)
+    first = (1 << depth) - 1
+    for i in range(n):
+        k = 0
+        for _ in range(depth):
+            x = X[i, features[k]]
+            left = ((x >= lo[k]) & (x < hi[k])) | ((x != x) & default_left[k])
+            k = 2 * k + 2 - (1 if left else 0)
+        out[i] = k - first
+    return out
+
+
 def leaf_index(X: np.ndarray, features: np.ndarray, thresholds: np.ndarray, is_cat: np.ndarray,
-               depth: int) -> np.ndarray:
-    """Leaf (0 … 2^d−1) of every row of ``X`` in one tree."""
+               depth: int, default_left: np.ndarray | None = None) -> np.ndarray:
+    """Leaf (0 … 2^d−1) of every row of ``X`` in one tree.
+
+    A missing value (NaN) goes left at node k iff ``default_left[k]`` (None: right everywhere)."""
     X = np.ascontiguousarray(X, dtype=np.float64)
     features = np.asarray(features, np.int32)
+    if default_left is not None:
+        lo, hi = node_bounds(features, thresholds, is_cat)
+        return _walk_default(X, features, lo, hi, np.asarray(default_left, np.bool_), int(depth))
     if X.nbytes > STREAMING_BYTES:
         return _leaf_index(X, features, np.asarray(thresholds, np.float64), np.asarray(is_cat, np.bool_),
                            int(depth))
@@ -521,10 +542,20 @@ def _predict_margin(X, features, thresholds, leaves, is_cat, depth, eta, init):
 
 
 def predict_margin(X: np.ndarray, features: np.ndarray, thresholds: np.ndarray, leaves: np.ndarray,
-                   is_cat: np.ndarray, depth: int, eta: float, init: float) -> np.ndarray:
-    """Ensemble margin ``init + η·Σ_t v_t(x)`` for every row (trees stacked as T × nodes arrays)."""
+                   is_cat: np.ndarray, depth: int, eta: float, init: float,
+                   default_left: np.ndarray | None = None) -> np.ndarray:
+    """Ensemble margin ``init + η·Σ_t v_t(x)`` for every row (trees stacked as T × nodes arrays).
+
+    ``default_left`` (T × nodes bool, optional): where a missing value (NaN) goes; None: right everywhere."""
     if features.shape[0] == 0:
         return np.full(X.shape[0], float(init))
+    if default_left is not None:  # tree by tree, summed in the same order as the kernel below
+        X = np.ascontiguousarray(X, dtype=np.float64)
+        acc = np.zeros(X.shape[0])
+        for t in range(features.shape[0]):
+            acc += np.asarray(leaves[t], np.float64)[leaf_index(X, features[t], thresholds[t], is_cat, depth,
+                                                                default_left=default_left[t])]
+        return float(init) + float(eta) * acc
     return _predict_margin(np.ascontiguousarray(X, dtype=np.float64), np.ascontiguousarray(features, np.int32),
                            np.ascontiguousarray(thresholds, np.float64), np.ascontiguousarray(leaves, np.float64),
                            np.asarray(is_cat, np.bool_), int(depth), float(eta), float(init))

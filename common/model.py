@@ -43,6 +43,24 @@ class Tree:
     features: np.ndarray  # int32 (2^d − 1)
     thresholds: np.ndarray  # float64 (2^d − 1)
     leaves: np.ndarray  # float64 (2^d), already clamped to ±β
+    default_left: np.ndarray | None = None  # bool (2^d − 1): where a missing value goes; None: right everywhere
+
+
+def _tree_dict(t: Tree) -> dict[str, Any]:
+    d = {"features": t.features.astype(int).tolist(), "thresholds": [float(x) for x in t.thresholds],
+         "leaves": [float(x) for x in t.leaves]}
+    if t.default_left is not None:  # only trees of schemas with missing values carry it
+        d["default_left"] = [bool(x) for x in t.default_left]
+    return d
+
+
+def _default_left(t: dict[str, Any], n_inner: int, i: int, source: str) -> np.ndarray | None:
+    v = t.get("default_left")
+    if v is None:
+        return None
+    if not (isinstance(v, list) and len(v) == n_inner and all(isinstance(x, bool) for x in v)):
+        raise ModelError(f"{source}: tree {i}: default_left must be {n_inner} booleans")
+    return np.asarray(v, dtype=bool)
 
 
 @dataclass
@@ -79,7 +97,16 @@ class Ensemble:
         """Raw score ``init + η·Σ_t v_t(x)`` (regression: in the scaled label space)."""
         f, th, lv = self.stacked()
         return kernels.predict_margin(X, f, th, lv, self.is_categorical(), self.depth,
-                                      self.hyperparameters.learning_rate, self.init_score)
+                                      self.hyperparameters.learning_rate, self.init_score,
+                                      default_left=self.stacked_default_left())
+
+    def stacked_default_left(self) -> np.ndarray | None:
+        """T × nodes default directions of missing values, or None if no tree has any (NaN goes right)."""
+        if not any(t.default_left is not None for t in self.trees):
+            return None
+        n_inner = 2**self.depth - 1
+        return np.stack([np.zeros(n_inner, bool) if t.default_left is None else np.asarray(t.default_left, bool)
+                         for t in self.trees])
 
     def predict(self, X: np.ndarray) -> np.ndarray:
         """Regression: predicted label in original units.  Binary: probability of the positive class."""
@@ -99,8 +126,7 @@ class Ensemble:
             "privacy": self.privacy,
             "training": self.training,
             "init_score": float(self.init_score),
-            "trees": [{"features": t.features.astype(int).tolist(), "thresholds": [float(x) for x in t.thresholds],
-                       "leaves": [float(x) for x in t.leaves]} for t in self.trees],
+            "trees": [_tree_dict(t) for t in self.trees],
         }
 
     def to_json(self) -> str:
@@ -124,7 +150,7 @@ class Ensemble:
             trees = []
             for i, t in enumerate(d["trees"]):
                 tr = Tree(np.asarray(t["features"], dtype=np.int32), np.asarray(t["thresholds"], dtype=np.float64),
-                          np.asarray(t["leaves"], dtype=np.float64))
+                          np.asarray(t["leaves"], dtype=np.float64), _default_left(t, n_inner, i, source))
                 if tr.features.shape != (n_inner,) or tr.thresholds.shape != (n_inner,) or \
                         tr.leaves.shape != (n_leaves,):
                     raise ModelError(f"{source}: tree {i} does not have depth {hp.depth}")

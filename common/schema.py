@@ -27,6 +27,10 @@ Example (``examples/abalone/schema.toml``)::
     name = "Length"
     type = "numeric"
     range = [0.0, 1.0]
+    allow_missing = true   # optional: keep missing values (NaN), routed by default directions
+
+``format.on_missing = "keep"`` allows missing values in every feature
+(docs/missing-values.md); ``"drop"`` / ``"error"`` apply to the other columns.
 """
 from __future__ import annotations
 
@@ -34,11 +38,16 @@ import hashlib
 import json
 import math
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from .config import TASKS
+
+
+#: what a missing value does to its row: refuse the file, drop the row, or keep it (as NaN) in every feature;
+#: features with ``allow_missing = true`` keep their missing values whatever this says (docs/missing-values.md)
+ON_MISSING = ("error", "drop", "keep")
 
 
 class SchemaError(ValueError):
@@ -54,6 +63,7 @@ class Feature:
     lo: float = 0.0
     hi: float = 0.0
     levels: tuple[str, ...] = ()
+    allow_missing: bool = False  # missing values kept (NaN) and routed by each split's default direction
 
     @property
     def is_categorical(self) -> bool:
@@ -61,8 +71,12 @@ class Feature:
 
     def to_dict(self) -> dict[str, Any]:
         if self.is_categorical:
-            return {"name": self.name, "type": "categorical", "levels": list(self.levels)}
-        return {"name": self.name, "type": "numeric", "range": [self.lo, self.hi]}
+            d = {"name": self.name, "type": "categorical", "levels": list(self.levels)}
+        else:
+            d = {"name": self.name, "type": "numeric", "range": [self.lo, self.hi]}
+        if self.allow_missing:  # only when set: schemas without missing values keep their digest
+            d["allow_missing"] = True
+        return d
 
 
 @dataclass(frozen=True)
@@ -70,7 +84,7 @@ class FileFormat:
     header: bool = True
     separator: str = ","
     missing: str | None = None  # marker such as "?"
-    on_missing: str = "error"  # "error" | "drop"
+    on_missing: str = "error"  # "error" | "drop" | "keep" (every feature allows missing values)
     comment: str | None = None  # lines starting with this are skipped (Adult's test file: "|")
     out_of_range: str = "error"  # "error" | "clip" (numeric values outside the public range)
 
@@ -142,6 +156,11 @@ class Schema:
                 feats.append(Feature(name, "categorical", levels=tuple(levels)))
             else:
                 raise SchemaError(f"{source}: feature {name!r}: type must be 'numeric' or 'categorical', got {kind!r}")
+            allow = f.get("allow_missing", False)
+            if not isinstance(allow, bool):
+                raise SchemaError(f"{source}: feature {name!r}: allow_missing must be true or false, got {allow!r}")
+            if allow:
+                feats[-1] = replace(feats[-1], allow_missing=True)
         names = [f.name for f in feats]
         if len(set(names)) != len(names):
             raise SchemaError(f"{source}: duplicate feature names")
@@ -153,8 +172,11 @@ class Schema:
         if unknown:
             raise SchemaError(f"{source}: unknown [format] key(s): {', '.join(sorted(unknown))}")
         fmt = FileFormat(**fmt_d)
-        if fmt.on_missing not in ("error", "drop"):
-            raise SchemaError(f"{source}: format.on_missing must be 'error' or 'drop'")
+        if fmt.on_missing not in ON_MISSING:
+            raise SchemaError(f"{source}: format.on_missing must be one of {', '.join(map(repr, ON_MISSING))}, "
+                              f"got {fmt.on_missing!r}")
+        if fmt.on_missing == "keep":  # schema-wide shorthand for allow_missing = true on every feature
+            feats = [replace(f, allow_missing=True) for f in feats]
         if fmt.out_of_range not in ("error", "clip"):
             raise SchemaError(f"{source}: format.out_of_range must be 'error' or 'clip'")
         columns = tuple(str(c) for c in d.get("columns", ()))
@@ -234,3 +256,8 @@ class Schema:
     @property
     def n_features(self) -> int:
         return len(self.features)
+
+    @property
+    def allows_missing(self) -> bool:
+        """True if some feature keeps missing values (NaN), so trees need default directions."""
+        return any(f.allow_missing for f in self.features)

@@ -23,6 +23,7 @@ class Splits:
 
     features: np.ndarray  # int32, 2^d − 1
     thresholds: np.ndarray  # float64, 2^d − 1 (categorical: level index)
+    default_left: np.ndarray | None = None  # bool, 2^d − 1: where a missing value goes (None: right everywhere)
 
     @property
     def depth(self) -> int:
@@ -49,7 +50,26 @@ def random_splits(schema: Schema, depth: int, seed: int, round_id: int, cyclical
         numeric = lo + (hi - lo) * u
     categorical = np.minimum(np.floor(u * levels), levels - 1)
     thresholds = np.where(levels > 0, categorical, numeric)
-    return Splits(features, thresholds)
+    return Splits(features, thresholds, missing_directions(schema, seed, round_id, n_inner))
+
+
+#: spawn key of the default-direction stream: independent of the split stream of the same ``(seed, round)``
+_DIRECTION_STREAM = 1
+
+
+def missing_directions(schema: Schema, seed: int, round_id: int, n_inner: int) -> np.ndarray | None:
+    """Default direction of a missing value at every inner node of tree ``round_id`` (True: left), or None
+    when no feature of the schema allows missing values (then NaN never occurs and trees stay as before).
+
+    Each node flips a fair public coin drawn from its own stream of the public split seed (``SeedSequence
+    ([seed, round], spawn_key=(1,))``, independent of the stream the splits come from, so trees without
+    missing values are unchanged).  It is a function of public randomness only, never of a record, so
+    like the splits themselves it costs no privacy (post-processing of nothing private), and every party
+    of a federation recomputes it from the plan without any message (docs/missing-values.md)."""
+    if not schema.allows_missing:
+        return None
+    ss = np.random.SeedSequence([int(seed), int(round_id)], spawn_key=(_DIRECTION_STREAM,))
+    return np.random.Generator(np.random.PCG64(ss)).random(n_inner) < 0.5
 
 
 def _feature_table(schema: Schema) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -10,8 +10,11 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 
+import numpy as np
+
 from common.engine import privacy_receipt
 from common.model import Ensemble, Tree
+from common.splits import missing_directions
 
 from .plan import Plan
 from .wire import InitScoreMsg, TreeMsg
@@ -44,12 +47,24 @@ def parties(init: InitScoreMsg | None, trees: Sequence[TreeMsg]) -> list[str]:
 def build_model(plan: Plan, init: InitScoreMsg | None, trees: Sequence[TreeMsg]) -> Ensemble:
     cal = plan.calibration()
     model = Ensemble(plan.schema, plan.hyperparameters, 0.0 if init is None else float(init.score))
-    model.trees = [Tree(t.features.astype("int32"), t.thresholds.astype("float64"), t.leaves.astype("float64"))
-                   for t in trees]
+    model.trees = [Tree(t.features.astype("int32"), t.thresholds.astype("float64"), t.leaves.astype("float64"),
+                        _default_left(plan, t.index)) for t in trees]
     model.privacy = privacy_receipt(plan.hyperparameters, cal, len(trees), plan.noise, plan.randomness_description(),
                                     parties(init, trees))
     model.training = training_record(plan, init, trees)
     return model
+
+
+def _default_left(plan: Plan, index: int):
+    """Random trees: the public default directions of tree ``index`` (a function of the plan's seed, so no
+    message carries them).  Greedy trees select with noisy level histograms in a federation, which count
+    missing values on the right: all False.  None without missing values."""
+    hp = plan.hyperparameters
+    if not plan.schema.allows_missing:
+        return None
+    if hp.tree_builder != "random":
+        return np.zeros(2**hp.depth - 1, bool)
+    return missing_directions(plan.schema, hp.seed, index, 2**hp.depth - 1)
 
 
 def model_bytes(model: Ensemble) -> bytes:
