@@ -21,7 +21,7 @@ from .config import Hyperparameters
 from .data import Dataset
 from .fixedpoint import check_capacity
 from .model import Ensemble, Tree
-from .multiclass import check_supported
+from .multiclass import check_supported, receipt_sensitivity
 from .multiclass_boosting import local_data_for
 from .rdp_filter import FilterTable, filter_table
 from .randomness import SecureRandomness, prefetched_gaussian
@@ -125,4 +125,6 @@ def train(dataset: Dataset, hp: Hyperparameters, randomness=None, progress: Prog
         if progress is not None:
             progress(r + 1, total)
     model.privacy = privacy_receipt(hp, cal, total, "central", randomness.describe())
+    if enc.classes > 1:
+        model.privacy.update(receipt_sensitivity(hp, enc))
     return TrainResult(model, local, time.perf_counter() - t0)

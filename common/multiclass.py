@@ -107,6 +107,15 @@ def leaf_noise_scales(hp: Hyperparameters, enc, sigma: float, shares: int = 1) -
     return np.tile(np.concatenate([np.full(L, sh), np.full(L, sg)]), K)
 
 
+def receipt_sensitivity(hp: Hyperparameters, enc) -> dict:
+    """What the privacy receipt adds for a K-class model: K and the joint per-round sensitivities."""
+    return {"classes": enc.classes,
+            "joint_sensitivity": {
+                "gradient_l2": gradient_sensitivity(enc.classes, enc.grad.bound_units, enc.scale) / enc.scale,
+                "hessian_l2": hessian_sensitivity(enc.classes, enc.hess.bound_units, enc.scale) / enc.scale,
+                "event": "one Poisson-subsampled Gaussian per round for all K class trees (docs/privacy.md)"}}
+
+
 def round_event(gamma: float, sigma: float) -> PoissonSampledEvent:
     """The DP event of one round's K-tree release: whitened L2 sensitivity √2/σ, i.e. a Gaussian of noise
     multiplier σ/√2 at sensitivity 1, on a Poisson subsample of rate γ (same as one binary tree)."""
