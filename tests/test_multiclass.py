@@ -275,3 +275,59 @@ def test_cli_train_evaluate_predict(tmp_path, capsys):
     head, first = pred.read_text().splitlines()[:2]
     assert head == "id,probability_class_0,probability_class_1,probability_class_2,prediction"
     assert first.split(",")[-1] in ("class_0", "class_1", "class_2")
+
+
+# --------------------------------------------------------------------------- sklearn and XGBoost export
+
+
+def _wine_frame():
+    schema = Schema.load(WINE_SCHEMA)
+    import pandas as pd
+    tr = pd.read_csv(WINE / "wine_train.csv")
+    te = pd.read_csv(WINE / "wine_test.csv")
+    return schema, tr.drop(columns="cultivar"), tr["cultivar"].to_numpy(), te.drop(columns="cultivar"), \
+        te["cultivar"].to_numpy()
+
+
+def test_sklearn_estimator_has_k_probability_columns_and_public_classes():
+    from sklearn.base import clone
+
+    from common.estimators_multiclass import SBDTMulticlassClassifier
+
+    schema, X, y, Xt, yt = _wine_frame()
+    est = SBDTMulticlassClassifier(schema=str(WINE_SCHEMA), epsilon=10.0, trees=30, subsample=0.5,
+                                   learning_rate=0.3, seed=3)
+    est.fit(X, y, randomness=insecure(4))
+    assert list(est.classes_) == ["class_0", "class_1", "class_2"]
+    proba = est.predict_proba(Xt)
+    assert proba.shape == (len(yt), 3) and np.allclose(proba.sum(axis=1), 1.0)
+    assert np.array_equal(est.predict(Xt), est.classes_[proba.argmax(axis=1)])
+    assert est.score(Xt, yt) >= 0.8
+    # explicit public bounds and integer labels; classes given or read from y
+    Xn, yn = X.to_numpy(), np.searchsorted(est.classes_, y)
+    ranges = [(f.lo, f.hi) for f in schema.features]
+    e2 = clone(SBDTMulticlassClassifier(feature_ranges=ranges, trees=5, seed=1)).fit(Xn, yn, randomness=insecure(1))
+    assert list(e2.classes_) == [0, 1, 2] and e2.predict_proba(Xn).shape == (len(yn), 3)
+    with pytest.raises(ValueError, match="outside the public classes"):
+        SBDTMulticlassClassifier(feature_ranges=ranges, classes=[0, 1, 5], trees=2).fit(Xn, yn)
+    with pytest.raises(ValueError, match="at least 3 distinct public classes"):
+        SBDTMulticlassClassifier(feature_ranges=ranges, trees=2).fit(Xn, yn % 2)
+
+
+def test_xgboost_loading_the_export_gives_our_probabilities(tmp_path):
+    import xgboost as xgb
+    from common.export_xgboost import export_xgboost
+
+    schema = Schema.load(WINE_SCHEMA)
+    tr, te = load(WINE / "wine_train.csv", schema), load(WINE / "wine_test.csv", schema)
+    model = train(tr, Hyperparameters(epsilon=5.0, trees=20, learning_rate=0.3, seed=9, cyclical=False),
+                  insecure(5)).model
+    summary = export_xgboost(model, tmp_path / "x.json")
+    assert summary.objective == "multi:softprob" and summary.trees == 60
+    booster = xgb.Booster(model_file=str(tmp_path / "x.json"))
+    assert booster.num_boosted_rounds() == 20
+    for X in (te.X, tr.X):
+        ours = model.predict(X)
+        theirs = booster.predict(xgb.DMatrix(X))
+        assert theirs.shape == ours.shape
+        assert np.abs(theirs - ours).max() < 2e-6
