@@ -104,7 +104,8 @@ class Ensemble:
             "hyperparameters": self.hyperparameters.to_dict(),
             "privacy": self.privacy,
             "training": self.training,
-            "init_score": ([float(x) for x in self.init_score] if self.task == "multiclass"
+            "init_score": ([float(x) for x in np.broadcast_to(self.init_score, (self.schema.n_classes,))]
+                           if self.task == "multiclass"
                            else float(self.init_score)),
             "trees": [{"features": t.features.astype(int).tolist(), "thresholds": [float(x) for x in t.thresholds],
                        "leaves": [float(x) for x in t.leaves]} for t in self.trees],

@@ -55,6 +55,7 @@ from common.accountant import AccountingError, PrivacyCalibration
 from common.guarantee import collusion_guarantee, default_colluders
 from common.config import SAMPLERS, ConfigError, Hyperparameters
 from common.files import write_atomic
+from common.multiclass import init_vector_len, round_vector_len
 from common.schema import Schema, SchemaError
 
 FORMAT = "fedsbdt-plan"
@@ -161,6 +162,13 @@ class Plan:
         if self.hyperparameters.tree_builder != "random":
             raise PlanError(f"tree_builder = {self.hyperparameters.tree_builder!r} is not available in a "
                             "federation yet (docs/greedy.md); use it with `fedsbdt train`")
+        if self.schema.task == "multiclass":
+            from common.multiclass import check_supported
+
+            try:
+                check_supported(self.hyperparameters)
+            except ConfigError as e:
+                raise PlanError(str(e)) from None
         for name in ("threshold", "assumed_colluders", "dropout_slack", "epoch_rounds", "max_records_per_site", "max_attempts",
                      "test_seed"):
             v = getattr(self, name)
@@ -194,7 +202,7 @@ class Plan:
                 raise PlanError(f"privacy.{name.split('_')[1]} must be a positive number")
         from .wire import MAX_MESSAGE_BYTES, estimated_largest_message
 
-        est = estimated_largest_message(n, self.epoch_rounds, hp.depth)
+        est = estimated_largest_message(n, self.epoch_rounds, hp.depth, self.schema.n_classes)
         if est > MAX_MESSAGE_BYTES // 2:
             raise PlanError(f"{n} sites with epoch_rounds = {self.epoch_rounds} would need messages of about "
                             f"{est / 2**20:.1f} MiB (limit {MAX_MESSAGE_BYTES // 2**21} MiB); lower epoch_rounds")
@@ -269,7 +277,7 @@ class Plan:
     def encoding(self):
         from common.boosting import Encoding
 
-        return Encoding.for_task(self.hyperparameters, self.schema.task)
+        return Encoding.for_schema(self.hyperparameters, self.schema)
 
     def calibration(self) -> PrivacyCalibration:
         """The accountant's calibration for the plan's hyperparameters (cached by the accountant)."""
@@ -355,6 +363,8 @@ class Plan:
             l = delta / S
             num += l * tau + tau * tau / 2.0
             den += l * l / 2.0
+        if enc.classes > 1:  # a record touches K coordinates of each kind; the accounted slope is 1/σ²
+            num, den = num * enc.classes, 1.0 / self.calibration().sigma ** 2
         return smallest, num / den
 
     def check_discrete_noise(self) -> None:
@@ -420,7 +430,7 @@ class Plan:
                 max_abs_input=self.max_abs_input(),
                 noise_sigma_units=noise,
                 max_epoch_rounds=self.epoch_rounds,
-                max_vector_len=max(2 * self.hyperparameters.leaves, 2),
+                max_vector_len=max(round_vector_len(self.schema, self.hyperparameters), init_vector_len(self.schema)),
             )
         except SecAggConfigError as e:
             raise PlanError(f"secure aggregation cannot run this plan: {e}") from None
