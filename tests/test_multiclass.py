@@ -238,6 +238,11 @@ def test_central_training_learns_wine_and_releases_k_trees_per_round():
     assert m.privacy["joint_sensitivity"]["gradient_l2"] == pytest.approx(math.sqrt(3) / 2, rel=1e-8)
     again = Ensemble.from_dict(json.loads(m.to_json()))
     assert np.array_equal(again.predict(te.X), prob)
+    from common.report import build_report
+
+    html = build_report(m, plots=False)
+    assert "public classes: class_0, class_1, class_2" in html and "joint sensitivity" in html
+    assert "gradients 0.866, Hessians 0.3849 (L2)" in html
 
 
 def test_local_data_margins_follow_the_released_trees():
