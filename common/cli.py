@@ -37,7 +37,7 @@ _HELP = {
     "l2": "λ: leaf regularisation",
     "leaf_clip": "β: leaf values are clamped to [−β, β]",
     "grad_clip": "g*: gradient clip",
-    "hess_clip": "h*: Hessian clip (default: 1 for regression, 0.25 for binary)",
+    "hess_clip": "h*: Hessian clip (default: 1 for regression, 0.25 for binary and multiclass)",
     "label_clip": "m*: label clip of the initial score",
     "r1": "Hessian share of the leaf noise budget (r2 = 1 − r1)",
     "init_share": "ε_init/ε: share of ε for the initial score (0 disables it)",

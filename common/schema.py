@@ -168,6 +168,8 @@ class Schema:
         elif not fmt.header:
             raise SchemaError(f"{source}: a file without header needs 'columns' (the column order)")
         label_range = None
+        if task != "multiclass" and "classes" in d:
+            raise SchemaError(f"{source}: 'classes' is for task = 'multiclass' (this schema's task is {task!r})")
         classes: tuple[str, ...] = ()
         positive: tuple[str, ...] = ()
         negative: tuple[str, ...] = ()

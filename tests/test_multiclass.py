@@ -204,6 +204,8 @@ def test_schema_declares_public_classes():
         Schema.from_dict(_schema_dict(classes=["a", "b", "a"]))
     with pytest.raises(SchemaError, match="classes"):
         Schema.from_dict({k: v for k, v in _schema_dict().items() if k != "classes"})
+    with pytest.raises(SchemaError, match="'classes' is for task = 'multiclass'"):
+        Schema.from_dict(_schema_dict(task="binary"))
 
 
 def test_an_unknown_label_is_a_clear_error(tmp_path):
@@ -336,3 +338,30 @@ def test_xgboost_loading_the_export_gives_our_probabilities(tmp_path):
         theirs = booster.predict(xgb.DMatrix(X))
         assert theirs.shape == ours.shape
         assert np.abs(theirs - ours).max() < 2e-6
+
+
+# --------------------------------------------------------------------------- the noise the engine adds
+
+
+def test_the_k_tree_leaf_noise_has_the_variances_of_the_joint_sensitivity():
+    """The engine's noise stream for a 4-class round: Hessian sums (√(4/27)·S)²σ²/(2r1), gradient sums
+    (√3·g*·S)²σ²/(2r2) for g* = ½, h* = ¼ (closed forms), every class block, χ² at p = 1e−6."""
+    from common.randomness import SecureRandomness, prefetched_gaussian
+    from test_mechanisms import chi2_variance_test
+
+    hp = Hyperparameters(epsilon=1.0, trees=50, depth=2, init_share=0.0)
+    K, L = 4, hp.leaves
+    enc = Encoding.for_task(hp, "multiclass", K)
+    sigma = calibration_for(hp).sigma
+    scales = leaf_noise_scales(hp, enc, sigma)
+    N = 1500
+    stream = prefetched_gaussian(SecureRandomness(), scales, N)
+    draws = np.stack([next(stream) for _ in range(N)]).reshape(N, K, 2, L)
+    S = enc.scale
+    want_h = (4 / 27) * S**2 * sigma**2 / (2 * hp.r1)
+    want_g = 3 * (0.5 * S) ** 2 * sigma**2 / (2 * hp.r2)
+    for k in range(K):
+        assert chi2_variance_test(draws[:, k, 0], want_h)[0], k
+        assert chi2_variance_test(draws[:, k, 1], want_g)[0], k
+    # the binary scales (g*, h*) would be refused: the joint sensitivity is really in the noise
+    assert not chi2_variance_test(draws[:, :, 1] / math.sqrt(3), want_g)[0]
