@@ -157,13 +157,13 @@ def grad_hess_units(pred: np.ndarray, y: np.ndarray, scale: float, g_units: int,
 
 
 def leaf_sums(leaf: np.ndarray, gq: np.ndarray, hq: np.ndarray, selected: np.ndarray, n_leaves: int) -> np.ndarray:
-    """The 2·K·L round vector (class-major blocks ``[w_k, u_k]``) of the selected records."""
+    """The 2·K·L round vector (class-major blocks ``[w_k, u_k]``) of the selected records (exact int64 sums)."""
     leaf = np.asarray(leaf, np.int64)[selected]
     K = gq.shape[1]
     out = np.zeros((K, 2, n_leaves), np.int64)
     for k in range(K):
-        out[k, 0] = np.bincount(leaf, weights=hq[selected, k], minlength=n_leaves).astype(np.int64)
-        out[k, 1] = np.bincount(leaf, weights=gq[selected, k], minlength=n_leaves).astype(np.int64)
+        np.add.at(out[k, 0], leaf, np.asarray(hq[selected, k], np.int64))
+        np.add.at(out[k, 1], leaf, np.asarray(gq[selected, k], np.int64))
     return out.reshape(-1)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import multiclass
-from .boosting import Contribution, LocalData
+from .boosting import Contribution, Encoding, LocalData
 from .rdp_filter import FilterTable
 from .splits import Splits
 
@@ -20,7 +20,7 @@ class MulticlassLocalData(LocalData):
     def __init__(self, *args, classes: int, **kw):
         super().__init__(*args, **kw)
         self.classes = int(classes)
-        self.enc = self.enc.__class__.for_task(self.hp, self.task, self.classes)
+        self.enc = Encoding.for_task(self.hp, self.task, self.classes)
         self.pred = np.zeros((self.n, self.classes))
 
     def init_sums(self) -> np.ndarray:
@@ -41,7 +41,7 @@ class MulticlassLocalData(LocalData):
         selected = sampled & available
         gq, hq = multiclass.grad_hess_units(self.pred[selected], self.y[selected], enc.scale,
                                             enc.grad.bound_units, enc.hess.bound_units)
-        sums = multiclass.leaf_sums(leaf[selected], gq, hq, np.ones(int(selected.sum()), bool), hp.leaves)
+        sums = multiclass.leaf_sums(leaf[selected], gq, hq, np.ones(gq.shape[0], bool), hp.leaves)
         return Contribution(sums, leaf, None, int(available.sum()), int(selected.sum()))
 
     def apply(self, leaf: np.ndarray, values: np.ndarray) -> None:
