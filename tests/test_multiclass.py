@@ -169,6 +169,22 @@ def test_the_accountant_charges_one_gaussian_event_per_round():
     assert eps_pld >= 0.6 * cal.epsilon
 
 
+
+def test_the_receipt_epsilon_is_the_composition_of_the_round_events():
+    """Initial score (two Laplace events) + T multiclass rounds, composed by the event ledger, is the
+    calibrated ε of a multiclass model's receipt."""
+    from common.accountant import compose, event_epsilon_rdp, init_score_events
+
+    schema = Schema.load(WINE_SCHEMA)
+    tr = load(WINE / "wine_train.csv", schema)
+    hp = Hyperparameters(epsilon=2.0, trees=8, seed=2)
+    p = train(tr, hp, insecure(0)).model.privacy
+    ev = compose(init_score_events(p["eps_init"], p["eps_ds"]),
+                 compose(multiclass.round_event(hp.subsample, p["sigma"]), count=hp.trees))
+    eps, alpha = event_epsilon_rdp(ev, hp.delta)
+    assert eps == pytest.approx(p["epsilon"], rel=1e-9) and alpha == p["alpha"]
+
+
 def test_initial_score_counts_have_l1_sensitivity_one():
     rng = np.random.default_rng(0)
     y = rng.integers(0, 4, 50).astype(float)

@@ -58,3 +58,17 @@ def test_three_sites_train_a_multiclass_model_equal_to_the_centralised_engine(tm
     for t, r in zip(model["trees"], ref.trees, strict=True):
         assert (t["features"], t["thresholds"], t["leaves"]) == (r.features.tolist(), r.thresholds.tolist(),
                                                                  r.leaves.tolist())
+
+
+def test_a_multiclass_plan_refuses_the_filter(tmp_path):
+    import pytest
+
+    from common.federation.plan import PlanError
+
+    schema, _ = wine_with_ids()
+    ids = make_identities(tmp_path, SITES)
+    with pytest.raises(PlanError, match="Rényi filter does not support task = 'multiclass'"):
+        make_test_plan(schema, ids, Hyperparameters(trees=4, depth=2, seed=1, filter=True))
+    plan = make_test_plan(schema, ids, Hyperparameters(trees=4, depth=2, seed=1))
+    leaf, init = plan.noise_scales()
+    assert leaf.size == 2 * 3 * 4 and init.size == 4  # K·2L leaf coordinates; [N, n_0, n_1, n_2]
