@@ -72,3 +72,24 @@ def test_a_multiclass_plan_refuses_the_filter(tmp_path):
     plan = make_test_plan(schema, ids, Hyperparameters(trees=4, depth=2, seed=1))
     leaf, init = plan.noise_scales()
     assert leaf.size == 2 * 3 * 4 and init.size == 4  # K·2L leaf coordinates; [N, n_0, n_1, n_2]
+
+
+def test_class_margins_and_k_leaf_vectors_survive_the_wire_and_the_checkpoint(tmp_path):
+    import pytest
+
+    from common.federation.wire import (InitScoreMsg, TreeMsg, WireError, init_from_proto, init_to_proto,
+                                        tree_from_proto, tree_to_proto)
+    from server.checkpoint import CoordinatorStore
+
+    init = InitScoreMsg(0.0, 4, ("hospital-1", "hospital-2"), (0.25, -0.5, 0.25))
+    assert init_from_proto(init_to_proto(init)) == init and init.value == (0.25, -0.5, 0.25)
+    tree = TreeMsg(0, 5, ("hospital-1",), np.zeros(3, np.int32), np.ones(3), np.arange(12, dtype=float))
+    assert tree_from_proto(tree_to_proto(tree)) == tree  # K = 3 classes × 4 leaves
+    bad = tree_to_proto(TreeMsg(0, 5, ("hospital-1",), np.zeros(3, np.int32), np.ones(3), np.arange(10.0)))
+    with pytest.raises(WireError, match="complete tree"):
+        tree_from_proto(bad)
+    store = CoordinatorStore(tmp_path / "c", "cd" * 32)
+    store.load()
+    store.append_init(init)
+    store.close()
+    assert CoordinatorStore(tmp_path / "c", "cd" * 32).load().init == init
