@@ -33,6 +33,14 @@ def _units(hp, K):
     return enc, enc.scale, enc.grad.bound_units, enc.hess.bound_units
 
 
+def _random_units(hp, K, seed, spread, n=200_000):
+    """(S, g_u, h_u, gq, hq) of ``n`` random records."""
+    _, S, g_u, h_u = _units(hp, K)
+    margins, y = _records(np.random.default_rng(seed), n, K, spread)
+    gq, hq = multiclass.grad_hess_units(margins, y, S, g_u, h_u)
+    return S, g_u, h_u, y, gq, hq
+
+
 # --------------------------------------------------------------------------- the bound is never exceeded
 
 
@@ -71,12 +79,8 @@ def test_neighbouring_round_vectors_never_differ_by_more_than_the_joint_bound(K,
 def test_gradient_bound_holds_and_is_attained(K, grad_clip):
     """‖gq‖₂ ≤ G for 200 000 random records; records near the simplex's corners reach G (to 1e-5, or to the
     documented gap when 1/g* is not an integer and (K−1)g* > 1)."""
-    hp = Hyperparameters(grad_clip=grad_clip)
-    enc, S, g_u, h_u = _units(hp, K)
+    S, g_u, h_u, y, gq, _ = _random_units(Hyperparameters(grad_clip=grad_clip), K, 7, [0.01, 1.0, 3.0, 10.0, 100.0])
     G = multiclass.gradient_sensitivity(K, g_u, S)
-    rng = np.random.default_rng(7)
-    margins, y = _records(rng, 200_000, K, [0.01, 1.0, 3.0, 10.0, 100.0])
-    gq, _ = multiclass.grad_hess_units(margins, y, S, g_u, h_u)
     assert np.linalg.norm(gq, axis=1).max() <= G
     assert (np.abs(gq).sum(axis=1) - np.abs(gq[np.arange(y.size), y]) <= S).all()  # Σ_{k≠y}|gq_k| ≤ S
     # the maximiser: p_y → 0 and the rest of the mass on m = ⌈1/c⌉ other classes, each at ≥ min(c, 1/m)
@@ -85,8 +89,8 @@ def test_gradient_bound_holds_and_is_attained(K, grad_clip):
     margin = np.full((1, K), -60.0)
     margin[0, 1:1 + m] = 0.0
     gq, _ = multiclass.grad_hess_units(margin, np.array([0]), S, g_u, h_u)
-    exact_max = math.sqrt(c**2 + min(m, K - 1) * min(c, 1.0 / m) ** 2) * S  # the true maximum for this K, c
-    assert np.linalg.norm(gq) == pytest.approx(exact_max, rel=1e-5)
+    reached = math.sqrt(c**2 + m * min(c, 1.0 / m) ** 2) * S  # what this record reaches (closed form)
+    assert np.linalg.norm(gq) == pytest.approx(reached, rel=1e-5)
     assert np.linalg.norm(gq) <= G
     integral = abs(1.0 / c - round(1.0 / c)) < 1e-12 or (K - 1) * c <= 1.0
     assert np.linalg.norm(gq) / G >= (1 - 1e-5 if integral else 0.85)
@@ -102,12 +106,8 @@ def test_gradient_bound_is_root_two_without_effective_clipping():
 @pytest.mark.parametrize("K", [3, 4, 9])
 @pytest.mark.parametrize("hess_clip", [0.25, 2.0 / 9.0, 0.2, 0.1, 0.05, 0.01])
 def test_hessian_bound_holds_and_is_attained(K, hess_clip):
-    hp = Hyperparameters(hess_clip=hess_clip)
-    enc, S, g_u, h_u = _units(hp, K)
+    S, g_u, h_u, _, _, hq = _random_units(Hyperparameters(hess_clip=hess_clip), K, 11, [0.01, 0.5, 1.0, 3.0, 10.0])
     H = multiclass.hessian_sensitivity(K, h_u, S)
-    rng = np.random.default_rng(11)
-    margins, y = _records(rng, 200_000, K, [0.01, 0.5, 1.0, 3.0, 10.0])
-    _, hq = multiclass.grad_hess_units(margins, y, S, g_u, h_u)
     assert np.linalg.norm(hq, axis=1).max() <= H
     # maximiser: p = 1/m on m classes, m = 3 when the clip does not bind (p(1−p)² peaks at 1/3), else
     # ⌊1/p₀⌋ or ⌈1/p₀⌉ classes with p(1−p) ≥ c (p₀(1−p₀) = c), capped at K
