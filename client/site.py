@@ -62,7 +62,9 @@ import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from common import kernels
-from common.boosting import TASK_CODE, LocalData, split_edges
+from common.boosting import TASK_CODE, split_edges
+from common.multiclass import init_vector_len, round_vector_len
+from common.multiclass_boosting import local_data_for
 from common.config import ConfigError
 from common.data import DataError
 from common.engine import filter_for
@@ -256,9 +258,8 @@ class SiteMachine:
             self.ledger = SiteLedger(ledger_path(self.state_dir, plan.sha256), plan.sha256, self.site_id)
         except LedgerError as e:
             raise SiteRefusal(str(e)) from None
-        self.local = LocalData(ds.X, ds.y, ds.ids, plan.schema.task, hp, plan.schema.label_range, ds.arrival,
-                               np.array([f.is_categorical for f in plan.schema.features]),
-                               edges=split_edges(plan.schema, hp.split_candidates))
+        self.local = local_data_for(plan.schema, ds.X, ds.y, ds.ids, hp, ds.arrival,
+                                    edges=split_edges(plan.schema, hp.split_candidates))
         self.ledger.ensure_records(ds.ids)
         self.local.spent = self.ledger.spent_for(ds.ids)
         self.secagg = SecAggSite(plan.secagg_config(), self.site_id, self.identity_key, self.ledger.storage,
@@ -298,7 +299,8 @@ class SiteMachine:
         """
         hp = self.plan.hyperparameters
         c = self.local.contribution(self.splits(0), 0, self.randomness, self.table)
-        kernels.apply_leaves(self.local.pred.copy(), c.leaf, np.zeros(hp.leaves), hp.learning_rate)
+        if self.local.pred.ndim == 1:
+            kernels.apply_leaves(self.local.pred.copy(), c.leaf, np.zeros(hp.leaves), hp.learning_rate)
         if not getattr(self.randomness, "insecure", False):
             for scales, draw in ((self.leaf_scales, self.randomness.discrete_gaussian),
                                  (self.init_scales, self.randomness.discrete_laplace)):
@@ -316,7 +318,7 @@ class SiteMachine:
         """
         plan = self.plan
         p = len(start.participants)
-        if start.vector_len == 2 or not plan.threshold <= p <= plan.n:
+        if start.vector_len == init_vector_len(plan.schema) or not plan.threshold <= p <= plan.n:
             return plan.threshold  # secure aggregation refuses impossible participant sets itself
         return plan.min_survivors(p)
 
@@ -356,7 +358,7 @@ class SiteMachine:
         if isinstance(ev, InitScoreMsg):
             if self.init is None:
                 self._set_init(ev)
-            elif (ev.score, ev.round_id, ev.sites) != (self.init.score, self.init.round_id, self.init.sites):
+            elif ev != self.init:
                 raise self._abort("the coordinator released a second, different initial score")
             return []
         if isinstance(ev, TreeMsg):
@@ -409,9 +411,11 @@ class SiteMachine:
                 return [Refusal(f"round {r}: {bad}", r)]
         elif ev.purpose == Purpose.LEVEL:
             return [Refusal(f"round {r}: level rounds are for greedy trees; the plan's trees are random", r)]
-        expected_len = 2 if ev.purpose == Purpose.INIT_SCORE else 2 * hp.leaves
         if ev.purpose == Purpose.LEVEL:
             expected_len = self.greedy.layout(ev.tree, ev.level).length
+        else:
+            expected_len = (init_vector_len(plan.schema) if ev.purpose == Purpose.INIT_SCORE
+                            else round_vector_len(plan.schema, hp))
         if start.vector_len != expected_len:
             return [Refusal(f"round {r}: vector length {start.vector_len}, expected {expected_len} for "
                             f"{ev.purpose.name}", r)]
@@ -590,7 +594,10 @@ class SiteMachine:
         if self.trees:
             raise self._abort("an initial score arrived after trees were applied")
         self.init = init
-        self.local.set_init_score(init.score)
+        if self.plan.schema.task == "multiclass" and len(init.scores) not in (0, self.plan.schema.n_classes):
+            raise self._abort(f"the initial score has {len(init.scores)} class margins, the plan has "
+                              f"{self.plan.schema.n_classes} classes")
+        self.local.set_init_score(init.value)
 
     def _apply_tree(self, t: TreeMsg) -> None:
         hp = self.plan.hyperparameters
@@ -600,7 +607,7 @@ class SiteMachine:
         self._splits = {k: v for k, v in self._splits.items() if k > t.index}
         if not (np.array_equal(t.features, splits.features) and np.array_equal(t.thresholds, splits.thresholds)):
             raise self._abort(f"tree {t.index} does not use the plan's public random splits")
-        if t.leaves.shape != (hp.leaves,) or not np.isfinite(t.leaves).all() or \
+        if t.leaves.shape != (round_vector_len(self.plan.schema, hp) // 2,) or not np.isfinite(t.leaves).all() or \
                 np.abs(t.leaves).max() > hp.leaf_clip:
             raise self._abort(f"tree {t.index} has leaf values outside [−β, β] = ±{hp.leaf_clip}")
         leaf = self._leaf_cache.pop(t.index, None)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import kernels
+from . import kernels, multiclass
 from .accountant import PrivacyCalibration
 from .config import Hyperparameters
 from .fixedpoint import FixedPointCodec
@@ -39,12 +39,17 @@ class Encoding:
     grad: FixedPointCodec
     hess: FixedPointCodec
     label: FixedPointCodec
+    classes: int = 1  # K > 1: multi-class, K trees per round (common/multiclass.py)
 
     @classmethod
-    def for_task(cls, hp: Hyperparameters, task: str) -> "Encoding":
+    def for_task(cls, hp: Hyperparameters, task: str, classes: int = 1) -> "Encoding":
         return cls(FixedPointCodec(hp.grad_clip, hp.scale_bits),
                    FixedPointCodec(hp.hess_clip_for(task), hp.scale_bits),
-                   FixedPointCodec(hp.label_clip, hp.scale_bits))
+                   FixedPointCodec(hp.label_clip, hp.scale_bits), classes)
+
+    @classmethod
+    def for_schema(cls, hp: Hyperparameters, schema) -> "Encoding":
+        return cls.for_task(hp, schema.task, max(schema.n_classes, 1))
 
     @property
     def scale(self) -> float:
@@ -57,7 +62,10 @@ def leaf_noise_scales(hp: Hyperparameters, enc: Encoding, sigma: float, shares: 
     Hessian sums: ``h*·σ/√(2·r1)``; gradient sums: ``g*·σ/√(2·r2)`` — with the
     sensitivities h*, g* taken as the integer clip bounds.  With ``shares = t``
     each of t parties adds a share of variance 1/t of that (distributed mode).
+    Multi-class: :func:`common.multiclass.leaf_noise_scales`.
     """
+    if enc.classes > 1:
+        return multiclass.leaf_noise_scales(hp, enc, sigma, shares)
     L = hp.leaves
     sh = enc.hess.bound_units * sigma / math.sqrt(2.0 * hp.r1) / math.sqrt(shares)
     sg = enc.grad.bound_units * sigma / math.sqrt(2.0 * hp.r2) / math.sqrt(shares)
@@ -66,6 +74,8 @@ def leaf_noise_scales(hp: Hyperparameters, enc: Encoding, sigma: float, shares: 
 
 def init_noise_scales(hp: Hyperparameters, enc: Encoding, cal: PrivacyCalibration) -> np.ndarray:
     """Discrete-Laplace scales for ``[count, label sum]``: 1/ε_ds and m*/ε_init (Alg. 3 lines 1, 4)."""
+    if enc.classes > 1:
+        return multiclass.init_noise_scales(enc.classes, cal)
     return np.array([1.0 / cal.eps_ds, enc.label.bound_units / cal.eps_init])
 
 
@@ -75,14 +85,18 @@ def leaf_values(noisy_sums: np.ndarray, hp: Hyperparameters, enc: Encoding) -> n
     A negative noisy Hessian sum w̃ (noise swamped an almost empty leaf) gives
     the leaf value 0, as the reference implementation does: this is
     post-processing of the released sums, so it costs no privacy, and it
-    avoids a leaf of the wrong sign and maximal size.
+    avoids a leaf of the wrong sign and maximal size.  Multi-class: ``(K, L)`` values.
     """
+    if enc.classes > 1:
+        return multiclass.leaf_values(noisy_sums, hp, enc)
     return kernels.leaf_values(np.asarray(noisy_sums, dtype=np.int64), hp.leaves, enc.hess.scale, enc.grad.scale,
                                hp.l2, hp.leaf_clip)
 
 
 def init_score(noisy: np.ndarray, task: str, enc: Encoding) -> float:
-    """Alg. 3 lines 3–9 from the noisy ``[count, label sum]``."""
+    """Alg. 3 lines 3–9 from the noisy ``[count, label sum]``.  Multi-class: K centred log priors."""
+    if enc.classes > 1:
+        return multiclass.init_score(noisy, enc.classes)
     count = max(float(noisy[0]), 1.0)
     mean = float(enc.label.decode(np.asarray(noisy[1:2]))[0]) / count
     if task == "regression":

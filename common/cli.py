@@ -37,7 +37,7 @@ _HELP = {
     "l2": "λ: leaf regularisation",
     "leaf_clip": "β: leaf values are clamped to [−β, β]",
     "grad_clip": "g*: gradient clip",
-    "hess_clip": "h*: Hessian clip (default: 1 for regression, 0.25 for binary)",
+    "hess_clip": "h*: Hessian clip (default: 1 for regression, 0.25 for binary and multiclass)",
     "label_clip": "m*: label clip of the initial score",
     "r1": "Hessian share of the leaf noise budget (r2 = 1 − r1)",
     "init_share": "ε_init/ε: share of ε for the initial score (0 disables it)",
@@ -203,6 +203,9 @@ def evaluate_model(model, ds) -> dict[str, Any]:
     from .metrics import accuracy, auc, rmse
 
     pred = model.predict(ds.X)
+    if model.task == "multiclass":
+        from .multiclass import evaluate
+        return evaluate(ds.y, pred)
     if model.task == "regression":
         return {"n": ds.n, "rmse": rmse(ds.y, pred)}
     return {"n": ds.n, "auc": auc(ds.y, pred), "accuracy": accuracy(ds.y, pred)}
@@ -234,6 +237,10 @@ def cmd_predict(args: argparse.Namespace) -> int:
     frame = pd.DataFrame({id_col: ds.id_values} if id_col else {"id": ds.ids})
     if model.task == "regression":
         frame["prediction"] = pred
+    elif model.task == "multiclass":
+        for k, c in enumerate(model.schema.classes):
+            frame[f"probability_{c}"] = pred[:, k]
+        frame["prediction"] = [model.schema.classes[k] for k in pred.argmax(axis=1)]
     else:
         frame["probability"] = pred
         frame["prediction"] = (pred >= 0.5).astype(int)
@@ -292,7 +299,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_hyperparameter_flags(t)
     t.set_defaults(func=cmd_train)
 
-    e = sub.add_parser("evaluate", help="rmse (regression) or auc/accuracy (binary) of a model on a file")
+    e = sub.add_parser("evaluate", help="rmse (regression), auc/accuracy (binary) or accuracy/macro_auc/log_loss "
+                                        "(multiclass) of a model on a file")
     e.add_argument("--model", required=True, help="model file written by train (JSON)")
     e.add_argument("--data", required=True,
                    help="labelled CSV or Parquet file in the model's schema (the label column is required)")
@@ -305,7 +313,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="CSV or Parquet file in the model's schema, with or without the label column")
     pr.add_argument("--out", required=True,
                     help="where to write the predictions (CSV: the schema's id column, or the data row number "
-                         "from 0 as 'id'; then 'probability' for binary tasks and 'prediction')")
+                         "from 0 as 'id'; then 'probability' for binary tasks, 'probability_<class>' per class "
+                         "for multiclass tasks, and 'prediction')")
     pr.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     pr.set_defaults(func=cmd_predict)
 

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-TASKS = ("regression", "binary")
+TASKS = ("regression", "binary", "multiclass")
 #: Exact DP-noise samplers (common/randomness.py): our own (default) or OpenDP's.
 SAMPLERS = ("ours", "opendp")
 TREE_BUILDERS = ("random", "greedy")  # S-BDT's public random trees; DP-XGB greedy trees (docs/greedy.md)

@@ -376,6 +376,8 @@ def _labels(col, schema: Schema, source, lines, row_word) -> np.ndarray:
         s = pd.Series([_num_str(x) for x in col.to_numpy()])
     else:
         s = col.astype(str).str.strip()
+    if schema.task == "multiclass":
+        return _class_labels(s, schema, source, lines, row_word)
     mapping = {p: 1.0 for p in schema.positive} | {q: 0.0 for q in schema.negative}
     y = s.map(mapping)
     bad = np.flatnonzero(y.isna().to_numpy())
@@ -384,6 +386,18 @@ def _labels(col, schema: Schema, source, lines, row_word) -> np.ndarray:
         allowed = ", ".join(repr(x) for x in schema.positive + schema.negative)
         raise _fail(source, [f"{row_word} {lines[i]}, label {name!r}: {vals[i]!r} is not a class label of this "
                              f"binary task (allowed: {allowed})" for i in bad[:MAX_REPORTED]], bad.size)
+    return y.to_numpy(dtype=np.float64)
+
+
+def _class_labels(s, schema: Schema, source, lines, row_word) -> np.ndarray:
+    """Multiclass labels as the class index 0 … K−1 of the public ``classes``; any other label is refused."""
+    y = s.map({c: float(k) for k, c in enumerate(schema.classes)})
+    bad = np.flatnonzero(y.isna().to_numpy())
+    if bad.size:
+        vals = s.to_numpy()
+        allowed = ", ".join(repr(x) for x in schema.classes)
+        raise _fail(source, [f"{row_word} {lines[i]}, label {schema.target!r}: {vals[i]!r} is not one of the public "
+                             f"classes ({allowed})" for i in bad[:MAX_REPORTED]], bad.size)
     return y.to_numpy(dtype=np.float64)
 
 

@@ -21,6 +21,8 @@ from .config import Hyperparameters
 from .data import Dataset
 from .fixedpoint import check_capacity
 from .model import Ensemble, Tree
+from .multiclass import check_supported, receipt_sensitivity
+from .multiclass_boosting import local_data_for
 from .rdp_filter import FilterTable, filter_table
 from .randomness import SecureRandomness, prefetched_gaussian
 
@@ -91,13 +93,14 @@ def train(dataset: Dataset, hp: Hyperparameters, randomness=None, progress: Prog
     randomness = randomness or SecureRandomness()
     if hp.seed is None:
         hp = hp.replace(seed=secrets.randbits(63))  # public split seed, recorded in the model
+    if schema.task == "multiclass":
+        check_supported(hp)
     cal = calibration_for(hp)
     table = filter_for(hp, cal)
-    enc = Encoding.for_task(hp, schema.task)
+    enc = Encoding.for_schema(hp, schema)
     arrival = dataset.arrival if arrival is None else arrival
-    local = LocalData(dataset.X, dataset.y, dataset.ids, schema.task, hp, schema.label_range, arrival,
-                      np.array([f.is_categorical for f in schema.features]),
-                      edges=split_edges(schema, hp.split_candidates))
+    local = local_data_for(schema, dataset.X, dataset.y, dataset.ids, hp, arrival,
+                           edges=split_edges(schema, hp.split_candidates))
     check_capacity(max(enc.grad.bound_units, enc.hess.bound_units) * max(local.n, 1), 1,
                    float(leaf_noise_scales(hp, enc, cal.sigma).max()))
 
@@ -118,8 +121,11 @@ def train(dataset: Dataset, hp: Hyperparameters, randomness=None, progress: Prog
         local.commit(c)
         values = leaf_values(c.sums + next(noise), hp, enc)
         local.apply(c.leaf, values)
-        model.trees.append(Tree(splits.features, splits.thresholds, values, splits.default_left))
+        model.trees.extend(Tree(splits.features, splits.thresholds, v, splits.default_left)
+                           for v in np.reshape(values, (-1, hp.leaves)))
         if progress is not None:
             progress(r + 1, total)
     model.privacy = privacy_receipt(hp, cal, total, "central", randomness.describe())
+    if enc.classes > 1:
+        model.privacy.update(receipt_sensitivity(hp, enc))
     return TrainResult(model, local, time.perf_counter() - t0)

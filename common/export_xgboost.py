@@ -267,11 +267,21 @@ def folded_values(model: Ensemble) -> tuple[float, float, str]:
     base_score (regression) or logit(base_score) (binary) plus the leaf sum.
     """
     eta = model.hyperparameters.learning_rate
+    if model.task == "multiclass":  # softmax is shift-invariant: base_score 0.5 is added to every class
+        return 0.5, eta, "multi:softprob"
     if model.task == "regression":
         lo, hi = model.schema.label_range
         half = (hi - lo) / 2.0
         return lo + half * (model.init_score + 1.0), half * eta, "reg:squarederror"
     return 1.0 / (1.0 + math.exp(-model.init_score)), eta, "binary:logistic"
+
+
+def _initial_offsets(model: Ensemble) -> np.ndarray:
+    """Per tree, a constant added to its leaves: multiclass folds class k's initial margin into its first tree."""
+    out = np.zeros(len(model.trees))
+    if model.task == "multiclass":
+        out[:model.schema.n_classes] = np.asarray(model.init_score, np.float64)
+    return out
 
 
 def to_xgboost_dict(model: Ensemble, categorical: str = "native", feature_names: bool = False) -> dict[str, Any]:
@@ -288,11 +298,13 @@ def to_xgboost_dict(model: Ensemble, categorical: str = "native", feature_names:
     if not 0.0 < base < 1.0 and objective == "binary:logistic":
         raise ExportError(f"initial score {model.init_score!r} is too extreme for XGBoost's base_score")
     is_cat = model.is_categorical()
+    K = model.schema.n_classes  # multiclass: tree r·K + k is class k's tree of round r (multi:softprob)
     n_levels = [len(f.levels) for f in model.schema.features]
     m = model.schema.n_features
     trees = []
+    offsets = _initial_offsets(model)
     for i, t in enumerate(model.trees):
-        spec = _TreeSpec(t.features, t.thresholds, np.asarray(t.leaves, np.float64) * mult, model.depth,
+        spec = _TreeSpec(t.features, t.thresholds, np.asarray(t.leaves, np.float64) * mult + offsets[i], model.depth,
                          t.default_left)
         trees.append(_tree_json(_build(spec, 0, is_cat, n_levels, categorical), i, m))
     if categorical == "native":
@@ -313,15 +325,16 @@ def to_xgboost_dict(model: Ensemble, categorical: str = "native", feature_names:
             "gradient_booster": {
                 "model": {
                     "gbtree_model_param": {"num_parallel_tree": "1", "num_trees": str(len(trees))},
-                    "iteration_indptr": list(range(len(trees) + 1)),
-                    "tree_info": [0] * len(trees),
+                    "iteration_indptr": list(range(0, len(trees) + 1, max(K, 1))),
+                    "tree_info": [i % max(K, 1) for i in range(len(trees))],
                     "trees": trees,
                 },
                 "name": "gbtree",
             },
             "learner_model_param": {"base_score": repr(_f32_repr(base)), "boost_from_average": "0",
-                                    "num_class": "0", "num_feature": str(m), "num_target": "1"},
-            "objective": {"name": objective, "reg_loss_param": {"scale_pos_weight": "1"}},
+                                    "num_class": str(K), "num_feature": str(m), "num_target": "1"},
+            "objective": ({"name": objective, "softmax_multiclass_param": {"num_class": str(K)}} if K else
+                          {"name": objective, "reg_loss_param": {"scale_pos_weight": "1"}}),
         },
         "version": list(XGBOOST_FORMAT_VERSION),
     }

@@ -67,7 +67,7 @@ def _default_left(t: dict[str, Any], n_inner: int, i: int, source: str) -> np.nd
 class Ensemble:
     schema: Schema
     hyperparameters: Hyperparameters
-    init_score: float = 0.0
+    init_score: float = 0.0  # multiclass: a tuple of K margins (one per public class)
     trees: list[Tree] = field(default_factory=list)
     privacy: dict[str, Any] = field(default_factory=dict)  # the privacy receipt
     training: dict[str, Any] = field(default_factory=dict)  # public per-round facts (sites alive, …)
@@ -94,7 +94,9 @@ class Ensemble:
                 np.stack([t.leaves for t in self.trees]))
 
     def predict_margin(self, X: np.ndarray) -> np.ndarray:
-        """Raw score ``init + η·Σ_t v_t(x)`` (regression: in the scaled label space)."""
+        """Raw score ``init + η·Σ_t v_t(x)`` (regression: in the scaled label space; multiclass: ``(n, K)``)."""
+        if self.task == "multiclass":
+            return multiclass_margins(self, X)
         f, th, lv = self.stacked()
         return kernels.predict_margin(X, f, th, lv, self.is_categorical(), self.depth,
                                       self.hyperparameters.learning_rate, self.init_score,
@@ -109,8 +111,12 @@ class Ensemble:
                          for t in self.trees])
 
     def predict(self, X: np.ndarray) -> np.ndarray:
-        """Regression: predicted label in original units.  Binary: probability of the positive class."""
+        """Regression: predicted label in original units.  Binary: probability of the positive class.
+        Multiclass: ``(n, K)`` class probabilities (softmax of the margins)."""
         m = self.predict_margin(X)
+        if self.task == "multiclass":
+            from .multiclass import softmax
+            return softmax(m)
         if self.task == "regression":
             return unscale_labels(m, self.schema.label_range)
         return 1.0 / (1.0 + np.exp(-m))
@@ -125,7 +131,9 @@ class Ensemble:
             "hyperparameters": self.hyperparameters.to_dict(),
             "privacy": self.privacy,
             "training": self.training,
-            "init_score": float(self.init_score),
+            "init_score": ([float(x) for x in np.broadcast_to(self.init_score, (self.schema.n_classes,))]
+                           if self.task == "multiclass"
+                           else float(self.init_score)),
             "trees": [_tree_dict(t) for t in self.trees],
         }
 
@@ -159,8 +167,14 @@ class Ensemble:
                 if not (np.isfinite(tr.thresholds).all() and np.isfinite(tr.leaves).all()):
                     raise ModelError(f"{source}: tree {i} holds non-finite numbers")
                 trees.append(tr)
-            init = float(d["init_score"])
-            if not math.isfinite(init):
+            if schema.task == "multiclass":
+                init = tuple(float(x) for x in d["init_score"])
+                if len(init) != schema.n_classes or len(trees) % schema.n_classes:
+                    raise ModelError(f"{source}: a {schema.n_classes}-class model needs {schema.n_classes} initial "
+                                     "scores and a multiple of that many trees")
+            else:
+                init = float(d["init_score"])
+            if not all(math.isfinite(x) for x in np.atleast_1d(init)):
                 raise ModelError(f"{source}: non-finite initial score")
             return cls(schema, hp, init, trees, dict(d.get("privacy", {})), dict(d.get("training", {})))
         except KeyError as e:
@@ -184,3 +198,13 @@ class Ensemble:
         except json.JSONDecodeError as e:
             raise ModelError(f"{p}: not valid JSON ({e})") from None
         return cls.from_dict(d, source=str(p))
+
+
+def multiclass_margins(model: Ensemble, X: np.ndarray) -> np.ndarray:
+    """``(n, K)`` margins: tree ``r·K + k`` of round r belongs to class k (XGBoost's ``multi:softprob`` order)."""
+    K = model.schema.n_classes
+    f, th, lv = model.stacked()
+    init = np.broadcast_to(np.asarray(model.init_score, np.float64), (K,))
+    return np.stack([kernels.predict_margin(X, f[k::K], th[k::K], lv[k::K], model.is_categorical(), model.depth,
+                                            model.hyperparameters.learning_rate, float(init[k]))
+                     for k in range(K)], axis=1)

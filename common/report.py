@@ -328,6 +328,11 @@ def _accountant(p: dict[str, Any], curve: str | None) -> str:
           and p.get("selection", "exponential") == "exponential" else []),
         *([("σ_select", p.get("sigma_select"), "noise of the level histograms the splits were chosen from "
             "(a Gaussian release per tree level)")] if p.get("selection") == "histogram" else []),
+        *([("classes K", p.get("classes"), "multiclass: K class trees per round, released together"),
+           ("joint sensitivity", "gradients {gradient_l2:.4g}, Hessians {hessian_l2:.4g} (L2)".format(
+               **p["joint_sensitivity"]), "one record's largest change across the K trees of a round; the "
+            "noise is scaled to it and a round is charged as one Gaussian release")]
+          if "joint_sensitivity" in p else []),
         ("noise mode", p.get("noise_mode"), "central: one party added all noise; distributed: each site a share"),
         ("randomness", p.get("randomness"), "source of noise and subsampling"),
     ]
@@ -429,6 +434,7 @@ def _schema(model: Ensemble) -> str:
             rows.append((f.name, "numeric", f"[{f.lo:g}, {f.hi:g}]"))
     tr = "".join(f"<tr><td>{_e(a)}</td><td>{_e(b)}</td><td>{_e(c)}</td></tr>" for a, b, c in rows)
     target = (f"label range [{s.label_range[0]:g}, {s.label_range[1]:g}]" if s.task == "regression"
+              else f"public classes: {', '.join(s.classes)}" if s.task == "multiclass"
               else f"positive: {', '.join(s.positive)}; negative: {', '.join(s.negative)}")
     return (f"<p>Declared public before training (never computed from records): task <code>{_e(s.task)}</code>, "
             f"target <code>{_e(s.target)}</code> ({_e(target)}), schema digest <code>{_e(s.digest()[:16])}…</code>."

@@ -104,6 +104,7 @@ class Schema:
     label_range: tuple[float, float] | None = None  # regression: public label range, scaled to [-1, 1]
     positive: tuple[str, ...] = ()  # binary: label strings meaning 1
     negative: tuple[str, ...] = ()  # binary: label strings meaning 0
+    classes: tuple[str, ...] = ()  # multiclass: the K ≥ 3 public class labels (class index = position)
     format: FileFormat = field(default_factory=FileFormat)
 
     # ------------------------------------------------------------------ construction
@@ -189,6 +190,9 @@ class Schema:
         elif not fmt.header:
             raise SchemaError(f"{source}: a file without header needs 'columns' (the column order)")
         label_range = None
+        if task != "multiclass" and "classes" in d:
+            raise SchemaError(f"{source}: 'classes' is for task = 'multiclass' (this schema's task is {task!r})")
+        classes: tuple[str, ...] = ()
         positive: tuple[str, ...] = ()
         negative: tuple[str, ...] = ()
         if task == "regression":
@@ -196,6 +200,17 @@ class Schema:
             if not (isinstance(lr, list) and len(lr) == 2 and float(lr[0]) < float(lr[1])):
                 raise SchemaError(f"{source}: label_range must be [lo, hi] with lo < hi")
             label_range = (float(lr[0]), float(lr[1]))
+        elif task == "multiclass":
+            classes = need("classes")
+            if not (isinstance(classes, list) and all(isinstance(x, (str, int)) and not isinstance(x, bool)
+                                                      for x in classes)):
+                raise SchemaError(f"{source}: classes must be a list of the public class labels")
+            classes = tuple(str(x) for x in classes)
+            if len(classes) < 3:
+                raise SchemaError(f"{source}: a multiclass task needs at least 3 public classes, got "
+                                  f"{len(classes)} (use task = 'binary' for two)")
+            if len(set(classes)) != len(classes):
+                raise SchemaError(f"{source}: duplicate class labels in 'classes'")
         else:
             positive = tuple(str(x) for x in d.get("positive", ["1"]))
             negative = tuple(str(x) for x in d.get("negative", ["0"]))
@@ -213,7 +228,7 @@ class Schema:
         return cls(
             name=str(d.get("name", "dataset")), task=task, target=target, features=tuple(feats),
             columns=columns, id_column=id_column, arrival_column=arrival_column, label_range=label_range, positive=positive,
-            negative=negative, format=fmt,
+            negative=negative, classes=classes, format=fmt,
         )
 
     @classmethod
@@ -241,6 +256,8 @@ class Schema:
             d["label_range"] = list(self.label_range)
         if self.task == "binary":
             d["positive"], d["negative"] = list(self.positive), list(self.negative)
+        if self.task == "multiclass":
+            d["classes"] = list(self.classes)
         d["format"] = self.format.to_dict()
         d["features"] = [f.to_dict() for f in self.features]
         return d
@@ -252,6 +269,11 @@ class Schema:
     @property
     def feature_names(self) -> list[str]:
         return [f.name for f in self.features]
+
+    @property
+    def n_classes(self) -> int:
+        """K for a multiclass task, else 0."""
+        return len(self.classes)
 
     @property
     def n_features(self) -> int:

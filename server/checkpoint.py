@@ -138,7 +138,8 @@ class CoordinatorStore:
                                               f"{self.plan_sha256}; use another --state directory for a new plan")
                 elif kind == "init":
                     out.has_init = True
-                    out.init = InitScoreMsg(float(rec["score"]), rec["round_id"], tuple(rec["sites"]))
+                    out.init = InitScoreMsg(float(rec["score"]), rec["round_id"], tuple(rec["sites"]),
+                                            tuple(float(x) for x in rec.get("scores", ())))
                 elif kind == "tree":
                     if rec["index"] != len(out.trees):
                         raise CheckpointError(f"{self.path}: tree {rec['index']} out of order")
@@ -164,7 +165,10 @@ class CoordinatorStore:
         return out
 
     def append_init(self, init: InitScoreMsg) -> None:
-        self._append("init", {"score": float(init.score), "round_id": init.round_id, "sites": list(init.sites)})
+        rec = {"score": float(init.score), "round_id": init.round_id, "sites": list(init.sites)}
+        if init.scores:  # multiclass
+            rec["scores"] = [float(x) for x in init.scores]
+        self._append("init", rec)
 
     def append_tree(self, tree: TreeMsg, rounds_failed: int) -> None:
         self._append("tree", {"index": tree.index, "round_id": tree.round_id, "sites": list(tree.sites),

@@ -41,6 +41,7 @@ from typing import Callable
 import numpy as np
 
 from common.boosting import init_noise_scales, init_score, leaf_noise_scales, leaf_values
+from common.multiclass import init_vector_len, round_vector_len
 from common.secagg import (
     AdvertiseKeys,
     ConsistencySignature,
@@ -274,8 +275,8 @@ class Session:
 
     def _warm_up(self) -> None:
         """Compile the leaf-value kernel now rather than under the first round's deadline."""
-        leaf_values(np.zeros(2 * self.hp.leaves, np.int64), self.hp, self.enc)
-        init_score(np.array([1, 0], np.int64), self.plan.schema.task, self.enc)
+        leaf_values(np.zeros(round_vector_len(self.plan.schema, self.hp), np.int64), self.hp, self.enc)
+        init_score(np.zeros(init_vector_len(self.plan.schema), np.int64), self.plan.schema.task, self.enc)
 
     def close(self) -> None:
         if self.central_noise is not None:
@@ -714,9 +715,11 @@ class Session:
         return False
 
     def _begin(self, work: Work, epoch_id: int, participants: list[str], now: float, out: list[Outgoing]) -> bool:
-        d = 2 if work.purpose == Purpose.INIT_SCORE else 2 * self.hp.leaves
         if work.purpose == Purpose.LEVEL:
             d = self.plan.greedy_grid.layout(work.tree, work.level).length
+        else:
+            d = (init_vector_len(self.plan.schema) if work.purpose == Purpose.INIT_SCORE
+                 else round_vector_len(self.plan.schema, self.hp))
         try:
             rnd, start = self.coord.begin_round(d, participants)
         except SecAggError as e:  # pragma: no cover - eligibility is checked above
@@ -785,7 +788,9 @@ class Session:
             if central:
                 total = total + self.randomness.discrete_laplace(init_noise_scales(self.hp, self.enc, self.cal))
             score = init_score(total, self.plan.schema.task, self.enc)
-            msg = InitScoreMsg(float(score), result.round_id, tuple(result.survivors))
+            multi = np.ndim(score) > 0  # multiclass: one margin per class
+            msg = InitScoreMsg(0.0 if multi else float(score), result.round_id, tuple(result.survivors),
+                               tuple(float(x) for x in score) if multi else ())
             if self.checkpoint is not None:
                 self.checkpoint.append_init(msg)
             self.init, self.has_init = msg, True
@@ -804,7 +809,7 @@ class Session:
                 splits = random_splits(self.plan.schema, self.hp.depth, self.hp.seed, work.tree, self.hp.cyclical,
                                        self.hp.split_candidates)
             msg = TreeMsg(work.tree, result.round_id, tuple(result.survivors), splits.features,
-                          splits.thresholds, np.asarray(values, dtype=np.float64))
+                          splits.thresholds, np.asarray(values, dtype=np.float64).reshape(-1))
             if self.checkpoint is not None:
                 self.checkpoint.append_tree(msg, self.rounds_failed)
             self.trees.append(msg)

@@ -55,6 +55,7 @@ from common.accountant import AccountingError, PrivacyCalibration
 from common.guarantee import collusion_guarantee, default_colluders
 from common.config import SAMPLERS, ConfigError, Hyperparameters
 from common.files import write_atomic
+from common.multiclass import init_vector_len, round_vector_len
 from common.schema import Schema, SchemaError
 
 FORMAT = "fedsbdt-plan"
@@ -177,6 +178,13 @@ class Plan:
             raise PlanError("a federation selects greedy splits from noisy level histograms (the coordinator never "
                             "sees exact gains): set selection = \"histogram\" (`fedsbdt plan` does so for "
                             "--tree-builder greedy; docs/greedy.md)")
+        if self.schema.task == "multiclass":
+            from common.multiclass import check_supported
+
+            try:
+                check_supported(self.hyperparameters)
+            except ConfigError as e:
+                raise PlanError(str(e)) from None
         for name in ("threshold", "assumed_colluders", "dropout_slack", "epoch_rounds", "max_records_per_site", "max_attempts",
                      "test_seed"):
             v = getattr(self, name)
@@ -210,7 +218,7 @@ class Plan:
                 raise PlanError(f"privacy.{name.split('_')[1]} must be a positive number")
         from .wire import MAX_MESSAGE_BYTES, estimated_largest_message
 
-        est = estimated_largest_message(n, self.epoch_rounds, hp.depth, self.max_vector_len)
+        est = estimated_largest_message(n, self.epoch_rounds, hp.depth, self.max_vector_len, self.schema.n_classes)
         if est > MAX_MESSAGE_BYTES // 2:
             raise PlanError(f"{n} sites with epoch_rounds = {self.epoch_rounds} would need messages of about "
                             f"{est / 2**20:.1f} MiB (limit {MAX_MESSAGE_BYTES // 2**21} MiB); lower epoch_rounds")
@@ -268,8 +276,9 @@ class Plan:
 
     @property
     def max_vector_len(self) -> int:
-        """The longest secure-aggregation vector: a tree's leaf sums, or a greedy tree's deepest level."""
-        n = max(2 * self.hyperparameters.leaves, 2)
+        """The longest secure-aggregation vector: a round's leaf sums (K class trees for a multiclass task), the
+        initial score's sums, or a greedy tree's deepest level."""
+        n = max(round_vector_len(self.schema, self.hyperparameters), init_vector_len(self.schema))
         return n if self.greedy_grid is None else max(n, self.greedy_grid.max_vector_len())
 
     def level_share_scales(self, tree: int, level: int, shares: int):
@@ -307,7 +316,7 @@ class Plan:
     def encoding(self):
         from common.boosting import Encoding
 
-        return Encoding.for_task(self.hyperparameters, self.schema.task)
+        return Encoding.for_schema(self.hyperparameters, self.schema)
 
     def calibration(self) -> PrivacyCalibration:
         """The accountant's calibration for the plan's hyperparameters (cached by the accountant)."""
@@ -384,8 +393,10 @@ class Plan:
         full = leaf_noise_scales(hp, enc, self.calibration().sigma, shares=1)
         k_max = self.noise_divisor(self.n)
         L = hp.leaves
-        smallest, eta = _share_excess(((float(full[0]), enc.hess.bound_units), (float(full[L]), enc.grad.bound_units)),
-                                      k_max, self.n)
+        coords = ((float(full[0]), enc.hess.bound_units), (float(full[L]), enc.grad.bound_units))
+        smallest, eta = _share_excess(coords, k_max, self.n)
+        if enc.classes > 1:  # a record touches K coordinates of each kind; the accounted slope is 1/σ²
+            eta *= sum((d / S) ** 2 / 2.0 for S, d in coords) * enc.classes * self.calibration().sigma ** 2
         if self.greedy_grid is not None:  # a level: F gradient entries (Δ = g* units) and F counts (Δ = 1)
             level = self.level_share_scales(0, 0, 1)
             s2, eta2 = _share_excess(((float(level[0]), enc.grad.bound_units), (float(level[-1]), 1)), k_max, self.n)

@@ -14,6 +14,7 @@ import numpy as np
 
 from common.engine import privacy_receipt
 from common.model import Ensemble, Tree
+from common.multiclass import receipt_sensitivity
 from common.splits import missing_directions
 
 from .plan import Plan
@@ -46,11 +47,14 @@ def parties(init: InitScoreMsg | None, trees: Sequence[TreeMsg]) -> list[str]:
 
 def build_model(plan: Plan, init: InitScoreMsg | None, trees: Sequence[TreeMsg]) -> Ensemble:
     cal = plan.calibration()
-    model = Ensemble(plan.schema, plan.hyperparameters, 0.0 if init is None else float(init.score))
-    model.trees = [Tree(t.features.astype("int32"), t.thresholds.astype("float64"), t.leaves.astype("float64"),
-                        _default_left(plan, t.index)) for t in trees]
+    model = Ensemble(plan.schema, plan.hyperparameters, 0.0 if init is None else init.value)
+    L = plan.hyperparameters.leaves  # multiclass: a round's K class trees share its splits
+    model.trees = [Tree(t.features.astype("int32"), t.thresholds.astype("float64"), v, _default_left(plan, t.index))
+                   for t in trees for v in t.leaves.astype("float64").reshape(-1, L)]
     model.privacy = privacy_receipt(plan.hyperparameters, cal, len(trees), plan.noise, plan.randomness_description(),
                                     parties(init, trees))
+    if plan.encoding.classes > 1:
+        model.privacy.update(receipt_sensitivity(plan.hyperparameters, plan.encoding))
     model.training = training_record(plan, init, trees)
     return model
 

@@ -53,15 +53,17 @@ class WireError(ValueError):
     """A protobuf message is structurally invalid."""
 
 
-def estimated_largest_message(n_sites: int, epoch_rounds: int, depth: int, vector_len: int = 0) -> int:
+def estimated_largest_message(n_sites: int, epoch_rounds: int, depth: int, vector_len: int = 0,
+                              classes: int = 1) -> int:
     """Upper estimate (bytes) of the largest message a session with these parameters sends
-    (``vector_len``: the longest secure-aggregation vector, if longer than a tree's ``2·2^depth``)."""
+    (``vector_len``: the longest secure-aggregation vector, if longer than a tree's ``2·2^depth``;
+    ``classes``: K class trees per round for a multiclass task)."""
     e, n = int(epoch_rounds), int(n_sites)
     depth = max(depth, math.ceil(math.log2(max(vector_len, 2) / 2)))
     share_keys = e * (32 + 140 * n) + 200 * n + 4096
     epoch_shares = n * (100 * e + 48 * n + 400) + 4096
     roster = n * (32 * e + 256) + 4096
-    masked = 16 * 2**depth + 4096
+    masked = 16 * max(classes, 1) * 2**depth + 4096
     trees = 0  # GetTrees pages are cut to fit
     return max(share_keys, epoch_shares, roster, masked, trees)
 
@@ -105,6 +107,12 @@ class InitScoreMsg:
     score: float
     round_id: int | None  # None: no initial-score round (init_share = 0)
     sites: tuple[str, ...]
+    scores: tuple[float, ...] = ()  # multiclass: one initial margin per public class
+
+    @property
+    def value(self):
+        """The initial score as the model holds it: ``score``, or the class margins ``scores``."""
+        return self.scores if self.scores else self.score
 
 
 @dataclass(frozen=True, eq=False)
@@ -224,7 +232,8 @@ def tree_from_proto(m) -> TreeMsg:
     thresholds = np.asarray(m.thresholds, dtype=np.float64)
     leaves = np.asarray(m.leaves, dtype=np.float64)
     n_inner = features.size
-    if n_inner < 1 or thresholds.size != n_inner or leaves.size != n_inner + 1 or (n_inner + 1) & n_inner:
+    if (n_inner < 1 or thresholds.size != n_inner or leaves.size < n_inner + 1 or leaves.size % (n_inner + 1)
+            or (n_inner + 1) & n_inner):
         raise WireError(f"tree {m.index}: {n_inner} inner nodes, {thresholds.size} thresholds and "
                         f"{leaves.size} leaves do not describe a complete tree")
     if not (np.isfinite(thresholds).all() and np.isfinite(leaves).all()):
@@ -233,14 +242,15 @@ def tree_from_proto(m) -> TreeMsg:
 
 
 def init_to_proto(i: InitScoreMsg):
-    return _pb().InitScore(score=i.score, round_id=0 if i.round_id is None else i.round_id, sites=list(i.sites))
+    return _pb().InitScore(score=i.score, round_id=0 if i.round_id is None else i.round_id, sites=list(i.sites),
+                           scores=list(i.scores))
 
 
 def init_from_proto(m) -> InitScoreMsg:
-    if not math.isfinite(m.score):
+    if not (math.isfinite(m.score) and all(math.isfinite(x) for x in m.scores)):
         raise WireError("non-finite initial score")
     sites = _ids(m.sites)
-    return InitScoreMsg(float(m.score), int(m.round_id) if sites else None, sites)
+    return InitScoreMsg(float(m.score), int(m.round_id) if sites else None, sites, tuple(float(x) for x in m.scores))
 
 
 def event_to_proto(ev: Event, seq: int):

@@ -142,14 +142,16 @@ class RoundStart(_message.Message):
     def __init__(self, purpose: _Optional[_Union[Purpose, str]] = ..., tree: _Optional[int] = ..., secagg: _Optional[bytes] = ..., level: _Optional[int] = ..., features: _Optional[_Iterable[int]] = ..., thresholds: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class InitScore(_message.Message):
-    __slots__ = ("score", "round_id", "sites")
+    __slots__ = ("score", "round_id", "sites", "scores")
     SCORE_FIELD_NUMBER: _ClassVar[int]
     ROUND_ID_FIELD_NUMBER: _ClassVar[int]
     SITES_FIELD_NUMBER: _ClassVar[int]
+    SCORES_FIELD_NUMBER: _ClassVar[int]
     score: float
     round_id: int
     sites: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, score: _Optional[float] = ..., round_id: _Optional[int] = ..., sites: _Optional[_Iterable[str]] = ...) -> None: ...
+    scores: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, score: _Optional[float] = ..., round_id: _Optional[int] = ..., sites: _Optional[_Iterable[str]] = ..., scores: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class TreeRecord(_message.Message):
     __slots__ = ("index", "round_id", "sites", "features", "thresholds", "leaves")
