@@ -57,7 +57,7 @@ from common.splits import random_splits
 
 from .checkpoint import CoordinatorStore, Restored
 from common.federation.plan import Plan
-from common.federation.release import build_model, model_bytes, model_sha256
+from common.federation.release import build_model, evaluation_receipt, model_bytes, model_sha256
 from common.federation.wire import (
     AbortedMsg,
     Event,
@@ -105,6 +105,8 @@ class Work:
     tree: int = 0
 
     def __str__(self) -> str:
+        if self.purpose == Purpose.EVAL:
+            return "evaluation"
         return "initial score" if self.purpose == Purpose.INIT_SCORE else f"tree {self.tree}"
 
 
@@ -255,6 +257,7 @@ class Session:
         self.pipeline: PipelineStage = NoSetup()
         self.phase: RoundPhase = Between()
         self.model_json: bytes | None = None
+        self.evaluation: dict | None = None  # the evaluation receipt once released (or why it failed)
         resumed = bool(self.trees) or restored.has_init
         if restored.finished_sha256 is not None:
             model = build_model(plan, self.init, self.trees)
@@ -298,6 +301,8 @@ class Session:
             return Work(Purpose.INIT_SCORE)
         if len(self.trees) < self.total_trees:
             return Work(Purpose.TREE, len(self.trees))
+        if self.plan.eval_spec is not None and self.evaluation is None:
+            return Work(Purpose.EVAL)
         return None
 
     def status(self) -> dict:
@@ -543,7 +548,8 @@ class Session:
             work = self.next_work()
             if work is None:
                 return False
-            left = (0 if self.has_init else 1) + self.total_trees - len(self.trees)
+            left = (0 if self.has_init else 1) + self.total_trees - len(self.trees) \
+                + (work.purpose != Purpose.EVAL and self.plan.eval_spec is not None)
             slots = self.coord.slots_remaining()
             low = slots <= max(E // 2, 1) and slots < left + 1
             # a new epoch helps a stalled round only if some connected, caught-up site is usable in no ready epoch
@@ -674,9 +680,9 @@ class Session:
     def _min_survivors(self, ph: RoundInFlight) -> int:
         """The survivor count the sites require before signing U3 (client/site.py applies the same rule).
 
-        Distributed noise, tree rounds: k_r + c with k_r = max(t, |P_r| − s) − c.  Otherwise t.
+        Distributed noise, tree and evaluation rounds: k_r + c with k_r = max(t, |P_r| − s) − c.  Otherwise t.
         """
-        if self.plan.noise != "distributed" or ph.work.purpose != Purpose.TREE:
+        if self.plan.noise != "distributed" or ph.work.purpose == Purpose.INIT_SCORE:
             return self.t
         return self.plan.min_survivors(len(ph.request.participants))
 
@@ -707,6 +713,8 @@ class Session:
 
     def _begin(self, work: Work, epoch_id: int, participants: list[str], now: float, out: list[Outgoing]) -> bool:
         d = 2 if work.purpose == Purpose.INIT_SCORE else 2 * self.hp.leaves
+        if work.purpose == Purpose.EVAL:
+            d = self.plan.eval_spec.length
         try:
             rnd, start = self.coord.begin_round(d, participants)
         except SecAggError as e:  # pragma: no cover - eligibility is checked above
@@ -730,12 +738,19 @@ class Session:
                     extra={"event": "round_failed", "round_id": ph.rnd.round_id, "work": str(ph.work),
                            "reason": reason})
         self.phase = Between()
-        if n >= self.plan.max_attempts:
+        if n >= self.plan.max_attempts and ph.work.purpose == Purpose.EVAL:  # the model stands without it
+            self.evaluation = {"failed": f"evaluation failed {n} times (last: {reason})"}
+        elif n >= self.plan.max_attempts:
             self._fail(f"{ph.work} failed {n} times (last: {reason})", out)
 
     def _release(self, work: Work, result, now: float, out: list[Outgoing]) -> None:
         total = np.asarray(result.total, dtype=np.int64)
         central = self.plan.noise == "central"
+        if work.purpose == Purpose.EVAL:  # sites added the noise in either mode; only metrics are released
+            self.evaluation = evaluation_receipt(self.plan, total, result.round_id, result.survivors)
+            log.info(f"evaluation released (round {result.round_id}, sites {list(result.survivors)}, "
+                     f"ε_eval = {self.plan.eval_epsilon:g})", extra={"event": "evaluation", "evaluation": self.evaluation})
+            return
         if work.purpose == Purpose.INIT_SCORE:
             if central:
                 total = total + self.randomness.discrete_laplace(init_noise_scales(self.hp, self.enc, self.cal))

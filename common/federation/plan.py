@@ -30,6 +30,10 @@ A plan is a TOML file every party can read and hash::
     ...
     [schema]                      # the public schema, inline (same keys as examples/*/schema.toml)
     ...
+    [evaluation]                  # optional: federated evaluation after training (docs/federated-evaluation.md)
+    epsilon = 0.1                 # ε_eval, charged to the sites' held-out files (not to training records)
+    bins = 20                     # public score (binary) or residual (regression) bins
+
     [[sites]]
     id = "hospital-a"
     identity_key = "<64 hex digits: raw Ed25519 public key>"
@@ -146,6 +150,8 @@ class Plan:
     test_seed: int = 0
     test_noise: bool = True
     deadlines: Deadlines = field(default_factory=Deadlines)
+    eval_epsilon: float | None = None  # [evaluation] epsilon: ε_eval of the federated evaluation (None: none)
+    eval_bins: int = 20  # [evaluation] bins: public score / residual bins (common/fed_eval.py)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sites", tuple(sorted(self.sites, key=lambda s: s.site_id)))
@@ -198,6 +204,8 @@ class Plan:
         if est > MAX_MESSAGE_BYTES // 2:
             raise PlanError(f"{n} sites with epoch_rounds = {self.epoch_rounds} would need messages of about "
                             f"{est / 2**20:.1f} MiB (limit {MAX_MESSAGE_BYTES // 2**21} MiB); lower epoch_rounds")
+        if self.eval_epsilon is not None:
+            self.eval_spec  # noqa: B018 - validates the [evaluation] section
         self.secagg_config()  # threshold and fixed-point capacity checks
         self.check_discrete_noise()
 
@@ -240,6 +248,19 @@ class Plan:
             raise PlanError(f"leaf noise cannot be split into {shares} shares (t − c = {self.noise_shares}, "
                             f"n = {self.n})")
         return leaf_noise_scales(self.hyperparameters, self.encoding, self.calibration().sigma, shares=shares)
+
+    @cached_property
+    def eval_spec(self):
+        """The federated evaluation this plan declares (common/fed_eval.py), or ``None``."""
+        if self.eval_epsilon is None:
+            return None
+        from common.fed_eval import EvalError, EvalSpec
+
+        try:
+            return EvalSpec(self.schema.task, self.eval_epsilon, self.hyperparameters.delta, self.eval_bins,
+                            self.schema.label_range)
+        except EvalError as e:
+            raise PlanError(str(e)) from None
 
     @property
     def guarantee(self) -> str:
@@ -385,7 +406,10 @@ class Plan:
 
     def max_abs_input(self) -> int:
         enc = self.encoding
-        return max(enc.grad.bound_units, enc.hess.bound_units, enc.label.bound_units, 1) * self.max_records_per_site
+        units = max(enc.grad.bound_units, enc.hess.bound_units, enc.label.bound_units, 1)
+        if self.eval_spec is not None:  # a held-out file has at most max_records_per_site records too
+            units = max(units, self.eval_spec.max_entry(1))
+        return units * self.max_records_per_site
 
     def noise_sigma_units(self) -> float:
         """Largest per-entry noise scale a site passes to secure aggregation (range check and capacity).
@@ -400,6 +424,8 @@ class Plan:
             s = max(s, float(leaf.max()))
         if init is not None:
             s = max(s, 2.0 * float(init.max()))
+        if self.eval_spec is not None:  # every site adds a full evaluation noise share (common/fed_eval.py)
+            s = max(s, float(self.eval_spec.noise_scales().max()))
         return s
 
     def secagg_config(self):
@@ -420,7 +446,8 @@ class Plan:
                 max_abs_input=self.max_abs_input(),
                 noise_sigma_units=noise,
                 max_epoch_rounds=self.epoch_rounds,
-                max_vector_len=max(2 * self.hyperparameters.leaves, 2),
+                max_vector_len=max(2 * self.hyperparameters.leaves, 2,
+                                   0 if self.eval_spec is None else self.eval_spec.length),
             )
         except SecAggConfigError as e:
             raise PlanError(f"secure aggregation cannot run this plan: {e}") from None
@@ -467,7 +494,8 @@ class Plan:
             "hyperparameters": {k: v for k, v in self.hyperparameters.to_dict().items() if v is not None},
             "schema": self.schema.to_dict(),
             "sites": [s.to_dict() for s in self.sites],
-        }
+        } | ({} if self.eval_epsilon is None else
+             {"evaluation": {"epsilon": float(self.eval_epsilon), "bins": self.eval_bins}})
 
     def to_toml(self) -> str:
         from .toml_writer import dumps
@@ -498,7 +526,8 @@ class Plan:
         if d.get("format", FORMAT) != FORMAT or d.get("version", VERSION) != VERSION:
             raise PlanError(f"{source}: not a fedsbdt plan of version {VERSION} "
                             f"(format = {d.get('format')!r}, version = {d.get('version')!r})")
-        known = {"format", "version", "session", "deadlines", "privacy", "hyperparameters", "schema", "sites"}
+        known = {"format", "version", "session", "deadlines", "privacy", "hyperparameters", "schema", "sites",
+                 "evaluation"}
         unknown = sorted(set(d) - known)
         if unknown:
             raise PlanError(f"{source}: unknown section(s) {', '.join(unknown)}")
@@ -555,6 +584,11 @@ class Plan:
                 raise PlanError(f"{source}: site {sid!r}: identity_key must be 64 hex digits (a raw Ed25519 "
                                 "public key, as written by `fedsbdt keygen` to identity.pub)")
             sites.append(SiteEntry(sid, raw))
+        ev = section("evaluation", required=False)
+        bad = sorted(set(ev) - {"epsilon", "bins"})
+        if bad or (ev and "epsilon" not in ev):
+            raise PlanError(f"{source}: [evaluation] takes epsilon (required) and bins"
+                            + (f"; unknown key(s) {', '.join(bad)}" if bad else ""))
         try:
             return cls(
                 session_id=s["id"], schema=schema, hyperparameters=hp, sites=tuple(sites), threshold=s["threshold"],
@@ -565,6 +599,7 @@ class Plan:
                 max_attempts=s.get("max_attempts", 20), randomness=s.get("randomness", "secure"),
                 sampler=s.get("sampler", "ours"),
                 test_seed=s.get("test_seed", 0), test_noise=s.get("test_noise", True), deadlines=Deadlines(**dl),
+                eval_epsilon=ev.get("epsilon"), eval_bins=ev.get("bins", 20),
             )
         except PlanError as e:
             raise PlanError(f"{source}: {e}") from None

@@ -49,7 +49,24 @@ def build_model(plan: Plan, init: InitScoreMsg | None, trees: Sequence[TreeMsg])
     model.privacy = privacy_receipt(plan.hyperparameters, cal, len(trees), plan.noise, plan.randomness_description(),
                                     parties(init, trees))
     model.training = training_record(plan, init, trees)
+    if plan.eval_spec is not None:  # declared in the plan: every party adds the same entry
+        model.privacy["evaluation"] = evaluation_declaration(plan)
     return model
+
+
+def evaluation_declaration(plan: Plan) -> dict:
+    """The federated evaluation's privacy terms, separate from the training ε (docs/federated-evaluation.md)."""
+    d = plan.eval_spec.to_dict()
+    d["records"] = "each site's held-out file (disjoint from its training records): a separate budget"
+    return d
+
+
+def evaluation_receipt(plan: Plan, total, round_id: int, sites: Sequence[str]) -> dict:
+    """What the coordinator releases after an evaluation round: metrics from the noisy sum, and their terms."""
+    return {"epsilon_eval": float(plan.eval_epsilon), "delta_eval": float(plan.hyperparameters.delta),
+            "sigma_eval": plan.eval_spec.sigma, "bins": plan.eval_bins, "training_epsilon": plan.stated_epsilon,
+            "plan_sha256": plan.sha256, "round_id": int(round_id), "sites": list(sites),
+            "metrics": plan.eval_spec.metrics(total)}
 
 
 def model_bytes(model: Ensemble) -> bytes:

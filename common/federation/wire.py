@@ -65,6 +65,7 @@ def estimated_largest_message(n_sites: int, epoch_rounds: int, depth: int) -> in
 class Purpose(enum.IntEnum):
     INIT_SCORE = 1
     TREE = 2
+    EVAL = 4  # federated evaluation of the released model (common/fed_eval.py); no proto change: open enum
 
 
 # --------------------------------------------------------------------------- coordinator → site

@@ -12,6 +12,7 @@ class Purpose(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     PURPOSE_UNSPECIFIED: _ClassVar[Purpose]
     PURPOSE_INIT_SCORE: _ClassVar[Purpose]
     PURPOSE_TREE: _ClassVar[Purpose]
+    PURPOSE_EVAL: _ClassVar[Purpose]
 
 class ReportKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -22,6 +23,7 @@ class ReportKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
 PURPOSE_UNSPECIFIED: Purpose
 PURPOSE_INIT_SCORE: Purpose
 PURPOSE_TREE: Purpose
+PURPOSE_EVAL: Purpose
 REPORT_UNSPECIFIED: ReportKind
 REPORT_PROGRESS: ReportKind
 REPORT_REFUSED: ReportKind
