@@ -191,7 +191,7 @@ class SiteMachine:
                  state_dir: str | os.PathLike, options: SiteOptions = SiteOptions()) -> None:
         self.site_id = site_id
         self.identity_key = identity_key
-        self.data_path = Path(data_path)
+        self.data_path = None if data_path is None else Path(data_path)  # None: evaluation-only plans
         self.state_dir = Path(state_dir)
         self.options = options
         self.stage: SiteStage = AwaitingPlan()
@@ -254,8 +254,11 @@ class SiteMachine:
         if local is not None and local.digest() != plan.schema.digest():
             raise SiteRefusal(f"schema mismatch: the local schema (digest {local.digest()[:16]}…) differs from the "
                               f"plan's schema (digest {plan.schema.digest()[:16]}…)")
-        try:
-            ds = load_isolated(self.data_path, plan.schema)  # parsed in a child: no pandas in the daemon
+        if self.data_path is None and (plan.eval_model_sha256 is None or self.options.eval_data is None):
+            raise SiteRefusal("no training data (--data): only a plan that evaluates an existing model "
+                              "(evaluation.model_sha256) can be joined with --eval-data alone")
+        try:  # evaluation-only plans train nothing: the held-out file stands in for the (unused) training data
+            ds = load_isolated(self.data_path or self.options.eval_data, plan.schema)  # parsed in a child
         except DataError as e:
             raise SiteRefusal(f"the local data does not match the plan's schema: {e}") from None
         if ds.n > plan.max_records_per_site:

@@ -172,7 +172,7 @@ class EvalSpec:
     def metrics(self, total: np.ndarray) -> dict:
         """Aggregate metrics from a (noisy) summed vector.  Negative noisy counts are read as 0.
 
-        Binary: n, AUC (pairs within a bin count ½), accuracy at 0.5, clipped log-loss, calibration curve
+        Every metric is clamped to its possible range (post-processing).  Binary: n, AUC (pairs within a bin count ½), accuracy at 0.5, clipped log-loss, calibration curve
         (per bin: public bin midpoint, noisy count, observed positive rate).  Regression: n, RMSE, MAE (of
         residuals clipped to ±R), residual histogram (public edges, noisy counts).
         """
@@ -186,10 +186,10 @@ class EvalSpec:
             P, N = pos.sum(), neg.sum()
             n = P + N
             below = np.concatenate([[0.0], np.cumsum(neg)[:-1]])
-            auc = float((pos * (below + 0.5 * neg)).sum() / (P * N)) if P > 0 and N > 0 else float("nan")
+            auc = float((pos * (below + 0.5 * neg)).sum() / (P * N)) if P > 0 and N > 0 else None
             half = B // 2
-            acc = float((neg[:half].sum() + pos[half:].sum()) / n) if n > 0 else float("nan")
-            ll = float(max(v[2 * B], 0.0) * LOGLOSS_CLIP / SUM_UNITS / n) if n > 0 else float("nan")
+            acc = float((neg[:half].sum() + pos[half:].sum()) / n) if n > 0 else None
+            ll = float(min(max(v[2 * B], 0.0) / SUM_UNITS / n, 1.0) * LOGLOSS_CLIP) if n > 0 else None
             curve = []
             for b in range(B):
                 c = pos[b] + neg[b]
@@ -199,8 +199,8 @@ class EvalSpec:
         R = self._residual_range()
         h = np.maximum(v[:B], 0.0)
         n = h.sum()
-        mae = float(max(v[B], 0.0) * R / SUM_UNITS / n) if n > 0 else float("nan")
-        rmse = float(math.sqrt(max(v[B + 1], 0.0) * R * R / SUM_UNITS / n)) if n > 0 else float("nan")
+        mae = float(min(max(v[B], 0.0) / SUM_UNITS / n, 1.0) * R) if n > 0 else None  # each |r| ≤ R
+        rmse = float(math.sqrt(min(max(v[B + 1], 0.0) / SUM_UNITS / n, 1.0)) * R) if n > 0 else None
         edges = np.linspace(-R, R, B + 1)
         return {"n": float(n), "rmse": rmse, "mae": mae,
                 "residuals": [{"bin": [float(edges[b]), float(edges[b + 1])], "count": float(h[b])}
@@ -220,6 +220,14 @@ class EvalSpec:
             return {"auc": auc, "logloss": LOGLOSS_CLIP / (2 * SUM_UNITS)}
         R = self._residual_range()
         return {"mae": R / (2 * SUM_UNITS), "mse": R * R / (2 * SUM_UNITS)}
+
+
+def describe(metrics: dict) -> str:
+    """One line of the headline metrics (for the command line)."""
+    keys = ("auc", "accuracy", "logloss") if "auc" in metrics else ("rmse", "mae")
+    parts = [f"n≈{metrics['n']:.0f}"] + [f"{k}={metrics[k]:.4f}" if metrics[k] is not None else f"{k}=n/a"
+                                        for k in keys]
+    return " ".join(parts)
 
 
 def exact_metrics(spec: EvalSpec, y: np.ndarray, pred: np.ndarray) -> dict:

@@ -229,10 +229,12 @@ class Session:
             construction.  Every step runs in one of its transactions, committed before the
             step's events are returned.  ``None`` keeps everything in memory (tests).
         randbytes: source of session tokens.
+        released: an evaluation-only plan (``evaluation.model_sha256``): the existing model's initial score
+            and trees (:func:`~common.federation.release.released_from_model`), released from the start.
     """
 
     def __init__(self, plan: Plan, randomness, now: float, store: CoordinatorStore | None = None,
-                 randbytes: Callable[[int], bytes] = os.urandom) -> None:
+                 randbytes: Callable[[int], bytes] = os.urandom, released=None) -> None:
         self.plan = plan
         self.hp = plan.hyperparameters
         self.enc = plan.encoding
@@ -249,6 +251,10 @@ class Session:
         if self.hp.init_share == 0:  # no initial-score round: the score is 0 (as in common.engine)
             self.init, self.has_init = InitScoreMsg(0.0, None, ()), True
         self.trees: list[TreeMsg] = restored.trees
+        if (released is None) != (plan.eval_model_sha256 is None):
+            raise ValueError("an evaluation-only plan needs the existing model's trees, and only such a plan")
+        if released is not None:  # nothing is trained: the model's trees count as released
+            (self.init, self.trees), self.has_init = released, True
         self.rounds_failed = restored.rounds_failed
         self.total_trees = self.hp.total_rounds
         self.attempts: dict[Work, int] = {}
@@ -258,7 +264,7 @@ class Session:
         self.phase: RoundPhase = Between()
         self.model_json: bytes | None = None
         self.evaluation: dict | None = None  # the evaluation receipt once released (or why it failed)
-        resumed = bool(self.trees) or restored.has_init
+        resumed = bool(restored.trees) or restored.has_init
         if restored.finished_sha256 is not None:
             model = build_model(plan, self.init, self.trees)
             self.model_json = model_bytes(model)

@@ -33,6 +33,7 @@ A plan is a TOML file every party can read and hash::
     [evaluation]                  # optional: federated evaluation after training (docs/federated-evaluation.md)
     epsilon = 0.1                 # ε_eval, charged to the sites' held-out files (not to training records)
     bins = 20                     # public score (binary) or residual (regression) bins
+    model_sha256 = "…"            # optional: evaluate this existing model; no training rounds
 
     [[sites]]
     id = "hospital-a"
@@ -152,6 +153,7 @@ class Plan:
     deadlines: Deadlines = field(default_factory=Deadlines)
     eval_epsilon: float | None = None  # [evaluation] epsilon: ε_eval of the federated evaluation (None: none)
     eval_bins: int = 20  # [evaluation] bins: public score / residual bins (common/fed_eval.py)
+    eval_model_sha256: str | None = None  # [evaluation] model_sha256: evaluate this existing model (no training)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sites", tuple(sorted(self.sites, key=lambda s: s.site_id)))
@@ -206,6 +208,10 @@ class Plan:
                             f"{est / 2**20:.1f} MiB (limit {MAX_MESSAGE_BYTES // 2**21} MiB); lower epoch_rounds")
         if self.eval_epsilon is not None:
             self.eval_spec  # noqa: B018 - validates the [evaluation] section
+        h = self.eval_model_sha256
+        if h is not None and (self.eval_epsilon is None or not isinstance(h, str) or len(h) != 64
+                              or any(c not in "0123456789abcdef" for c in h)):
+            raise PlanError("evaluation.model_sha256 must be 64 lower-case hex digits (with evaluation.epsilon)")
         self.secagg_config()  # threshold and fixed-point capacity checks
         self.check_discrete_noise()
 
@@ -495,7 +501,8 @@ class Plan:
             "schema": self.schema.to_dict(),
             "sites": [s.to_dict() for s in self.sites],
         } | ({} if self.eval_epsilon is None else
-             {"evaluation": {"epsilon": float(self.eval_epsilon), "bins": self.eval_bins}})
+             {"evaluation": {"epsilon": float(self.eval_epsilon), "bins": self.eval_bins}
+              | ({} if self.eval_model_sha256 is None else {"model_sha256": self.eval_model_sha256})})
 
     def to_toml(self) -> str:
         from .toml_writer import dumps
@@ -585,9 +592,9 @@ class Plan:
                                 "public key, as written by `fedsbdt keygen` to identity.pub)")
             sites.append(SiteEntry(sid, raw))
         ev = section("evaluation", required=False)
-        bad = sorted(set(ev) - {"epsilon", "bins"})
+        bad = sorted(set(ev) - {"epsilon", "bins", "model_sha256"})
         if bad or (ev and "epsilon" not in ev):
-            raise PlanError(f"{source}: [evaluation] takes epsilon (required) and bins"
+            raise PlanError(f"{source}: [evaluation] takes epsilon (required), bins and model_sha256"
                             + (f"; unknown key(s) {', '.join(bad)}" if bad else ""))
         try:
             return cls(
@@ -600,6 +607,7 @@ class Plan:
                 sampler=s.get("sampler", "ours"),
                 test_seed=s.get("test_seed", 0), test_noise=s.get("test_noise", True), deadlines=Deadlines(**dl),
                 eval_epsilon=ev.get("epsilon"), eval_bins=ev.get("bins", 20),
+                eval_model_sha256=ev.get("model_sha256"),
             )
         except PlanError as e:
             raise PlanError(f"{source}: {e}") from None

@@ -10,6 +10,8 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 
+import numpy as np
+
 from common.engine import privacy_receipt
 from common.model import Ensemble, Tree
 
@@ -75,3 +77,29 @@ def model_bytes(model: Ensemble) -> bytes:
 
 def model_sha256(model: Ensemble) -> str:
     return hashlib.sha256(model_bytes(model)).hexdigest()
+
+
+def released_from_model(plan: Plan, model: Ensemble, sha256: str) -> tuple[InitScoreMsg, list[TreeMsg]]:
+    """An existing model's initial score and trees as released records, for an evaluation-only plan.
+
+    Refuses (``ValueError``, one sentence) a model that is not the one the plan pins, or whose schema,
+    hyperparameters or splits differ from the plan's (every site checks the splits again when it applies them).
+    """
+    from common.splits import random_splits
+
+    if plan.eval_model_sha256 is None:
+        raise ValueError("the plan does not evaluate an existing model (no evaluation.model_sha256)")
+    if sha256 != plan.eval_model_sha256:
+        raise ValueError(f"the model file has SHA-256 {sha256}, the plan pins {plan.eval_model_sha256}")
+    if model.schema.digest() != plan.schema.digest() or model.hyperparameters != plan.hyperparameters:
+        raise ValueError("the model's schema or hyperparameters differ from the plan's")
+    hp = plan.hyperparameters
+    if len(model.trees) != hp.total_rounds:
+        raise ValueError(f"the model has {len(model.trees)} trees, the plan's hyperparameters {hp.total_rounds}")
+    trees = []
+    for k, t in enumerate(model.trees):
+        sp = random_splits(plan.schema, hp.depth, hp.seed, k, hp.cyclical, hp.split_candidates)
+        if not (np.array_equal(t.features, sp.features) and np.array_equal(t.thresholds, sp.thresholds)):
+            raise ValueError(f"tree {k} of the model does not use the plan's public random splits")
+        trees.append(TreeMsg(k, 0, (), sp.features, sp.thresholds, np.asarray(t.leaves, dtype=np.float64)))
+    return InitScoreMsg(float(model.init_score), None, ()), trees
