@@ -14,8 +14,9 @@ last bin)::
 with ``ℓ_q = round(Q · min(−ln p(y), L) / L)`` the record's log-loss clipped
 to ``L = LOGLOSS_CLIP`` (probabilities below e^−L count as e^−L) and
 quantised to ``Q = SUM_UNITS`` integer units.  Regression, residuals
-``r = prediction − label`` clipped to ``[−R, R]`` with ``R = hi − lo`` of the
-public label range, ``B`` equal bins on ``[−R, R]``::
+``r = prediction − label`` clipped to ``[−R, R]`` with ``R`` a public clip, a quarter of the width of the
+public label range by default (plan key ``evaluation.residual_clip``), ``B``
+equal bins on ``[−R, R]``::
 
     [ n(b) for b < B | Σ round(Q·|r|/R) | Σ round(Q·(r/R)²) ]
 
@@ -74,6 +75,7 @@ class EvalSpec:
     delta: float
     bins: int = DEFAULT_BINS
     label_range: tuple[float, float] | None = None
+    residual_clip: float | None = None  # R (regression); None: a quarter of the label range's width
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
@@ -89,6 +91,10 @@ class EvalSpec:
             lo, hi = self.label_range or (0.0, 0.0)
             if not hi > lo:
                 raise EvalError("regression evaluation needs the schema's public label_range")
+        r = self.residual_clip
+        if r is not None and (self.task != "regression" or isinstance(r, bool) or not isinstance(r, (int, float))
+                              or not (math.isfinite(r) and r > 0)):
+            raise EvalError(f"evaluation.residual_clip = {r!r}: a positive number, for regression only")
 
     # ------------------------------------------------------------------ layout
 
@@ -131,14 +137,17 @@ class EvalSpec:
 
     def to_dict(self) -> dict:
         return {"epsilon": float(self.epsilon), "delta": float(self.delta), "sigma": self.sigma,
-                "bins": self.bins, "mechanism": "discrete Gaussian, one full share per site",
+                "bins": self.bins, **({"residual_clip": self._residual_range()} if self.task == "regression" else {}), "mechanism": "discrete Gaussian, one full share per site",
                 "neighbours": "add/remove one held-out record"}
 
     # ------------------------------------------------------------------ one site's vector
 
     def _residual_range(self) -> float:
+        """R: residuals are clipped to [−R, R] (public: the plan's residual_clip, or (hi − lo)/4)."""
+        if self.residual_clip is not None:
+            return float(self.residual_clip)
         lo, hi = self.label_range
-        return float(hi) - float(lo)
+        return (float(hi) - float(lo)) / 4.0
 
     def histogram(self, y: np.ndarray, pred: np.ndarray) -> np.ndarray:
         """One site's integer vector for labels ``y`` and predictions ``pred`` (probabilities / values)."""

@@ -173,7 +173,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     evaluation = {}
     if args.eval_epsilon is not None:
-        evaluation = dict(eval_epsilon=args.eval_epsilon, eval_bins=args.eval_bins)
+        evaluation = dict(eval_epsilon=args.eval_epsilon, eval_bins=args.eval_bins,
+                          eval_residual_clip=args.eval_residual_clip)
     if args.evaluate_model:
         schema, hp, evaluation["eval_model_sha256"] = model_for_evaluation(args)
     else:
@@ -298,6 +299,9 @@ def register(sub) -> None:
                         "a value: 0.1; docs/federated-evaluation.md)")
     p.add_argument("--eval-bins", type=int, default=20, metavar="B",
                    help="public score (binary) or residual (regression) bins of the evaluation (even; default 20)")
+    p.add_argument("--eval-residual-clip", type=float, metavar="R",
+                   help="regression evaluation: residuals are clipped to ±R (public; default: a quarter of the "
+                        "label range's width); the RMSE's noise grows with R²")
     p.add_argument("--evaluate-model", metavar="MODEL",
                    help="a plan that only evaluates this existing model (schema and hyperparameters from it; "
                         "needs --eval-epsilon; run the coordinator with --model MODEL)")

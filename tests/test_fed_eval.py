@@ -81,18 +81,20 @@ def test_auc_resolution_shrinks_with_more_bins_and_is_attained():
     assert errs[-1] < 1e-3 < errs[0]
 
 
-@pytest.mark.parametrize("seed", [0, 3])
-def test_regression_metrics_from_summed_site_vectors_equal_the_pooled_metrics(seed):
+@pytest.mark.parametrize("seed,clip", [(0, None), (3, None), (4, 2.5), (5, 50.0)])
+def test_regression_metrics_from_summed_site_vectors_equal_the_pooled_metrics(seed, clip):
     rng = np.random.default_rng(seed)
     y, pred = regression_data(rng, 2000)
-    spec = EvalSpec("regression", 1.0, DELTA, 20, (1.0, 29.0))
+    spec = EvalSpec("regression", 1.0, DELTA, 20, (1.0, 29.0), clip)
+    R = clip or 7.0  # default: a quarter of the label range
     total = sum(spec.histogram(ys, ps) for ys, ps in sites((y, pred), 4))
     fed, pooled, res = spec.metrics(total), exact_metrics(spec, y, pred), spec.resolution(total)
     assert fed["n"] == 2000
     assert abs(fed["mae"] - pooled["mae"]) <= res["mae"]
     assert abs(fed["rmse"] ** 2 - pooled["rmse"] ** 2) <= res["mse"]
-    r = np.clip(pred - y, -28, 28)
-    assert [c["count"] for c in fed["residuals"]] == np.histogram(r, np.linspace(-28, 28, 21))[0].tolist()
+    r = np.clip(pred - y, -R, R)
+    assert [c["count"] for c in fed["residuals"]] == np.histogram(r, np.linspace(-R, R, 21))[0].tolist()
+    assert spec.to_dict()["residual_clip"] == R
 
 
 # --------------------------------------------------------------------------- sensitivity and calibration
@@ -146,7 +148,8 @@ def test_declarations_that_cannot_be_evaluated_are_refused():
     for kw, msg in ((dict(task="multiclass"), "supports the tasks"), (dict(bins=7), "even integer"),
                     (dict(bins=0), "even integer"), (dict(epsilon=0.0), "evaluation.epsilon"),
                     (dict(epsilon=float("inf")), "evaluation.epsilon"),
-                    (dict(task="regression"), "label_range")):
+                    (dict(task="regression"), "label_range"), (dict(residual_clip=1.0), "regression only"),
+                    (dict(task="regression", label_range=(0, 1), residual_clip=-1.0), "residual_clip")):
         args = dict(task="binary", epsilon=0.1, delta=DELTA, bins=20) | kw
         with pytest.raises(EvalError, match=msg):
             EvalSpec(**args)
@@ -239,5 +242,5 @@ def test_metrics_from_very_noisy_sums_stay_in_range():
         assert m["logloss"] is None or 0 <= m["logloss"] <= LOGLOSS_CLIP
     r = EvalSpec("regression", 0.01, DELTA, 20, (0.0, 10.0))
     m = r.metrics(rnd.discrete_gaussian(r.noise_scales()))
-    assert m["mae"] is None or 0 <= m["mae"] <= 10 and 0 <= m["rmse"] <= 10
+    assert m["mae"] is None or 0 <= m["mae"] <= 2.5 and 0 <= m["rmse"] <= 2.5  # R = 10/4
     assert spec.metrics(np.zeros(spec.length))["auc"] is None  # no data: no metric, not NaN

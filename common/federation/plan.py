@@ -33,6 +33,7 @@ A plan is a TOML file every party can read and hash::
     [evaluation]                  # optional: federated evaluation after training (docs/federated-evaluation.md)
     epsilon = 0.1                 # ε_eval, charged to the sites' held-out files (not to training records)
     bins = 20                     # public score (binary) or residual (regression) bins
+    residual_clip = 7.0           # regression: residuals clipped to ±R (default: label range width / 4)
     model_sha256 = "…"            # optional: evaluate this existing model; no training rounds
 
     [[sites]]
@@ -154,6 +155,7 @@ class Plan:
     eval_epsilon: float | None = None  # [evaluation] epsilon: ε_eval of the federated evaluation (None: none)
     eval_bins: int = 20  # [evaluation] bins: public score / residual bins (common/fed_eval.py)
     eval_model_sha256: str | None = None  # [evaluation] model_sha256: evaluate this existing model (no training)
+    eval_residual_clip: float | None = None  # [evaluation] residual_clip: R of a regression evaluation
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sites", tuple(sorted(self.sites, key=lambda s: s.site_id)))
@@ -264,7 +266,7 @@ class Plan:
 
         try:
             return EvalSpec(self.schema.task, self.eval_epsilon, self.hyperparameters.delta, self.eval_bins,
-                            self.schema.label_range)
+                            self.schema.label_range, self.eval_residual_clip)
         except EvalError as e:
             raise PlanError(str(e)) from None
 
@@ -502,7 +504,8 @@ class Plan:
             "sites": [s.to_dict() for s in self.sites],
         } | ({} if self.eval_epsilon is None else
              {"evaluation": {"epsilon": float(self.eval_epsilon), "bins": self.eval_bins}
-              | ({} if self.eval_model_sha256 is None else {"model_sha256": self.eval_model_sha256})})
+              | ({} if self.eval_model_sha256 is None else {"model_sha256": self.eval_model_sha256})
+              | ({} if self.eval_residual_clip is None else {"residual_clip": float(self.eval_residual_clip)})})
 
     def to_toml(self) -> str:
         from .toml_writer import dumps
@@ -592,9 +595,9 @@ class Plan:
                                 "public key, as written by `fedsbdt keygen` to identity.pub)")
             sites.append(SiteEntry(sid, raw))
         ev = section("evaluation", required=False)
-        bad = sorted(set(ev) - {"epsilon", "bins", "model_sha256"})
+        bad = sorted(set(ev) - {"epsilon", "bins", "model_sha256", "residual_clip"})
         if bad or (ev and "epsilon" not in ev):
-            raise PlanError(f"{source}: [evaluation] takes epsilon (required), bins and model_sha256"
+            raise PlanError(f"{source}: [evaluation] takes epsilon (required), bins, residual_clip and model_sha256"
                             + (f"; unknown key(s) {', '.join(bad)}" if bad else ""))
         try:
             return cls(
@@ -607,7 +610,7 @@ class Plan:
                 sampler=s.get("sampler", "ours"),
                 test_seed=s.get("test_seed", 0), test_noise=s.get("test_noise", True), deadlines=Deadlines(**dl),
                 eval_epsilon=ev.get("epsilon"), eval_bins=ev.get("bins", 20),
-                eval_model_sha256=ev.get("model_sha256"),
+                eval_model_sha256=ev.get("model_sha256"), eval_residual_clip=ev.get("residual_clip"),
             )
         except PlanError as e:
             raise PlanError(f"{source}: {e}") from None
