@@ -56,6 +56,21 @@ def test_three_sites_train_then_evaluate_and_release_only_the_aggregate_metrics(
         r = p.result()
         assert r["evaluation"]["epsilon_eval"] == 0.2 and r["evaluation"]["records"] == 100
         assert r["epsilon"] == out["epsilon"] and r["model_sha256"] == out["model_sha256"]
+    # the report shows ε_eval in a section of its own, apart from the training ε, with the released metrics
+    from common.report import ReportError, write_report
+
+    html = tmp_path / "report.html"
+    summary = write_report(tmp_path / "coordinator" / "model.json", html,
+                           evaluation_path=tmp_path / "coordinator" / "evaluation.json")
+    assert "evaluation" in summary.sections and summary.epsilon == out["epsilon"]
+    text = html.read_text()
+    assert "ε_eval = 0.2" in text and "Federated evaluation" in text and f"{ev['metrics']['rmse']:.6g}" in text
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(receipt | {"model_sha256": "0" * 64}))
+    import pytest
+
+    with pytest.raises(ReportError, match="another model"):
+        write_report(tmp_path / "coordinator" / "model.json", html, evaluation_path=other)
     # the coordinator's log carries the aggregate metrics only: no site's own vector
     rel = [e for e in c.events if e.get("_proc") == "coordinator" and e.get("event") == "evaluation"]
     assert len(rel) == 1 and set(rel[0]["evaluation"]) >= {"metrics", "epsilon_eval", "sites"}
