@@ -50,8 +50,9 @@ class EvalFed(Fed):
         return exact_metrics(self.plan.eval_spec, np.concatenate(ys), np.concatenate(preds))
 
 
-def test_noiseless_federated_evaluation_equals_pooled(tmp_path):
-    f = EvalFed(tmp_path, test_noise=False).start()
+@pytest.mark.parametrize("noise", ["distributed", "central"])
+def test_noiseless_federated_evaluation_equals_pooled(tmp_path, noise):
+    f = EvalFed(tmp_path, test_noise=False, noise=noise).start()
     f.fed.run()
     assert f.session.exit_code == 0, f.session.stage
     ev = f.session.evaluation
@@ -161,3 +162,25 @@ def test_an_existing_model_is_evaluated_without_training(tmp_path):
 def _pooled_arrays(g, model):
     ds = [load(p, g.plan.schema) for p in g.eval_paths.values()]
     return np.concatenate([d.y for d in ds]), model.predict(np.concatenate([d.X for d in ds]))
+
+
+def test_the_evaluation_section_of_a_plan(tmp_path):
+    from common.federation.plan import Plan, PlanError
+
+    f = Fed(tmp_path / "a", HP)
+    g = EvalFed(tmp_path / "b", eval_epsilon=0.25, held_out=False)
+    assert "evaluation" not in f.plan.to_dict() and f.plan.eval_spec is None  # plans without it are unchanged
+    d = g.plan.to_dict()
+    assert d["evaluation"] == {"epsilon": 0.25, "bins": 20}
+    assert Plan.from_toml(g.plan.to_toml()).sha256 == g.plan.sha256  # part of the plan hash every site pins
+    assert g.plan.sha256 != Plan.from_dict(d | {"evaluation": {"epsilon": 0.5, "bins": 20}}).sha256
+    # secure aggregation is sized for the evaluation vector and its noise share
+    cfg = g.plan.secagg_config()
+    assert cfg.max_vector_len >= g.plan.eval_spec.length
+    assert cfg.noise_sigma_units >= g.plan.eval_spec.noise_scales().max()
+    for bad, msg in (({"bins": 20}, "epsilon"), ({"epsilon": 0.1, "colour": 1}, "unknown key"),
+                     ({"epsilon": 0.1, "bins": 3}, "even integer"), ({"epsilon": -1}, "evaluation.epsilon"),
+                     ({"epsilon": 0.1, "model_sha256": "xyz"}, "model_sha256"),
+                     ({"epsilon": 0.1, "residual_clip": 0}, "residual_clip")):
+        with pytest.raises(PlanError, match=msg):
+            Plan.from_dict(d | {"evaluation": bad})
