@@ -101,7 +101,10 @@ def cmd_client(args: argparse.Namespace) -> int:
         max_epsilon=args.max_epsilon, expected_plan_sha256=expected,
         local_schema=Schema.load(args.schema) if args.schema else None,
         allow_insecure_test_randomness=args.allow_insecure_test_randomness,
-        model_out=Path(args.out) if args.out else None, policy=policy)
+        model_out=Path(args.out) if args.out else None, policy=policy,
+        eval_data=Path(args.eval_data) if args.eval_data else None, max_eval_epsilon=args.max_eval_epsilon)
+    if not (args.data or args.eval_data):
+        raise CliError("pass this site's data with --data (and, for a federated evaluation, --eval-data)")
     machine = SiteMachine(args.site, identity, args.data, state, options)
     daemon = Daemon(machine, args.coordinator, files,
                     DaemonOptions(reconnect_timeout=args.reconnect_timeout))
@@ -122,11 +125,17 @@ def cmd_client(args: argparse.Namespace) -> int:
            "tree_contributions": machine.ledger.tree_contributions(),
            "bytes_sent": daemon.bytes_sent, "bytes_received": daemon.bytes_received,
            "seconds": round(time.perf_counter() - t0, 3), "cpu_seconds": round(time.process_time(), 3)}
+    charge = machine.ledger.eval_charge()
+    if charge is not None:  # the held-out file's separate budget (one release, retries resend it)
+        out["evaluation"] = charge
     if machine.cpu_at_first_tree is not None and machine.trees_applied > 1:
         out["cpu_ms_per_round"] = round((time.process_time() - machine.cpu_at_first_tree)
                                         / (machine.trees_applied - 1) * 1e3, 3)
     emit(args, out, f"{args.site}: model with {machine.trees_applied} trees verified "
-                    f"(sha256 {done.model_sha256}) and written to {done.model_path}")
+                    f"(sha256 {done.model_sha256}) and written to {done.model_path}"
+                    + (f"\n{args.site}: held-out file evaluated: {charge['records']} records, ε_eval = "
+                       f"{charge['epsilon_eval']:g} (separate from the training ε = {machine.cal.epsilon:.6g})"
+                       if charge is not None else ""))
     return 0
 
 
@@ -140,7 +149,11 @@ def register(sub) -> None:
     c = sub.add_parser("client", help="run one site (hospital) of a federated training session")
     c.add_argument("--coordinator", required=True, metavar="ADDR", help="coordinator address host:port")
     c.add_argument("--site", required=True, help="this site's id in the plan's roster")
-    c.add_argument("--data", required=True, help="this site's private data (CSV/Parquet, the plan's schema)")
+    c.add_argument("--data", help="this site's private training data (CSV/Parquet, the plan's schema); "
+                                  "may be left out only for a plan that evaluates an existing model")
+    c.add_argument("--eval-data", metavar="FILE",
+                   help="this site's held-out records (the plan's schema, disjoint from --data) for the plan's "
+                        "federated evaluation (docs/federated-evaluation.md)")
     c.add_argument("--state", default="fedsbdt-site", metavar="DIR",
                    help="state directory: SQLite ledger, secure-aggregation keys, keys/certificates, model "
                         "(default: ./fedsbdt-site)")
@@ -164,6 +177,8 @@ def register(sub) -> None:
     pol.add_argument("--min-colluders", type=int, default=MIN_COLLUDERS, metavar="C",
                      help="refuse a plan that assumes fewer than C colluding sites (the noise and secure "
                           f"aggregation hold against the plan's declared c only; default: {MIN_COLLUDERS})")
+    pol.add_argument("--max-eval-epsilon", type=float, metavar="E",
+                     help="refuse a plan whose federated evaluation budget ε_eval exceeds this site's limit")
     c.add_argument("--schema", help="this site's copy of the public schema: must equal the plan's")
     c.add_argument("--out", help="where to write the verified model (default: STATE/model.json)")
     c.add_argument("--identity-key", help="Ed25519 identity key (default: STATE/identity.key)")

@@ -16,7 +16,8 @@ table               content
 ``secagg``          the secure-aggregation site's records (common/secagg
                     ``Storage``: keys, shares, "input sent", "signed", …)
 ``meta``            plan hash, site id, the stored initial-score vector (and,
-                    central mode, the noise added to its retries)
+                    central mode, the noise added to its retries), the stored
+                    evaluation vector, its noise and the ε_eval charge record
 ==================  ===========================================================
 
 The privacy-critical rule: the ledger update of round r, its contributions
@@ -29,6 +30,7 @@ Everything here is secret (keys, shares, ledger): the file is created 0600.
 """
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import time
@@ -241,6 +243,28 @@ class SiteLedger:
                         (np.asarray(x, dtype="<i8").tobytes(),))
         self.db.execute("INSERT INTO meta (key, value) VALUES ('init_noise', ?)",
                         (b"" if noise is None else np.asarray(noise, dtype="<i8").tobytes(),))
+
+    # ------------------------------------------------------------------ the federated evaluation
+
+    def eval_vector(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """The evaluation vector and noise share this site committed to (resent unchanged on retries)."""
+        x, noise = self._meta("eval_x"), self._meta("eval_noise")
+        if x is None or noise is None:
+            return None
+        return np.frombuffer(x, dtype="<i8").astype(np.int64), np.frombuffer(noise, dtype="<i8").astype(np.int64)
+
+    def eval_charge(self) -> dict | None:
+        """The ε_eval charge of this site's held-out file (one release, however often the round is retried)."""
+        v = self._meta("eval_charge")
+        return None if v is None else json.loads(v.decode())
+
+    def set_eval_vector(self, x: np.ndarray, noise: np.ndarray, charge: dict) -> None:
+        if not self.in_transaction:
+            raise LedgerError("the evaluation vector must be part of the round's transaction")
+        for key, value in (("eval_x", np.asarray(x, dtype="<i8").tobytes()),
+                           ("eval_noise", np.asarray(noise, dtype="<i8").tobytes()),
+                           ("eval_charge", json.dumps(charge, sort_keys=True).encode())):
+            self.db.execute("INSERT INTO meta (key, value) VALUES (?, ?)", (key, value))
 
 
 class SqliteStorage:

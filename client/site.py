@@ -46,6 +46,13 @@ docs/federation.md):
   participant set, and the site signs the survivor set U3 only if
   |U3| − c ≥ k_r (otherwise the round is aborted at this site).
 
+* federated evaluation (plan ``[evaluation]``): after every tree is applied,
+  the site sends the histogram of the model's predictions on its held-out
+  file plus a full discrete-Gaussian share at ε_eval, drawn once and resent
+  unchanged on retries (client/evaluation.py); an evaluation request the
+  pinned plan does not declare, of another vector length or before the last
+  tree is refused.
+
 Every released tree is checked against the plan's public splits before it
 is applied; a coordinator that sends anything else is caught.
 """
@@ -99,6 +106,7 @@ from common.federation.wire import (
 )
 
 from .dataload import load_isolated
+from .evaluation import check_request, eval_input, load_held_out
 from .ledger import LedgerError, SiteLedger, ledger_path
 from .noise import NoiseShares
 from .policy import SitePolicy
@@ -130,10 +138,14 @@ class SiteOptions:
     allow_insecure_test_randomness: bool = False
     model_out: Path | None = None  # default: <state>/model.json
     policy: SitePolicy = SitePolicy()  # central-noise opt-in, smallest roster, threshold, colluders
+    eval_data: Path | None = None  # --eval-data: held-out file for the plan's federated evaluation
+    max_eval_epsilon: float | None = None  # --max-eval-epsilon: refuse a plan whose ε_eval exceeds this
 
     def __post_init__(self) -> None:
         if self.max_epsilon is not None and not self.max_epsilon > 0:
             raise ConfigError("--max-epsilon must be > 0")
+        if self.max_eval_epsilon is not None and not self.max_eval_epsilon > 0:
+            raise ConfigError("--max-eval-epsilon must be > 0")
 
 
 # =========================================================================== stages
@@ -183,7 +195,7 @@ class SiteMachine:
                  state_dir: str | os.PathLike, options: SiteOptions = SiteOptions()) -> None:
         self.site_id = site_id
         self.identity_key = identity_key
-        self.data_path = Path(data_path)
+        self.data_path = None if data_path is None else Path(data_path)  # None: evaluation-only plans
         self.state_dir = Path(state_dir)
         self.options = options
         self.stage: SiteStage = AwaitingPlan()
@@ -246,13 +258,17 @@ class SiteMachine:
         if local is not None and local.digest() != plan.schema.digest():
             raise SiteRefusal(f"schema mismatch: the local schema (digest {local.digest()[:16]}…) differs from the "
                               f"plan's schema (digest {plan.schema.digest()[:16]}…)")
-        try:
-            ds = load_isolated(self.data_path, plan.schema)  # parsed in a child: no pandas in the daemon
+        if self.data_path is None and (plan.eval_model_sha256 is None or self.options.eval_data is None):
+            raise SiteRefusal("no training data (--data): only a plan that evaluates an existing model "
+                              "(evaluation.model_sha256) can be joined with --eval-data alone")
+        try:  # evaluation-only plans train nothing: the held-out file stands in for the (unused) training data
+            ds = load_isolated(self.data_path or self.options.eval_data, plan.schema)  # parsed in a child
         except DataError as e:
             raise SiteRefusal(f"the local data does not match the plan's schema: {e}") from None
         if ds.n > plan.max_records_per_site:
             raise SiteRefusal(f"{self.data_path} holds {ds.n} records, more than the plan's public bound "
                               f"max_records_per_site = {plan.max_records_per_site}")
+        self.held_out = self._accept_evaluation(plan)
         hp = plan.hyperparameters
         try:
             self.ledger = SiteLedger(ledger_path(self.state_dir, plan.sha256), plan.sha256, self.site_id)
@@ -289,6 +305,26 @@ class SiteMachine:
         log.info(f"{self.site_id}: accepted plan {plan.sha256[:16]}… ({ds.n} records, ε = {cal.epsilon:.6g}, "
                  f"noise {plan.noise})", extra={"event": "plan_accepted", "site": self.site_id, "records": ds.n})
         return plan
+
+    def _accept_evaluation(self, plan: Plan):
+        """The plan's federated evaluation against this site's policy; the held-out data (or None)."""
+        spec, path, cap = plan.eval_spec, self.options.eval_data, self.options.max_eval_epsilon
+        if spec is None:
+            if path is not None:
+                log.warning(f"{self.site_id}: --eval-data given, but the plan declares no federated evaluation; "
+                            "the held-out file is not used", extra={"event": "eval_unused", "site": self.site_id})
+            return None
+        if cap is not None and spec.epsilon > cap:
+            raise SiteRefusal(f"the plan's evaluation budget ε_eval = {spec.epsilon:g} exceeds this site's limit "
+                              f"--max-eval-epsilon {cap:g}; refusing to take part")
+        if path is None:
+            log.warning(f"{self.site_id}: the plan evaluates the model, but this site has no --eval-data: it will "
+                        "add only its noise share", extra={"event": "no_eval_data", "site": self.site_id})
+            return None
+        try:
+            return load_held_out(path, plan)
+        except ValueError as e:
+            raise SiteRefusal(str(e)) from None
 
     def _warm_up(self) -> None:
         """Compile the kernels and build the noise samplers now, not in the first round (deadlines).
@@ -405,6 +441,8 @@ class SiteMachine:
         except InvalidMessage as e:
             return [Refusal(f"malformed RoundStart: {e}")]
         r = start.round_id
+        if ev.purpose == Purpose.EVAL:
+            return self._eval_round_start(ev, start)
         if self.greedy is not None and ev.purpose != Purpose.INIT_SCORE:
             bad = self._greedy_request_refusal(ev)  # before anything is computed
             if bad is not None:
@@ -572,6 +610,34 @@ class SiteMachine:
                 and np.array_equal(known_t, t.thresholds[:known_f.size])):
             raise self._abort(f"tree {t.index} has other splits than the coordinator's requests released")
         return Splits(t.features, t.thresholds)
+    def _eval_round_start(self, ev: RoundStartMsg, start: RoundStart) -> list[Reply]:
+        """The federated evaluation: the stored (or a new, once-drawn) noisy vector, charged before it leaves."""
+        r = start.round_id
+        if self.plan.eval_spec is not None and (self.init is None or
+                                                len(self.trees) < self.plan.hyperparameters.total_rounds):
+            raise NeedCatchUp(len(self.trees), self.plan.hyperparameters.total_rounds)
+        refusal = check_request(self.plan, start.vector_len, len(self.trees), self.init is not None)
+        if refusal is not None:
+            return [Refusal(f"round {r}: {refusal}", r)]
+        stored = self.ledger.eval_vector()
+        if stored is not None:
+            (x, noise), charge = stored, None
+        else:
+            x, noise, charge = eval_input(self.plan, build_model(self.plan, self.init, self.trees), self.held_out,
+                                          self.randomness)
+        with self.ledger.transaction():
+            try:
+                masked = self.secagg.handle_round_start(start, x, noise)
+            except ProtocolAbort as e:
+                return [Refusal(f"round {r}: {e}", r)]
+            except (InvalidMessage, FixedPointError, TypeError, ValueError) as e:
+                return [Refusal(f"round {r}: {e}", r)]
+            if charge is not None:
+                self.ledger.set_eval_vector(x, noise, charge | {"round_id": r})
+        log.info(f"{self.site_id}: evaluation input sent (round {r}, ε_eval = {self.plan.eval_epsilon:g}"
+                 f"{', a retry: the stored vector' if charge is None else ''})",
+                 extra={"event": "eval_sent", "site": self.site_id, "round_id": r})
+        return [InputReply(ev.purpose, ev.tree, masked.to_bytes())]
 
     # ------------------------------------------------------------------ releases
 

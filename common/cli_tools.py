@@ -41,7 +41,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     if Path(args.out).suffix.lower() not in (".html", ".htm"):
         raise CliError(f"{args.out}: the report is an HTML page; name it *.html")
     try:
-        s = write_report(args.model, args.out, args.ledger, args.site)
+        s = write_report(args.model, args.out, args.ledger, args.site, args.evaluation)
     except ReportError as e:
         raise CliError(str(e)) from None
     out = {"out": s.out, "epsilon": s.epsilon, "delta": s.delta, "sections": s.sections}
@@ -70,5 +70,7 @@ def register(sub) -> None:
     r.add_argument("--out", required=True, help="output HTML file")
     r.add_argument("--ledger", help="a site's ledger of spent units per record (.npy, .json or SQLite)")
     r.add_argument("--site", help="site name shown with the ledger (default: the ledger's file name)")
+    r.add_argument("--evaluation", metavar="FILE",
+                   help="the coordinator's evaluation.json: show the released federated metrics too")
     r.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     r.set_defaults(func=cmd_report)

@@ -345,6 +345,28 @@ def _accountant(p: dict[str, Any], curve: str | None) -> str:
     return body
 
 
+def _evaluation(p: dict[str, Any], receipt: dict[str, Any] | None) -> str:
+    """The federated evaluation: its own ε_eval on the held-out files, apart from the training ε."""
+    e = p["evaluation"]
+    rows = [("ε_eval", e.get("epsilon"), "budget of the evaluation release, charged to each site's held-out file"),
+            ("δ_eval", e.get("delta"), "probability the ε_eval bound may fail"),
+            ("σ_eval", e.get("sigma"), "noise multiplier of the score histograms (each site adds a full share)"),
+            ("bins", e.get("bins"), "public score (classification) or residual (regression) bins"),
+            ("records", e.get("records"), "")]
+    body = (f"<p>After training, each site evaluated the model on its own held-out records; only the sum of "
+            f"their noisy histograms was revealed. That release has its own guarantee, "
+            f"<strong>ε_eval = {_e(_num(e.get('epsilon')))}</strong> for every held-out record, separate from the "
+            f"training guarantee (ε = {_e(_num(p.get('epsilon')))}) because the held-out records are not training "
+            "records (docs/federated-evaluation.md).</p>" + _table(rows))
+    if receipt is not None and "metrics" in receipt:
+        m = receipt["metrics"]
+        keys = [k for k in ("n", "auc", "accuracy", "logloss", "rmse", "mae") if k in m]
+        body += ("<p>Released metrics (computed from the noisy aggregate; sites "
+                 f"{_e(', '.join(receipt.get('sites', [])))}):</p>"
+                 + _table([(k, m[k], "") for k in keys]))
+    return body
+
+
 def _hyperparameters(hp: dict[str, Any]) -> str:
     from .cli import _HELP
 
@@ -519,7 +541,8 @@ def _trees(model: Ensemble) -> str:
 
 
 def build_report(model: Ensemble, ledger: LedgerSummary | None = None, model_name: str = "model",
-                 model_sha256: str | None = None, generated: _dt.datetime | None = None, plots: bool = True) -> str:
+                 model_sha256: str | None = None, generated: _dt.datetime | None = None, plots: bool = True,
+                 evaluation: dict[str, Any] | None = None) -> str:
     """The report as one self-contained HTML document (string)."""
     p = model.privacy
     missing = [k for k in ("epsilon", "delta", "sigma", "accountant") if k not in p]
@@ -544,6 +567,8 @@ def build_report(model: Ensemble, ledger: LedgerSummary | None = None, model_nam
         _section("hyperparameters", "Hyperparameters", _hyperparameters(model.hyperparameters.to_dict())),
         _section("training", "Training and participating sites", _training(model, sites_svg)),
     ]
+    if p.get("evaluation"):
+        sections.append(_section("evaluation", "Federated evaluation", _evaluation(p, evaluation)))
     if ledger is not None:
         sections.append(_section("ledger", f"Site ledger: {ledger.site}", _ledger(ledger, ledger_svg)))
     if draws_trees(model):
@@ -573,7 +598,7 @@ class ReportSummary:
 
 
 def write_report(model_path: str | Path, out: str | Path, ledger_path: str | Path | None = None,
-                 site: str | None = None) -> ReportSummary:
+                 site: str | None = None, evaluation_path: str | Path | None = None) -> ReportSummary:
     """Load the model (and ledger), write the HTML report atomically, summarise it."""
     mp = Path(model_path)
     model = Ensemble.load(mp)
@@ -590,9 +615,28 @@ def write_report(model_path: str | Path, out: str | Path, ledger_path: str | Pat
             raise ReportError(f"{ledger_path}: this ledger belongs to plan {theirs[:16]}…, the model to plan "
                               f"{ours[:16]}…; pass the ledger of the session that trained this model")
         ledger = summarise_ledger(spent, model.privacy, site or Path(ledger_path).stem)
-    text = build_report(model, ledger, model_name=mp.name, model_sha256=sha)
+    receipt = None
+    if evaluation_path is not None:
+        receipt = _evaluation_receipt(evaluation_path, model, sha)
+    text = build_report(model, ledger, model_name=mp.name, model_sha256=sha, evaluation=receipt)
     o = write_atomic(out, text, "report")
-    secs = ["summary", "guarantee", "accountant", "hyperparameters", "training"] + (["ledger"] if ledger else []) \
+    secs = ["summary", "guarantee", "accountant", "hyperparameters", "training"] \
+        + (["evaluation"] if model.privacy.get("evaluation") else []) + (["ledger"] if ledger else []) \
         + (["trees"] if draws_trees(model) else []) + ["schema", "about"]
     return ReportSummary(str(o), float(model.privacy["epsilon"]), float(model.privacy["delta"]), secs,
                          ledger.exhausted_share if ledger else None)
+
+
+def _evaluation_receipt(path: str | Path, model: Ensemble, sha: str) -> dict[str, Any]:
+    """The coordinator's evaluation.json for this model (refused if it belongs to another model)."""
+    import json
+
+    try:
+        receipt = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise ReportError(f"{path}: not a readable evaluation receipt ({e})") from None
+    if not isinstance(receipt, dict) or receipt.get("model_sha256") != sha:
+        raise ReportError(f"{path}: this evaluation receipt belongs to another model (its model_sha256 differs)")
+    if not model.privacy.get("evaluation"):
+        raise ReportError(f"{path}: the model's privacy receipt declares no federated evaluation")
+    return receipt

@@ -52,8 +52,10 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
         except PkiError as e:
             raise CliError(f"{e} (the coordinator needs a server certificate from the consortium CA; "
                            "`fedsbdt ca server` makes one, or pass --insecure for a local test)") from None
+    released = existing_model(plan, args.model)
     try:
-        session = Session(plan, randomness, time.monotonic(), CoordinatorStore(state, plan.sha256))
+        session = Session(plan, randomness, time.monotonic(), CoordinatorStore(state, plan.sha256),
+                          released=released)
     except CheckpointError as e:
         raise CliError(str(e)) from None
     try:
@@ -102,9 +104,47 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
            "epsilon": cal.epsilon, "rounds_failed": session.rounds_failed, "seconds": secs,
            "bytes_received": server.service.bytes_in, "bytes_sent": server.service.bytes_out,
            "mismatched_sites": list(getattr(st, "mismatched", ()))}
-    emit(args, out, f"trained {len(session.trees)} trees with {plan.n} sites; model written to {model} "
-                    f"(sha256 {out['model_sha256']})")
+    human = (f"trained {len(session.trees)} trees with {plan.n} sites; model written to {model} "
+             f"(sha256 {out['model_sha256']})")
+    if session.evaluation is not None:
+        out["evaluation"], line = write_evaluation(state, session.evaluation, out["model_sha256"])
+        human += "\n" + line
+    emit(args, out, human)
     return session.exit_code
+
+
+def existing_model(plan, path: str | None):
+    """An evaluation-only plan's model (``--model``) as released records; ``None`` for a training plan."""
+    if plan.eval_model_sha256 is None:
+        if path is not None:
+            raise CliError("--model is only for a plan that evaluates an existing model (evaluation.model_sha256)")
+        return None
+    if path is None:
+        raise CliError("this plan evaluates an existing model: pass it with --model FILE")
+    from client.cli import sha256_file
+    from common.federation.release import released_from_model
+    from common.model import Ensemble
+
+    try:
+        return released_from_model(plan, Ensemble.load(path), sha256_file(Path(path)))
+    except (OSError, ValueError) as e:
+        raise CliError(f"{path}: {e}") from None
+
+
+def write_evaluation(state: Path, receipt: dict, model_sha256: str) -> tuple[dict, str]:
+    """Write the evaluation receipt (``STATE/evaluation.json``); returns it and one line for people."""
+    import json
+
+    from common.fed_eval import describe
+    from common.files import write_atomic
+
+    receipt = receipt | {"model_sha256": model_sha256}
+    path = write_atomic(state / "evaluation.json", json.dumps(receipt, sort_keys=True, indent=1), "evaluation")
+    if "metrics" not in receipt:
+        return receipt, f"federated evaluation: not released ({receipt.get('failed')})"
+    return receipt, (f"federated evaluation (ε_eval = {receipt['epsilon_eval']:g}, separate from the training "
+                     f"ε = {receipt['training_epsilon']:.6g}; sites {', '.join(receipt['sites'])}): "
+                     f"{describe(receipt['metrics'])}; receipt {path}")
 
 
 # --------------------------------------------------------------------------- plan
@@ -131,17 +171,26 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     from common.federation.plan import Deadlines, SiteEntry, make_plan
 
-    schema = Schema.load(args.schema)
-    hp = hyperparameters_from_args(args)
-    if hp.tree_builder == "greedy" and args.selection is None:  # a federation selects from noisy histograms
-        hp = hp.replace(selection="histogram")
+    evaluation = {}
+    if args.eval_epsilon is not None:
+        evaluation = dict(eval_epsilon=args.eval_epsilon, eval_bins=args.eval_bins,
+                          eval_residual_clip=args.eval_residual_clip)
+    if args.evaluate_model:
+        schema, hp, evaluation["eval_model_sha256"] = model_for_evaluation(args)
+    else:
+        if not args.schema:
+            raise CliError("--schema is required (unless --evaluate-model gives the model's schema)")
+        schema = Schema.load(args.schema)
+        hp = hyperparameters_from_args(args)
+        if hp.tree_builder == "greedy" and args.selection is None:  # a federation selects from noisy histograms
+            hp = hp.replace(selection="histogram")
     sites = [SiteEntry(*_site_arg(s)) for s in args.site]
     session = dict(noise=args.noise, assumed_colluders=args.colluders, dropout_slack=args.dropout_slack,
                    epoch_rounds=args.epoch_rounds,
                    max_records_per_site=args.max_records,
                    deadlines=Deadlines(join=args.join_deadline, stage=args.stage_deadline,
                                        quorum=args.quorum_deadline, finish=args.finish_deadline),
-                   sampler=args.sampler)
+                   sampler=args.sampler, **evaluation)
     if args.insecure_test_randomness is not None:
         session.update(randomness="insecure-test", test_seed=args.insecure_test_randomness,
                        test_noise=args.test_noise)
@@ -150,12 +199,26 @@ def cmd_plan(args: argparse.Namespace) -> int:
     emit(args, {"plan": str(args.out), "plan_sha256": plan.sha256, "sigma": plan.stated_sigma,
                 "epsilon": plan.stated_epsilon, "threshold": plan.threshold, "dropout_slack": plan.dropout_slack,
                 "assumed_colluders": plan.assumed_colluders, "noise": plan.noise, "guarantee": plan.guarantee,
-                "sites": list(plan.site_ids), "seed": plan.hyperparameters.seed},
+                "sites": list(plan.site_ids), "seed": plan.hyperparameters.seed, "epsilon_eval": plan.eval_epsilon},
          f"wrote {args.out}: {plan.n} sites, t = {plan.threshold}, c = {plan.assumed_colluders}, dropout slack "
-         f"{plan.dropout_slack}, noise {plan.noise}, σ = {plan.stated_sigma:.6g}, ε = {plan.stated_epsilon:.6g}\n"
-         f"guarantee: {plan.guarantee}\nplan hash (give it to every site out of band): {plan.sha256}")
+         f"{plan.dropout_slack}, noise {plan.noise}, σ = {plan.stated_sigma:.6g}, ε = {plan.stated_epsilon:.6g}"
+         + (f"\nfederated evaluation: ε_eval = {plan.eval_epsilon:g} on the sites' held-out files "
+            f"({plan.eval_bins} bins)" if plan.eval_epsilon is not None else "")
+         + f"\nguarantee: {plan.guarantee}\nplan hash (give it to every site out of band): {plan.sha256}")
     return 0
 
+
+def model_for_evaluation(args: argparse.Namespace):
+    """(schema, hyperparameters, SHA-256) of ``--evaluate-model``: the plan evaluates it, trains nothing."""
+    from client.cli import sha256_file
+    from common.model import Ensemble
+
+    if args.eval_epsilon is None:
+        raise CliError("--evaluate-model needs --eval-epsilon (the evaluation's privacy budget)")
+    if args.schema:
+        raise CliError("--evaluate-model takes the schema from the model; leave out --schema")
+    model = Ensemble.load(args.evaluate_model)
+    return model.schema, model.hyperparameters, sha256_file(Path(args.evaluate_model))
 
 # --------------------------------------------------------------------------- ca
 
@@ -194,13 +257,15 @@ def register(sub) -> None:
     add_tls_flags(c, "STATE")
     c.add_argument("--allow-insecure-test-randomness", action="store_true",
                    help="serve a plan with deterministic test-only randomness (no privacy; tests only)")
+    c.add_argument("--model", metavar="FILE",
+                   help="evaluation-only plans (evaluation.model_sha256): the existing model to evaluate")
     c.add_argument("--ready-fd", type=int, metavar="FD",
                    help="write the listening address to this inherited file descriptor once serving")
     c.add_argument("--json", action="store_true", help="print one JSON object on stdout at the end")
     c.set_defaults(func=cmd_coordinator)
 
     p = sub.add_parser("plan", help="write a plan (TOML) with its privacy statement computed")
-    p.add_argument("--schema", required=True, help="the public schema (TOML)")
+    p.add_argument("--schema", help="the public schema (TOML); required unless --evaluate-model")
     p.add_argument("--site", action="append", required=True, metavar="ID=identity.pub",
                    help="a roster entry: site id and its identity.pub file (or 64 hex digits); repeat per site")
     p.add_argument("--threshold", type=int,
@@ -230,6 +295,18 @@ def register(sub) -> None:
                    help="TESTS ONLY: deterministic randomness with this seed (no privacy)")
     p.add_argument("--test-noise", action=argparse.BooleanOptionalAction, default=True,
                    help="TESTS ONLY: with --insecure-test-randomness, add (deterministic) noise or none")
+    p.add_argument("--eval-epsilon", type=float, nargs="?", const=0.1, metavar="E",
+                   help="evaluate the model federatedly after training at ε_eval = E on the sites' held-out "
+                        "files (--eval-data), a budget separate from the training ε (default if given without "
+                        "a value: 0.1; docs/federated-evaluation.md)")
+    p.add_argument("--eval-bins", type=int, default=20, metavar="B",
+                   help="public score (binary) or residual (regression) bins of the evaluation (even; default 20)")
+    p.add_argument("--eval-residual-clip", type=float, metavar="R",
+                   help="regression evaluation: residuals are clipped to ±R (public; default: a quarter of the "
+                        "label range's width); the RMSE's noise grows with R²")
+    p.add_argument("--evaluate-model", metavar="MODEL",
+                   help="a plan that only evaluates this existing model (schema and hyperparameters from it; "
+                        "needs --eval-epsilon; run the coordinator with --model MODEL)")
     p.add_argument("--out", required=True, help="where to write the plan")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     add_hyperparameter_flags(p)

@@ -58,7 +58,7 @@ from common.splits import Splits, random_splits
 
 from .checkpoint import CoordinatorStore, Restored
 from common.federation.plan import Plan
-from common.federation.release import build_model, model_bytes, model_sha256
+from common.federation.release import build_model, evaluation_receipt, model_bytes, model_sha256
 from common.federation.wire import (
     AbortedMsg,
     Event,
@@ -109,6 +109,8 @@ class Work:
     def __str__(self) -> str:
         if self.purpose == Purpose.LEVEL:
             return f"tree {self.tree} level {self.level}"
+        if self.purpose == Purpose.EVAL:
+            return "evaluation"
         return "initial score" if self.purpose == Purpose.INIT_SCORE else f"tree {self.tree}"
 
 
@@ -231,10 +233,12 @@ class Session:
             construction.  Every step runs in one of its transactions, committed before the
             step's events are returned.  ``None`` keeps everything in memory (tests).
         randbytes: source of session tokens.
+        released: an evaluation-only plan (``evaluation.model_sha256``): the existing model's initial score
+            and trees (:func:`~common.federation.release.released_from_model`), released from the start.
     """
 
     def __init__(self, plan: Plan, randomness, now: float, store: CoordinatorStore | None = None,
-                 randbytes: Callable[[int], bytes] = os.urandom) -> None:
+                 randbytes: Callable[[int], bytes] = os.urandom, released=None) -> None:
         self.plan = plan
         self.hp = plan.hyperparameters
         self.enc = plan.encoding
@@ -252,6 +256,10 @@ class Session:
             self.init, self.has_init = InitScoreMsg(0.0, None, ()), True
         self.trees: list[TreeMsg] = restored.trees
         self.levels: list[tuple[np.ndarray, np.ndarray]] = restored.levels  # greedy: splits of the next tree
+        if (released is None) != (plan.eval_model_sha256 is None):
+            raise ValueError("an evaluation-only plan needs the existing model's trees, and only such a plan")
+        if released is not None:  # nothing is trained: the model's trees count as released
+            (self.init, self.trees), self.has_init = released, True
         self.rounds_failed = restored.rounds_failed
         self.total_trees = self.hp.total_rounds
         self.attempts: dict[Work, int] = {}
@@ -260,7 +268,8 @@ class Session:
         self.pipeline: PipelineStage = NoSetup()
         self.phase: RoundPhase = Between()
         self.model_json: bytes | None = None
-        resumed = bool(self.trees) or restored.has_init
+        self.evaluation: dict | None = None  # the evaluation receipt once released (or why it failed)
+        resumed = bool(restored.trees) or restored.has_init
         if restored.finished_sha256 is not None:
             model = build_model(plan, self.init, self.trees)
             self.model_json = model_bytes(model)
@@ -305,6 +314,8 @@ class Session:
             if self.plan.greedy_grid is not None and len(self.levels) < self.hp.depth:
                 return Work(Purpose.LEVEL, len(self.trees), len(self.levels))
             return Work(Purpose.TREE, len(self.trees))
+        if self.plan.eval_spec is not None and self.evaluation is None:
+            return Work(Purpose.EVAL)
         return None
 
     def status(self) -> dict:
@@ -552,7 +563,8 @@ class Session:
             if work is None:
                 return False
             per_tree = 1 if self.plan.greedy_grid is None else self.hp.depth + 1  # greedy: d levels + leaves
-            left = (0 if self.has_init else 1) + (self.total_trees - len(self.trees)) * per_tree - len(self.levels)
+            left = (0 if self.has_init else 1) + (self.total_trees - len(self.trees)) * per_tree - len(self.levels) \
+                + (work.purpose != Purpose.EVAL and self.plan.eval_spec is not None)
             slots = self.coord.slots_remaining()
             low = slots <= max(E // 2, 1) and slots < left + 1
             # a new epoch helps a stalled round only if some connected, caught-up site is usable in no ready epoch
@@ -683,9 +695,9 @@ class Session:
     def _min_survivors(self, ph: RoundInFlight) -> int:
         """The survivor count the sites require before signing U3 (client/site.py applies the same rule).
 
-        Distributed noise, tree rounds: k_r + c with k_r = max(t, |P_r| − s) − c.  Otherwise t.
+        Distributed noise, tree and evaluation rounds: k_r + c with k_r = max(t, |P_r| − s) − c.  Otherwise t.
         """
-        if self.plan.noise != "distributed" or ph.work.purpose not in (Purpose.TREE, Purpose.LEVEL):
+        if self.plan.noise != "distributed" or ph.work.purpose == Purpose.INIT_SCORE:
             return self.t
         return self.plan.min_survivors(len(ph.request.participants))
 
@@ -717,6 +729,8 @@ class Session:
     def _begin(self, work: Work, epoch_id: int, participants: list[str], now: float, out: list[Outgoing]) -> bool:
         if work.purpose == Purpose.LEVEL:
             d = self.plan.greedy_grid.layout(work.tree, work.level).length
+        elif work.purpose == Purpose.EVAL:
+            d = self.plan.eval_spec.length
         else:
             d = (init_vector_len(self.plan.schema) if work.purpose == Purpose.INIT_SCORE
                  else round_vector_len(self.plan.schema, self.hp))
@@ -776,7 +790,9 @@ class Session:
                     extra={"event": "round_failed", "round_id": ph.rnd.round_id, "work": str(ph.work),
                            "reason": reason})
         self.phase = Between()
-        if n >= self.plan.max_attempts:
+        if n >= self.plan.max_attempts and ph.work.purpose == Purpose.EVAL:  # the model stands without it
+            self.evaluation = {"failed": f"evaluation failed {n} times (last: {reason})"}
+        elif n >= self.plan.max_attempts:
             self._fail(f"{ph.work} failed {n} times (last: {reason})", out)
 
     def _release(self, work: Work, result, now: float, out: list[Outgoing]) -> None:
@@ -784,6 +800,11 @@ class Session:
             return self._release_level(work, result, now)
         total = np.asarray(result.total, dtype=np.int64)
         central = self.plan.noise == "central"
+        if work.purpose == Purpose.EVAL:  # sites added the noise in either mode; only metrics are released
+            self.evaluation = evaluation_receipt(self.plan, total, result.round_id, result.survivors)
+            log.info(f"evaluation released (round {result.round_id}, sites {list(result.survivors)}, "
+                     f"ε_eval = {self.plan.eval_epsilon:g})", extra={"event": "evaluation", "evaluation": self.evaluation})
+            return
         if work.purpose == Purpose.INIT_SCORE:
             if central:
                 total = total + self.randomness.discrete_laplace(init_noise_scales(self.hp, self.enc, self.cal))

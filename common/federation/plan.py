@@ -30,6 +30,12 @@ A plan is a TOML file every party can read and hash::
     ...
     [schema]                      # the public schema, inline (same keys as examples/*/schema.toml)
     ...
+    [evaluation]                  # optional: federated evaluation after training (docs/federated-evaluation.md)
+    epsilon = 0.1                 # ε_eval, charged to the sites' held-out files (not to training records)
+    bins = 20                     # public score (binary) or residual (regression) bins
+    residual_clip = 7.0           # regression: residuals clipped to ±R (default: label range width / 4)
+    model_sha256 = "…"            # optional: evaluate this existing model; no training rounds
+
     [[sites]]
     id = "hospital-a"
     identity_key = "<64 hex digits: raw Ed25519 public key>"
@@ -162,6 +168,10 @@ class Plan:
     test_seed: int = 0
     test_noise: bool = True
     deadlines: Deadlines = field(default_factory=Deadlines)
+    eval_epsilon: float | None = None  # [evaluation] epsilon: ε_eval of the federated evaluation (None: none)
+    eval_bins: int = 20  # [evaluation] bins: public score / residual bins (common/fed_eval.py)
+    eval_model_sha256: str | None = None  # [evaluation] model_sha256: evaluate this existing model (no training)
+    eval_residual_clip: float | None = None  # [evaluation] residual_clip: R of a regression evaluation
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sites", tuple(sorted(self.sites, key=lambda s: s.site_id)))
@@ -222,6 +232,12 @@ class Plan:
         if est > MAX_MESSAGE_BYTES // 2:
             raise PlanError(f"{n} sites with epoch_rounds = {self.epoch_rounds} would need messages of about "
                             f"{est / 2**20:.1f} MiB (limit {MAX_MESSAGE_BYTES // 2**21} MiB); lower epoch_rounds")
+        if self.eval_epsilon is not None:
+            self.eval_spec  # noqa: B018 - validates the [evaluation] section
+        h = self.eval_model_sha256
+        if h is not None and (self.eval_epsilon is None or not isinstance(h, str) or len(h) != 64
+                              or any(c not in "0123456789abcdef" for c in h)):
+            raise PlanError("evaluation.model_sha256 must be 64 lower-case hex digits (with evaluation.epsilon)")
         self.secagg_config()  # threshold and fixed-point capacity checks
         self.check_discrete_noise()
 
@@ -277,8 +293,9 @@ class Plan:
     @property
     def max_vector_len(self) -> int:
         """The longest secure-aggregation vector: a round's leaf sums (K class trees for a multiclass task), the
-        initial score's sums, or a greedy tree's deepest level."""
-        n = max(round_vector_len(self.schema, self.hyperparameters), init_vector_len(self.schema))
+        initial score's sums, a greedy tree's deepest level or the federated evaluation's histogram."""
+        n = max(round_vector_len(self.schema, self.hyperparameters), init_vector_len(self.schema),
+                0 if self.eval_spec is None else self.eval_spec.length)
         return n if self.greedy_grid is None else max(n, self.greedy_grid.max_vector_len())
 
     def level_share_scales(self, tree: int, level: int, shares: int):
@@ -287,6 +304,17 @@ class Plan:
             raise PlanError(f"level noise cannot be split into {shares} shares (n = {self.n})")
         return self.greedy_grid.noise_scales(tree, level, self.encoding.grad.bound_units,
                                              self.calibration().sigma_select, shares)
+    def eval_spec(self):
+        """The federated evaluation this plan declares (common/fed_eval.py), or ``None``."""
+        if self.eval_epsilon is None:
+            return None
+        from common.fed_eval import EvalError, EvalSpec
+
+        try:
+            return EvalSpec(self.schema.task, self.eval_epsilon, self.hyperparameters.delta, self.eval_bins,
+                            self.schema.label_range, self.eval_residual_clip)
+        except EvalError as e:
+            raise PlanError(str(e)) from None
 
     @property
     def guarantee(self) -> str:
@@ -431,7 +459,10 @@ class Plan:
 
     def max_abs_input(self) -> int:
         enc = self.encoding
-        return max(enc.grad.bound_units, enc.hess.bound_units, enc.label.bound_units, 1) * self.max_records_per_site
+        units = max(enc.grad.bound_units, enc.hess.bound_units, enc.label.bound_units, 1)
+        if self.eval_spec is not None:  # a held-out file has at most max_records_per_site records too
+            units = max(units, self.eval_spec.max_entry(1))
+        return units * self.max_records_per_site
 
     def noise_sigma_units(self) -> float:
         """Largest per-entry noise scale a site passes to secure aggregation (range check and capacity).
@@ -450,6 +481,8 @@ class Plan:
             shares = self.noise_shares if self.noise == "distributed" else 1
             s = max(s, self.greedy_grid.max_noise_scale(self.encoding.grad.bound_units,
                                                         self.calibration().sigma_select, shares))
+        if self.eval_spec is not None:  # every site adds a full evaluation noise share (common/fed_eval.py)
+            s = max(s, float(self.eval_spec.noise_scales().max()))
         return s
 
     def secagg_config(self):
@@ -517,7 +550,10 @@ class Plan:
             "hyperparameters": {k: v for k, v in self.hyperparameters.to_dict().items() if v is not None},
             "schema": self.schema.to_dict(),
             "sites": [s.to_dict() for s in self.sites],
-        }
+        } | ({} if self.eval_epsilon is None else
+             {"evaluation": {"epsilon": float(self.eval_epsilon), "bins": self.eval_bins}
+              | ({} if self.eval_model_sha256 is None else {"model_sha256": self.eval_model_sha256})
+              | ({} if self.eval_residual_clip is None else {"residual_clip": float(self.eval_residual_clip)})})
 
     def to_toml(self) -> str:
         from .toml_writer import dumps
@@ -548,7 +584,8 @@ class Plan:
         if d.get("format", FORMAT) != FORMAT or d.get("version", VERSION) != VERSION:
             raise PlanError(f"{source}: not a fedsbdt plan of version {VERSION} "
                             f"(format = {d.get('format')!r}, version = {d.get('version')!r})")
-        known = {"format", "version", "session", "deadlines", "privacy", "hyperparameters", "schema", "sites"}
+        known = {"format", "version", "session", "deadlines", "privacy", "hyperparameters", "schema", "sites",
+                 "evaluation"}
         unknown = sorted(set(d) - known)
         if unknown:
             raise PlanError(f"{source}: unknown section(s) {', '.join(unknown)}")
@@ -605,6 +642,11 @@ class Plan:
                 raise PlanError(f"{source}: site {sid!r}: identity_key must be 64 hex digits (a raw Ed25519 "
                                 "public key, as written by `fedsbdt keygen` to identity.pub)")
             sites.append(SiteEntry(sid, raw))
+        ev = section("evaluation", required=False)
+        bad = sorted(set(ev) - {"epsilon", "bins", "model_sha256", "residual_clip"})
+        if bad or (ev and "epsilon" not in ev):
+            raise PlanError(f"{source}: [evaluation] takes epsilon (required), bins, residual_clip and model_sha256"
+                            + (f"; unknown key(s) {', '.join(bad)}" if bad else ""))
         try:
             return cls(
                 session_id=s["id"], schema=schema, hyperparameters=hp, sites=tuple(sites), threshold=s["threshold"],
@@ -615,6 +657,8 @@ class Plan:
                 max_attempts=s.get("max_attempts", 20), randomness=s.get("randomness", "secure"),
                 sampler=s.get("sampler", "ours"),
                 test_seed=s.get("test_seed", 0), test_noise=s.get("test_noise", True), deadlines=Deadlines(**dl),
+                eval_epsilon=ev.get("epsilon"), eval_bins=ev.get("bins", 20),
+                eval_model_sha256=ev.get("model_sha256"), eval_residual_clip=ev.get("residual_clip"),
             )
         except PlanError as e:
             raise PlanError(f"{source}: {e}") from None

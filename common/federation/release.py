@@ -56,6 +56,8 @@ def build_model(plan: Plan, init: InitScoreMsg | None, trees: Sequence[TreeMsg])
     if plan.encoding.classes > 1:
         model.privacy.update(receipt_sensitivity(plan.hyperparameters, plan.encoding))
     model.training = training_record(plan, init, trees)
+    if plan.eval_spec is not None:  # declared in the plan: every party adds the same entry
+        model.privacy["evaluation"] = evaluation_declaration(plan)
     return model
 
 
@@ -69,6 +71,19 @@ def _default_left(plan: Plan, index: int):
     if hp.tree_builder != "random":
         return np.zeros(2**hp.depth - 1, bool)
     return missing_directions(plan.schema, hp.seed, index, 2**hp.depth - 1)
+def evaluation_declaration(plan: Plan) -> dict:
+    """The federated evaluation's privacy terms, separate from the training ε (docs/federated-evaluation.md)."""
+    d = plan.eval_spec.to_dict()
+    d["records"] = "each site's held-out file (disjoint from its training records): a separate budget"
+    return d
+
+
+def evaluation_receipt(plan: Plan, total, round_id: int, sites: Sequence[str]) -> dict:
+    """What the coordinator releases after an evaluation round: metrics from the noisy sum, and their terms."""
+    return {"epsilon_eval": float(plan.eval_epsilon), "delta_eval": float(plan.hyperparameters.delta),
+            "sigma_eval": plan.eval_spec.sigma, "bins": plan.eval_bins, "training_epsilon": plan.stated_epsilon,
+            "plan_sha256": plan.sha256, "round_id": int(round_id), "sites": list(sites),
+            "metrics": plan.eval_spec.metrics(total)}
 
 
 def model_bytes(model: Ensemble) -> bytes:
@@ -77,3 +92,29 @@ def model_bytes(model: Ensemble) -> bytes:
 
 def model_sha256(model: Ensemble) -> str:
     return hashlib.sha256(model_bytes(model)).hexdigest()
+
+
+def released_from_model(plan: Plan, model: Ensemble, sha256: str) -> tuple[InitScoreMsg, list[TreeMsg]]:
+    """An existing model's initial score and trees as released records, for an evaluation-only plan.
+
+    Refuses (``ValueError``, one sentence) a model that is not the one the plan pins, or whose schema,
+    hyperparameters or splits differ from the plan's (every site checks the splits again when it applies them).
+    """
+    from common.splits import random_splits
+
+    if plan.eval_model_sha256 is None:
+        raise ValueError("the plan does not evaluate an existing model (no evaluation.model_sha256)")
+    if sha256 != plan.eval_model_sha256:
+        raise ValueError(f"the model file has SHA-256 {sha256}, the plan pins {plan.eval_model_sha256}")
+    if model.schema.digest() != plan.schema.digest() or model.hyperparameters != plan.hyperparameters:
+        raise ValueError("the model's schema or hyperparameters differ from the plan's")
+    hp = plan.hyperparameters
+    if len(model.trees) != hp.total_rounds:
+        raise ValueError(f"the model has {len(model.trees)} trees, the plan's hyperparameters {hp.total_rounds}")
+    trees = []
+    for k, t in enumerate(model.trees):
+        sp = random_splits(plan.schema, hp.depth, hp.seed, k, hp.cyclical, hp.split_candidates)
+        if not (np.array_equal(t.features, sp.features) and np.array_equal(t.thresholds, sp.thresholds)):
+            raise ValueError(f"tree {k} of the model does not use the plan's public random splits")
+        trees.append(TreeMsg(k, 0, (), sp.features, sp.thresholds, np.asarray(t.leaves, dtype=np.float64)))
+    return InitScoreMsg(float(model.init_score), None, ()), trees

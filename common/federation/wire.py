@@ -72,6 +72,7 @@ class Purpose(enum.IntEnum):
     INIT_SCORE = 1
     TREE = 2
     LEVEL = 3  # greedy trees: the noisy histograms of one level of one tree (docs/greedy.md)
+    EVAL = 4  # federated evaluation of the released model (common/fed_eval.py); no proto change: open enum
 
 
 # --------------------------------------------------------------------------- coordinator → site

@@ -176,7 +176,10 @@ def test_demo_runs_a_whole_federation_and_prints_one_json_object():
     assert p.returncode == 0, p.stderr[-3000:]
     out = json.loads(p.stdout)
     assert set(out) == {"n", "rmse", "epsilon", "delta", "sites", "trees", "dataset", "rows", "dropped",
-                        "model_sha256", "seconds"}
+                        "model_sha256", "seconds", "federated"}
+    fed = out["federated"]  # the held-out metric, evaluated federatedly (docs/federated-evaluation.md)
+    assert fed["epsilon_eval"] == 1.0 and fed["training_epsilon"] == out["epsilon"] and len(fed["sites"]) == 3
+    assert fed["model_sha256"] == out["model_sha256"] and 0 < fed["metrics"]["rmse"] <= 7.0
     assert out["sites"] == 3 and out["epsilon"] <= 1.0 and 1.0 < out["rmse"] < 5.0
     assert out["delta"] == 5e-8 and out["trees"] == 6 and out["dataset"] == "abalone"
     assert out["rows"] + out["n"] == 4177 and out["dropped"] == 0 and len(out["model_sha256"]) == 64

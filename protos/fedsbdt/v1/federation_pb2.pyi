@@ -13,6 +13,7 @@ class Purpose(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     PURPOSE_INIT_SCORE: _ClassVar[Purpose]
     PURPOSE_TREE: _ClassVar[Purpose]
     PURPOSE_LEVEL: _ClassVar[Purpose]
+    PURPOSE_EVAL: _ClassVar[Purpose]
 
 class ReportKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -24,6 +25,7 @@ PURPOSE_UNSPECIFIED: Purpose
 PURPOSE_INIT_SCORE: Purpose
 PURPOSE_TREE: Purpose
 PURPOSE_LEVEL: Purpose
+PURPOSE_EVAL: Purpose
 REPORT_UNSPECIFIED: ReportKind
 REPORT_PROGRESS: ReportKind
 REPORT_REFUSED: ReportKind

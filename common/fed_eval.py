@@ -1,0 +1,255 @@
+"""Federated evaluation: score-by-label histograms, their sensitivity and noise, metrics from noisy sums.
+
+Pure functions (no I/O, no randomness of their own) used by the sites (one
+site's integer vector and its noise scales) and the coordinator (metrics
+computed from the noisy aggregate by post-processing).  The derivation is in
+docs/federated-evaluation.md; in short:
+
+**Vector layout.**  Binary classification, ``B`` public score bins of equal
+width on [0, 1] (bin ``b`` holds scores in ``[b/B, (b+1)/B)``, score 1 in the
+last bin)::
+
+    [ n(b, y=0) for b < B | n(b, y=1) for b < B | Σ ℓ_q ]
+
+with ``ℓ_q = round(Q · min(−ln p(y), L) / L)`` the record's log-loss clipped
+to ``L = LOGLOSS_CLIP`` (probabilities below e^−L count as e^−L) and
+quantised to ``Q = SUM_UNITS`` integer units.  Regression, residuals
+``r = prediction − label`` clipped to ``[−R, R]`` with ``R`` a public clip, a quarter of the width of the
+public label range by default (plan key ``evaluation.residual_clip``), ``B``
+equal bins on ``[−R, R]``::
+
+    [ n(b) for b < B | Σ round(Q·|r|/R) | Σ round(Q·(r/R)²) ]
+
+**Sensitivity.**  Adding or removing one record changes ``m`` coordinates
+(classification m = 2: one count by 1, the loss sum by ≤ Q; regression m = 3:
+one count by 1, each sum by ≤ Q).  Coordinate ``j`` gets discrete Gaussian
+noise of scale ``S_j = √m · σ · Δ_j`` (Δ = 1 for counts, Q for sums), so the
+normalised L2 sensitivity is ``Σ_j (Δ_j/S_j)² = m/(m σ²) = 1/σ²``: the
+release is a Gaussian mechanism with noise multiplier σ (discrete Gaussian:
+Canonne–Kamath–Steinke 2020, Thm. 8/Prop. 14, the same RDP ``α/(2σ²)``).
+
+**Calibration.**  σ is the smallest noise multiplier whose RDP curve
+``α/(2σ²)``, converted by Cor. 6 of the S-BDT paper (``common.accountant``),
+gives ε ≤ ε_eval at the plan's δ: one :class:`~common.accountant.GaussianEvent`.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+#: Log-loss clip L (nats): probabilities below e^−L ≈ 0.001 count as e^−L.
+LOGLOSS_CLIP = math.log(1000.0)
+#: Integer units per L (log-loss) or per R (regression sums) of one record's contribution.
+SUM_UNITS = 1024
+#: Default ε_eval (plan key ``evaluation.epsilon``); see docs/federated-evaluation.md "Choosing ε_eval".
+DEFAULT_EPSILON = 0.1
+#: Default number of public score / residual bins.
+DEFAULT_BINS = 20
+TASKS = ("binary", "regression")
+
+
+class EvalError(ValueError):
+    """An evaluation declaration or vector is impossible."""
+
+
+@lru_cache(maxsize=64)
+def eval_sigma(epsilon: float, delta: float) -> float:
+    """Smallest noise multiplier σ of one Gaussian release with (ε_eval, δ) by the RDP accountant (Cor. 6)."""
+    from common.accountant import GaussianEvent, _bisect_sigma, default_alpha_max, event_epsilon_rdp
+
+    if not (math.isfinite(epsilon) and epsilon > 0) or not 0 < delta < 1:
+        raise EvalError(f"ε_eval must be > 0 and δ in (0, 1), got ε_eval = {epsilon!r}, δ = {delta!r}")
+    amax = default_alpha_max(epsilon, delta)
+    return _bisect_sigma(lambda s: event_epsilon_rdp(GaussianEvent(s), delta, amax)[0], epsilon, lo=1e-4, hi=1e7)
+
+
+@dataclass(frozen=True)
+class EvalSpec:
+    """The public declaration of one federated evaluation (from the plan: task, ε_eval, δ, bins, label range)."""
+
+    task: str
+    epsilon: float
+    delta: float
+    bins: int = DEFAULT_BINS
+    label_range: tuple[float, float] | None = None
+    residual_clip: float | None = None  # R (regression); None: a quarter of the label range's width
+
+    def __post_init__(self) -> None:
+        if self.task not in TASKS:
+            raise EvalError(f"federated evaluation supports the tasks {', '.join(TASKS)}, not {self.task!r}")
+        if isinstance(self.bins, bool) or not isinstance(self.bins, int) or not 2 <= self.bins <= 1000 \
+                or self.bins % 2:
+            raise EvalError(f"evaluation.bins = {self.bins!r}: must be an even integer in 2..1000 (0.5 is then a "
+                            "bin edge, so accuracy is exact)")
+        if isinstance(self.epsilon, bool) or not isinstance(self.epsilon, (int, float)) \
+                or not (math.isfinite(self.epsilon) and 0 < self.epsilon <= 100):
+            raise EvalError(f"evaluation.epsilon = {self.epsilon!r}: must be a number in (0, 100]")
+        if self.task == "regression":
+            lo, hi = self.label_range or (0.0, 0.0)
+            if not hi > lo:
+                raise EvalError("regression evaluation needs the schema's public label_range")
+        r = self.residual_clip
+        if r is not None and (self.task != "regression" or isinstance(r, bool) or not isinstance(r, (int, float))
+                              or not (math.isfinite(r) and r > 0)):
+            raise EvalError(f"evaluation.residual_clip = {r!r}: a positive number, for regression only")
+
+    # ------------------------------------------------------------------ layout
+
+    @property
+    def length(self) -> int:
+        """Length of one site's vector."""
+        return 2 * self.bins + 1 if self.task == "binary" else self.bins + 2
+
+    @property
+    def touched(self) -> int:
+        """m: coordinates one record changes (one count, plus one or two clipped sums)."""
+        return 2 if self.task == "binary" else 3
+
+    def sensitivities(self) -> np.ndarray:
+        """Δ_j: the largest change of coordinate j when one record is added or removed."""
+        d = np.ones(self.length)
+        d[2 * self.bins if self.task == "binary" else self.bins:] = SUM_UNITS
+        return d
+
+    @property
+    def sigma(self) -> float:
+        """Noise multiplier σ of the release (ε_eval, δ)."""
+        return eval_sigma(float(self.epsilon), float(self.delta))
+
+    def noise_scales(self) -> np.ndarray:
+        """Per-coordinate std S_j = √m·σ·Δ_j (integer units) of the discrete Gaussian a site adds."""
+        return math.sqrt(self.touched) * self.sigma * self.sensitivities()
+
+    def normalised_sensitivity(self) -> float:
+        """√Σ_j-over-one-record (Δ_j/S_j)²: equals 1/σ (the Gaussian mechanism's noise multiplier σ)."""
+        d, s = self.sensitivities(), self.noise_scales()
+        per = (d / s) ** 2
+        k = 2 * self.bins if self.task == "binary" else self.bins
+        worst = per[:k].max() + per[k:].sum()  # one count cell and every sum
+        return math.sqrt(worst)
+
+    def max_entry(self, records: int) -> int:
+        """Largest entry of a site vector over ``records`` records (for the fixed-point capacity check)."""
+        return SUM_UNITS * int(records)
+
+    def to_dict(self) -> dict:
+        return {"epsilon": float(self.epsilon), "delta": float(self.delta), "sigma": self.sigma,
+                "bins": self.bins, **({"residual_clip": self._residual_range()} if self.task == "regression" else {}), "mechanism": "discrete Gaussian, one full share per site",
+                "neighbours": "add/remove one held-out record"}
+
+    # ------------------------------------------------------------------ one site's vector
+
+    def _residual_range(self) -> float:
+        """R: residuals are clipped to [−R, R] (public: the plan's residual_clip, or (hi − lo)/4)."""
+        if self.residual_clip is not None:
+            return float(self.residual_clip)
+        lo, hi = self.label_range
+        return (float(hi) - float(lo)) / 4.0
+
+    def histogram(self, y: np.ndarray, pred: np.ndarray) -> np.ndarray:
+        """One site's integer vector for labels ``y`` and predictions ``pred`` (probabilities / values)."""
+        y = np.asarray(y, dtype=np.float64)
+        pred = np.asarray(pred, dtype=np.float64)
+        if y.shape != pred.shape or y.ndim != 1:
+            raise EvalError("labels and predictions must be vectors of the same length")
+        if not np.isfinite(pred).all():
+            raise EvalError("predictions must be finite")
+        B = self.bins
+        out = np.zeros(self.length, dtype=np.int64)
+        if self.task == "binary":
+            p = np.clip(pred, 0.0, 1.0)
+            pos = y == 1
+            b = np.minimum((p * B).astype(np.int64), B - 1)
+            np.add.at(out, b + B * pos, 1)
+            py = np.where(pos, p, 1.0 - p)
+            loss = np.minimum(-np.log(np.maximum(py, math.exp(-LOGLOSS_CLIP))), LOGLOSS_CLIP)
+            out[2 * B] = int(np.rint(loss / LOGLOSS_CLIP * SUM_UNITS).sum())
+        else:
+            R = self._residual_range()
+            r = np.clip(pred - y, -R, R)
+            b = np.minimum(((r + R) / (2 * R) * B).astype(np.int64), B - 1)
+            np.add.at(out, b, 1)
+            out[B] = int(np.rint(np.abs(r) / R * SUM_UNITS).sum())
+            out[B + 1] = int(np.rint((r / R) ** 2 * SUM_UNITS).sum())
+        return out
+
+    # ------------------------------------------------------------------ metrics (post-processing)
+
+    def metrics(self, total: np.ndarray) -> dict:
+        """Aggregate metrics from a (noisy) summed vector.  Negative noisy counts are read as 0.
+
+        Every metric is clamped to its possible range (post-processing).  Binary: n, AUC (pairs within a bin count ½), accuracy at 0.5, clipped log-loss, calibration curve
+        (per bin: public bin midpoint, noisy count, observed positive rate).  Regression: n, RMSE, MAE (of
+        residuals clipped to ±R), residual histogram (public edges, noisy counts).
+        """
+        v = np.asarray(total, dtype=np.float64)
+        if v.shape != (self.length,):
+            raise EvalError(f"an evaluation vector has {self.length} entries, got shape {v.shape}")
+        B = self.bins
+        if self.task == "binary":
+            neg = np.maximum(v[:B], 0.0)
+            pos = np.maximum(v[B:2 * B], 0.0)
+            P, N = pos.sum(), neg.sum()
+            n = P + N
+            below = np.concatenate([[0.0], np.cumsum(neg)[:-1]])
+            auc = float((pos * (below + 0.5 * neg)).sum() / (P * N)) if P > 0 and N > 0 else None
+            half = B // 2
+            acc = float((neg[:half].sum() + pos[half:].sum()) / n) if n > 0 else None
+            ll = float(min(max(v[2 * B], 0.0) / SUM_UNITS / n, 1.0) * LOGLOSS_CLIP) if n > 0 else None
+            curve = []
+            for b in range(B):
+                c = pos[b] + neg[b]
+                curve.append({"bin": [b / B, (b + 1) / B], "count": float(c),
+                              "observed": float(pos[b] / c) if c > 0 else None})
+            return {"n": float(n), "auc": auc, "accuracy": acc, "logloss": ll, "calibration": curve}
+        R = self._residual_range()
+        h = np.maximum(v[:B], 0.0)
+        n = h.sum()
+        mae = float(min(max(v[B], 0.0) / SUM_UNITS / n, 1.0) * R) if n > 0 else None  # each |r| ≤ R
+        rmse = float(math.sqrt(min(max(v[B + 1], 0.0) / SUM_UNITS / n, 1.0)) * R) if n > 0 else None
+        edges = np.linspace(-R, R, B + 1)
+        return {"n": float(n), "rmse": rmse, "mae": mae,
+                "residuals": [{"bin": [float(edges[b]), float(edges[b + 1])], "count": float(h[b])}
+                              for b in range(B)]}
+
+    def resolution(self, total: np.ndarray) -> dict:
+        """How far the histogram metrics may be from the exact pooled ones (noiseless ``total``).
+
+        AUC: pairs of a positive and a negative in the same bin count ½ whatever their order, so
+        |AUC_hist − AUC_exact| ≤ ½·Σ_b P_b·N_b / (P·N).  Sums: each record's term is rounded to 1/(2Q).
+        """
+        v = np.asarray(total, dtype=np.float64)
+        B = self.bins
+        if self.task == "binary":
+            neg, pos = v[:B], v[B:2 * B]
+            auc = float(0.5 * (pos * neg).sum() / (pos.sum() * neg.sum()))
+            return {"auc": auc, "logloss": LOGLOSS_CLIP / (2 * SUM_UNITS)}
+        R = self._residual_range()
+        return {"mae": R / (2 * SUM_UNITS), "mse": R * R / (2 * SUM_UNITS)}
+
+
+def describe(metrics: dict) -> str:
+    """One line of the headline metrics (for the command line)."""
+    keys = ("auc", "accuracy", "logloss") if "auc" in metrics else ("rmse", "mae")
+    parts = [f"n≈{metrics['n']:.0f}"] + [f"{k}={metrics[k]:.4f}" if metrics[k] is not None else f"{k}=n/a"
+                                        for k in keys]
+    return " ".join(parts)
+
+
+def exact_metrics(spec: EvalSpec, y: np.ndarray, pred: np.ndarray) -> dict:
+    """The pooled metrics on all records at once, with the same public clipping (the oracle for tests)."""
+    from common.metrics import accuracy, auc
+
+    y = np.asarray(y, dtype=np.float64)
+    pred = np.asarray(pred, dtype=np.float64)
+    if spec.task == "binary":
+        p = np.clip(pred, 0.0, 1.0)
+        py = np.where(y == 1, p, 1.0 - p)
+        ll = float(np.minimum(-np.log(np.maximum(py, math.exp(-LOGLOSS_CLIP))), LOGLOSS_CLIP).mean())
+        return {"n": float(y.size), "auc": auc(y, p), "accuracy": accuracy(y, p), "logloss": ll}
+    R = spec._residual_range()
+    r = np.clip(pred - y, -R, R)
+    return {"n": float(y.size), "rmse": float(np.sqrt(np.mean(r * r))), "mae": float(np.mean(np.abs(r)))}

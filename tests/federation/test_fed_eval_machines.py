@@ -1,0 +1,186 @@
+"""Federated evaluation in the transport-free state machines (server.session, client.site): the eval round.
+
+The in-process transport of inproc.py; abalone with record ids, three sites, each with a held-out file.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from common.config import Hyperparameters
+from common.data import load
+from common.fed_eval import exact_metrics
+from common.federation.release import build_model
+from client.site import NeedCatchUp, SiteMachine, SiteRefusal
+from common.federation.wire import InputReply, Purpose, Refusal, RoundStartMsg
+from common.secagg import RoundStart, decode_message
+
+from .conftest import abalone_with_ids, write_splits
+from .inproc import InProcess
+from .test_state_machines import SITES, Fed
+
+HP = Hyperparameters(trees=4, depth=2, seed=5, epsilon=1.0)
+
+
+class EvalFed(Fed):
+    """Fed whose sites each hold a held-out file (the rows after the training sample)."""
+
+    def __init__(self, tmp_path, hp=HP, eval_epsilon=0.1, held_out=True, site_opts=None, **session):
+        self.eval_paths = {}
+        if held_out:
+            schema, raw = abalone_with_ids(900)
+            self.eval_paths = write_splits(raw.iloc[240:], SITES, tmp_path / "held-out")
+        self.site_opts = site_opts or {}
+        super().__init__(tmp_path, hp, eval_epsilon=eval_epsilon, **session)
+
+    def options(self, **opts):
+        return super().options(**({"eval_data": None} | self.site_opts) | opts)
+
+    def machine(self, s):
+        self.site_opts = self.site_opts | {"eval_data": self.eval_paths.get(s)}
+        return super().machine(s)
+
+    def pooled(self):
+        ys, preds = [], []
+        model = build_model(self.plan, self.session.init, self.session.trees)
+        for p in self.eval_paths.values():
+            ds = load(p, self.plan.schema)
+            ys.append(ds.y)
+            preds.append(model.predict(ds.X))
+        return exact_metrics(self.plan.eval_spec, np.concatenate(ys), np.concatenate(preds))
+
+
+@pytest.mark.parametrize("noise", ["distributed", "central"])
+def test_noiseless_federated_evaluation_equals_pooled(tmp_path, noise):
+    f = EvalFed(tmp_path, test_noise=False, noise=noise).start()
+    f.fed.run()
+    assert f.session.exit_code == 0, f.session.stage
+    ev = f.session.evaluation
+    pooled = f.pooled()
+    m = ev["metrics"]
+    assert m["n"] == pooled["n"] == 660
+    res = f.plan.eval_spec.resolution(np.zeros(f.plan.eval_spec.length))
+    assert abs(m["mae"] - pooled["mae"]) <= res["mae"]
+    assert abs(m["rmse"] ** 2 - pooled["rmse"] ** 2) <= res["mse"]
+    assert ev["epsilon_eval"] == 0.1 and ev["training_epsilon"] == pytest.approx(1.0)
+    assert sorted(ev["sites"]) == SITES
+    for s in SITES:
+        charge = f.machines[s].ledger.eval_charge()
+        assert charge["epsilon_eval"] == 0.1 and charge["records"] == 220
+
+
+def _eval_start(f: Fed, site: str, vector_len: int, offset: int = 1) -> RoundStartMsg:
+    """A structurally valid evaluation RoundStart for the site's current epoch and a fresh round slot."""
+    ep = f.session.coord.epoch(min(f.session.coord.ready_epochs()))
+    r = (f.machines[site].secagg._wm.max_round or 0) + offset
+    start = RoundStart(f.session.coord.config.digest, ep.epoch, r, vector_len, tuple(SITES))
+    return RoundStartMsg(Purpose.EVAL, 0, start.to_bytes())
+
+
+def test_site_refuses_evaluation_requests_its_plan_does_not_allow(tmp_path):
+    # a plan without [evaluation]: an evaluation request is refused, whatever it looks like
+    f = Fed(tmp_path / "a", HP).start()
+    f.fed.run(until=lambda: f.machines["hosp-a"].trees_applied == HP.total_rounds)
+    out = f.machines["hosp-a"].handle(_eval_start(f, "hosp-a", 22))
+    assert isinstance(out[0], Refusal) and "declares no federated evaluation" in out[0].detail
+    # a plan with one: a request of another vector length, or before the last tree, is refused
+    g = EvalFed(tmp_path / "b", eval_epsilon=0.5).start()
+    g.fed.run(until=lambda: g.machines["hosp-a"].trees_applied == 2)
+    m = g.machines["hosp-a"]
+    with pytest.raises(NeedCatchUp):  # before the last tree: fetch the released trees first
+        m.handle(_eval_start(g, "hosp-a", g.plan.eval_spec.length))
+    g.fed.run(until=lambda: all(x.trees_applied == HP.total_rounds for x in g.machines.values()))
+    out = m.handle(_eval_start(g, "hosp-a", g.plan.eval_spec.length + 2))
+    assert isinstance(out[0], Refusal) and "vector length" in out[0].detail
+    assert m.ledger.eval_charge() is None  # nothing charged, nothing stored
+    # ε_eval above the site's own limit: refused before joining
+    with pytest.raises(SiteRefusal, match="max-eval-epsilon"):
+        SiteMachine("hosp-a", g.keys["hosp-a"], g.paths["hosp-a"], tmp_path / "c",
+                    g.options(max_eval_epsilon=0.25)).accept_plan(g.plan.canonical_json, g.plan.sha256)
+    # a held-out file that does not match the schema: refused with one sentence
+    bad = tmp_path / "bad.csv"
+    bad.write_text("rid,x\n1,2\n")
+    with pytest.raises(SiteRefusal, match="held-out data"):
+        SiteMachine("hosp-a", g.keys["hosp-a"], g.paths["hosp-a"], tmp_path / "d",
+                    g.options(eval_data=bad)).accept_plan(g.plan.canonical_json, g.plan.sha256)
+
+
+def test_a_retried_evaluation_resends_the_stored_vector_and_charges_once(tmp_path):
+    f = EvalFed(tmp_path, eval_epsilon=0.3, test_noise=True).start()
+    f.fed.run(until=lambda: f.machines["hosp-a"].trees_applied == HP.total_rounds)
+    m = f.machines["hosp-a"]
+    sent = []
+    for offset in (1, 2):  # two attempts of the evaluation round (the first one failed somewhere)
+        out = m.handle(_eval_start(f, "hosp-a", f.plan.eval_spec.length, offset=1))
+        assert isinstance(out[0], InputReply)
+        sent.append(m.ledger.eval_vector())
+        if offset == 1:
+            first = decode_message(out[0].secagg).round_id
+    (x1, n1), (x2, n2) = sent
+    assert np.array_equal(x1, x2) and np.array_equal(n1, n2) and np.any(n1 != 0)  # identical vector and noise
+    assert int(x1[: f.plan.eval_spec.bins].sum()) == 220  # the held-out records, in the residual histogram
+    assert m.ledger.eval_charge()["round_id"] == first  # one ε_eval release, charged at the first attempt
+    assert m.ledger.tree_contributions() == HP.total_rounds  # the training ledger is untouched by evaluation
+
+
+def test_an_existing_model_is_evaluated_without_training(tmp_path):
+    from common.engine import train
+    from common.federation.plan import make_plan, SiteEntry
+    from common.federation.release import released_from_model, model_sha256
+    from common.randomness import InsecureTestRandomness
+    from server.session import Session
+
+    schema, raw = abalone_with_ids(900)
+    train_file = tmp_path / "train.csv"
+    raw.iloc[:300].to_csv(train_file, index=False)
+    rnd = InsecureTestRandomness(seed=1, noise=False, i_understand_this_is_insecure=True)
+    model = train(load(train_file, schema), HP, rnd).model
+    sha = model_sha256(model)
+    g = EvalFed(tmp_path / "fed", eval_epsilon=1.0, test_noise=False, site_opts={})
+    plan = make_plan(schema, HP, list(g.plan.sites), randomness="insecure-test", test_seed=3, test_noise=False,
+                     max_records_per_site=10_000, eval_epsilon=1.0, eval_model_sha256=sha,
+                     deadlines=g.plan.deadlines)
+    released = released_from_model(plan, model, sha)
+    with pytest.raises(ValueError, match="pins"):
+        released_from_model(plan, model, "0" * 64)
+    g.plan = plan
+    g.session = Session(plan, plan.make_randomness(True), g.clock.now, released=released)
+    g.machines = {s: g.machine(s) for s in SITES}  # held-out file only: no training data
+    for s, m in g.machines.items():
+        m.data_path = None
+    g.fed = InProcess(g.session, g.machines, g.clock)
+    g.start().fed.run()
+    assert g.session.exit_code == 0
+    pooled = exact_metrics(plan.eval_spec, *_pooled_arrays(g, model))
+    assert g.session.evaluation["metrics"]["n"] == pooled["n"]
+    assert abs(g.session.evaluation["metrics"]["mae"] - pooled["mae"]) <= plan.eval_spec.resolution(
+        np.zeros(plan.eval_spec.length))["mae"]
+    for m in g.machines.values():
+        assert m.ledger.tree_contributions() == 0 and not any(m.ledger.all_spent().values())  # nothing trained
+
+
+def _pooled_arrays(g, model):
+    ds = [load(p, g.plan.schema) for p in g.eval_paths.values()]
+    return np.concatenate([d.y for d in ds]), model.predict(np.concatenate([d.X for d in ds]))
+
+
+def test_the_evaluation_section_of_a_plan(tmp_path):
+    from common.federation.plan import Plan, PlanError
+
+    f = Fed(tmp_path / "a", HP)
+    g = EvalFed(tmp_path / "b", eval_epsilon=0.25, held_out=False)
+    assert "evaluation" not in f.plan.to_dict() and f.plan.eval_spec is None  # plans without it are unchanged
+    d = g.plan.to_dict()
+    assert d["evaluation"] == {"epsilon": 0.25, "bins": 20}
+    assert Plan.from_toml(g.plan.to_toml()).sha256 == g.plan.sha256  # part of the plan hash every site pins
+    assert g.plan.sha256 != Plan.from_dict(d | {"evaluation": {"epsilon": 0.5, "bins": 20}}).sha256
+    # secure aggregation is sized for the evaluation vector and its noise share
+    cfg = g.plan.secagg_config()
+    assert cfg.max_vector_len >= g.plan.eval_spec.length
+    assert cfg.noise_sigma_units >= g.plan.eval_spec.noise_scales().max()
+    for bad, msg in (({"bins": 20}, "epsilon"), ({"epsilon": 0.1, "colour": 1}, "unknown key"),
+                     ({"epsilon": 0.1, "bins": 3}, "even integer"), ({"epsilon": -1}, "evaluation.epsilon"),
+                     ({"epsilon": 0.1, "model_sha256": "xyz"}, "model_sha256"),
+                     ({"epsilon": 0.1, "residual_clip": 0}, "residual_clip")):
+        with pytest.raises(PlanError, match=msg):
+            Plan.from_dict(d | {"evaluation": bad})

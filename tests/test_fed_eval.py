@@ -1,0 +1,246 @@
+"""Federated evaluation math (common/fed_eval.py): histograms, sensitivity, calibration, noise, metrics.
+
+Oracles: the exact pooled metrics (common.metrics, the same public clipping), dp-accounting's RDP accountant
+and the exact privacy curve of the Gaussian mechanism, χ² bounds at p = 1e-6 for the noise.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from common.fed_eval import (
+    DEFAULT_EPSILON,
+    LOGLOSS_CLIP,
+    SUM_UNITS,
+    EvalError,
+    EvalSpec,
+    eval_sigma,
+    exact_metrics,
+)
+from common.randomness import SecureRandomness
+
+P = 1e-6
+DELTA = 5e-8
+
+
+def binary_data(rng, n):
+    y = rng.integers(0, 2, n).astype(float)
+    p = 1 / (1 + np.exp(-(1.5 * (2 * y - 1) + rng.normal(0, 1.5, n))))
+    p[:5] = [0.0, 1.0, 0.5, 1e-9, 1 - 1e-12]  # edges: exactly 0, 1, the 0.5 bin edge, beyond the log-loss clip
+    return y, p
+
+
+def regression_data(rng, n, lo=1.0, hi=29.0):
+    y = rng.uniform(lo, hi, n)
+    pred = y + rng.normal(0, 3, n)
+    pred[:3] = [y[0] + 100, y[1] - 100, y[2]]  # residuals beyond ±R are clipped
+    return y, pred
+
+
+def sites(arrays, k):
+    """Deal the records to ``k`` sites round-robin."""
+    return [tuple(a[i::k] for a in arrays) for i in range(k)]
+
+
+# --------------------------------------------------------------------------- noiseless: equals the pooled metric
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("bins", [2, 10, 20, 100])
+def test_binary_metrics_from_summed_site_histograms_equal_the_pooled_metrics(seed, bins):
+    rng = np.random.default_rng(seed)
+    y, p = binary_data(rng, 3000)
+    spec = EvalSpec("binary", 1.0, DELTA, bins)
+    total = sum(spec.histogram(ys, ps) for ys, ps in sites((y, p), 3))
+    assert np.array_equal(total[:2 * bins], spec.histogram(y, p)[:2 * bins])  # counts add exactly
+    fed, pooled, res = spec.metrics(total), exact_metrics(spec, y, p), spec.resolution(total)
+    assert fed["n"] == pooled["n"] == 3000
+    assert fed["accuracy"] == pooled["accuracy"]  # 0.5 is a bin edge: exact
+    assert abs(fed["auc"] - pooled["auc"]) <= res["auc"] + 1e-12  # within bin resolution
+    assert abs(fed["logloss"] - pooled["logloss"]) <= res["logloss"]
+    assert sum(c["count"] for c in fed["calibration"]) == 3000
+    # the calibration curve: observed positive rate per bin, exactly from the pooled records
+    b = np.minimum((np.clip(p, 0, 1) * bins).astype(int), bins - 1)
+    for k, c in enumerate(fed["calibration"]):
+        sel = b == k
+        assert c["observed"] == (None if not sel.any() else pytest.approx(y[sel].mean(), abs=1e-12))
+
+
+def test_auc_resolution_shrinks_with_more_bins_and_is_attained():
+    rng = np.random.default_rng(5)
+    y, p = binary_data(rng, 5000)
+    errs = []
+    for bins in (4, 20, 200, 1000):
+        spec = EvalSpec("binary", 1.0, DELTA, bins)
+        h = spec.histogram(y, p)
+        errs.append(abs(spec.metrics(h)["auc"] - exact_metrics(spec, y, p)["auc"]))
+        assert errs[-1] <= spec.resolution(h)["auc"] + 1e-12
+    assert errs[-1] < 1e-3 < errs[0]
+
+
+@pytest.mark.parametrize("seed,clip", [(0, None), (3, None), (4, 2.5), (5, 50.0)])
+def test_regression_metrics_from_summed_site_vectors_equal_the_pooled_metrics(seed, clip):
+    rng = np.random.default_rng(seed)
+    y, pred = regression_data(rng, 2000)
+    spec = EvalSpec("regression", 1.0, DELTA, 20, (1.0, 29.0), clip)
+    R = clip or 7.0  # default: a quarter of the label range
+    total = sum(spec.histogram(ys, ps) for ys, ps in sites((y, pred), 4))
+    fed, pooled, res = spec.metrics(total), exact_metrics(spec, y, pred), spec.resolution(total)
+    assert fed["n"] == 2000
+    assert abs(fed["mae"] - pooled["mae"]) <= res["mae"]
+    assert abs(fed["rmse"] ** 2 - pooled["rmse"] ** 2) <= res["mse"]
+    r = np.clip(pred - y, -R, R)
+    assert [c["count"] for c in fed["residuals"]] == np.histogram(r, np.linspace(-R, R, 21))[0].tolist()
+    assert spec.to_dict()["residual_clip"] == R
+
+
+# --------------------------------------------------------------------------- sensitivity and calibration
+
+
+@pytest.mark.parametrize("task", ["binary", "regression"])
+@pytest.mark.parametrize("eps", [0.05, DEFAULT_EPSILON, 1.0, 8.0])
+def test_one_record_moves_the_vector_by_at_most_one_noise_multiplier(task, eps):
+    """Brute force over extreme records: Σ_j (Δx_j / S_j)² ≤ 1/σ² when one record is added (add/remove)."""
+    spec = EvalSpec(task, eps, DELTA, 20, (1.0, 29.0) if task == "regression" else None)
+    S = spec.noise_scales()
+    rng = np.random.default_rng(1)
+    base_y, base_p = binary_data(rng, 50) if task == "binary" else regression_data(rng, 50)
+    base = spec.histogram(base_y, base_p)
+    cands = ([(y, p) for y in (0.0, 1.0) for p in (0.0, 1e-300, 0.3, 0.5, 0.999, 1.0)] if task == "binary"
+             else [(y, y + d) for y in (1.0, 29.0) for d in (-1e6, -28.0, -3.0, 0.0, 5.0, 28.0, 1e6)])
+    worst = 0.0
+    for y, p in cands:
+        d = spec.histogram(np.append(base_y, y), np.append(base_p, p)) - base
+        assert np.abs(d).max() <= SUM_UNITS
+        worst = max(worst, float(np.sum((d / S) ** 2)))
+    assert worst <= 1 / spec.sigma ** 2 * (1 + 1e-9)
+    assert worst >= 0.99 / spec.sigma ** 2  # the bound is attained (a clipped record): not loose
+    assert spec.normalised_sensitivity() == pytest.approx(1 / spec.sigma, rel=1e-12)
+
+
+@pytest.mark.parametrize("eps", [0.01, 0.1, 1.0, 10.0])
+@pytest.mark.parametrize("delta", [1e-5, 5e-8])
+def test_eval_sigma_against_dp_accounting_and_the_exact_gaussian_curve(eps, delta):
+    from dp_accounting import GaussianDpEvent
+    from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib
+
+    from common.accountant import alpha_grid, default_alpha_max
+
+    sigma = eval_sigma(eps, delta)
+    orders = [float(a) for a in alpha_grid(default_alpha_max(eps, delta))]
+
+    def oracle(s):
+        acc = rdp_lib.RdpAccountant(orders=orders)
+        acc.compose(GaussianDpEvent(s))
+        return acc.get_epsilon(delta)
+
+    assert oracle(sigma) <= eps * (1 + 1e-9)
+    assert oracle(sigma * (1 - 1e-5)) > eps  # the smallest such σ (to the bisection's tolerance)
+    mu = 1 / sigma  # exact (ε, δ(ε)) curve of the Gaussian mechanism (Balle & Wang 2018, Thm. 8)
+    exact_delta = stats.norm.cdf(-eps / mu + mu / 2) - math.exp(eps) * stats.norm.cdf(-eps / mu - mu / 2)
+    assert exact_delta <= delta
+
+
+def test_declarations_that_cannot_be_evaluated_are_refused():
+    for kw, msg in ((dict(task="multiclass"), "supports the tasks"), (dict(bins=7), "even integer"),
+                    (dict(bins=0), "even integer"), (dict(epsilon=0.0), "evaluation.epsilon"),
+                    (dict(epsilon=float("inf")), "evaluation.epsilon"),
+                    (dict(task="regression"), "label_range"), (dict(residual_clip=1.0), "regression only"),
+                    (dict(task="regression", label_range=(0, 1), residual_clip=-1.0), "residual_clip")):
+        args = dict(task="binary", epsilon=0.1, delta=DELTA, bins=20) | kw
+        with pytest.raises(EvalError, match=msg):
+            EvalSpec(**args)
+    spec = EvalSpec("binary", 0.1, DELTA)
+    with pytest.raises(EvalError, match="entries"):
+        spec.metrics(np.zeros(5))
+
+
+# --------------------------------------------------------------------------- the noise
+
+
+def _var_within(x: np.ndarray, scale: float) -> bool:
+    """(n−1)·s²/scale² within the two-sided χ² bounds at p = 1e-6, and the mean within them too."""
+    n = x.size
+    q = (n - 1) * np.var(x, ddof=1) / scale ** 2
+    mean_ok = abs(x.mean()) <= stats.norm.isf(P / 2) * scale / math.sqrt(n)
+    return bool(mean_ok and stats.chi2.ppf(P / 2, n - 1) <= q <= stats.chi2.isf(P / 2, n - 1))
+
+
+@pytest.mark.parametrize("task", ["binary", "regression"])
+def test_site_noise_has_the_stated_scale(task):
+    """The exact sampler at the stated per-coordinate scales: χ² at p = 1e-6; a 5 % wider scale is caught."""
+    spec = EvalSpec(task, DEFAULT_EPSILON, DELTA, 20, (1.0, 29.0) if task == "regression" else None)
+    S = spec.noise_scales()
+    copies = 3000
+    draws = SecureRandomness().discrete_gaussian(np.tile(S, copies)).reshape(copies, spec.length)
+    k = 2 * spec.bins if task == "binary" else spec.bins
+    counts, sums = draws[:, :k].ravel(), draws[:, k:].ravel()
+    assert np.all(S[:k] == pytest.approx(math.sqrt(spec.touched) * spec.sigma))
+    assert np.all(S[k:] == pytest.approx(math.sqrt(spec.touched) * spec.sigma * SUM_UNITS))
+    assert _var_within(counts, S[0]) and _var_within(sums, S[k])
+    assert not _var_within(counts, S[0] * 1.05) and not _var_within(counts, S[0] / 1.05)
+
+
+def test_the_sites_code_path_draws_that_noise():
+    """client.evaluation.eval_input with the secure source: standardised noise has variance 1 (χ², p = 1e-6)."""
+    from types import SimpleNamespace
+
+    from client.evaluation import eval_input
+
+    spec = EvalSpec("binary", 0.5, DELTA, 20)
+    plan = SimpleNamespace(eval_spec=spec)
+    rnd = SecureRandomness()
+    z = []
+    for _ in range(40):
+        x, noise, charge = eval_input(plan, None, None, rnd)  # no held-out file: zeros plus the noise share
+        assert not x.any() and charge["records"] == 0 and charge["epsilon_eval"] == 0.5
+        z.append(noise / spec.noise_scales())
+    assert _var_within(np.concatenate(z), 1.0)
+
+
+# --------------------------------------------------------------------------- convergence as ε_eval grows
+
+
+def test_the_federated_metric_converges_to_the_pooled_metric_as_eps_eval_grows():
+    rng = np.random.default_rng(7)
+    y, p = binary_data(rng, 4000)
+    parts = sites((y, p), 3)
+    rnd = SecureRandomness()
+    errors = {}
+    for eps in (0.05, 0.5, 5.0, 50.0):
+        spec = EvalSpec("binary", eps, DELTA, 20)
+        pooled = spec.metrics(spec.histogram(y, p))  # the noiseless histogram metric
+        reps = 20
+        # every site adds its full share: three independent draws per release
+        noise = rnd.discrete_gaussian(np.tile(spec.noise_scales(), 3 * reps)).reshape(reps, 3, spec.length).sum(1)
+        clean = sum(spec.histogram(ys, ps) for ys, ps in parts)
+        errs = [abs(spec.metrics(clean + z)["auc"] - pooled["auc"]) for z in noise]
+        errors[eps] = float(np.mean(errs))
+        # 5σ of the count noise, propagated crudely: AUC moves by ≤ Σ|noise| / min(P, N) in each cell sum
+        P_, N_ = y.sum(), (1 - y).sum()
+        bound = 5 * math.sqrt(3) * spec.noise_scales()[0] * 2 * spec.bins / min(P_, N_)
+        assert max(errs) <= bound
+    eps_sorted = sorted(errors)
+    assert all(errors[a] > errors[b] for a, b in zip(eps_sorted, eps_sorted[1:])), errors
+    assert errors[50.0] < 2e-3
+    # and the noiseless histogram metric is within bin resolution of the exact pooled one
+    spec = EvalSpec("binary", 50.0, DELTA, 20)
+    h = spec.histogram(y, p)
+    assert abs(spec.metrics(h)["auc"] - exact_metrics(spec, y, p)["auc"]) <= spec.resolution(h)["auc"]
+
+
+def test_metrics_from_very_noisy_sums_stay_in_range():
+    spec = EvalSpec("binary", 0.01, DELTA, 20)
+    rnd = SecureRandomness()
+    for _ in range(5):
+        m = spec.metrics(rnd.discrete_gaussian(spec.noise_scales()))
+        for k in ("auc", "accuracy"):
+            assert m[k] is None or 0 <= m[k] <= 1
+        assert m["logloss"] is None or 0 <= m["logloss"] <= LOGLOSS_CLIP
+    r = EvalSpec("regression", 0.01, DELTA, 20, (0.0, 10.0))
+    m = r.metrics(rnd.discrete_gaussian(r.noise_scales()))
+    assert m["mae"] is None or 0 <= m["mae"] <= 2.5 and 0 <= m["rmse"] <= 2.5  # R = 10/4
+    assert spec.metrics(np.zeros(spec.length))["auc"] is None  # no data: no metric, not NaN
