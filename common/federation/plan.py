@@ -158,6 +158,10 @@ class Plan:
             raise PlanError("the roster lists one identity key for two sites")
         if len(ids) < 2:
             raise PlanError("a federation needs at least two sites in the roster")
+        if self.hyperparameters.tree_builder == "dpboost":
+            raise PlanError("tree_builder = 'dpboost' is not available in a federation yet (it will run on the "
+                            "federated greedy level rounds, docs/dpboost.md#federation-design-not-wired); use it "
+                            "with `fedsbdt train`")
         if self.hyperparameters.tree_builder != "random":
             raise PlanError(f"tree_builder = {self.hyperparameters.tree_builder!r} is not available in a "
                             "federation yet (docs/greedy.md); use it with `fedsbdt train`")
