@@ -400,7 +400,17 @@ class ComposedEvent:
     count: int = 1
 
 
-DpEvent = GaussianEvent | PoissonSampledEvent | ExponentialEvent | LaplaceEvent | ComposedEvent
+@dataclass(frozen=True)
+class ParallelEvent:
+    """``events`` run on disjoint parts of the records, each record's part drawn independently of the data:
+    one record takes part in exactly one of them, so the whole costs the worst part (parallel composition,
+    McSherry 2009; in RDP the pointwise maximum of the curves, since Rényi divergence is quasi-convex in
+    each argument and the other parts see the same records)."""
+
+    events: tuple
+
+
+DpEvent = GaussianEvent | PoissonSampledEvent | ExponentialEvent | LaplaceEvent | ComposedEvent | ParallelEvent
 
 
 def compose(*events: DpEvent, count: int = 1) -> ComposedEvent:
@@ -415,6 +425,10 @@ def event_rdp(event: DpEvent, alphas: np.ndarray) -> np.ndarray:
         for e in event.events:
             total = total + event_rdp(e, alphas)
         return event.count * total
+    if isinstance(event, ParallelEvent):
+        if not event.events:
+            raise AccountingError("empty parallel composition")
+        return np.max([event_rdp(e, alphas) for e in set(event.events)], axis=0)
     if isinstance(event, GaussianEvent):
         return alphas / (2.0 * event.noise_multiplier**2)
     if isinstance(event, PoissonSampledEvent):
@@ -455,6 +469,10 @@ def event_pld(event: DpEvent, value_discretization_interval: float = 1e-4):
         for p in parts[1:]:
             pld = pld.compose(p)
         return pld.self_compose(event.count) if event.count > 1 else pld
+    if isinstance(event, ParallelEvent):
+        if len(set(event.events)) != 1:  # a PLD has no pointwise maximum; identical parts are one part
+            raise AccountingError("dp-accounting can only represent a parallel composition of identical parts")
+        return event_pld(event.events[0], vdi)
     if isinstance(event, GaussianEvent):
         return pld_lib.from_gaussian_mechanism(standard_deviation=event.noise_multiplier, sensitivity=1.0,
                                                value_discretization_interval=vdi)

@@ -169,6 +169,10 @@ class GreedyTrees:
             self._cache["key"] = local.X
         return self._cache["codes"]
 
+    def records(self, round_id: int, local: LocalData) -> np.ndarray:
+        """The records tree ``round_id`` may use (bool mask): here every record that has arrived."""
+        return local.arrival <= round_id
+
     def scale(self, grad_clip: float) -> float:
         """Scale of the exponential mechanism ``P ∝ exp(score/scale)``: ``2Δ/ε_select``."""
         return 2.0 * score_sensitivity(grad_clip) / self.select
@@ -178,7 +182,7 @@ class GreedyTrees:
         gq, _ = kernels.grad_hess_units(local.pred, local.y, TASK_CODE[local.task], enc.scale,
                                         enc.grad.bound_units, enc.hess.bound_units)
         g = gq / enc.scale  # clipped to g* = bound_units / scale
-        present = (local.arrival <= round_id).astype(np.float64)
+        present = self.records(round_id, local).astype(np.float64)
         codes = self._codes(local)
         allowed = np.ones(cand.feature.size, bool)
         if hp.cyclical:
@@ -256,6 +260,10 @@ class GreedyTrees:
 
 def tree_builder_for(hp: Hyperparameters, schema: Schema, cal: PrivacyCalibration) -> TreeBuilder:
     """The strategy ``hp.tree_builder`` names, with the calibrated selection budget for greedy trees."""
+    if hp.tree_builder == "dpboost":
+        from .dpboost_trees import DPBoostTrees
+
+        return DPBoostTrees(schema, hp, cal.eps_select, eps_leaf=cal.eps_leaf)
     if hp.tree_builder == "greedy":
         return GreedyTrees(schema, hp, cal.eps_select if hp.selection == "exponential" else cal.sigma_select,
                            cal.sigma_sketch)

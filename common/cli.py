@@ -48,10 +48,12 @@ _HELP = {
     "split_candidates": "N equidistant threshold candidates (0 = uniform over the range)",
     "seed": "public seed of the random splits (never used for noise or subsampling)",
     "scale_bits": "fixed-point scale 2^k",
-    "tree_builder": "random (S-BDT) or greedy (DP-XGB; implies --subsample 1 --split-candidates 32 unless given)",
+    "tree_builder": "random (S-BDT), greedy (DP-XGB; implies --subsample 1 --split-candidates 32 unless given) or "
+                    "dpboost (DPBoost; docs/dpboost.md)",
     "selection_share": "greedy: share of the trees' budget for node selection (rest: leaf release)",
     "selection": "greedy: exponential (mechanism on exact gains) or histogram (arg max of noisy histograms)",
     "sketch_share": "greedy: budget share of the adaptive Hessian sketch (0 = uniform grid; paper 0.1)",
+    "ensemble_trees": "dpboost: T_e, trees per ensemble (0 = all trees in one ensemble)",
 }
 
 
@@ -271,6 +273,11 @@ def cmd_account(args: argparse.Namespace) -> int:
                   f"bounded-range RDP, Thm. 1)")
     elif hp.tree_builder == "greedy":
         human += f"\nsigma_select {cal.sigma_select:.6g}   (noise of the level histograms, docs/greedy.md)"
+    elif hp.tree_builder == "dpboost":
+        from .dpboost import account_lines, receipt
+
+        res.update(receipt(cal))
+        human = account_lines(cal, hp.epsilon)
     emit(args, res, human)
     return 0
 

@@ -14,13 +14,18 @@ from typing import Any
 TASKS = ("regression", "binary", "multiclass")
 #: Exact DP-noise samplers (common/randomness.py): our own (default) or OpenDP's.
 SAMPLERS = ("ours", "opendp")
-TREE_BUILDERS = ("random", "greedy")  # S-BDT's public random trees; DP-XGB greedy trees (docs/greedy.md)
+TREE_BUILDERS = ("random", "greedy", "dpboost")  # S-BDT; DP-XGB greedy trees (docs/greedy.md); DPBoost (docs/dpboost.md)
 SELECTIONS = ("exponential", "histogram")  # how greedy trees choose splits (docs/greedy.md)
 #: what a greedy run takes for keys it is not given (:func:`builder_defaults`): every record in every
 #: tree (the paper's DP-XGB does not subsample), a public grid of 32 candidate thresholds per feature, and
 #: every feature at every node (greedy trees are chosen for interactions, which cyclical trees miss;
 #: ``cyclical = true`` gives the paper's XGB_cyc)
 GREEDY_DEFAULTS = {"subsample": 1.0, "split_candidates": 32, "cyclical": False}
+#: what a DPBoost run takes for keys it is not given (docs/dpboost.md): the paper's g*_l = 1 (GDF threshold),
+#: λ = 0.1 and half of each tree's budget for the splits, no initial score (the paper starts at 0); every
+#: record in every ensemble (no subsampling) on the greedy builder's public grid
+DPBOOST_DEFAULTS = {**GREEDY_DEFAULTS, "grad_clip": 1.0, "l2": 0.1, "selection_share": 0.5, "init_share": 0.0}
+BUILDER_DEFAULTS = {"greedy": GREEDY_DEFAULTS, "dpboost": DPBOOST_DEFAULTS}
 MAX_DEPTH = 12  # 2·2^12 fixed-point values per round: well inside the gRPC message limit
 
 
@@ -58,6 +63,7 @@ class Hyperparameters:
     selection_share: float = 0.7  # greedy: share of the trees' zCDP budget for node selection (rest: leaves)
     selection: str = "exponential"  # greedy: exponential mechanism, or arg max of noisy level histograms
     sketch_share: float = 0.0  # greedy: share for the adaptive Hessian sketch (0 = the uniform grid; paper 0.1)
+    ensemble_trees: int = 0  # dpboost: T_e, trees per ensemble (0 = all trees in one ensemble)
 
     def __post_init__(self) -> None:
         def bad(name: str, why: str) -> ConfigError:
@@ -70,7 +76,7 @@ class Hyperparameters:
                 raise bad(name, "must be a finite number")
         if self.hess_clip is not None and (not isinstance(self.hess_clip, (int, float)) or not self.hess_clip > 0):
             raise bad("hess_clip", "must be a positive number")
-        for name in ("trees", "extra_trees", "depth", "split_candidates", "scale_bits"):
+        for name in ("trees", "extra_trees", "depth", "split_candidates", "scale_bits", "ensemble_trees"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int):
                 raise bad(name, "must be an integer")
@@ -80,7 +86,7 @@ class Hyperparameters:
         if not isinstance(self.accountant, str):
             raise bad("accountant", "must be 'rdp' or 'pld'")
         if not isinstance(self.tree_builder, str) or self.tree_builder not in TREE_BUILDERS:
-            raise bad("tree_builder", "must be 'random' or 'greedy'")
+            raise bad("tree_builder", "must be 'random', 'greedy' or 'dpboost'")
         if not isinstance(self.selection, str) or self.selection not in SELECTIONS:
             raise bad("selection", "must be 'exponential' or 'histogram'")
         if self.tree_builder == "random" and self.sketch_share != 0:
@@ -129,8 +135,22 @@ class Hyperparameters:
             raise bad("seed", "must be a non-negative integer")
         if not 8 <= self.scale_bits <= 30:
             raise bad("scale_bits", "must be in 8..30")
-        if self.tree_builder == "greedy":
+        if self.tree_builder != "dpboost" and self.ensemble_trees != 0:
+            raise bad("ensemble_trees", "the ensemble of ensembles is DPBoost's (set tree_builder = 'dpboost')")
+        if self.tree_builder in ("greedy", "dpboost"):
             self._check_greedy(bad)
+        if self.tree_builder == "dpboost":
+            self._check_dpboost(bad)
+
+    def _check_dpboost(self, bad) -> None:
+        """What DPBoost mode (docs/dpboost.md) needs on top of the greedy checks."""
+        if self.selection != "exponential" or self.sketch_share != 0:
+            raise ConfigError("DPBoost selects splits with the exponential mechanism on the public grid "
+                              "(selection = 'exponential', sketch_share = 0)")
+        if self.ensemble_trees < 0:
+            raise bad("ensemble_trees", "must be ≥ 0 (0 = all trees in one ensemble)")
+        if self.learning_rate > 1:
+            raise bad("learning_rate", "DPBoost's geometric leaf clipping (1−η)^(t−1) needs η ≤ 1")
 
     def _check_greedy(self, bad) -> None:
         """What the greedy builder (docs/greedy.md) needs on top of the common checks."""
@@ -201,10 +221,11 @@ class Hyperparameters:
 
 
 def builder_defaults(given: dict[str, Any]) -> dict[str, Any]:
-    """``given`` (plan keys or CLI flags that were set) plus the greedy defaults for keys not given."""
-    if given.get("tree_builder") != "greedy":
+    """``given`` (plan keys or CLI flags that were set) plus the builder's defaults for keys not given."""
+    defaults = BUILDER_DEFAULTS.get(given.get("tree_builder"))
+    if defaults is None:
         return dict(given)
-    return {**{k: v for k, v in GREEDY_DEFAULTS.items() if k not in given}, **given}
+    return {**{k: v for k, v in defaults.items() if k not in given}, **given}
 
 
 def hyperparameter_names() -> list[str]:

@@ -31,6 +31,11 @@ Progress = Callable[[int, int], None]
 
 def calibration_for(hp: Hyperparameters) -> PrivacyCalibration:
     """Alg. 6 for these hyperparameters (cached); greedy trees: :func:`~common.accountant.calibrate_greedy`."""
+    if hp.tree_builder == "dpboost":
+        from .dpboost import calibrate_dpboost
+
+        return calibrate_dpboost(hp.epsilon, hp.delta, hp.accounted_rounds, hp.ensemble_trees, hp.depth,
+                                 hp.selection_share, hp.init_share, hp.eps_ds, hp.accountant)
     if hp.tree_builder == "greedy":
         return calibrate_greedy(hp.epsilon, hp.delta, hp.accounted_rounds, hp.depth, hp.selection_share,
                                 hp.init_share, hp.eps_ds, hp.accountant, selection=hp.selection,
@@ -113,14 +118,18 @@ def train(dataset: Dataset, hp: Hyperparameters, randomness=None, progress: Prog
     model = Ensemble(schema, hp, score)
     scales = leaf_noise_scales(hp, enc, cal.sigma)
     total = hp.total_rounds
-    noise = prefetched_gaussian(randomness, scales, total)
+    noise = prefetched_gaussian(randomness, scales, total) if cal.sigma > 0 else None
     builder = tree_builder_for(hp, schema, cal)
+    release_leaves = getattr(builder, "release_leaves", None)  # a builder with its own leaf release (DPBoost)
     for r in range(total):
         splits = builder.splits(r, local, randomness)
-        c = local.contribution(splits, r, randomness, table)
-        local.commit(c)
-        values = leaf_values(c.sums + next(noise), hp, enc)
-        local.apply(c.leaf, values)
+        if release_leaves is not None:
+            leaf, values = release_leaves(r, local, splits, randomness)
+        else:
+            c = local.contribution(splits, r, randomness, table)
+            local.commit(c)
+            leaf, values = c.leaf, leaf_values(c.sums + next(noise), hp, enc)
+        local.apply(leaf, values)
         model.trees.extend(Tree(splits.features, splits.thresholds, v, splits.default_left)
                            for v in np.reshape(values, (-1, hp.leaves)))
         if progress is not None:
@@ -128,4 +137,8 @@ def train(dataset: Dataset, hp: Hyperparameters, randomness=None, progress: Prog
     model.privacy = privacy_receipt(hp, cal, total, "central", randomness.describe())
     if enc.classes > 1:
         model.privacy.update(receipt_sensitivity(hp, enc))
+    if hp.tree_builder == "dpboost":
+        from .dpboost import receipt
+
+        model.privacy.update(receipt(cal))
     return TrainResult(model, local, time.perf_counter() - t0)

@@ -55,7 +55,7 @@ from sklearn.utils.multiclass import type_of_target
 from sklearn.utils.validation import check_array, check_consistent_length, check_is_fitted, column_or_1d, \
     validate_data
 
-from .config import GREEDY_DEFAULTS, Hyperparameters, hyperparameter_names
+from .config import BUILDER_DEFAULTS, Hyperparameters, hyperparameter_names
 from .schema import Feature, FileFormat, Schema
 
 
@@ -318,7 +318,7 @@ class _SBDTBase(BaseEstimator):
 
     def _hyperparameters(self) -> Hyperparameters:
         kw = {name: getattr(self, name) for name in hyperparameter_names()}
-        for name in ("trees", "extra_trees", "depth", "split_candidates", "scale_bits", "seed"):
+        for name in ("trees", "extra_trees", "depth", "split_candidates", "scale_bits", "seed", "ensemble_trees"):
             if isinstance(kw[name], np.integer):
                 kw[name] = int(kw[name])
         for name, v in kw.items():
@@ -326,9 +326,9 @@ class _SBDTBase(BaseEstimator):
                 kw[name] = float(v)
             if isinstance(v, np.bool_):
                 kw[name] = bool(v)
-        if kw["tree_builder"] == "greedy":  # parameters left at the random trees' defaults take greedy's
+        if kw["tree_builder"] in BUILDER_DEFAULTS:  # parameters left at the random trees' defaults take the builder's
             defaults = Hyperparameters()
-            for name, v in GREEDY_DEFAULTS.items():
+            for name, v in BUILDER_DEFAULTS[kw["tree_builder"]].items():
                 if kw[name] == getattr(defaults, name):
                     kw[name] = v
         return Hyperparameters(**kw)
@@ -441,6 +441,7 @@ class SBDTRegressor(RegressorMixin, _SBDTBase):
     ``allow_missing`` may hold NaN.
     ``tree_builder="greedy"`` trains DP-XGB greedy trees (docs/greedy.md); ``subsample`` and
     ``split_candidates`` left at their defaults then take the greedy ones (1 and 32).
+    ``tree_builder="dpboost"`` trains DPBoost (docs/dpboost.md; ``ensemble_trees`` = T_e).
 
     Fitted attributes: ``model_`` (:class:`~common.model.Ensemble`), ``privacy_`` (the privacy receipt),
     ``schema_``, ``n_features_in_`` (and ``feature_names_in_`` for DataFrames).
@@ -457,7 +458,7 @@ class SBDTRegressor(RegressorMixin, _SBDTBase):
                  learning_rate=0.1, l2=1.0, leaf_clip=2.0, grad_clip=0.5, hess_clip=None, label_clip=1.0, r1=0.2,
                  init_share=0.1, eps_ds=0.005, accountant="rdp", filter=False, cyclical=True, split_candidates=32,
                  seed=None, scale_bits=20, tree_builder="random", selection_share=0.7,
-                 selection="exponential", sketch_share=0.0, schema=None, feature_ranges=None, categorical=None,
+                 selection="exponential", sketch_share=0.0, ensemble_trees=0, schema=None, feature_ranges=None, categorical=None,
                  label_range=None,
                  out_of_range=None, allow_missing=False):
         self.epsilon = epsilon
@@ -485,6 +486,7 @@ class SBDTRegressor(RegressorMixin, _SBDTBase):
         self.selection_share = selection_share
         self.selection = selection
         self.sketch_share = sketch_share
+        self.ensemble_trees = ensemble_trees
         self.schema = schema
         self.feature_ranges = feature_ranges
         self.categorical = categorical
@@ -534,7 +536,7 @@ class SBDTClassifier(ClassifierMixin, _SBDTBase):
                  learning_rate=0.1, l2=1.0, leaf_clip=2.0, grad_clip=0.5, hess_clip=None, label_clip=1.0, r1=0.2,
                  init_share=0.1, eps_ds=0.005, accountant="rdp", filter=False, cyclical=True, split_candidates=32,
                  seed=None, scale_bits=20, tree_builder="random", selection_share=0.7,
-                 selection="exponential", sketch_share=0.0, schema=None, feature_ranges=None, categorical=None,
+                 selection="exponential", sketch_share=0.0, ensemble_trees=0, schema=None, feature_ranges=None, categorical=None,
                  classes=None,
                  out_of_range=None, allow_missing=False):
         self.epsilon = epsilon
@@ -562,6 +564,7 @@ class SBDTClassifier(ClassifierMixin, _SBDTBase):
         self.selection_share = selection_share
         self.selection = selection
         self.sketch_share = sketch_share
+        self.ensemble_trees = ensemble_trees
         self.schema = schema
         self.feature_ranges = feature_ranges
         self.categorical = categorical

@@ -333,6 +333,10 @@ def _accountant(p: dict[str, Any], curve: str | None) -> str:
                **p["joint_sensitivity"]), "one record's largest change across the K trees of a round; the "
             "noise is scaled to it and a round is charged as one Gaussian release")]
           if "joint_sensitivity" in p else []),
+        *([("DPBoost ε: paper / ours", f"{p['dpboost'].get('epsilon_paper', 0):.4g} (pure) / "
+            f"{p['dpboost'].get('epsilon_ledger', 0):.4g} (δ above)", "what the paper's composition (Thm. 7, 8: "
+            "N_e·ε_t) claims for these trees, and our RDP ledger (docs/dpboost.md)")]
+          if isinstance(p.get("dpboost"), dict) else []),
         ("noise mode", p.get("noise_mode"), "central: one party added all noise; distributed: each site a share"),
         ("randomness", p.get("randomness"), "source of noise and subsampling"),
     ]

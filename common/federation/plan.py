@@ -188,6 +188,13 @@ class Plan:
             raise PlanError("a federation selects greedy splits from noisy level histograms (the coordinator never "
                             "sees exact gains): set selection = \"histogram\" (`fedsbdt plan` does so for "
                             "--tree-builder greedy; docs/greedy.md)")
+        if self.hyperparameters.tree_builder == "dpboost":
+            raise PlanError("tree_builder = 'dpboost' is not available in a federation yet (it will run on the "
+                            "federated greedy level rounds, docs/dpboost.md#federation-design-not-wired); use it "
+                            "with `fedsbdt train`")
+        if self.hyperparameters.tree_builder not in ("random", "greedy"):
+            raise PlanError(f"tree_builder = {self.hyperparameters.tree_builder!r} is not available in a "
+                            "federation yet; use it with `fedsbdt train`")
         if self.schema.task == "multiclass":
             from common.multiclass import check_supported
 
