@@ -29,6 +29,11 @@ Progress = Callable[[int, int], None]
 
 def calibration_for(hp: Hyperparameters) -> PrivacyCalibration:
     """Alg. 6 for these hyperparameters (cached); greedy trees: :func:`~common.accountant.calibrate_greedy`."""
+    if hp.tree_builder == "sarus":
+        from .sarus import calibrate_sarus
+
+        return calibrate_sarus(hp.epsilon, hp.delta, hp.accounted_rounds, hp.depth, hp.subsample, hp.init_share,
+                               hp.eps_ds, hp.accountant)
     if hp.tree_builder == "greedy":
         return calibrate_greedy(hp.epsilon, hp.delta, hp.accounted_rounds, hp.depth, hp.selection_share,
                                 hp.init_share, hp.eps_ds, hp.accountant, selection=hp.selection,
@@ -67,6 +72,8 @@ def privacy_receipt(hp: Hyperparameters, cal: PrivacyCalibration, rounds_complet
         "selection": hp.selection,
         "sigma_select": cal.sigma_select,
         "sigma_sketch": cal.sigma_sketch,
+        **({"min_child_weight": hp.min_child_weight, "eps_sketch": cal.eps_sketch, "eps_leaf": cal.eps_leaf,
+            "eps_paper": cal.eps_paper, "eps_rdp": cal.eps_rdp} if hp.tree_builder == "sarus" else {}),
         "noise_mode": noise_mode,
         "randomness": randomness,
         "parties": list(parties or []),
@@ -113,11 +120,14 @@ def train(dataset: Dataset, hp: Hyperparameters, randomness=None, progress: Prog
     noise = prefetched_gaussian(randomness, scales, total)
     builder = tree_builder_for(hp, schema, cal)
     for r in range(total):
-        splits = builder.splits(r, local, randomness)
-        c = local.contribution(splits, r, randomness, table)
-        local.commit(c)
-        values = leaf_values(c.sums + next(noise), hp, enc)
-        local.apply(c.leaf, values)
+        if hasattr(builder, "release_tree"):  # the builder releases whole trees, leaves included (Sarus)
+            splits, leaf, values = builder.release_tree(r, local, randomness)
+        else:
+            splits = builder.splits(r, local, randomness)
+            c = local.contribution(splits, r, randomness, table)
+            local.commit(c)
+            values, leaf = leaf_values(c.sums + next(noise), hp, enc), c.leaf
+        local.apply(leaf, values)
         model.trees.append(Tree(splits.features, splits.thresholds, values))
         if progress is not None:
             progress(r + 1, total)

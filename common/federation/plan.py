@@ -158,6 +158,9 @@ class Plan:
             raise PlanError("the roster lists one identity key for two sites")
         if len(ids) < 2:
             raise PlanError("a federation needs at least two sites in the roster")
+        if self.hyperparameters.tree_builder == "sarus":
+            raise PlanError("tree_builder = 'sarus' is central only: its exponential mechanism needs exact gains no "
+                            "party of a federation holds (docs/sarus.md \"Federation\"); use it with `fedsbdt train`")
         if self.hyperparameters.tree_builder != "random":
             raise PlanError(f"tree_builder = {self.hyperparameters.tree_builder!r} is not available in a "
                             "federation yet (docs/greedy.md); use it with `fedsbdt train`")
