@@ -253,7 +253,7 @@ class SarusTrees:
     def release_tree(self, round_id: int, local: LocalData, randomness) -> tuple[Splits, np.ndarray, np.ndarray]:
         """Tree ``round_id``: its splits, the leaf of every local record, and the released leaf values."""
         hp, enc, cand = self.hp, local.enc, self.candidates
-        N = hp.min_child_weight
+        N, h = hp.min_child_weight, hp.hess_clip_for(local.task)  # h: every record's Hessian taken as h*
         gq, _ = kernels.grad_hess_units(local.pred, local.y, TASK_CODE[local.task], enc.scale,
                                         enc.grad.bound_units, enc.hess.bound_units)
         g_star = enc.grad.bound_units / enc.scale
@@ -266,7 +266,7 @@ class SarusTrees:
         features = np.unique(cand.feature[idx])
         fpos = np.searchsorted(features, cand.feature[idx])
         lo, hi = cand.lo[idx], cand.hi[idx]
-        em_scale = 2.0 * sarus.score_sensitivity(g_star) / self.budget.select
+        em_scale = 2.0 * sarus.score_sensitivity(g_star, h) / self.budget.select
         inner = hp.leaves - 1
         node = np.zeros(local.n, np.int64)
         chosen = np.zeros(inner, np.int64)  # candidate index per inner node
@@ -288,7 +288,7 @@ class SarusTrees:
                     stopped[k] = True
                     continue
                 GL, NL = HG[fpos, q, hi] - HG[fpos, q, lo], HN[fpos, q, hi] - HN[fpos, q, lo]
-                u = sarus.split_utilities(GL, NL, G_node[q], n_node[q], N, hp.l2)
+                u = sarus.split_utilities(GL, NL, G_node[q], n_node[q], N, hp.l2, h)
                 chosen[k] = idx[randomness.exponential_mechanism(u, em_scale)]
             c = chosen[first + node]  # a stopped node keeps candidate 0: its records' region is the node
             code = codes[rows, cand.feature[c]].astype(np.int64)
@@ -299,8 +299,8 @@ class SarusTrees:
         G_r = np.bincount(region, weights=g * w, minlength=hp.leaves + inner)
         n_r = np.bincount(region, weights=w, minlength=hp.leaves + inner)
         used = np.unique(leaf_regions(stopped, hp.depth))
-        exact = np.rint(sarus.leaf_value(G_r[used], n_r[used], N, hp.l2) * enc.scale).astype(np.int64)
-        noise_units = sarus.leaf_noise_units(g_star, N, hp.l2, self.budget.leaf, enc.scale)
+        exact = np.rint(sarus.leaf_value(G_r[used], n_r[used], N, hp.l2, h) * enc.scale).astype(np.int64)
+        noise_units = sarus.leaf_noise_units(g_star, N, hp.l2, self.budget.leaf, enc.scale, h)
         noisy = (exact + randomness.discrete_laplace(np.full(used.size, noise_units))) / enc.scale
         value_of = np.zeros(hp.leaves + inner)
         value_of[used] = np.clip(noisy, -hp.leaf_clip, hp.leaf_clip)  # post-processing

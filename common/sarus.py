@@ -11,8 +11,13 @@ paper does (§4.4: ε_sketch = ε_t/3, ε_select = ε_t/(3·depth) per level, ε
    the node may split (:func:`may_split`), then the exponential mechanism over *every* (feature, candidate)
    pair (:func:`split_utilities`), ``P ∝ exp(ε·u/(2Δu))`` with ``Δu = 3·g*²``; the level's ε_t/(3·depth) is
    shared equally by the two (``ε_count = ε_select``).
-3. **Leaves** (§4.3): ``V = G/(max(n, N) + λ) + Lap(Δ_V/ε_leaf)`` with N = ``min_child_weight`` and G the
+3. **Leaves** (§4.3): ``V = G/(h·max(n, N) + λ) + Lap(Δ_V/ε_leaf)`` with N = ``min_child_weight`` and G the
    sum of the (clipped) *negative* gradients (:func:`leaf_sensitivity`).
+
+Every record's Hessian is taken as the constant h = h* (the task's Hessian bound): the paper's squared
+loss has h ≡ 1, which regression keeps exactly; a binary task (logistic loss, h ≤ 1/4) takes h = 1/4, a
+conservative Newton step (``h·n ≥ Σh``).  Real Hessians in the denominator would make the sensitivity
+unbounded ("Revisiting…" Appendix B.1); a constant keeps every bound below.
 
 The two flaws "Revisiting DP-XGBoost" (Appendix B.2) found, and how they are fixed here:
 
@@ -45,19 +50,25 @@ ACCOUNTANTS = ("rdp", "pure")
 # --------------------------------------------------------------------------- sensitivities
 
 
-def score_sensitivity(grad_clip: float) -> float:
-    """Δu of the clamped gain and of the stop score: ``3·g*²`` (Li et al. 2020, Lemma 2; Sarus eq. 5).
+def score_sensitivity(grad_clip: float, weight: float = 1.0) -> float:
+    """Δu of the clamped gain: ``3·g*²/h`` (Li et al. 2020, Lemma 2; Sarus eq. 5 for h = 1).
+
+    With every record's Hessian taken as the constant h (:func:`clamped_score`),
+    ``G²/(h·max(n,N) + λ) = (1/h)·G²/(max(n,N) + λ/h)``: the h = 1 bound below with λ/h, divided by h.
 
     A record sits in one child of one node, so it changes one term ``t(n, G) = G²/(max(n, N) + λ)`` of
     each utility.  Adding it (n → n + 1, G → G + g, ``|G| ≤ n·g*``, ``|g| ≤ g*``):
     if n ≥ N the denominators are n + λ and n + 1 + λ and the change is
     ``|2Gg(n+λ) + g²(n+λ) − G²| / ((n+λ)(n+1+λ)) < 3·g*²`` (Lemma 2);
     if n + 1 ≤ N both are N + λ and the change is ``|2Gg + g²|/(N+λ) ≤ (2n+1)·g*²/(N+λ) < 2·g*²``."""
-    return 3.0 * float(grad_clip) ** 2
+    return 3.0 * float(grad_clip) ** 2 / float(weight)
 
 
-def leaf_sensitivity(grad_clip: float, min_child_weight: int, l2: float) -> float:
-    """Δ_V of ``V = G/(max(n, N) + λ)`` for add/remove of one record (|g| ≤ g*), for *every* n ≥ 0.
+def leaf_sensitivity(grad_clip: float, min_child_weight: int, l2: float, weight: float = 1.0) -> float:
+    """Δ_V of ``V = G/(h·max(n, N) + λ)`` for add/remove of one record (|g| ≤ g*), for *every* n ≥ 0.
+
+    ``G/(h·max(n,N) + λ) = (1/h)·G/(max(n,N) + λ/h)``, so Δ_V is the h = 1 value at λ/h, divided by h;
+    for h = 1:
 
     With n → n + 1, G → G + g:
     * n + 1 ≤ N: both denominators are N + λ, so ``|ΔV| = |g|/(N+λ) ≤ g*/(N+λ)``;
@@ -68,33 +79,37 @@ def leaf_sensitivity(grad_clip: float, min_child_weight: int, l2: float) -> floa
     ``Δ_V = g*·max(1/(N+λ) [N ≥ 1], (2N+λ)/((N+λ)(N+1+λ)))`` — never above the paper's
     ``2g*/(N+1+λ)`` (eq. 7) when N + λ ≥ 1.  No dataset needs n ≥ N: the clamp makes the bound
     unconditional, so no child weight is ever compared with N."""
-    N, lam, g = int(min_child_weight), float(l2), float(grad_clip)
+    N, h, g = int(min_child_weight), float(weight), float(grad_clip)
+    if not h > 0:
+        raise AccountingError("the unit Hessian weight h must be > 0")
+    lam = float(l2) / h
     if N < 0 or lam < 0 or N + lam <= 0:
         raise AccountingError("the leaf sensitivity needs min_child_weight ≥ 0, λ ≥ 0 and min_child_weight + λ > 0")
     big = (2 * N + lam) / ((N + lam) * (N + 1 + lam))
     small = 1.0 / (N + lam) if N >= 1 else 0.0
-    return g * max(big, small)
+    return g * max(big, small) / h
 
 
 # --------------------------------------------------------------------------- utilities and values
 
 
-def clamped_score(G: np.ndarray, n: np.ndarray, min_child_weight: int, l2: float) -> np.ndarray:
-    """``G²/(max(n, N) + λ)`` — one side's term of the gain (Sarus eq. 3) with the child weight clamped."""
-    d = np.maximum(np.asarray(n, np.float64), float(min_child_weight)) + l2
+def clamped_score(G: np.ndarray, n: np.ndarray, min_child_weight: int, l2: float, weight: float = 1.0) -> np.ndarray:
+    """``G²/(h·max(n, N) + λ)`` — one side's term of the gain (Sarus eq. 3) with the child count clamped at N
+    and every record's Hessian the constant h (the paper's squared loss: h = 1)."""
+    d = weight * np.maximum(np.asarray(n, np.float64), float(min_child_weight)) + l2
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.where(d > 0, np.asarray(G, np.float64) ** 2 / d, 0.0)
 
 
 def split_utilities(G_left: np.ndarray, n_left: np.ndarray, G: float, n: float, min_child_weight: int,
-                    l2: float) -> np.ndarray:
+                    l2: float, weight: float = 1.0) -> np.ndarray:
     """The exponential mechanism's utility of every candidate split of one node (Sarus eq. 3 with the clamp):
     ``G_L²/(max(n_L,N)+λ) + G_R²/(max(n_R,N)+λ)``.  A child below N counts as if it held N records, so a
     split that isolates a few records scores low — XGBoost's ``min_child_weight`` check, inside the
     mechanism.  Sensitivity: :func:`score_sensitivity`."""
     G_left, n_left = np.asarray(G_left, np.float64), np.asarray(n_left, np.float64)
-    return clamped_score(G_left, n_left, min_child_weight, l2) + \
-        clamped_score(G - G_left, n - n_left, min_child_weight, l2)
+    return clamped_score(G_left, n_left, min_child_weight, l2, weight) + \
+        clamped_score(G - G_left, n - n_left, min_child_weight, l2, weight)
 
 
 def may_split(noisy_count: float, min_child_weight: int) -> bool:
@@ -103,18 +118,20 @@ def may_split(noisy_count: float, min_child_weight: int) -> bool:
     return bool(noisy_count >= 2 * int(min_child_weight))
 
 
-def leaf_value(G: np.ndarray, n: np.ndarray, min_child_weight: int, l2: float) -> np.ndarray:
-    """The exact leaf value ``G/(max(n, N) + λ)`` (Sarus eq. 4 with the clamp; G sums *negative* gradients, as
+def leaf_value(G: np.ndarray, n: np.ndarray, min_child_weight: int, l2: float, weight: float = 1.0) -> np.ndarray:
+    """The exact leaf value ``G/(h·max(n, N) + λ)`` (Sarus eq. 4 with the clamp; G sums *negative* gradients, as
     :func:`common.kernels.grad_hess_units` returns them) before noise."""
-    return np.asarray(G, np.float64) / (np.maximum(np.asarray(n, np.float64), float(min_child_weight)) + l2)
+    n = np.maximum(np.asarray(n, np.float64), float(min_child_weight))
+    return np.asarray(G, np.float64) / (weight * n + l2)
 
 
-def leaf_noise_units(grad_clip: float, min_child_weight: int, l2: float, eps_leaf: float, scale: float) -> float:
+def leaf_noise_units(grad_clip: float, min_child_weight: int, l2: float, eps_leaf: float, scale: float,
+                     weight: float = 1.0) -> float:
     """Discrete-Laplace scale (fixed-point units of 1/``scale``) of a leaf value: ``(Δ_V·scale + 1)/ε_leaf``.
 
     The value is rounded to the grid before the exact discrete Laplace is added; rounding moves
     neighbouring values apart by at most one more unit, hence the ``+ 1``."""
-    return (leaf_sensitivity(grad_clip, min_child_weight, l2) * scale + 1.0) / eps_leaf
+    return (leaf_sensitivity(grad_clip, min_child_weight, l2, weight) * scale + 1.0) / eps_leaf
 
 
 def sketch_noise_scale(features: int, eps_sketch: float) -> float:
