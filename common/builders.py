@@ -216,7 +216,8 @@ class SarusTrees:
     """Sarus DP-XGBoost trees (:mod:`common.sarus`, docs/sarus.md): on a Poisson subsample, a Laplace Hessian
     sketch chooses ``hp.split_candidates`` thresholds per numeric feature among a fine equal-width grid, the
     noisy count of each node decides whether it may split, the exponential mechanism picks its (feature,
-    candidate), and the leaves are released with Laplace noise.  It releases whole trees (:meth:`release_tree`): its leaves are not S-BDT's."""
+    candidate), and the leaves are released with Laplace noise.  It releases whole trees
+    (:meth:`release_tree`): its leaves are not S-BDT's."""
 
     schema: Schema
     hp: Hyperparameters
@@ -242,11 +243,10 @@ class SarusTrees:
         feats = np.flatnonzero(~self.is_cat)
         if feats.size == 0:
             return keep
-        scale = sarus.sketch_noise_scale(feats.size, self.budget.sketch)
         ones = np.ones(codes.shape[0], np.int64)
         for f in feats:
             counts = sketch_sums(codes, ones, sampled, np.array([f]), len(self.edges[f]) + 1)
-            noisy = counts + randomness.discrete_laplace(np.full(counts.size, scale)).reshape(counts.shape)
+            noisy = sarus.release_histograms(counts, feats.size, self.budget.sketch, randomness)
             keep[self.cand_start[f] + sketch_candidates(noisy, K)[0]] = True
         return keep
 
@@ -280,8 +280,7 @@ class SarusTrees:
                 HG = level_histograms(codes, node, g * w, n_nodes, features)
                 HN = level_histograms(codes, node, w, n_nodes, features)
             # one Laplace release per level: the nodes' counts (disjoint records, sensitivity 1)
-            noisy_n = np.rint(n_node).astype(np.int64) + randomness.discrete_laplace(
-                np.full(n_nodes, 1.0 / self.budget.count))
+            noisy_n = sarus.release_counts(np.rint(n_node), self.budget.count, randomness)
             for q in range(n_nodes):
                 k = first + q
                 if (k > 0 and stopped[(k - 1) // 2]) or idx.size == 0 or not sarus.may_split(noisy_n[q], N):
@@ -299,9 +298,8 @@ class SarusTrees:
         G_r = np.bincount(region, weights=g * w, minlength=hp.leaves + inner)
         n_r = np.bincount(region, weights=w, minlength=hp.leaves + inner)
         used = np.unique(leaf_regions(stopped, hp.depth))
-        exact = np.rint(sarus.leaf_value(G_r[used], n_r[used], N, hp.l2, h) * enc.scale).astype(np.int64)
-        noise_units = sarus.leaf_noise_units(g_star, N, hp.l2, self.budget.leaf, enc.scale, h)
-        noisy = (exact + randomness.discrete_laplace(np.full(used.size, noise_units))) / enc.scale
+        noisy = sarus.release_leaves(G_r[used], n_r[used], g_star, N, hp.l2, h, self.budget.leaf, enc.scale,
+                                     randomness)
         value_of = np.zeros(hp.leaves + inner)
         value_of[used] = np.clip(noisy, -hp.leaf_clip, hp.leaf_clip)  # post-processing
         return splits, leaf, value_of[leaf_regions(stopped, hp.depth)]
@@ -309,7 +307,7 @@ class SarusTrees:
 
 def leaf_regions(stopped: np.ndarray, depth: int) -> np.ndarray:
     """Per leaf of the complete tree (heap order), the heap index of the released leaf it belongs to: its
-    highest stopped ancestor, or itself (``stopped``: per inner node, whether selection chose "stop")."""
+    highest stopped ancestor, or itself (``stopped``: per inner node, whether it stayed unsplit)."""
     leaves = 2**depth
     out = np.empty(leaves, np.int64)
     for j in range(leaves):

@@ -55,7 +55,7 @@ from sklearn.utils.multiclass import type_of_target
 from sklearn.utils.validation import check_array, check_consistent_length, check_is_fitted, column_or_1d, \
     validate_data
 
-from .config import GREEDY_DEFAULTS, Hyperparameters, hyperparameter_names
+from .config import GREEDY_DEFAULTS, SARUS_DEFAULTS, Hyperparameters, hyperparameter_names
 from .schema import Feature, FileFormat, Schema
 
 
@@ -293,7 +293,7 @@ class _SBDTBase(BaseEstimator):
 
     def _hyperparameters(self) -> Hyperparameters:
         kw = {name: getattr(self, name) for name in hyperparameter_names()}
-        for name in ("trees", "extra_trees", "depth", "split_candidates", "scale_bits", "seed"):
+        for name in ("trees", "extra_trees", "depth", "split_candidates", "scale_bits", "seed", "min_child_weight"):
             if isinstance(kw[name], np.integer):
                 kw[name] = int(kw[name])
         for name, v in kw.items():
@@ -301,9 +301,10 @@ class _SBDTBase(BaseEstimator):
                 kw[name] = float(v)
             if isinstance(v, np.bool_):
                 kw[name] = bool(v)
-        if kw["tree_builder"] == "greedy":  # parameters left at the random trees' defaults take greedy's
+        mode_defaults = {"greedy": GREEDY_DEFAULTS, "sarus": SARUS_DEFAULTS}.get(kw["tree_builder"])
+        if mode_defaults:  # parameters left at the random trees' defaults take the mode's
             defaults = Hyperparameters()
-            for name, v in GREEDY_DEFAULTS.items():
+            for name, v in mode_defaults.items():
                 if kw[name] == getattr(defaults, name):
                     kw[name] = v
         return Hyperparameters(**kw)
@@ -426,7 +427,7 @@ class SBDTRegressor(RegressorMixin, _SBDTBase):
                  learning_rate=0.1, l2=1.0, leaf_clip=2.0, grad_clip=0.5, hess_clip=None, label_clip=1.0, r1=0.2,
                  init_share=0.1, eps_ds=0.005, accountant="rdp", filter=False, cyclical=True, split_candidates=32,
                  seed=None, scale_bits=20, tree_builder="random", selection_share=0.7,
-                 selection="exponential", sketch_share=0.0, schema=None, feature_ranges=None, categorical=None,
+                 selection="exponential", sketch_share=0.0, min_child_weight=0, schema=None, feature_ranges=None, categorical=None,
                  label_range=None,
                  out_of_range=None):
         self.epsilon = epsilon
@@ -454,6 +455,7 @@ class SBDTRegressor(RegressorMixin, _SBDTBase):
         self.selection_share = selection_share
         self.selection = selection
         self.sketch_share = sketch_share
+        self.min_child_weight = min_child_weight
         self.schema = schema
         self.feature_ranges = feature_ranges
         self.categorical = categorical
@@ -502,7 +504,7 @@ class SBDTClassifier(ClassifierMixin, _SBDTBase):
                  learning_rate=0.1, l2=1.0, leaf_clip=2.0, grad_clip=0.5, hess_clip=None, label_clip=1.0, r1=0.2,
                  init_share=0.1, eps_ds=0.005, accountant="rdp", filter=False, cyclical=True, split_candidates=32,
                  seed=None, scale_bits=20, tree_builder="random", selection_share=0.7,
-                 selection="exponential", sketch_share=0.0, schema=None, feature_ranges=None, categorical=None,
+                 selection="exponential", sketch_share=0.0, min_child_weight=0, schema=None, feature_ranges=None, categorical=None,
                  classes=None,
                  out_of_range=None):
         self.epsilon = epsilon
@@ -530,6 +532,7 @@ class SBDTClassifier(ClassifierMixin, _SBDTBase):
         self.selection_share = selection_share
         self.selection = selection
         self.sketch_share = sketch_share
+        self.min_child_weight = min_child_weight
         self.schema = schema
         self.feature_ranges = feature_ranges
         self.categorical = categorical

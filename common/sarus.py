@@ -71,12 +71,13 @@ def leaf_sensitivity(grad_clip: float, min_child_weight: int, l2: float, weight:
     for h = 1:
 
     With n → n + 1, G → G + g:
-    * n + 1 ≤ N: both denominators are N + λ, so ``|ΔV| = |g|/(N+λ) ≤ g*/(N+λ)``;
+    * n + 1 ≤ N: both denominators are N + λ, so ``|ΔV| = |g|/(N+λ) ≤ g*/(N+λ)``, which is at most the
+      next case's value at n = N (``2N+λ ≥ N+1+λ`` when N ≥ 1);
     * n ≥ N: ``|ΔV| = |G − g(n+λ)| / ((n+λ)(n+1+λ)) ≤ g*(2n+λ)/((n+λ)(n+1+λ))`` (Sarus eq. 6), which is
       non-increasing over integers n ≥ 0 (its derivative in n has the sign of ``λ − 2n(n+λ)``, and n = 0
       and n = 1 give the same value), so its maximum over n ≥ N is at n = N.
 
-    ``Δ_V = g*·max(1/(N+λ) [N ≥ 1], (2N+λ)/((N+λ)(N+1+λ)))`` — never above the paper's
+    ``Δ_V = g*·(2N+λ)/((N+λ)(N+1+λ))`` (attained at n = N, G = N·g*, g = −g*) — never above the paper's
     ``2g*/(N+1+λ)`` (eq. 7) when N + λ ≥ 1.  No dataset needs n ≥ N: the clamp makes the bound
     unconditional, so no child weight is ever compared with N."""
     N, h, g = int(min_child_weight), float(weight), float(grad_clip)
@@ -85,9 +86,7 @@ def leaf_sensitivity(grad_clip: float, min_child_weight: int, l2: float, weight:
     lam = float(l2) / h
     if N < 0 or lam < 0 or N + lam <= 0:
         raise AccountingError("the leaf sensitivity needs min_child_weight ≥ 0, λ ≥ 0 and min_child_weight + λ > 0")
-    big = (2 * N + lam) / ((N + lam) * (N + 1 + lam))
-    small = 1.0 / (N + lam) if N >= 1 else 0.0
-    return g * max(big, small) / h
+    return g * (2 * N + lam) / ((N + lam) * (N + 1 + lam)) / h
 
 
 # --------------------------------------------------------------------------- utilities and values
@@ -138,6 +137,32 @@ def sketch_noise_scale(features: int, eps_sketch: float) -> float:
     """Discrete-Laplace scale per histogram bin: ``m/ε_sketch`` (a record adds 1 to one bin of each of the m
     sketched features' histograms: L1 sensitivity m; Sarus §4.4 ``Lap(m/ε_sketch)``)."""
     return float(features) / eps_sketch
+
+
+# --------------------------------------------------------------------------- the releases (noise from ``randomness``)
+
+
+def release_histograms(counts: np.ndarray, features: int, eps_sketch: float, randomness) -> np.ndarray:
+    """The sketch release: integer bin counts of ``features`` histograms plus ``Lap_Z(m/ε_sketch)`` each (exact
+    discrete Laplace; :func:`sketch_noise_scale`)."""
+    counts = np.asarray(counts, np.int64)
+    return counts + randomness.discrete_laplace(np.full(counts.size, sketch_noise_scale(features, eps_sketch))
+                                                ).reshape(counts.shape)
+
+
+def release_counts(counts: np.ndarray, eps_count: float, randomness) -> np.ndarray:
+    """The node counts of one level (disjoint records, sensitivity 1) plus ``Lap_Z(1/ε_count)`` each."""
+    counts = np.asarray(counts, np.int64)
+    return counts + randomness.discrete_laplace(np.full(counts.size, 1.0 / eps_count))
+
+
+def release_leaves(G: np.ndarray, n: np.ndarray, grad_clip: float, min_child_weight: int, l2: float, weight: float,
+                   eps_leaf: float, scale: float, randomness) -> np.ndarray:
+    """The leaf release: :func:`leaf_value` rounded to the fixed-point grid (``scale`` units per 1.0) plus exact
+    discrete Laplace noise of :func:`leaf_noise_units`, back in real units (disjoint leaves: one ε_leaf)."""
+    exact = np.rint(leaf_value(G, n, min_child_weight, l2, weight) * scale).astype(np.int64)
+    units = leaf_noise_units(grad_clip, min_child_weight, l2, eps_leaf, scale, weight)
+    return (exact + randomness.discrete_laplace(np.full(exact.size, units))) / scale
 
 
 # --------------------------------------------------------------------------- budget and accounting
