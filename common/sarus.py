@@ -256,3 +256,19 @@ def calibrate_sarus(epsilon: float, delta: float, rounds: int, depth: int, gamma
     return PrivacyCalibration(accountant, 0.0, 0 if pure else alpha, 0.0, eps_paper if pure else eps_rdp,
                               0.0 if pure else delta, rounds, gamma, eps_init, eps_ds, eps_select=b.select,
                               eps_sketch=b.sketch, eps_leaf=b.leaf, eps_paper=eps_paper, eps_rdp=eps_rdp)
+
+
+def epsilon_curve(privacy: dict, points: int, depth: int) -> tuple[np.ndarray, np.ndarray]:
+    """ε after r accounted Sarus trees, by the model's own accountant (the report's curve): the paper's
+    composition for ``accountant = "pure"``, our RDP ledger at the model's δ otherwise."""
+    T = int(privacy.get("rounds_accounted", 0) or 0)
+    eps_tree = float(privacy.get("eps_sketch", 0.0) or 0.0) / SKETCH_SHARE
+    if T < 1 or depth < 1 or not eps_tree > 0:
+        return np.zeros(0), np.zeros(0)
+    rs = np.unique(np.linspace(1, T, min(points, T)).round().astype(int))
+    gamma, e_init, e_ds = float(privacy["subsample"]), float(privacy["eps_init"]), float(privacy["eps_ds"])
+    if privacy.get("accountant") == "pure":
+        return rs, np.array([paper_epsilon(eps_tree, gamma, int(r), e_init, e_ds) for r in rs])
+    delta = float(privacy["delta"])
+    return rs, np.array([event_epsilon_rdp(training_event(eps_tree, depth, gamma, int(r), e_init, e_ds), delta,
+                                           4 * DEFAULT_ALPHA_MAX)[0] for r in rs])

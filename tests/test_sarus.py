@@ -355,11 +355,17 @@ def test_model_round_trips_and_exports_to_xgboost(sarus_adult, adult_small, tmp_
     assert np.abs(theirs - sarus_adult.predict(X)).max() <= 1e-6
 
 
-def test_report_renders_a_sarus_model(sarus_adult):
-    from common.report import build_report
+def test_report_renders_a_sarus_model_and_its_epsilon_curve(sarus_adult):
+    from common.report import build_report, epsilon_curve
 
     html = build_report(sarus_adult, plots=False)
     assert "sarus" in html
+    rs, eps = epsilon_curve(sarus_adult.privacy, depth=sarus_adult.depth)
+    assert rs[-1] == len(sarus_adult.trees) and math.isclose(eps[-1], sarus_adult.privacy["epsilon"], rel_tol=1e-9)
+    assert np.all(np.diff(eps) > 0)
+    pure = dict(sarus_adult.privacy, accountant="pure")
+    rs, eps = epsilon_curve(pure, depth=sarus_adult.depth)
+    assert math.isclose(eps[-1], sarus_adult.privacy["eps_paper"], rel_tol=1e-12)
 
 
 def test_estimator_with_sarus_trees(adult_small):
