@@ -340,19 +340,19 @@ def sarus_adult(adult_small):
     return train(adult_small, sarus_hp(trees=4, depth=3)).model  # secure randomness end to end
 
 
-def test_model_round_trips_and_exports_to_xgboost(sarus_adult, adult_small, tmp_path):
+def test_model_file_and_cli_xgboost_export_predict_alike(sarus_adult, adult_small, tmp_path, capsys):
+    """The saved model and its XGBoost export (through ``fedsbdt export``) predict what the model does."""
     import xgboost as xgb
 
-    from common.export_xgboost import export_xgboost
-
-    path = tmp_path / "s.json"
-    sarus_adult.save(path)
-    again = Ensemble.load(path)
+    sarus_adult.save(tmp_path / "s.json")
+    assert main(["export", "--model", str(tmp_path / "s.json"), "--format", "xgboost",
+                 "--out", str(tmp_path / "s.xgb.json")]) == 0
+    capsys.readouterr()
     X = adult_small.X[:2000]
-    np.testing.assert_array_equal(again.predict(X), sarus_adult.predict(X))
-    export_xgboost(sarus_adult, tmp_path / "s.xgb.json")
-    theirs = xgb.Booster(model_file=str(tmp_path / "s.xgb.json")).predict(xgb.DMatrix(X))
-    assert np.abs(theirs - sarus_adult.predict(X)).max() <= 1e-6
+    mine = Ensemble.load(tmp_path / "s.json").predict(X)
+    np.testing.assert_array_equal(mine, sarus_adult.predict(X))
+    booster = xgb.Booster(model_file=str(tmp_path / "s.xgb.json"))
+    assert np.abs(booster.predict(xgb.DMatrix(X)) - mine).max() <= 1e-6
 
 
 def test_report_renders_a_sarus_model_and_its_epsilon_curve(sarus_adult):
