@@ -276,6 +276,15 @@ def _section(sid: str, title: str, body: str) -> str:
     return f'<section id="{_e(sid)}"><h2>{_e(title)}</h2>{body}</section>'
 
 
+def _delta_words(delta: float) -> str:
+    if delta == 0:
+        return ("<p><strong>δ = 0</strong>: pure differential privacy — the bound above never fails (the Sarus "
+                "paper's accounting, docs/sarus.md).</p>")
+    return f"""<p><strong>δ = {_e(f"{delta:.3g}")}</strong> ({_e(one_in(delta))}) is the probability that this bound is allowed to
+fail. It should be far below one over the number of records n, so that it cannot be spent on exposing someone;
+this δ is at least 100 times below 1/n for every data set of up to {_e(f"{0.01 / delta:,.0f}")} records.</p>"""
+
+
 def _guarantee(p: dict[str, Any], task: str) -> str:
     eps, delta = float(p["epsilon"]), float(p["delta"])
     factor = math.exp(eps)
@@ -298,9 +307,7 @@ whether a particular patient took part.</p>
 <p>Concretely: someone who, before seeing the model, believed with some probability that your record was used
 can, after studying the model, believe it with at most (ignoring the tiny δ below):</p>
 <table><tr><th>belief before</th><th>largest belief after</th></tr>{rows}</table>
-<p><strong>δ = {_e(f"{delta:.3g}")}</strong> ({_e(one_in(delta))}) is the probability that this bound is allowed to
-fail. It should be far below one over the number of records n, so that it cannot be spent on exposing someone;
-this δ is at least 100 times below 1/n for every data set of up to {_e(f"{0.01 / delta:,.0f}")} records.</p>
+{_delta_words(delta)}
 <p><strong>What it does not promise.</strong> The guarantee is per record. A patient with several records
 (for example at two hospitals) is protected with roughly ε per record. Differential privacy protects
 whether a person took part; it does not hide facts that are true of the population as a whole, which is what

@@ -363,9 +363,11 @@ def test_report_renders_a_sarus_model_and_its_epsilon_curve(sarus_adult):
     rs, eps = epsilon_curve(sarus_adult.privacy, depth=sarus_adult.depth)
     assert rs[-1] == len(sarus_adult.trees) and math.isclose(eps[-1], sarus_adult.privacy["epsilon"], rel_tol=1e-9)
     assert np.all(np.diff(eps) > 0)
-    pure = dict(sarus_adult.privacy, accountant="pure")
+    pure = dict(sarus_adult.privacy, accountant="pure", delta=0.0, epsilon=sarus_adult.privacy["eps_paper"])
     rs, eps = epsilon_curve(pure, depth=sarus_adult.depth)
     assert math.isclose(eps[-1], sarus_adult.privacy["eps_paper"], rel_tol=1e-12)
+    pure_model = Ensemble(sarus_adult.schema, sarus_adult.hyperparameters, 0.0, sarus_adult.trees, pure)
+    assert "pure differential privacy" in build_report(pure_model, plots=True)  # δ = 0 reads as pure DP
 
 
 def test_estimator_with_sarus_trees(adult_small):
