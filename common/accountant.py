@@ -235,6 +235,10 @@ class PrivacyCalibration:
     eps_select: float = 0.0  # greedy trees: ε of the exponential mechanism per level (0: random trees)
     sigma_select: float = 0.0  # greedy trees with histogram selection: σ_s of the level histograms
     sigma_sketch: float = 0.0  # greedy trees with the adaptive Hessian sketch: σ_k of its histograms
+    eps_sketch: float = 0.0  # Sarus trees: ε of the Laplace Hessian histograms per tree (docs/sarus.md)
+    eps_leaf: float = 0.0  # Sarus trees: ε of the Laplace leaf values per tree
+    eps_paper: float = 0.0  # Sarus trees: the pure ε the paper's composition claims for this run
+    eps_rdp: float = 0.0  # Sarus trees: our RDP ledger's ε at the plan's δ for this run
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -432,14 +436,66 @@ def event_rdp(event: DpEvent, alphas: np.ndarray) -> np.ndarray:
     if isinstance(event, GaussianEvent):
         return alphas / (2.0 * event.noise_multiplier**2)
     if isinstance(event, PoissonSampledEvent):
-        if not isinstance(event.event, GaussianEvent):
-            raise AccountingError("only Poisson-subsampled Gaussian releases are supported")
-        return tree_rdp(event.rate, math.sqrt(2.0) * event.event.noise_multiplier, alphas)
+        if isinstance(event.event, GaussianEvent):
+            return tree_rdp(event.rate, math.sqrt(2.0) * event.event.noise_multiplier, alphas)
+        eps = pure_epsilon(event.event)
+        if eps is None:
+            raise AccountingError("only Poisson-subsampled Gaussian or pure-DP releases are supported")
+        # both are valid bounds at every order: the amplified worst case, and no amplification at all
+        return np.minimum(subsampled_pure_dp_rdp(alphas, eps, event.rate), event_rdp(event.event, alphas))
     if isinstance(event, ExponentialEvent):
         return np.asarray(bounded_range_rdp(alphas, event.epsilon), dtype=np.float64)
     if isinstance(event, LaplaceEvent):
         return np.asarray(pure_dp_rdp(alphas, event.epsilon), dtype=np.float64)
     raise AccountingError(f"unknown privacy event {event!r}")
+
+
+def pure_epsilon(event: DpEvent) -> float | None:
+    """The pure ε of ``event`` by basic composition, or None if it holds a Gaussian release (not pure DP)."""
+    if isinstance(event, (LaplaceEvent, ExponentialEvent)):
+        return float(event.epsilon)
+    if isinstance(event, ComposedEvent):
+        parts = [pure_epsilon(e) for e in event.events]
+        return None if any(p is None for p in parts) else event.count * float(sum(parts))
+    if isinstance(event, PoissonSampledEvent):
+        inner = pure_epsilon(event.event)
+        return None if inner is None else subsampled_pure_epsilon(inner, event.rate)
+    return None
+
+
+def subsampled_pure_epsilon(eps: float, gamma: float) -> float:
+    """Amplification by subsampling of an ε-DP mechanism: ``log(1 + γ(e^ε − 1))`` (Balle et al. 2018; the
+    bound DP-XGBoost (Grislain & Gonzalvez) §4.4 uses; exact for Poisson sampling, add/remove)."""
+    return math.log1p(gamma * math.expm1(eps))
+
+
+def subsampled_pure_dp_rdp(alpha: np.ndarray | int, eps: float, gamma: float) -> np.ndarray | float:
+    """RDP of an ε-DP mechanism run on a Poisson subsample of rate γ (add/remove), tight for the worst case.
+
+    Every ε-DP mechanism is dominated by randomized response ``P₀ = (e^ε, 1)/(1+e^ε)``,
+    ``Q₀ = (1, e^ε)/(1+e^ε)`` (Kairouz et al. 2015), Poisson subsampling maps a dominating pair (P, Q) to
+    ``(γP + (1−γ)Q, Q)`` for removal and ``(Q, γP + (1−γ)Q)`` for addition (Zhu, Dong & Wang 2022, Thm. 11),
+    and the Rényi divergence respects dominance (it is an f-divergence of the pair).  So
+    ``ρ(α) = max(D_α(M‖Q₀), D_α(Q₀‖M))``, ``M = γP₀ + (1−γ)Q₀`` — a two-point computation in log space.
+    γ = 1 gives randomized response itself (:func:`pure_dp_rdp`)."""
+    a = np.asarray(alpha, dtype=np.float64)
+    if not 0 < gamma <= 1:
+        raise AccountingError(f"subsampling rate γ must be in (0, 1], got {gamma}")
+    if eps < 0 or not math.isfinite(eps):
+        raise AccountingError(f"ε must be finite and ≥ 0, got {eps}")
+    if eps == 0:
+        return np.zeros_like(a) if a.ndim else 0.0
+    if gamma == 1.0:
+        return pure_dp_rdp(alpha, eps)
+    log_z = np.logaddexp(0.0, eps)
+    log_p = np.array([eps - log_z, -log_z])  # log P₀
+    log_q = log_p[::-1]  # log Q₀
+    log_m = np.logaddexp(math.log(gamma) + log_p, math.log1p(-gamma) + log_q)
+    am = np.where(a > 1, a, 2.0)[..., None]
+    d_mq = _logsumexp(am * log_m + (1 - am) * log_q, axis=-1)
+    d_qm = _logsumexp(am * log_q + (1 - am) * log_m, axis=-1)
+    out = np.maximum(np.maximum(d_mq, d_qm), 0.0) / (am[..., 0] - 1)
+    return float(out) if np.ndim(out) == 0 else out
 
 
 def event_epsilon_rdp(event: DpEvent, delta: float, alpha_max: int = DEFAULT_ALPHA_MAX) -> tuple[float, int]:

@@ -42,14 +42,17 @@ _HELP = {
     "r1": "Hessian share of the leaf noise budget (r2 = 1 − r1)",
     "init_share": "ε_init/ε: share of ε for the initial score (0 disables it)",
     "eps_ds": "ε_ds: budget for the dataset size of the initial score",
-    "accountant": "rdp (paper; needed by --filter) or pld (dp-accounting, tighter)",
+    "accountant": "rdp (paper; needed by --filter), pld (dp-accounting, tighter) or, for sarus trees, pure "
+                  "(the Sarus paper's pure-DP composition, δ = 0)",
     "filter": "individual Rényi filter (extra rounds reuse unspent budget)",
     "cyclical": "cyclical feature interactions: one feature per tree, in turn (--no-cyclical when features interact)",
     "split_candidates": "N equidistant threshold candidates (0 = uniform over the range)",
     "seed": "public seed of the random splits (never used for noise or subsampling)",
     "scale_bits": "fixed-point scale 2^k",
-    "tree_builder": "random (S-BDT), greedy (DP-XGB; implies --subsample 1 --split-candidates 32 unless given) or "
-                    "dpboost (DPBoost; docs/dpboost.md)",
+    "tree_builder": "random (S-BDT), greedy (DP-XGB; implies --subsample 1 --split-candidates 32 unless given), "
+                    "dpboost (DPBoost; docs/dpboost.md) or "
+                    "sarus (Sarus DP-XGBoost; implies the paper's settings unless given, docs/sarus.md)",
+    "min_child_weight": "sarus: N, the child-weight clamp of gains and leaves (paper: 50)",
     "selection_share": "greedy: share of the trees' budget for node selection (rest: leaf release)",
     "selection": "greedy: exponential (mechanism on exact gains) or histogram (arg max of noisy histograms)",
     "sketch_share": "greedy: budget share of the adaptive Hessian sketch (0 = uniform grid; paper 0.1)",
@@ -69,7 +72,7 @@ def add_hyperparameter_flags(p: argparse.ArgumentParser) -> None:
         if f.type == "bool":
             g.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=help_)
         elif f.name == "accountant":
-            g.add_argument(flag, dest=f.name, choices=["rdp", "pld"], default=None, help=help_)
+            g.add_argument(flag, dest=f.name, choices=["rdp", "pld", "pure"], default=None, help=help_)
         elif f.name == "tree_builder":
             g.add_argument(flag, dest=f.name, choices=list(TREE_BUILDERS), default=None, help=help_)
         elif f.name == "selection":
@@ -278,6 +281,12 @@ def cmd_account(args: argparse.Namespace) -> int:
 
         res.update(receipt(cal))
         human = account_lines(cal, hp.epsilon)
+    elif hp.tree_builder == "sarus":
+        res.update(eps_sketch=cal.eps_sketch, eps_leaf=cal.eps_leaf, eps_paper=cal.eps_paper, eps_rdp=cal.eps_rdp)
+        human += (f"\nper tree     ε_sketch {cal.eps_sketch:.6g}, ε per level {cal.eps_select:.6g} (exponential) "
+                  f"+ {cal.eps_select:.6g} (node counts), ε_leaf {cal.eps_leaf:.6g}   (docs/sarus.md)"
+                  f"\npaper claims ε = {cal.eps_paper:.6g} (pure DP: subsampling amplification, basic composition)"
+                  f"\nour ledger   ε = {cal.eps_rdp:.6g} at δ = {hp.delta:.3g} (RDP)")
     emit(args, res, human)
     return 0
 

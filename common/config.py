@@ -14,7 +14,8 @@ from typing import Any
 TASKS = ("regression", "binary", "multiclass")
 #: Exact DP-noise samplers (common/randomness.py): our own (default) or OpenDP's.
 SAMPLERS = ("ours", "opendp")
-TREE_BUILDERS = ("random", "greedy", "dpboost")  # S-BDT; DP-XGB greedy trees (docs/greedy.md); DPBoost (docs/dpboost.md)
+TREE_BUILDERS = ("random", "greedy", "dpboost", "sarus")  # S-BDT; DP-XGB greedy trees (docs/greedy.md);
+# DPBoost (docs/dpboost.md); Sarus DP-XGBoost (docs/sarus.md)
 SELECTIONS = ("exponential", "histogram")  # how greedy trees choose splits (docs/greedy.md)
 #: what a greedy run takes for keys it is not given (:func:`builder_defaults`): every record in every
 #: tree (the paper's DP-XGB does not subsample), a public grid of 32 candidate thresholds per feature, and
@@ -25,7 +26,11 @@ GREEDY_DEFAULTS = {"subsample": 1.0, "split_candidates": 32, "cyclical": False}
 #: λ = 0.1 and half of each tree's budget for the splits, no initial score (the paper starts at 0); every
 #: record in every ensemble (no subsampling) on the greedy builder's public grid
 DPBOOST_DEFAULTS = {**GREEDY_DEFAULTS, "grad_clip": 1.0, "l2": 0.1, "selection_share": 0.5, "init_share": 0.0}
-BUILDER_DEFAULTS = {"greedy": GREEDY_DEFAULTS, "dpboost": DPBOOST_DEFAULTS}
+#: what a Sarus run takes for keys it is not given: the paper's §5 settings (20 trees, λ = 0.1, η = 0.3,
+#: subsample 0.1, min_child_weight 50, g* = 1), XGBoost's depth 6, 32 sketch candidates, every feature per node
+SARUS_DEFAULTS = {"trees": 20, "l2": 0.1, "learning_rate": 0.3, "subsample": 0.1, "min_child_weight": 50,
+                  "grad_clip": 1.0, "depth": 6, "split_candidates": 32, "cyclical": False}
+BUILDER_DEFAULTS = {"greedy": GREEDY_DEFAULTS, "dpboost": DPBOOST_DEFAULTS, "sarus": SARUS_DEFAULTS}
 MAX_DEPTH = 12  # 2·2^12 fixed-point values per round: well inside the gRPC message limit
 
 
@@ -64,6 +69,7 @@ class Hyperparameters:
     selection: str = "exponential"  # greedy: exponential mechanism, or arg max of noisy level histograms
     sketch_share: float = 0.0  # greedy: share for the adaptive Hessian sketch (0 = the uniform grid; paper 0.1)
     ensemble_trees: int = 0  # dpboost: T_e, trees per ensemble (0 = all trees in one ensemble)
+    min_child_weight: int = 0  # sarus: N, the child weight clamp of gains and leaves (docs/sarus.md)
 
     def __post_init__(self) -> None:
         def bad(name: str, why: str) -> ConfigError:
@@ -76,7 +82,8 @@ class Hyperparameters:
                 raise bad(name, "must be a finite number")
         if self.hess_clip is not None and (not isinstance(self.hess_clip, (int, float)) or not self.hess_clip > 0):
             raise bad("hess_clip", "must be a positive number")
-        for name in ("trees", "extra_trees", "depth", "split_candidates", "scale_bits", "ensemble_trees"):
+        for name in ("trees", "extra_trees", "depth", "split_candidates", "scale_bits", "ensemble_trees",
+                     "min_child_weight"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int):
                 raise bad(name, "must be an integer")
@@ -86,7 +93,7 @@ class Hyperparameters:
         if not isinstance(self.accountant, str):
             raise bad("accountant", "must be 'rdp' or 'pld'")
         if not isinstance(self.tree_builder, str) or self.tree_builder not in TREE_BUILDERS:
-            raise bad("tree_builder", "must be 'random', 'greedy' or 'dpboost'")
+            raise bad("tree_builder", "must be 'random', 'greedy', 'dpboost' or 'sarus'")
         if not isinstance(self.selection, str) or self.selection not in SELECTIONS:
             raise bad("selection", "must be 'exponential' or 'histogram'")
         if self.tree_builder == "random" and self.sketch_share != 0:
@@ -125,8 +132,14 @@ class Hyperparameters:
                 f"the initial score would use ε_init + ε_ds = {self.init_share * self.epsilon + self.eps_ds:g} "
                 f"of the total ε = {self.epsilon:g}, leaving nothing for the trees; lower init_share or eps_ds"
             )
-        if self.accountant not in ("rdp", "pld"):
-            raise bad("accountant", "must be 'rdp' or 'pld'")
+        if self.accountant not in ("rdp", "pld", "pure"):
+            raise bad("accountant", "must be 'rdp' or 'pld' (or 'pure' with tree_builder = 'sarus')")
+        if self.tree_builder != "sarus" and self.min_child_weight != 0:
+            raise bad("min_child_weight", "is for Sarus trees (set tree_builder = 'sarus')")
+        if self.tree_builder == "sarus":
+            self._check_sarus(bad)
+        elif self.accountant == "pure":
+            raise bad("accountant", "'pure' (the paper's pure-DP composition) is for tree_builder = 'sarus'")
         if self.accountant == "pld" and self.filter:
             raise ConfigError("the individual Rényi filter needs the RDP accountant (accountant = 'rdp')")
         if self.split_candidates < 0:
@@ -151,6 +164,25 @@ class Hyperparameters:
             raise bad("ensemble_trees", "must be ≥ 0 (0 = all trees in one ensemble)")
         if self.learning_rate > 1:
             raise bad("learning_rate", "DPBoost's geometric leaf clipping (1−η)^(t−1) needs η ≤ 1")
+
+    def _check_sarus(self, bad) -> None:
+        """What the Sarus builder (docs/sarus.md) needs on top of the common checks."""
+        if self.filter:
+            raise ConfigError("the individual Rényi filter does not apply to Sarus trees (pure-DP releases); "
+                              "drop the filter")
+        if self.accountant not in ("rdp", "pure"):
+            raise bad("accountant", "Sarus trees are accounted by 'rdp' (our RDP ledger) or 'pure' (the paper's "
+                      "pure-DP composition)")
+        if self.sketch_share != 0 or self.selection != "exponential":
+            raise ConfigError("sketch_share and selection are greedy-tree settings; Sarus trees split their "
+                              "budget as the paper does (docs/sarus.md)")
+        if not 1 <= self.split_candidates <= 63:
+            raise bad("split_candidates", "Sarus trees sketch 1..63 candidates per feature from a fine grid of "
+                      "4× as many equal-width bins (e.g. 32)")
+        if self.min_child_weight < 0:
+            raise bad("min_child_weight", "must be ≥ 0")
+        if self.min_child_weight + self.l2 <= 0:
+            raise bad("min_child_weight", "with l2 = 0 it must be ≥ 1 (else a leaf's sensitivity is unbounded)")
 
     def _check_greedy(self, bad) -> None:
         """What the greedy builder (docs/greedy.md) needs on top of the common checks."""

@@ -36,6 +36,11 @@ def calibration_for(hp: Hyperparameters) -> PrivacyCalibration:
 
         return calibrate_dpboost(hp.epsilon, hp.delta, hp.accounted_rounds, hp.ensemble_trees, hp.depth,
                                  hp.selection_share, hp.init_share, hp.eps_ds, hp.accountant)
+    if hp.tree_builder == "sarus":
+        from .sarus import calibrate_sarus
+
+        return calibrate_sarus(hp.epsilon, hp.delta, hp.accounted_rounds, hp.depth, hp.subsample, hp.init_share,
+                               hp.eps_ds, hp.accountant)
     if hp.tree_builder == "greedy":
         return calibrate_greedy(hp.epsilon, hp.delta, hp.accounted_rounds, hp.depth, hp.selection_share,
                                 hp.init_share, hp.eps_ds, hp.accountant, selection=hp.selection,
@@ -74,6 +79,8 @@ def privacy_receipt(hp: Hyperparameters, cal: PrivacyCalibration, rounds_complet
         "selection": hp.selection,
         "sigma_select": cal.sigma_select,
         "sigma_sketch": cal.sigma_sketch,
+        **({"min_child_weight": hp.min_child_weight, "eps_sketch": cal.eps_sketch, "eps_leaf": cal.eps_leaf,
+            "eps_paper": cal.eps_paper, "eps_rdp": cal.eps_rdp} if hp.tree_builder == "sarus" else {}),
         "noise_mode": noise_mode,
         "randomness": randomness,
         "parties": list(parties or []),
@@ -122,13 +129,16 @@ def train(dataset: Dataset, hp: Hyperparameters, randomness=None, progress: Prog
     builder = tree_builder_for(hp, schema, cal)
     release_leaves = getattr(builder, "release_leaves", None)  # a builder with its own leaf release (DPBoost)
     for r in range(total):
-        splits = builder.splits(r, local, randomness)
-        if release_leaves is not None:
-            leaf, values = release_leaves(r, local, splits, randomness)
+        if hasattr(builder, "release_tree"):  # the builder releases whole trees, leaves included (Sarus)
+            splits, leaf, values = builder.release_tree(r, local, randomness)
         else:
-            c = local.contribution(splits, r, randomness, table)
-            local.commit(c)
-            leaf, values = c.leaf, leaf_values(c.sums + next(noise), hp, enc)
+            splits = builder.splits(r, local, randomness)
+            if release_leaves is not None:  # a builder with its own leaf release (DPBoost)
+                leaf, values = release_leaves(r, local, splits, randomness)
+            else:
+                c = local.contribution(splits, r, randomness, table)
+                local.commit(c)
+                leaf, values = c.leaf, leaf_values(c.sums + next(noise), hp, enc)
         local.apply(leaf, values)
         model.trees.extend(Tree(splits.features, splits.thresholds, v, splits.default_left)
                            for v in np.reshape(values, (-1, hp.leaves)))

@@ -192,6 +192,9 @@ class Plan:
             raise PlanError("tree_builder = 'dpboost' is not available in a federation yet (it will run on the "
                             "federated greedy level rounds, docs/dpboost.md#federation-design-not-wired); use it "
                             "with `fedsbdt train`")
+        if self.hyperparameters.tree_builder == "sarus":
+            raise PlanError("tree_builder = 'sarus' is central only: its exponential mechanism needs exact gains no "
+                            "party of a federation holds (docs/sarus.md \"Federation\"); use it with `fedsbdt train`")
         if self.hyperparameters.tree_builder not in ("random", "greedy"):
             raise PlanError(f"tree_builder = {self.hyperparameters.tree_builder!r} is not available in a "
                             "federation yet; use it with `fedsbdt train`")
