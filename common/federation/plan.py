@@ -314,6 +314,8 @@ class Plan:
             raise PlanError(f"level noise cannot be split into {shares} shares (n = {self.n})")
         return self.greedy_grid.noise_scales(tree, level, self.encoding.grad.bound_units,
                                              self.calibration().sigma_select, shares)
+
+    @cached_property
     def eval_spec(self):
         """The federated evaluation this plan declares (common/fed_eval.py), or ``None``."""
         if self.eval_epsilon is None:
