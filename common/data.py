@@ -253,8 +253,10 @@ def _validate(frame: pd.DataFrame, schema: Schema, source: str, lines: np.ndarra
         col = frame[f.name]
         absent = _missing_mask(col, fmt.missing) if f.allow_missing else None
         if absent is not None and absent.any():
-            fill = (f.levels[0] if f.is_categorical else "0") if col.dtype.kind not in "fiub" else 0
-            col = col.where(~absent, fill)  # a valid placeholder, replaced by NaN below
+            if col.dtype.kind in "fiub":
+                col = col.where(~absent, 0)  # a valid placeholder, replaced by NaN below
+            else:  # (as objects: a Parquet dictionary column would refuse a new category)
+                col = col.astype(object).where(~absent, f.levels[0] if f.is_categorical else "0")
         if f.is_categorical:
             X[:, j] = _categorical(col, f, source, lines, row_word)
         else:

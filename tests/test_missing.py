@@ -124,6 +124,11 @@ def test_csv_and_parquet_markers_of_missing_values(tmp_path):
     pd.DataFrame({"a": [np.nan, 2.0], "c": [None, "v"], "b": [1.0, 2.0], "y": ["0", "1"]}).to_parquet(q)
     dq = load(q, schema)
     assert np.isnan(dq.X[0, :2]).all() and dq.X[1].tolist() == [2.0, 1.0, 2.0]
+    # dictionary-encoded strings and nullable integers (pandas Categorical / Int64 columns)
+    pd.DataFrame({"a": pd.array([None, 3], dtype="Int64"), "c": pd.Categorical(["v", None]), "b": [1.0, 2.0],
+                  "y": ["0", "1"]}).to_parquet(q)
+    dq = load(q, schema)
+    assert np.isnan(dq.X[0, 0]) and np.isnan(dq.X[1, 1]) and dq.X[0, 1] == 1 and dq.X[1, 0] == 3
 
 
 @pytest.mark.parametrize("body,needle", [
