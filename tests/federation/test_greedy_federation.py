@@ -339,6 +339,44 @@ def test_three_site_processes_train_greedy_and_the_model_exports(tmp_path, ca_di
     assert acc["sigma_select"] == pytest.approx(model["privacy"]["sigma_select"], rel=1e-9)
 
 
+def test_coordinator_process_killed_between_levels_resumes_from_its_checkpoint(tmp_path, ca_dir, cluster_factory):
+    from .test_processes import SITES as PSITES, models_identical, setup_federation
+
+    hp = greedy_hp(trees=4, depth=3, seed=8)
+    plan, schema, raw, data = setup_federation(tmp_path, ca_dir, hp, n_rows=450)
+    c = cluster_factory(tmp_path / "plan.toml")
+    coord = c.coordinator()
+    sites = {s: c.site(s, data[s]) for s in PSITES}
+    c.wait_event(lambda e: e.get("_proc") == "coordinator" and e.get("event") == "level" and e.get("tree") == 1
+                 and e.get("tree_level") == 0)
+    coord.kill()  # SIGKILL between two levels of tree 1
+    coord.wait()
+    mark = c.mark()
+    coord = c.coordinator()
+    resumed = c.wait_event(lambda e: e.get("event") == "resumed", after=mark)
+    assert resumed["trees_released"] >= 1
+    assert coord.wait(timeout=300) == 0, coord.errors
+    for s, p in sites.items():
+        assert p.wait() == 0, p.errors
+    model = json.loads(models_identical(tmp_path, PSITES))
+    assert [r["tree"] for r in model["training"]["rounds"]] == list(range(hp.trees))
+    import sqlite3
+
+    # the checkpoint holds every level once, in order: a level chosen before the kill was not chosen again
+    db = sqlite3.connect(tmp_path / "coordinator" / "coordinator.sqlite")
+    levels = [json.loads(b) for (b,) in db.execute("SELECT body FROM log WHERE kind = 'level' ORDER BY seq")]
+    assert [(r["tree"], r["level"]) for r in levels] == [(k, e) for k in range(hp.trees) for e in range(hp.depth)]
+    for k, t in enumerate(model["trees"]):
+        assert t["features"] == [f for r in levels if r["tree"] == k for f in r["features"]]
+    assert not [e for e in c.events if e.get("event") == "refused" and "split" in str(e.get("detail"))]
+
+    from client.ledger import ledger_path
+    for s in PSITES:  # each site sent data in at most T·d level rounds and T leaf rounds
+        db = sqlite3.connect(ledger_path(tmp_path / s, plan.sha256))
+        n = dict(db.execute("SELECT kind, SUM(with_data) FROM contributions GROUP BY kind").fetchall())
+        assert n["level"] <= hp.trees * hp.depth and n["tree"] <= hp.trees
+
+
 def test_fedsbdt_plan_writes_histogram_selection_for_greedy_trees(tmp_path):
     keys = [f"--site=s{i}={bytes([i + 1]).hex() * 32}" for i in range(3)]
     base = [sys.executable, "-m", "common.cli", "plan", "--schema", str(EXAMPLES / "abalone" / "schema.toml"),
