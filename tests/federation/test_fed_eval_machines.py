@@ -123,7 +123,9 @@ def test_a_retried_evaluation_resends_the_stored_vector_and_charges_once(tmp_pat
     f = EvalFed(tmp_path, eval_epsilon=0.3, test_noise=True).start()
     f.fed.run(until=lambda: f.machines["hosp-a"].trees_applied == HP.total_rounds)
     m = f.machines["hosp-a"]
-    sent = []
+    sent, draws = [], []
+    draw = m.randomness.discrete_gaussian
+    m.randomness.discrete_gaussian = lambda scales: draws.append(len(scales)) or draw(scales)  # a spy
     for offset in (1, 2):  # two attempts of the evaluation round (the first one failed somewhere)
         out = m.handle(_eval_start(f, "hosp-a", f.plan.eval_spec.length, offset=1))
         assert isinstance(out[0], InputReply)
@@ -132,6 +134,7 @@ def test_a_retried_evaluation_resends_the_stored_vector_and_charges_once(tmp_pat
             first = decode_message(out[0].secagg).round_id
     (x1, n1), (x2, n2) = sent
     assert np.array_equal(x1, x2) and np.array_equal(n1, n2) and np.any(n1 != 0)  # identical vector and noise
+    assert draws == [f.plan.eval_spec.length]  # noise was drawn for the first attempt only: the retry resent it
     assert int(x1[: f.plan.eval_spec.bins].sum()) == 220  # the held-out records, in the residual histogram
     assert m.ledger.eval_charge()["round_id"] == first  # one ε_eval release, charged at the first attempt
     assert m.ledger.tree_contributions() == HP.total_rounds  # the training ledger is untouched by evaluation
