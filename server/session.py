@@ -17,7 +17,9 @@ Stages (one class each, explicit transitions)::
                                (any stage: < t left, ProtocolAbort) ──▶ Between (retry in a new slot)
 
 Work items, in order: the initial-score round (if ``init_share > 0``), then
-trees 0 … T_regular + T_extra − 1.  A round's participants are the *eligible*
+trees 0 … T_regular + T_extra − 1, then (plan ``[evaluation]``) one evaluation
+round whose noisy sum becomes the released metrics (docs/federated-evaluation.md;
+an evaluation-only plan starts with an existing model's trees released).  A round's participants are the *eligible*
 dealers of the earliest ready epoch: connected (subscribed), not suspended,
 and caught up (they applied every tree released before they joined; later
 trees reach them through their ordered event stream before the next

@@ -10,35 +10,51 @@ import pytest
 from common.config import Hyperparameters
 from common.data import load
 from common.fed_eval import exact_metrics
-from common.federation.release import build_model
+from common.federation.release import build_model, model_sha256, released_from_model
+from server.session import Session
+from client.evaluation import check_request
 from client.site import NeedCatchUp, SiteMachine, SiteRefusal
+from common.federation.plan import make_plan
 from common.federation.wire import InputReply, Purpose, Refusal, RoundStartMsg
 from common.secagg import RoundStart, decode_message
 
 from .conftest import abalone_with_ids, write_splits
-from .inproc import InProcess
 from .test_state_machines import SITES, Fed
 
 HP = Hyperparameters(trees=4, depth=2, seed=5, epsilon=1.0)
 
 
 class EvalFed(Fed):
-    """Fed whose sites each hold a held-out file (the rows after the training sample)."""
+    """Fed whose sites each hold a held-out file (the rows after the training sample).
 
-    def __init__(self, tmp_path, hp=HP, eval_epsilon=0.1, held_out=True, site_opts=None, **session):
+    With ``model`` (an existing model), the plan only evaluates it: the session starts with its trees
+    released and the sites have no training data (``--eval-data`` only).
+    """
+
+    def __init__(self, tmp_path, hp=HP, eval_epsilon=0.1, held_out=True, model=None, **session):
         self.eval_paths = {}
         if held_out:
             schema, raw = abalone_with_ids(900)
             self.eval_paths = write_splits(raw.iloc[240:], SITES, tmp_path / "held-out")
-        self.site_opts = site_opts or {}
+        self.existing = model
+        if model is not None:
+            session["eval_model_sha256"] = model_sha256(model)
         super().__init__(tmp_path, hp, eval_epsilon=eval_epsilon, **session)
 
+    def new_session(self):
+        if self.existing is None:
+            return super().new_session()
+        released = released_from_model(self.plan, self.existing, model_sha256(self.existing))
+        return Session(self.plan, self.plan.make_randomness(True), self.clock.now, released=released)
+
     def options(self, **opts):
-        return super().options(**({"eval_data": None} | self.site_opts) | opts)
+        return super().options(**{"eval_data": None} | opts)
 
     def machine(self, s):
-        self.site_opts = self.site_opts | {"eval_data": self.eval_paths.get(s)}
-        return super().machine(s)
+        data = None if self.existing is not None else self.paths[s]
+        m = SiteMachine(s, self.keys[s], data, self.tmp / f"state-{s}", self.options(eval_data=self.eval_paths.get(s)))
+        m.accept_plan(self.plan.canonical_json, self.plan.sha256)
+        return m
 
     def pooled(self):
         ys, preds = [], []
@@ -79,12 +95,10 @@ def _eval_start(f: Fed, site: str, vector_len: int, offset: int = 1) -> RoundSta
 
 def test_site_refuses_evaluation_requests_its_plan_does_not_allow(tmp_path):
     # a plan without [evaluation]: an evaluation request is refused, whatever it looks like
-    f = Fed(tmp_path / "a", HP).start()
-    f.fed.run(until=lambda: f.machines["hosp-a"].trees_applied == HP.total_rounds)
-    out = f.machines["hosp-a"].handle(_eval_start(f, "hosp-a", 22))
-    assert isinstance(out[0], Refusal) and "declares no federated evaluation" in out[0].detail
-    # a plan with one: a request of another vector length, or before the last tree, is refused
     g = EvalFed(tmp_path / "b", eval_epsilon=0.5).start()
+    no_eval = make_plan(g.schema, HP, list(g.plan.sites), max_records_per_site=10_000)
+    assert "declares no federated evaluation" in check_request(no_eval, 22, HP.total_rounds, True)
+    # a plan with one: a request of another vector length, or before the last tree, is refused
     g.fed.run(until=lambda: g.machines["hosp-a"].trees_applied == 2)
     m = g.machines["hosp-a"]
     with pytest.raises(NeedCatchUp):  # before the last tree: fetch the released trees first
@@ -109,7 +123,9 @@ def test_a_retried_evaluation_resends_the_stored_vector_and_charges_once(tmp_pat
     f = EvalFed(tmp_path, eval_epsilon=0.3, test_noise=True).start()
     f.fed.run(until=lambda: f.machines["hosp-a"].trees_applied == HP.total_rounds)
     m = f.machines["hosp-a"]
-    sent = []
+    sent, draws = [], []
+    draw = m.randomness.discrete_gaussian
+    m.randomness.discrete_gaussian = lambda scales: draws.append(len(scales)) or draw(scales)  # a spy
     for offset in (1, 2):  # two attempts of the evaluation round (the first one failed somewhere)
         out = m.handle(_eval_start(f, "hosp-a", f.plan.eval_spec.length, offset=1))
         assert isinstance(out[0], InputReply)
@@ -118,6 +134,7 @@ def test_a_retried_evaluation_resends_the_stored_vector_and_charges_once(tmp_pat
             first = decode_message(out[0].secagg).round_id
     (x1, n1), (x2, n2) = sent
     assert np.array_equal(x1, x2) and np.array_equal(n1, n2) and np.any(n1 != 0)  # identical vector and noise
+    assert draws == [f.plan.eval_spec.length]  # noise was drawn for the first attempt only: the retry resent it
     assert int(x1[: f.plan.eval_spec.bins].sum()) == 220  # the held-out records, in the residual histogram
     assert m.ledger.eval_charge()["round_id"] == first  # one ε_eval release, charged at the first attempt
     assert m.ledger.tree_contributions() == HP.total_rounds  # the training ledger is untouched by evaluation
@@ -125,30 +142,20 @@ def test_a_retried_evaluation_resends_the_stored_vector_and_charges_once(tmp_pat
 
 def test_an_existing_model_is_evaluated_without_training(tmp_path):
     from common.engine import train
-    from common.federation.plan import make_plan, SiteEntry
-    from common.federation.release import released_from_model, model_sha256
     from common.randomness import InsecureTestRandomness
-    from server.session import Session
 
     schema, raw = abalone_with_ids(900)
     train_file = tmp_path / "train.csv"
     raw.iloc[:300].to_csv(train_file, index=False)
     rnd = InsecureTestRandomness(seed=1, noise=False, i_understand_this_is_insecure=True)
     model = train(load(train_file, schema), HP, rnd).model
-    sha = model_sha256(model)
-    g = EvalFed(tmp_path / "fed", eval_epsilon=1.0, test_noise=False, site_opts={})
-    plan = make_plan(schema, HP, list(g.plan.sites), randomness="insecure-test", test_seed=3, test_noise=False,
-                     max_records_per_site=10_000, eval_epsilon=1.0, eval_model_sha256=sha,
-                     deadlines=g.plan.deadlines)
-    released = released_from_model(plan, model, sha)
+    g = EvalFed(tmp_path / "fed", eval_epsilon=1.0, test_noise=False, model=model)  # sites: --eval-data only
+    plan = g.plan
     with pytest.raises(ValueError, match="pins"):
         released_from_model(plan, model, "0" * 64)
-    g.plan = plan
-    g.session = Session(plan, plan.make_randomness(True), g.clock.now, released=released)
-    g.machines = {s: g.machine(s) for s in SITES}  # held-out file only: no training data
-    for s, m in g.machines.items():
-        m.data_path = None
-    g.fed = InProcess(g.session, g.machines, g.clock)
+    with pytest.raises(ValueError, match="splits"):
+        other = train(load(train_file, schema), HP.replace(seed=6), rnd).model
+        released_from_model(plan, other.__class__(other.schema, HP, other.init_score, other.trees), plan.eval_model_sha256)
     g.start().fed.run()
     assert g.session.exit_code == 0
     pooled = exact_metrics(plan.eval_spec, *_pooled_arrays(g, model))
@@ -164,20 +171,24 @@ def _pooled_arrays(g, model):
     return np.concatenate([d.y for d in ds]), model.predict(np.concatenate([d.X for d in ds]))
 
 
-def test_the_evaluation_section_of_a_plan(tmp_path):
-    from common.federation.plan import Plan, PlanError
+def test_the_evaluation_section_of_a_plan():
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-    f = Fed(tmp_path / "a", HP)
-    g = EvalFed(tmp_path / "b", eval_epsilon=0.25, held_out=False)
-    assert "evaluation" not in f.plan.to_dict() and f.plan.eval_spec is None  # plans without it are unchanged
-    d = g.plan.to_dict()
+    from common.federation.plan import Plan, PlanError, SiteEntry
+
+    schema, _ = abalone_with_ids(10)
+    sites = [SiteEntry(s, Ed25519PrivateKey.generate().public_key().public_bytes_raw()) for s in SITES]
+    plain = make_plan(schema, HP, sites)
+    plan = make_plan(schema, HP, sites, eval_epsilon=0.25)
+    assert "evaluation" not in plain.to_dict() and plain.eval_spec is None  # plans without it are unchanged
+    d = plan.to_dict()
     assert d["evaluation"] == {"epsilon": 0.25, "bins": 20}
-    assert Plan.from_toml(g.plan.to_toml()).sha256 == g.plan.sha256  # part of the plan hash every site pins
-    assert g.plan.sha256 != Plan.from_dict(d | {"evaluation": {"epsilon": 0.5, "bins": 20}}).sha256
+    assert Plan.from_toml(plan.to_toml()).sha256 == plan.sha256  # part of the plan hash every site pins
+    assert plan.sha256 != Plan.from_dict(d | {"evaluation": {"epsilon": 0.5, "bins": 20}}).sha256
     # secure aggregation is sized for the evaluation vector and its noise share
-    cfg = g.plan.secagg_config()
-    assert cfg.max_vector_len >= g.plan.eval_spec.length
-    assert cfg.noise_sigma_units >= g.plan.eval_spec.noise_scales().max()
+    cfg = plan.secagg_config()
+    assert cfg.max_vector_len >= plan.eval_spec.length > plain.secagg_config().max_vector_len
+    assert cfg.noise_sigma_units >= plan.eval_spec.noise_scales().max()
     for bad, msg in (({"bins": 20}, "epsilon"), ({"epsilon": 0.1, "colour": 1}, "unknown key"),
                      ({"epsilon": 0.1, "bins": 3}, "even integer"), ({"epsilon": -1}, "evaluation.epsilon"),
                      ({"epsilon": 0.1, "model_sha256": "xyz"}, "model_sha256"),
