@@ -13,6 +13,11 @@ therefore either one scale vector or a mapping ``k → scale vector``; the
 thread fills the buffer of the divisor most recently asked for (initially
 ``expect``: every site taking part), and a share for another divisor is drawn
 inline the first time it is needed (after a dropout).
+
+``chunk`` vectors are drawn at a time, whenever fewer than ``low`` (default
+``ahead·chunk``) of the expected divisor's are ready; ``initial`` are vectors
+of the expected divisor drawn beforehand (e.g. by the same child process as
+the initial-score share, :mod:`client.isolated_noise`).
 """
 from __future__ import annotations
 
@@ -24,7 +29,8 @@ import numpy as np
 
 
 class NoiseShares:
-    def __init__(self, randomness, scales, chunk: int = 8, ahead: int = 4, expect=None) -> None:
+    def __init__(self, randomness, scales, chunk: int = 8, ahead: int = 4, expect=None, *, low: int | None = None,
+                 initial: np.ndarray | None = None) -> None:
         self.randomness = randomness
         if isinstance(scales, dict):
             self.scales = {k: np.asarray(v, dtype=np.float64) for k, v in scales.items()}
@@ -36,8 +42,12 @@ class NoiseShares:
             raise KeyError(f"no noise scales for the expected divisor {self._expect!r}")
         self.chunk = chunk
         self.ahead = ahead
+        self.low = ahead * chunk if low is None else low
         self._inline = bool(getattr(randomness, "insecure", False))
         self._ready: dict = {k: deque() for k in self.scales}
+        if initial is not None:
+            rows = np.asarray(initial, dtype=np.int64).reshape(-1, self.scales[self._expect].size)
+            self._ready[self._expect].extend(rows)
         self._drawing = None  # the key the thread is drawing a block for
         self._cv = threading.Condition()
         self._error: BaseException | None = None
@@ -57,7 +67,7 @@ class NoiseShares:
         try:
             while True:
                 with self._cv:
-                    while not self._stop.is_set() and len(self._ready[self._expect]) >= self.ahead * self.chunk:
+                    while not self._stop.is_set() and len(self._ready[self._expect]) >= self.low:
                         self._cv.wait()
                     if self._stop.is_set():
                         return
@@ -97,3 +107,26 @@ class NoiseShares:
         self._stop.set()
         with self._cv:
             self._cv.notify_all()
+
+
+#: bytes of leaf-noise shares a site draws per child process (isolated sampler): 1 MiB is 1024 rounds at depth 6
+ISOLATED_BLOCK_BYTES = 1 << 20
+
+
+def isolated_shares(randomness, scales: dict, expect, rounds: int, init_scales=None):
+    """:class:`NoiseShares` for the isolated sampler, and the initial-score noise share drawn ahead (or None).
+
+    ``randomness`` is a :class:`client.isolated_noise.IsolatedSampler`: shares are drawn in blocks of up
+    to :data:`ISOLATED_BLOCK_BYTES` (at most ``rounds`` + 8 vectors; one child process per block), the
+    next block when an eighth of one is left, and the first block in the same child as the
+    initial-score share (so a session starts with one child, not two).
+    """
+    row = np.asarray(scales[expect], dtype=np.float64)
+    chunk = max(8, min(ISOLATED_BLOCK_BYTES // (8 * max(row.size, 1)), rounds + 8))
+    requests = [("gaussian", np.tile(row, chunk))]
+    if init_scales is not None:
+        requests.append(("laplace", np.asarray(init_scales, dtype=np.float64)))
+    drawn = randomness.draw(requests)
+    shares = NoiseShares(randomness, scales, chunk=chunk, ahead=1, expect=expect, low=max(1, chunk // 8),
+                         initial=drawn[0])
+    return shares, (drawn[1] if init_scales is not None else None)

@@ -61,7 +61,7 @@ from pathlib import Path
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from common import kernels
+from common import kernels_numpy
 from common.boosting import LocalData, split_edges
 from common.config import ConfigError
 from common.data import DataError
@@ -96,7 +96,8 @@ from common.federation.wire import (
 
 from .dataload import load_isolated
 from .ledger import LedgerError, SiteLedger, ledger_path
-from .noise import NoiseShares
+from .isolated_noise import IsolatedSampler
+from .noise import NoiseShares, isolated_shares
 from .policy import SitePolicy
 
 log = logging.getLogger("fedsbdt.site")
@@ -228,6 +229,8 @@ class SiteMachine:
                               "identity key; check --identity-key / the roster")
         try:
             randomness = plan.make_randomness(self.options.allow_insecure_test_randomness)
+            if not getattr(randomness, "insecure", False):
+                randomness = IsolatedSampler(randomness)  # exact noise drawn in child processes: no numba here
             cal = plan.verify_privacy()
         except PlanError as e:
             raise SiteRefusal(str(e)) from None
@@ -256,7 +259,7 @@ class SiteMachine:
             raise SiteRefusal(str(e)) from None
         self.local = LocalData(ds.X, ds.y, ds.ids, plan.schema.task, hp, plan.schema.label_range, ds.arrival,
                                np.array([f.is_categorical for f in plan.schema.features]),
-                               edges=split_edges(plan.schema, hp.split_candidates))
+                               edges=split_edges(plan.schema, hp.split_candidates), backend=kernels_numpy)
         self.ledger.ensure_records(ds.ids)
         self.local.spent = self.ledger.spent_for(ds.ids)
         self.secagg = SecAggSite(plan.secagg_config(), self.site_id, self.identity_key, self.ledger.storage,
@@ -271,11 +274,15 @@ class SiteMachine:
         if hp.init_share == 0:
             self._set_init(InitScoreMsg(0.0, None, ()))
         self._warm_up()
-        self.noise = None
+        self.noise = self._init_share = None
         if self.leaf_scales is not None:  # one scale vector per possible noise divisor k_r
             ks = sorted({plan.noise_divisor(p) for p in range(plan.threshold, plan.n + 1)})
-            self.noise = NoiseShares(randomness, {k: plan.leaf_share_scales(k) for k in ks},
-                                     expect=plan.noise_divisor(plan.n))
+            scales, expect = {k: plan.leaf_share_scales(k) for k in ks}, plan.noise_divisor(plan.n)
+            if isinstance(randomness, IsolatedSampler):  # one child draws the first block and the initial share
+                self.noise, self._init_share = isolated_shares(randomness, scales, expect, hp.accounted_rounds,
+                                                               self.init_scales)
+            else:
+                self.noise = NoiseShares(randomness, scales, expect=expect)
         if plan.noise == "central":
             log.warning(f"{self.site_id}: central noise mode: the coordinator sees this site's noiseless sums "
                         "(summed with the others') and must be trusted to add the noise",
@@ -294,8 +301,8 @@ class SiteMachine:
         """
         hp = self.plan.hyperparameters
         c = self.local.contribution(self.splits(0), 0, self.randomness, self.table)
-        kernels.apply_leaves(self.local.pred.copy(), c.leaf, np.zeros(hp.leaves), hp.learning_rate)
-        if not getattr(self.randomness, "insecure", False):
+        self.local.kernels.apply_leaves(self.local.pred.copy(), c.leaf, np.zeros(hp.leaves), hp.learning_rate)
+        if not getattr(self.randomness, "insecure", False) and not isinstance(self.randomness, IsolatedSampler):
             for scales, draw in ((self.leaf_scales, self.randomness.discrete_gaussian),
                                  (self.init_scales, self.randomness.discrete_laplace)):
                 if scales is not None:
@@ -428,7 +435,9 @@ class SiteMachine:
                     noise = retry_noise
             else:
                 x = local.init_sums()
-                noise = None if self.init_scales is None else self.randomness.discrete_laplace(self.init_scales)
+                noise, self._init_share = self._init_share, None  # drawn ahead (isolated sampler), used once
+                if noise is None and self.init_scales is not None:
+                    noise = self.randomness.discrete_laplace(self.init_scales)
             kind, tree, with_data = "init", None, True
         else:
             k = ev.tree
@@ -512,7 +521,7 @@ class SiteMachine:
             raise self._abort(f"tree {t.index} has leaf values outside [−β, β] = ±{hp.leaf_clip}")
         leaf = self._leaf_cache.pop(t.index, None)
         if leaf is None:
-            leaf = kernels.leaf_index(self.local.X, splits.features, splits.thresholds, self.local.is_cat, hp.depth)
+            leaf = self.local.leaf_index(splits)
         self.local.apply(leaf, t.leaves)
         self.trees.append(t)
         if self.cpu_at_first_tree is None:
