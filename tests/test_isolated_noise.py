@@ -27,7 +27,7 @@ def test_draws_have_the_requested_kinds_shapes_and_variances(sampler):
                                  ("gaussian", np.zeros(3))])
     assert g.dtype == lap.dtype == np.int64 and g.shape == (50, 80) and lap.shape == (4000,)
     assert np.array_equal(zero, np.zeros(3, np.int64))
-    # N_Z(0, σ²) has variance < σ² (within 1e-10 relative at σ = 40); Lap_Z(b) has variance 2e^{-1/b}/(1 − e^{-1/b})²
+    # N_Z(0, σ²): variance σ² within 1e-10 relative at σ = 40; Lap_Z(b): 2e^{-1/b}/(1 − e^{-1/b})²
     var_lap = 2 * np.exp(-1 / b) / (1 - np.exp(-1 / b)) ** 2
     for x, var in ((g.ravel(), sigma**2), (lap, var_lap)):
         # mean square of n draws: standard error √(Var(X²)/n) ≤ √(6 var²/n) (kurtosis ≤ 6); 5 standard errors
