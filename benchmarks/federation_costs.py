@@ -100,7 +100,7 @@ def run_federation(code: Path, hp: dict, sites: int, profile: Path | None = None
 
     with tempfile.TemporaryDirectory(prefix="fedsbdt-costs-") as tmp:
         layout = Layout(Path(tmp))
-        deadlines = Deadlines(join=60.0 + (stagger + 3.0) * sites, stage=max(10.0, 1.5 * sites), quorum=600.0,
+        deadlines = Deadlines(join=60.0 + (stagger + 20.0) * sites, stage=max(10.0, 1.5 * sites), quorum=600.0,
                               finish=max(10.0, 1.0 * sites))  # the demo's deadlines for 3 sites
         plan, rows = prepare(layout, sites, "adult", hp, ["localhost", "127.0.0.1"], epoch_rounds=128,
                              deadlines=deadlines)

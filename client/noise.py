@@ -15,9 +15,9 @@ thread fills the buffer of the divisor most recently asked for (initially
 inline the first time it is needed (after a dropout).
 
 ``chunk`` vectors are drawn at a time, whenever fewer than ``low`` (default
-``ahead·chunk``) of the expected divisor's are ready; ``initial`` are vectors
-of the expected divisor drawn beforehand (e.g. by the same child process as
-the initial-score share, :mod:`client.isolated_noise`).
+``ahead·chunk``) of the expected divisor's are ready; ``initial`` maps
+divisors to vectors drawn beforehand (e.g. by the same child process as the
+initial-score share, :mod:`client.isolated_noise`).
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ import numpy as np
 
 class NoiseShares:
     def __init__(self, randomness, scales, chunk: int = 8, ahead: int = 4, expect=None, *, low: int | None = None,
-                 initial: np.ndarray | None = None) -> None:
+                 initial: dict | None = None) -> None:
         self.randomness = randomness
         if isinstance(scales, dict):
             self.scales = {k: np.asarray(v, dtype=np.float64) for k, v in scales.items()}
@@ -45,9 +45,8 @@ class NoiseShares:
         self.low = ahead * chunk if low is None else low
         self._inline = bool(getattr(randomness, "insecure", False))
         self._ready: dict = {k: deque() for k in self.scales}
-        if initial is not None:
-            rows = np.asarray(initial, dtype=np.int64).reshape(-1, self.scales[self._expect].size)
-            self._ready[self._expect].extend(rows)
+        for k, rows in (initial or {}).items():
+            self._ready[k].extend(np.asarray(rows, dtype=np.int64).reshape(-1, self.scales[k].size))
         self._drawing = None  # the key the thread is drawing a block for
         self._cv = threading.Condition()
         self._error: BaseException | None = None
@@ -111,6 +110,8 @@ class NoiseShares:
 
 #: bytes of leaf-noise shares a site draws per child process (isolated sampler): 1 MiB is 1024 rounds at depth 6
 ISOLATED_BLOCK_BYTES = 1 << 20
+#: vectors drawn ahead for each noise divisor other than the expected one (isolated sampler)
+SPARE_SHARES = 4
 
 
 def isolated_shares(randomness, scales: dict, expect, rounds: int, init_scales=None):
@@ -118,15 +119,21 @@ def isolated_shares(randomness, scales: dict, expect, rounds: int, init_scales=N
 
     ``randomness`` is a :class:`client.isolated_noise.IsolatedSampler`: shares are drawn in blocks of up
     to :data:`ISOLATED_BLOCK_BYTES` (at most ``rounds`` + 8 vectors; one child process per block), the
-    next block when an eighth of one is left, and the first block in the same child as the
-    initial-score share (so a session starts with one child, not two).
+    next block when an eighth of one is left (8 vectors if one block covers all ``rounds``: only retries
+    need more), and the first block in the same child as the initial-score share (so a session starts
+    with one child, not two).  That child also draws :data:`SPARE_SHARES` vectors for every other
+    divisor, so a round with fewer participants takes its share at once while the next block for its
+    divisor is drawn in the background (a child takes seconds to start on a loaded machine).
     """
     row = np.asarray(scales[expect], dtype=np.float64)
     chunk = max(8, min(ISOLATED_BLOCK_BYTES // (8 * max(row.size, 1)), rounds + 8))
-    requests = [("gaussian", np.tile(row, chunk))]
+    keys = [expect] + [k for k in scales if k != expect]
+    requests = [("gaussian", np.tile(np.asarray(scales[k], dtype=np.float64), chunk if k == expect else SPARE_SHARES))
+                for k in keys]
     if init_scales is not None:
         requests.append(("laplace", np.asarray(init_scales, dtype=np.float64)))
     drawn = randomness.draw(requests)
-    shares = NoiseShares(randomness, scales, chunk=chunk, ahead=1, expect=expect, low=max(1, chunk // 8),
-                         initial=drawn[0])
-    return shares, (drawn[1] if init_scales is not None else None)
+    low = 8 if chunk >= rounds + 8 else chunk // 8  # a block that covers the session is refilled only for retries
+    shares = NoiseShares(randomness, scales, chunk=chunk, ahead=1, expect=expect, low=low,
+                         initial=dict(zip(keys, drawn)))
+    return shares, (drawn[len(keys)] if init_scales is not None else None)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from client.isolated_noise import IsolatedSampler
-from client.noise import isolated_shares
+from client.noise import SPARE_SHARES, isolated_shares
 from common.randomness import InsecureTestRandomness, SecureRandomness
 
 
@@ -60,12 +60,17 @@ def test_shares_start_with_the_first_block_and_refill_from_a_child(sampler):
     shares, init = isolated_shares(sampler, scales, 3, rounds=20, init_scales=np.array([2.0, 5.0]))
     try:
         assert init.shape == (2,) and sampler.children == before + 1  # one child: first block and initial share
-        assert shares.chunk == 28 and shares.low == 3
+        assert shares.chunk == 28 and shares.low == 8  # one block covers the 20 rounds
         taken = [shares.take(3) for _ in range(60)]  # more than one block: the thread refilled from children
         assert all(t.shape == (16,) and t.dtype == np.int64 for t in taken)
         assert len({t.tobytes() for t in taken}) == 60  # never the same vector twice
         assert sampler.children >= before + 3
-        other = shares.take(2)  # another divisor: drawn on demand
-        assert other.shape == (16,)
+        spares = [r.copy() for r in shares._ready[2]]
+        assert len(spares) == SPARE_SHARES  # drawn with the first block
+        n = sampler.children
+        others = [shares.take(2) for _ in range(4)]  # another divisor: its spares, no child on the way
+        assert all(np.array_equal(o, s) for o, s in zip(others, spares))
+        assert sampler.children <= n + 1  # at most the background block for divisor 2 started meanwhile
+        assert all(o.shape == (16,) for o in others) and len({o.tobytes() for o in others}) == 4
     finally:
         shares.close()
