@@ -12,6 +12,14 @@ results to its stdout and exits (about 1 s of CPU to start, ~0.1 ms per
 sampler, same randomness source, each value handed out once.  Only the
 Poisson subsample (AES-CTR, no numba) stays in the daemon.
 
+Single vectors requested directly (``discrete_gaussian``/``discrete_laplace``)
+more often than once per :data:`SINGLE_DRAW_INTERVAL` seconds are drawn in
+the daemon instead, from then on (with a warning: the sampler then costs the
+daemon its ~150 MB): a round that needs fresh noise every few seconds must
+not wait for a child process each time.  Shares drawn ahead in blocks
+(:meth:`IsolatedSampler.draw`, :func:`client.noise.isolated_shares`) always
+come from children.
+
 Child protocol (:func:`_child`): an ``.npz`` on stdin with ``sampler`` and,
 per request i, ``kind_i`` ("gaussian" or "laplace") and ``scales_i``
 (float64, exact binary values); exit 0 with an ``.npz`` of ``noise_i``
@@ -21,15 +29,21 @@ message on stderr.
 from __future__ import annotations
 
 import io
+import logging
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
 
 from common.randomness import SecureRandomness
 
+log = logging.getLogger("fedsbdt.site")
+
 EXIT_BAD_PARAMETER = 2
+#: direct single draws closer together than this (seconds) switch them to the daemon's own sampler
+SINGLE_DRAW_INTERVAL = 60.0
 KINDS = ("gaussian", "laplace")
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[1])
 _CHILD = ("import sys; sys.path.insert(0, sys.argv[1]); from client.isolated_noise import _child; "
@@ -50,6 +64,8 @@ class IsolatedSampler:
             raise TypeError("only secure randomness is drawn in a child process")
         self.inner = inner
         self.children = 0  # child processes started (for the cost figures)
+        self.in_process = False  # direct single draws now use the daemon's own sampler
+        self._last_single: float | None = None
 
     def draw(self, requests: list[tuple[str, np.ndarray]]) -> list[np.ndarray]:
         """One exact draw per entry of each request's scale array (``kind`` "gaussian": σ, "laplace": b)."""
@@ -77,13 +93,26 @@ class IsolatedSampler:
                 raise RuntimeError("the noise sampler process returned vectors of the wrong type or shape")
         return out
 
+    def _single(self, kind: str, scales: np.ndarray) -> np.ndarray:
+        now = time.monotonic()
+        if not self.in_process and self._last_single is not None and now - self._last_single < SINGLE_DRAW_INTERVAL:
+            self.in_process = True
+            log.warning("single noise vectors are requested every few seconds: drawing them in the site process "
+                        "from now on (the exact sampler costs it about 150 MB)",
+                        extra={"event": "noise_in_process"})
+        self._last_single = now
+        if self.in_process:
+            draw = self.inner.discrete_gaussian if kind == "gaussian" else self.inner.discrete_laplace
+            return np.asarray(draw(scales), dtype=np.int64)
+        return self.draw([(kind, scales)])[0]
+
     def discrete_gaussian(self, scales: np.ndarray) -> np.ndarray:
         """One exact discrete Gaussian N_Z(0, s²) per entry of ``scales`` (integer units), drawn in a child."""
-        return self.draw([("gaussian", scales)])[0]
+        return self._single("gaussian", scales)
 
     def discrete_laplace(self, scales: np.ndarray) -> np.ndarray:
         """One exact discrete Laplace with scale s per entry of ``scales`` (integer units), drawn in a child."""
-        return self.draw([("laplace", scales)])[0]
+        return self._single("laplace", scales)
 
     def subsample(self, p: float, record_ids: np.ndarray, round_id: int) -> np.ndarray:
         return self.inner.subsample(p, record_ids, round_id)

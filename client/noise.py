@@ -27,6 +27,8 @@ from collections import deque
 
 import numpy as np
 
+from .isolated_noise import IsolatedSampler
+
 
 class NoiseShares:
     def __init__(self, randomness, scales, chunk: int = 8, ahead: int = 4, expect=None, *, low: int | None = None,
@@ -72,7 +74,9 @@ class NoiseShares:
                         return
                     key = self._drawing = self._expect
                 scales = self.scales[key]
-                block = self.randomness.discrete_gaussian(np.tile(scales, self.chunk))
+                tiled = np.tile(scales, self.chunk)
+                block = self.randomness.draw([("gaussian", tiled)])[0] if isinstance(self.randomness, IsolatedSampler) \
+                    else self.randomness.discrete_gaussian(tiled)  # a block: always in a child when isolated
                 with self._cv:
                     self._ready[key].extend(np.asarray(block, dtype=np.int64).reshape(self.chunk, scales.size))
                     self._drawing = None

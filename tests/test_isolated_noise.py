@@ -16,7 +16,7 @@ from client.noise import SPARE_SHARES, isolated_shares
 from common.randomness import InsecureTestRandomness, SecureRandomness
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def sampler():
     return IsolatedSampler(SecureRandomness())
 
@@ -37,9 +37,24 @@ def test_draws_have_the_requested_kinds_shapes_and_variances(sampler):
 
 
 def test_every_call_draws_fresh_noise(sampler):
-    a = sampler.discrete_gaussian(np.full(64, 1e6))
-    b = sampler.discrete_gaussian(np.full(64, 1e6))
+    a = sampler.draw([("gaussian", np.full(64, 1e6))])[0]
+    b = sampler.draw([("gaussian", np.full(64, 1e6))])[0]
+    assert sampler.children == 2
     assert not np.array_equal(a, b)  # equal with probability < 1e-300
+
+
+def test_frequent_single_draws_move_into_the_daemon(sampler, caplog):
+    """A second direct draw within a minute is drawn in this process (no child), and stays fresh and exact."""
+    first = sampler.discrete_gaussian(np.full(64, 1e6))
+    assert sampler.children == 1 and not sampler.in_process
+    second = sampler.discrete_gaussian(np.full(64, 1e6))
+    third = sampler.discrete_laplace(np.full(3, 2.0))
+    assert sampler.children == 1 and sampler.in_process
+    assert "in the site process" in caplog.text
+    assert second.dtype == third.dtype == np.int64 and third.shape == (3,)
+    assert not np.array_equal(first, second)
+    sampler.draw([("gaussian", np.ones(2))])  # blocks still come from children
+    assert sampler.children == 2
 
 
 def test_bad_parameters_are_reported_like_the_in_process_sampler(sampler):
