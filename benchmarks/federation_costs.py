@@ -86,8 +86,12 @@ class PeakMemory:
         return {k: round(v, 1) for k, v in self.peak.items()}
 
 
-def run_federation(code: Path, hp: dict, sites: int, profile: Path | None = None) -> dict:
-    """One federation with the code under ``code``; returns CPU and memory figures."""
+def run_federation(code: Path, hp: dict, sites: int, profile: Path | None = None, stagger: float = 0.0) -> dict:
+    """One federation with the code under ``code``; returns CPU and memory figures.
+
+    ``stagger``: seconds between site starts (many sites: their start-up children must not all overlap).
+    """
+    from common.federation.plan import Deadlines
     env = dict(os.environ, PYTHONPATH=str(code))
     env.setdefault("NUMBA_CACHE_DIR", str(code / ".numba-cache"))
 
@@ -96,7 +100,10 @@ def run_federation(code: Path, hp: dict, sites: int, profile: Path | None = None
 
     with tempfile.TemporaryDirectory(prefix="fedsbdt-costs-") as tmp:
         layout = Layout(Path(tmp))
-        plan, rows = prepare(layout, sites, "adult", hp, ["localhost", "127.0.0.1"], epoch_rounds=128)
+        deadlines = Deadlines(join=60.0 + (stagger + 20.0) * sites, stage=max(10.0, 1.5 * sites), quorum=600.0,
+                              finish=max(10.0, 1.0 * sites))  # the demo's deadlines for 3 sites
+        plan, rows = prepare(layout, sites, "adult", hp, ["localhost", "127.0.0.1"], epoch_rounds=128,
+                             deadlines=deadlines)
         layout.logs.mkdir(parents=True, exist_ok=True)
         mem = PeakMemory()
         procs: list[subprocess.Popen] = []
@@ -139,6 +146,8 @@ def run_federation(code: Path, hp: dict, sites: int, profile: Path | None = None
                 procs.append(p)
                 site_procs[sid] = p
                 mem.watch(sid, p.pid)
+                if stagger:
+                    time.sleep(stagger)
             out = coord.stdout.read()  # not communicate(): the log reader owns stderr
             coord.wait(timeout=3600)
             reader.join(timeout=10)
@@ -162,6 +171,9 @@ def run_federation(code: Path, hp: dict, sites: int, profile: Path | None = None
         "trees": index[-1] + 1, "rows": rows,
         "coordinator_cpu_ms_per_round": round((cpu_at[-1] - cpu_at[0]) / rounds * 1e3, 3),
         "site_cpu_ms_per_round": {sid: o.get("cpu_ms_per_round") for sid, o in site_out.items()},
+        # the data loader's and (this tree) the noise sampler's child processes, whole session
+        "site_child_cpu_s": {sid: o.get("child_cpu_seconds") for sid, o in site_out.items()},
+        "site_noise_processes": {sid: o.get("noise_processes") for sid, o in site_out.items()},
         "peak_rss_mb": peaks,
         "round_latency_ms_median": round(float(np.median(gaps)), 3),
     }
@@ -202,6 +214,7 @@ def main() -> None:
     ap.add_argument("--depth", type=int, default=6)
     ap.add_argument("--sites", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--stagger", type=float, default=0.0, help="seconds between site starts (many sites)")
     ap.add_argument("--profile", metavar="FILE",
                     help="py-spy the coordinator of this tree's first run: flame graph (.svg) or raw stacks (.txt)")
     ap.add_argument("--out", default="federation_costs")
@@ -217,13 +230,13 @@ def main() -> None:
         for name, code in versions.items():
             prof = profile if (profile is not None and name == "this_tree" and rep == 0) else None
             print(f"run {rep + 1}/{args.repeats}: {name} ...", flush=True)
-            r = run_federation(code, hp, args.sites, prof)
+            r = run_federation(code, hp, args.sites, prof, args.stagger)
             print("  " + json.dumps(r), flush=True)
             runs[name].append(r)
     summary = {k: summarise(v) for k, v in runs.items()}
     print(json.dumps(summary, indent=2))
     path = save(args.out, {
-        "description": "3-site federation on Adult over gRPC/mTLS on loopback: coordinator CPU per round, "
+        "description": f"{args.sites}-site federation on Adult over gRPC/mTLS on loopback: coordinator CPU per round, "
                        "site CPU per round, peak RSS per process (VmHWM); versions alternated in one run",
         "setting": {"dataset": "adult", "sites": args.sites, **hp, "noise": "distributed", "epoch_rounds": 128,
                     "repeats": args.repeats},

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import logging
+import resource
 import time
 from pathlib import Path
 
@@ -128,6 +129,9 @@ def cmd_client(args: argparse.Namespace) -> int:
     charge = machine.ledger.eval_charge()
     if charge is not None:  # the held-out file's separate budget (one release, retries resend it)
         out["evaluation"] = charge
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)  # the data loader and the noise sampler processes
+    out["child_cpu_seconds"] = round(children.ru_utime + children.ru_stime, 3)
+    out["noise_processes"] = getattr(machine.randomness, "children", 0)
     if machine.cpu_at_first_tree is not None and machine.trees_applied > 1:
         out["cpu_ms_per_round"] = round((time.process_time() - machine.cpu_at_first_tree)
                                         / (machine.trees_applied - 1) * 1e3, 3)

@@ -13,6 +13,11 @@ therefore either one scale vector or a mapping ``k → scale vector``; the
 thread fills the buffer of the divisor most recently asked for (initially
 ``expect``: every site taking part), and a share for another divisor is drawn
 inline the first time it is needed (after a dropout).
+
+``chunk`` vectors are drawn at a time, whenever fewer than ``low`` (default
+``ahead·chunk``) of the expected divisor's are ready; ``initial`` maps
+divisors to vectors drawn beforehand (e.g. by the same child process as the
+initial-score share, :mod:`client.isolated_noise`).
 """
 from __future__ import annotations
 
@@ -22,9 +27,12 @@ from collections import deque
 
 import numpy as np
 
+from .isolated_noise import IsolatedSampler
+
 
 class NoiseShares:
-    def __init__(self, randomness, scales, chunk: int = 8, ahead: int = 4, expect=None) -> None:
+    def __init__(self, randomness, scales, chunk: int = 8, ahead: int = 4, expect=None, *, low: int | None = None,
+                 initial: dict | None = None) -> None:
         self.randomness = randomness
         if isinstance(scales, dict):
             self.scales = {k: np.asarray(v, dtype=np.float64) for k, v in scales.items()}
@@ -36,8 +44,11 @@ class NoiseShares:
             raise KeyError(f"no noise scales for the expected divisor {self._expect!r}")
         self.chunk = chunk
         self.ahead = ahead
+        self.low = ahead * chunk if low is None else low
         self._inline = bool(getattr(randomness, "insecure", False))
         self._ready: dict = {k: deque() for k in self.scales}
+        for k, rows in (initial or {}).items():
+            self._ready[k].extend(np.asarray(rows, dtype=np.int64).reshape(-1, self.scales[k].size))
         self._drawing = None  # the key the thread is drawing a block for
         self._cv = threading.Condition()
         self._error: BaseException | None = None
@@ -57,13 +68,15 @@ class NoiseShares:
         try:
             while True:
                 with self._cv:
-                    while not self._stop.is_set() and len(self._ready[self._expect]) >= self.ahead * self.chunk:
+                    while not self._stop.is_set() and len(self._ready[self._expect]) >= self.low:
                         self._cv.wait()
                     if self._stop.is_set():
                         return
                     key = self._drawing = self._expect
                 scales = self.scales[key]
-                block = self.randomness.discrete_gaussian(np.tile(scales, self.chunk))
+                tiled = np.tile(scales, self.chunk)
+                block = self.randomness.draw([("gaussian", tiled)])[0] if isinstance(self.randomness, IsolatedSampler) \
+                    else self.randomness.discrete_gaussian(tiled)  # a block: always in a child when isolated
                 with self._cv:
                     self._ready[key].extend(np.asarray(block, dtype=np.int64).reshape(self.chunk, scales.size))
                     self._drawing = None
@@ -97,3 +110,34 @@ class NoiseShares:
         self._stop.set()
         with self._cv:
             self._cv.notify_all()
+
+
+#: bytes of leaf-noise shares a site draws per child process (isolated sampler): 1 MiB is 1024 rounds at depth 6
+ISOLATED_BLOCK_BYTES = 1 << 20
+#: vectors drawn ahead for each noise divisor other than the expected one (isolated sampler)
+SPARE_SHARES = 4
+
+
+def isolated_shares(randomness, scales: dict, expect, rounds: int, init_scales=None):
+    """:class:`NoiseShares` for the isolated sampler, and the initial-score noise share drawn ahead (or None).
+
+    ``randomness`` is a :class:`client.isolated_noise.IsolatedSampler`: shares are drawn in blocks of up
+    to :data:`ISOLATED_BLOCK_BYTES` (at most ``rounds`` + 8 vectors; one child process per block), the
+    next block when an eighth of one is left (8 vectors if one block covers all ``rounds``: only retries
+    need more), and the first block in the same child as the initial-score share (so a session starts
+    with one child, not two).  That child also draws :data:`SPARE_SHARES` vectors for every other
+    divisor, so a round with fewer participants takes its share at once while the next block for its
+    divisor is drawn in the background (a child takes seconds to start on a loaded machine).
+    """
+    row = np.asarray(scales[expect], dtype=np.float64)
+    chunk = max(8, min(ISOLATED_BLOCK_BYTES // (8 * max(row.size, 1)), rounds + 8))
+    keys = [expect] + [k for k in scales if k != expect]
+    requests = [("gaussian", np.tile(np.asarray(scales[k], dtype=np.float64), chunk if k == expect else SPARE_SHARES))
+                for k in keys]
+    if init_scales is not None:
+        requests.append(("laplace", np.asarray(init_scales, dtype=np.float64)))
+    drawn = randomness.draw(requests)
+    low = 8 if chunk >= rounds + 8 else chunk // 8  # a block that covers the session is refilled only for retries
+    shares = NoiseShares(randomness, scales, chunk=chunk, ahead=1, expect=expect, low=low,
+                         initial=dict(zip(keys, drawn)))
+    return shares, (drawn[len(keys)] if init_scales is not None else None)

@@ -68,7 +68,7 @@ from pathlib import Path
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from common import kernels
+from common import kernels, kernels_numpy
 from common.boosting import TASK_CODE, split_edges
 from common.multiclass import init_vector_len, round_vector_len
 from common.multiclass_boosting import local_data_for
@@ -108,7 +108,8 @@ from common.federation.wire import (
 from .dataload import load_isolated
 from .evaluation import check_request, eval_input, load_held_out
 from .ledger import LedgerError, SiteLedger, ledger_path
-from .noise import NoiseShares
+from .isolated_noise import IsolatedSampler
+from .noise import NoiseShares, isolated_shares
 from .policy import SitePolicy
 
 log = logging.getLogger("fedsbdt.site")
@@ -244,6 +245,10 @@ class SiteMachine:
                               "identity key; check --identity-key / the roster")
         try:
             randomness = plan.make_randomness(self.options.allow_insecure_test_randomness)
+            # exact noise drawn in child processes, so the daemon never loads numba; greedy trees draw a noise
+            # share per level on demand, which a child per draw would make slow: they sample in-process
+            if not getattr(randomness, "insecure", False) and plan.hyperparameters.tree_builder == "random":
+                randomness = IsolatedSampler(randomness)
             cal = plan.verify_privacy()
         except PlanError as e:
             raise SiteRefusal(str(e)) from None
@@ -275,7 +280,7 @@ class SiteMachine:
         except LedgerError as e:
             raise SiteRefusal(str(e)) from None
         self.local = local_data_for(plan.schema, ds.X, ds.y, ds.ids, hp, ds.arrival,
-                                    edges=split_edges(plan.schema, hp.split_candidates))
+                                    edges=split_edges(plan.schema, hp.split_candidates), backend=kernels_numpy)
         self.ledger.ensure_records(ds.ids)
         self.local.spent = self.ledger.spent_for(ds.ids)
         self.secagg = SecAggSite(plan.secagg_config(), self.site_id, self.identity_key, self.ledger.storage,
@@ -292,11 +297,15 @@ class SiteMachine:
         if hp.init_share == 0:
             self._set_init(InitScoreMsg(0.0, None, ()))
         self._warm_up()
-        self.noise = None
+        self.noise = self._init_share = None
         if self.leaf_scales is not None:  # one scale vector per possible noise divisor k_r
             ks = sorted({plan.noise_divisor(p) for p in range(plan.threshold, plan.n + 1)})
-            self.noise = NoiseShares(randomness, {k: plan.leaf_share_scales(k) for k in ks},
-                                     expect=plan.noise_divisor(plan.n))
+            scales, expect = {k: plan.leaf_share_scales(k) for k in ks}, plan.noise_divisor(plan.n)
+            if isinstance(randomness, IsolatedSampler):  # one child draws the first block and the initial share
+                self.noise, self._init_share = isolated_shares(randomness, scales, expect, hp.accounted_rounds,
+                                                               self.init_scales)
+            else:
+                self.noise = NoiseShares(randomness, scales, expect=expect)
         if plan.noise == "central":
             log.warning(f"{self.site_id}: central noise mode: the coordinator sees this site's noiseless sums "
                         "(summed with the others') and must be trusted to add the noise",
@@ -336,8 +345,8 @@ class SiteMachine:
         hp = self.plan.hyperparameters
         c = self.local.contribution(self.splits(0), 0, self.randomness, self.table)
         if self.local.pred.ndim == 1:
-            kernels.apply_leaves(self.local.pred.copy(), c.leaf, np.zeros(hp.leaves), hp.learning_rate)
-        if not getattr(self.randomness, "insecure", False):
+            self.local.kernels.apply_leaves(self.local.pred.copy(), c.leaf, np.zeros(hp.leaves), hp.learning_rate)
+        if not getattr(self.randomness, "insecure", False) and not isinstance(self.randomness, IsolatedSampler):
             for scales, draw in ((self.leaf_scales, self.randomness.discrete_gaussian),
                                  (self.init_scales, self.randomness.discrete_laplace)):
                 if scales is not None:
@@ -482,7 +491,9 @@ class SiteMachine:
                     noise = retry_noise
             else:
                 x = local.init_sums()
-                noise = None if self.init_scales is None else self.randomness.discrete_laplace(self.init_scales)
+                noise, self._init_share = self._init_share, None  # drawn ahead (isolated sampler), used once
+                if noise is None and self.init_scales is not None:
+                    noise = self.randomness.discrete_laplace(self.init_scales)
             kind, tree, with_data = "init", None, True
         elif ev.purpose == Purpose.LEVEL:
             kind, tree = "level", ev.tree

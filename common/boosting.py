@@ -139,12 +139,16 @@ class LocalData:
 
     ``edges`` (optional, public): candidate thresholds per feature, see
     :func:`split_edges`; with them trees are walked on one-byte codes of the
-    records (same leaves, less memory traffic).
+    records (same leaves, less memory traffic).  ``backend``: the kernel module
+    (:mod:`common.kernels`, numba, by default; :mod:`common.kernels_numpy` gives
+    the same results without loading numba, for a long-running site daemon).
     """
 
     def __init__(self, X: np.ndarray, y: np.ndarray, ids: np.ndarray, task: str, hp: Hyperparameters,
                  label_range: tuple[float, float] | None = None, arrival: np.ndarray | None = None,
-                 is_categorical: np.ndarray | None = None, *, edges: list | None = None):
+                 is_categorical: np.ndarray | None = None, *, edges: list | None = None,
+                 backend=None):
+        self.kernels = kernels if backend is None else backend
         self.X = np.ascontiguousarray(X, dtype=np.float64)
         self.ids = np.asarray(ids, dtype=np.int64)
         self.task = task
@@ -161,7 +165,7 @@ class LocalData:
             self._edges = [None if e is None else np.unique(np.asarray(e, np.float64)) for e in edges]
             if not all(e is None or e.size <= 255 for e in self._edges):
                 self._edges = None
-        self._packed = None if self._edges is None else kernels.pack_edges(self._edges)
+        self._packed = None if self._edges is None else self.kernels.pack_edges(self._edges)
         self._codes_key = None  # (X, is_cat) the codes were built from
         self._codes = None
         self._arrival_key = None  # (arrival, its maximum)
@@ -175,7 +179,7 @@ class LocalData:
         if self._edges is None:
             return None
         if self._codes_key is None or self._codes_key[0] is not self.X or self._codes_key[1] is not self.is_cat:
-            self._codes = kernels.bin_codes(self.X, self._edges, self.is_cat, column_major=self.hp.cyclical)
+            self._codes = self.kernels.bin_codes(self.X, self._edges, self.is_cat, column_major=self.hp.cyclical)
             self._codes_key = (self.X, self.is_cat)
         return self._codes
 
@@ -200,7 +204,7 @@ class LocalData:
         sampled = randomness.subsample(hp.subsample, self.ids, round_id)
         leaf = self.leaf_index(splits)
         filter_args = None if table is None else (table.cost_units, self.spent, table.budget_units)
-        sums, new_spent, n_active, n_sampled = kernels.round_sums(
+        sums, new_spent, n_active, n_sampled = self.kernels.round_sums(
             leaf, self.pred, self.y, TASK_CODE[self.task], enc.scale, enc.grad.bound_units, enc.hess.bound_units,
             sampled, available, hp.leaves, filter_args)
         return Contribution(sums, leaf, new_spent, n_active, n_sampled)
@@ -212,10 +216,10 @@ class LocalData:
                                       default_left=splits.default_left)
         codes = self._record_codes()
         if codes is not None:
-            b = kernels.code_bounds(splits.features, splits.thresholds, self.is_cat, self._packed)
+            b = self.kernels.code_bounds(splits.features, splits.thresholds, self.is_cat, self._packed)
             if b is not None:
-                return kernels.leaf_index_codes(codes, splits.features, b[0], b[1], self.hp.depth)
-        return kernels.leaf_index(self.X, splits.features, splits.thresholds, self.is_cat, self.hp.depth)
+                return self.kernels.leaf_index_codes(codes, splits.features, b[0], b[1], self.hp.depth)
+        return self.kernels.leaf_index(self.X, splits.features, splits.thresholds, self.is_cat, self.hp.depth)
 
     def has_missing(self) -> bool:
         """True if some local value is missing (NaN); such records need the float walk with directions."""
@@ -231,4 +235,4 @@ class LocalData:
 
     def apply(self, leaf: np.ndarray, values: np.ndarray) -> None:
         """Add the released tree to the local predictions."""
-        self.pred = kernels.apply_leaves(self.pred, leaf, values, self.hp.learning_rate)
+        self.pred = self.kernels.apply_leaves(self.pred, leaf, values, self.hp.learning_rate)

@@ -31,7 +31,7 @@ Performance notes (results never depend on which path runs):
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from .numba_lazy import njit  # numba is imported at the first call of a kernel
 
 REGRESSION, BINARY = 0, 1
 

@@ -50,10 +50,11 @@ class MulticlassLocalData(LocalData):
         self.pred = self.pred + self.hp.learning_rate * v[:, np.asarray(leaf, np.int64)].T
 
 
-def local_data_for(schema, X, y, ids, hp, arrival=None, edges=None) -> LocalData:
-    """The per-party state for ``schema``'s task (multiclass: :class:`MulticlassLocalData`)."""
+def local_data_for(schema, X, y, ids, hp, arrival=None, edges=None, backend=None) -> LocalData:
+    """The per-party state for ``schema``'s task (multiclass: :class:`MulticlassLocalData`); ``backend``: the
+    kernel module (see :class:`~common.boosting.LocalData`)."""
     is_cat = np.array([f.is_categorical for f in schema.features])
     if schema.task == "multiclass":
         return MulticlassLocalData(X, y, ids, schema.task, hp, schema.label_range, arrival, is_cat, edges=edges,
-                                   classes=schema.n_classes)
-    return LocalData(X, y, ids, schema.task, hp, schema.label_range, arrival, is_cat, edges=edges)
+                                   classes=schema.n_classes, backend=backend)
+    return LocalData(X, y, ids, schema.task, hp, schema.label_range, arrival, is_cat, edges=edges, backend=backend)

@@ -22,8 +22,11 @@ from common.schema import Schema
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 
-#: top-level packages a site daemon must not hold (measured: pandas + pyarrow ≈ 90 MB, dp_accounting ≈ 90 MB)
-NOT_IN_SITE = {"pandas", "pyarrow", "dp_accounting", "rich", "sklearn", "matplotlib", "xgboost", "opendp"}
+#: top-level packages a site daemon must not hold (measured: pandas + pyarrow ≈ 90 MB, dp_accounting ≈ 90 MB,
+#: numba with llvmlite and scipy ≈ 155 MB once a kernel is loaded: the site runs numpy kernels and draws its
+#: noise in child processes)
+NOT_IN_SITE = {"pandas", "pyarrow", "dp_accounting", "rich", "sklearn", "matplotlib", "xgboost", "opendp", "numba",
+               "llvmlite", "scipy"}
 
 
 def imported_by(code: str) -> set[str]:
@@ -37,13 +40,33 @@ def test_site_daemon_does_not_import_heavy_modules():
     # what `fedsbdt client` imports before it runs: the CLI with every registered command, then the daemon
     mods = imported_by("import common.cli\ncommon.cli.build_parser()\n"
                        "import client.cli, client.daemon, client.site, client.dataload")
-    assert {"client", "grpc", "numpy", "numba"} <= mods  # the probe imported the daemon
+    assert {"client", "grpc", "numpy"} <= mods  # the probe imported the daemon
     assert not (mods & NOT_IN_SITE), f"the site daemon imports {sorted(mods & NOT_IN_SITE)}"
 
 
 def test_the_probe_sees_a_heavy_import():
     assert "pandas" not in imported_by("import common.data")  # pandas is imported where a file is parsed
     assert "pandas" in imported_by("import common.estimators")  # which imports it at the top
+    assert "numba" not in imported_by("import common.kernels")  # numba is imported at a kernel's first call
+    assert "numba" in imported_by("import common.kernels, numpy as np\n"
+                                  "common.kernels.apply_leaves(np.zeros(2), np.zeros(2, np.int32), np.ones(1), 1.0)")
+
+
+def test_a_site_round_and_its_noise_run_without_numba():
+    """The site's per-round work (numpy kernels) and exact noise (drawn in a child) never load numba."""
+    mods = imported_by(
+        "import numpy as np\n"
+        "from common import kernels_numpy as K\n"
+        "from common.randomness import SecureRandomness\n"
+        "from client.isolated_noise import IsolatedSampler\n"
+        "r = IsolatedSampler(SecureRandomness())\n"
+        "x = r.draw([('gaussian', np.full(4, 3.0)), ('laplace', np.full(2, 2.0))])\n"
+        "assert x[0].shape == (4,) and x[1].shape == (2,)\n"
+        "leaf = K.leaf_index(np.random.default_rng(0).normal(size=(50, 3)), np.zeros(3, np.int32), np.zeros(3), "
+        "np.zeros(3, bool), 2)\n"
+        "K.round_sums(leaf, np.zeros(50), np.ones(50), K.BINARY, 2.0**20, 2**20, 2**18, r.subsample(0.5, "
+        "np.arange(50), 0), None, 4)\n")
+    assert not (mods & {"numba", "llvmlite", "scipy"}), sorted(mods & {"numba", "llvmlite", "scipy"})
 
 
 @pytest.mark.parametrize("name, file", [("abalone", "abalone.data"), ("adult", "adult.test")])

@@ -1,0 +1,144 @@
+"""A site's exact DP noise, drawn in short-lived child processes so that the daemon never loads numba.
+
+Our exact samplers (:mod:`common.exact_noise`) are numba kernels; loading
+numba and its compiled code costs a process about 150 MB for as long as it
+lives.  A site needs noise in bulk (one leaf-noise share per round, drawn
+ahead by :class:`client.noise.NoiseShares`) and a few single vectors (the
+initial-score share, central-mode retries), so :class:`IsolatedSampler`
+draws them in a child Python process that imports the sampler, draws every
+requested vector from its own OS-keyed CSPRNG stream, writes the int64
+results to its stdout and exits (about 1 s of CPU to start, ~0.1 ms per
+128-value share after that).  Nothing about the noise changes: same
+sampler, same randomness source, each value handed out once.  Only the
+Poisson subsample (AES-CTR, no numba) stays in the daemon.
+
+Single vectors requested directly (``discrete_gaussian``/``discrete_laplace``)
+more often than once per :data:`SINGLE_DRAW_INTERVAL` seconds are drawn in
+the daemon instead, from then on (with a warning: the sampler then costs the
+daemon its ~150 MB): a round that needs fresh noise every few seconds must
+not wait for a child process each time.  Shares drawn ahead in blocks
+(:meth:`IsolatedSampler.draw`, :func:`client.noise.isolated_shares`) always
+come from children.
+
+Child protocol (:func:`_child`): an ``.npz`` on stdin with ``sampler`` and,
+per request i, ``kind_i`` ("gaussian" or "laplace") and ``scales_i``
+(float64, exact binary values); exit 0 with an ``.npz`` of ``noise_i``
+(int64, the shape of ``scales_i``) on stdout, exit 2 with a bad parameter's
+message on stderr.
+"""
+from __future__ import annotations
+
+import io
+import logging
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from common.randomness import SecureRandomness
+
+log = logging.getLogger("fedsbdt.site")
+
+EXIT_BAD_PARAMETER = 2
+#: direct single draws closer together than this (seconds) switch them to the daemon's own sampler
+SINGLE_DRAW_INTERVAL = 60.0
+KINDS = ("gaussian", "laplace")
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[1])
+_CHILD = ("import sys; sys.path.insert(0, sys.argv[1]); from client.isolated_noise import _child; "
+          "sys.exit(_child())")
+
+
+class IsolatedSampler:
+    """:class:`~common.randomness.SecureRandomness` whose noise samplers run in a child process per call.
+
+    Same interface as the randomness it wraps (``discrete_gaussian``, ``discrete_laplace``,
+    ``subsample``, ``describe``); :meth:`draw` draws several vectors in one child.
+    """
+
+    insecure = False
+
+    def __init__(self, inner: SecureRandomness) -> None:
+        if getattr(inner, "insecure", False):
+            raise TypeError("only secure randomness is drawn in a child process")
+        self.inner = inner
+        self.children = 0  # child processes started (for the cost figures)
+        self.in_process = False  # direct single draws now use the daemon's own sampler
+        self._last_single: float | None = None
+
+    def draw(self, requests: list[tuple[str, np.ndarray]]) -> list[np.ndarray]:
+        """One exact draw per entry of each request's scale array (``kind`` "gaussian": σ, "laplace": b)."""
+        buf = io.BytesIO()
+        arrays = {"sampler": np.array(self.inner.sampler)}
+        for i, (kind, scales) in enumerate(requests):
+            if kind not in KINDS:
+                raise ValueError(f"unknown noise kind {kind!r}")
+            arrays[f"kind_{i}"] = np.array(kind)
+            arrays[f"scales_{i}"] = np.asarray(scales, dtype=np.float64)
+        np.savez(buf, **arrays)
+        # -P and an explicit path: the child runs this very package, never a ``client`` in the working directory
+        proc = subprocess.run([sys.executable, "-P", "-c", _CHILD, _PACKAGE_ROOT], input=buf.getvalue(),
+                              capture_output=True, check=False)
+        self.children += 1
+        if proc.returncode == EXIT_BAD_PARAMETER:
+            raise ValueError(proc.stderr.decode("utf-8", "replace").strip())
+        if proc.returncode != 0 or not proc.stdout:
+            tail = proc.stderr.decode("utf-8", "replace").strip().splitlines()[-3:]
+            raise RuntimeError(f"the noise sampler process failed (exit {proc.returncode}): {' | '.join(tail)}")
+        with np.load(io.BytesIO(proc.stdout), allow_pickle=False) as z:
+            out = [z[f"noise_{i}"] for i in range(len(requests))]
+        for (_, scales), noise in zip(requests, out):
+            if noise.dtype != np.int64 or noise.shape != np.shape(scales):
+                raise RuntimeError("the noise sampler process returned vectors of the wrong type or shape")
+        return out
+
+    def _single(self, kind: str, scales: np.ndarray) -> np.ndarray:
+        now = time.monotonic()
+        if not self.in_process and self._last_single is not None and now - self._last_single < SINGLE_DRAW_INTERVAL:
+            self.in_process = True
+            log.warning("single noise vectors are requested every few seconds: drawing them in the site process "
+                        "from now on (the exact sampler costs it about 150 MB)",
+                        extra={"event": "noise_in_process"})
+        self._last_single = now
+        if self.in_process:
+            draw = self.inner.discrete_gaussian if kind == "gaussian" else self.inner.discrete_laplace
+            return np.asarray(draw(scales), dtype=np.int64)
+        return self.draw([(kind, scales)])[0]
+
+    def discrete_gaussian(self, scales: np.ndarray) -> np.ndarray:
+        """One exact discrete Gaussian N_Z(0, s²) per entry of ``scales`` (integer units), drawn in a child."""
+        return self._single("gaussian", scales)
+
+    def discrete_laplace(self, scales: np.ndarray) -> np.ndarray:
+        """One exact discrete Laplace with scale s per entry of ``scales`` (integer units), drawn in a child."""
+        return self._single("laplace", scales)
+
+    def subsample(self, p: float, record_ids: np.ndarray, round_id: int) -> np.ndarray:
+        return self.inner.subsample(p, record_ids, round_id)
+
+    def describe(self) -> str:
+        return self.inner.describe()
+
+
+def _child() -> int:
+    with np.load(io.BytesIO(sys.stdin.buffer.read()), allow_pickle=False) as z:
+        randomness = SecureRandomness(str(z["sampler"]))
+        requests = []
+        i = 0
+        while f"kind_{i}" in z:
+            requests.append((str(z[f"kind_{i}"]), z[f"scales_{i}"]))
+            i += 1
+    out = {}
+    try:
+        for i, (kind, scales) in enumerate(requests):
+            draw = randomness.discrete_gaussian if kind == "gaussian" else randomness.discrete_laplace
+            out[f"noise_{i}"] = np.asarray(draw(scales), dtype=np.int64)
+    except ValueError as e:
+        print(str(e), file=sys.stderr)
+        return EXIT_BAD_PARAMETER
+    buf = io.BytesIO()
+    np.savez(buf, **out)
+    sys.stdout.buffer.write(buf.getvalue())
+    sys.stdout.buffer.flush()
+    return 0

@@ -1,0 +1,154 @@
+"""The site's numpy kernels (common/kernels_numpy.py) give exactly the numba kernels' results.
+
+Random trees and records with awkward values (NaN, ±inf, −0, off-grid and
+on-grid thresholds, unknown categorical levels), both tasks, with and without
+the filter and arrival, and whole training runs of LocalData with either
+backend: every output is compared for exact equality.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from common import kernels, kernels_numpy
+from common.accountant import calibrate
+from common.boosting import LocalData
+from common.config import Hyperparameters
+from common.randomness import InsecureTestRandomness
+from common.rdp_filter import filter_table
+from common.splits import Splits
+
+
+def random_case(rng, n, m, depth, cyclical, n_cand):
+    is_cat = rng.random(m) < 0.3
+    levels = rng.integers(2, 12, m)
+    lo = rng.uniform(-5, 0, m)
+    hi = lo + rng.uniform(0.5, 10, m)
+    X = np.empty((n, m))
+    for f in range(m):
+        if is_cat[f]:
+            X[:, f] = rng.integers(0, levels[f], n)
+        else:
+            X[:, f] = rng.uniform(lo[f] - 1, hi[f] + 1, n)
+            if n_cand:  # mass exactly on candidate thresholds
+                j = rng.integers(0, n_cand, n)
+                on = rng.random(n) < 0.2
+                X[on, f] = (lo[f] + (hi[f] - lo[f]) * (j + 1) / (n_cand + 1))[on]
+    for f in range(m):
+        idx = rng.integers(0, n, 4)
+        X[idx[0], f] = -0.0
+        X[idx[1], f] = np.nan
+        X[idx[2], f] = 300.0 if is_cat[f] else -np.inf
+        X[idx[3], f] = 2.5 if is_cat[f] else np.inf
+    n_inner = 2**depth - 1
+    features = (np.full(n_inner, rng.integers(0, m)) if cyclical else rng.integers(0, m, n_inner)).astype(np.int32)
+    thr = np.empty(n_inner)
+    for k in range(n_inner):
+        f = features[k]
+        if is_cat[f]:
+            thr[k] = rng.integers(0, levels[f])
+        elif n_cand and rng.random() < 0.9:
+            thr[k] = lo[f] + (hi[f] - lo[f]) * (rng.integers(0, n_cand) + 1) / (n_cand + 1)
+        else:
+            thr[k] = rng.uniform(lo[f], hi[f])  # off the grid: code_bounds must say so
+    edges = None
+    if n_cand:
+        j = np.arange(n_cand)
+        edges = [None if is_cat[f] else lo[f] + (hi[f] - lo[f]) * (j + 1) / (n_cand + 1) for f in range(m)]
+    return X, features, thr, is_cat, edges
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_tree_walks_and_codes_equal_the_numba_kernels(seed):
+    rng = np.random.default_rng(seed)
+    for _ in range(40):
+        n, m, depth = int(rng.integers(1, 400)), int(rng.integers(1, 8)), int(rng.integers(1, 7))
+        cyc = bool(rng.random() < 0.5)
+        X, features, thr, is_cat, edges = random_case(rng, n, m, depth, cyc, int(rng.choice([0, 1, 7, 32, 255])))
+        want = kernels.leaf_index(X, features, thr, is_cat, depth)
+        got = kernels_numpy.leaf_index(X, features, thr, is_cat, depth)
+        assert got.dtype == np.int32 and np.array_equal(got, want)
+        if edges is None:
+            continue
+        packed = kernels.pack_edges(edges)
+        for column_major in (False, True):
+            codes = kernels.bin_codes(X, edges, is_cat, column_major)
+            ncodes = kernels_numpy.bin_codes(X, edges, is_cat, column_major)
+            assert np.array_equal(ncodes, codes) and ncodes.flags.f_contiguous == codes.flags.f_contiguous
+        b = kernels.code_bounds(features, thr, is_cat, packed)
+        nb = kernels_numpy.code_bounds(features, thr, is_cat, packed)
+        assert (b is None) == (nb is None)
+        if b is not None:
+            assert np.array_equal(nb[0], b[0]) and np.array_equal(nb[1], b[1])
+            got = kernels_numpy.leaf_index_codes(codes, features, nb[0], nb[1], depth)
+            assert np.array_equal(got, kernels.leaf_index_codes(codes, features, b[0], b[1], depth))
+            assert np.array_equal(got, want)  # the code walk is the float walk
+
+
+@pytest.mark.parametrize("task", [kernels.REGRESSION, kernels.BINARY])
+@pytest.mark.parametrize("use_filter", [False, True])
+@pytest.mark.parametrize("arrival", [False, True])
+def test_round_sums_and_apply_equal_the_numba_kernels(task, use_filter, arrival):
+    rng = np.random.default_rng(7 + 2 * task + use_filter)
+    cal = calibrate(0.5, 5e-8, 0.1, 20)
+    table = filter_table(cal.alpha, cal.sigma, 0.1, 0.2, 20)
+    for _ in range(25):
+        n, L = int(rng.integers(1, 3000)), 2 ** int(rng.integers(1, 7))
+        leaf = rng.integers(0, L, n).astype(np.int32)
+        pred = rng.normal(0, 4, n) * (rng.random() < 0.9)
+        y = (rng.random(n) < 0.5).astype(float) if task == kernels.BINARY else rng.uniform(-1, 1, n)
+        scale = float(2 ** int(rng.integers(8, 30)))
+        g_units, h_units = int(scale * rng.choice([0.3, 1.0])), int(scale * rng.choice([0.1, 0.25]))
+        sampled = rng.random(n) < rng.uniform(0, 1)
+        avail = (rng.random(n) < 0.7) if arrival else None
+        fa = None
+        if use_filter:
+            budget = table.budget_units
+            spent = rng.integers(0, budget + 1, n).astype(np.int64)
+            edge = rng.random(n) < 0.3  # records whose budget this round's cost exactly uses up, or just not
+            cells = table.cost_units.ravel()[rng.integers(0, table.cost_units.size, n)]
+            spent[edge] = np.maximum(budget - cells[edge] + rng.integers(-1, 2, n)[edge], 0)
+            fa = (table.cost_units, spent, budget)
+        want = kernels.round_sums(leaf, pred, y, task, scale, g_units, h_units, sampled, avail, L, fa)
+        got = kernels_numpy.round_sums(leaf, pred, y, task, scale, g_units, h_units, sampled, avail, L, fa)
+        assert np.array_equal(got[0], want[0]) and got[0].dtype == np.int64
+        assert (got[1] is None) == (want[1] is None)
+        if want[1] is not None:
+            assert np.array_equal(got[1], want[1])
+        assert got[2:] == want[2:]
+        gq, hq = kernels.grad_hess_units(pred, y, task, scale, g_units, h_units)
+        ngq, nhq = kernels_numpy.grad_hess_units(pred, y, task, scale, g_units, h_units)
+        assert np.array_equal(ngq, gq) and np.array_equal(nhq, hq)
+        values = rng.normal(0, 1, L)
+        assert np.array_equal(kernels_numpy.apply_leaves(pred, leaf, values, 0.3),
+                              kernels.apply_leaves(pred, leaf, values, 0.3))
+
+
+def test_a_training_run_is_identical_with_either_backend():
+    rng = np.random.default_rng(3)
+    n, m = 2000, 6
+    X, _, _, is_cat, edges = random_case(rng, n, m, 4, False, 32)
+    y = (X[:, 0] + rng.normal(0, 1, n) > 0).astype(float)
+    hp = Hyperparameters(epsilon=1.0, trees=30, depth=4, filter=True)
+    cal = calibrate(0.5, 5e-8, 0.1, 20)
+    table = filter_table(cal.alpha, cal.sigma, hp.subsample, 0.2, 20)
+    ids = np.arange(n)
+    arrival = rng.integers(0, 10, n)
+    runs = []
+    for backend in (None, kernels_numpy):
+        local = LocalData(X, y, ids, "binary", hp, None, arrival, is_cat, edges=edges, backend=backend)
+        local.set_init_score(0.1)
+        rnd = InsecureTestRandomness(seed=5, i_understand_this_is_insecure=True)
+        out = []
+        for k in range(hp.trees):
+            feats = rng.integers(0, m, 2**hp.depth - 1) if backend is None else runs[0][k][3]
+            thr = np.where(is_cat[feats], 1.0, np.array([e[rng.integers(0, 32)] if e is not None else 0.0
+                                                         for e in edges])[feats]) if backend is None \
+                else runs[0][k][4]
+            c = local.contribution(Splits(feats.astype(np.int32), thr), k, rnd, table)
+            local.commit(c)
+            local.apply(c.leaf, np.tanh(c.sums[hp.leaves:] / (1.0 + np.abs(c.sums[:hp.leaves]))) * 0.5)
+            out.append((c.sums.copy(), c.leaf.copy(), local.pred.copy(), feats, thr))
+        runs.append(out)
+    for a, b in zip(*runs):
+        assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1]) and np.array_equal(a[2], b[2])
