@@ -87,7 +87,7 @@ IMPORT_NAMES = {"numpy": "numpy", "numba": "numba", "grpcio": "grpc", "protobuf"
                 "opendp": "opendp", "dp-accounting": "dp_accounting", "pandas": "pandas", "pyarrow": "pyarrow",
                 "rich": "rich"}
 #: modules that are a library API for users who installed the extra themselves, never used by a command
-OPTIONAL = {"sklearn": {"common/estimators.py"}}
+OPTIONAL = {"sklearn": {"common/estimators.py", "common/estimators_multiclass.py"}}
 
 
 def test_every_command_works_after_the_main_install():
