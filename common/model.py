@@ -205,6 +205,8 @@ def multiclass_margins(model: Ensemble, X: np.ndarray) -> np.ndarray:
     K = model.schema.n_classes
     f, th, lv = model.stacked()
     init = np.broadcast_to(np.asarray(model.init_score, np.float64), (K,))
+    dl = model.stacked_default_left()  # missing values: each class tree's default directions
     return np.stack([kernels.predict_margin(X, f[k::K], th[k::K], lv[k::K], model.is_categorical(), model.depth,
-                                            model.hyperparameters.learning_rate, float(init[k]))
+                                            model.hyperparameters.learning_rate, float(init[k]),
+                                            default_left=None if dl is None else dl[k::K])
                      for k in range(K)], axis=1)

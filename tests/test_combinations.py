@@ -1,0 +1,62 @@
+"""Features that meet (central engine): missing values with multiclass, DPBoost, Sarus and greedy histogram
+selection train a model whose file predicts exactly what training applied to every record — a NaN takes the
+same way in the model as in the training state — and multiclass refuses the builders it does not support."""
+import tomllib
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from common.config import ConfigError, Hyperparameters
+from common.data import load
+from common.engine import train
+from common.model import Ensemble
+from common.schema import Schema
+from conftest import ADULT_TEST, EXAMPLES, insecure
+
+
+def wine_with_holes(tmp_path, share=0.3):
+    """The wine (3-class) training file with the first three features missing in ``share`` of the rows."""
+    d = Schema.load(EXAMPLES / "wine" / "schema.toml").to_dict()
+    raw = pd.read_csv(EXAMPLES / "wine" / "wine_train.csv")
+    holes = [f["name"] for f in d["features"][:3]]
+    for f in d["features"]:
+        f["allow_missing"] = f["name"] in holes or f.get("allow_missing", False)
+    rng = np.random.default_rng(1)
+    for c in holes:
+        raw[c] = raw[c].astype(object)
+        raw.loc[rng.random(len(raw)) < share, c] = ""
+    raw.to_csv(tmp_path / "wine.csv", index=False)
+    return load(tmp_path / "wine.csv", Schema.from_dict(d))
+
+
+def test_multiclass_model_routes_missing_values_by_each_class_trees_directions(tmp_path):
+    ds = wine_with_holes(tmp_path)
+    assert np.isnan(ds.X).sum() > 100
+    res = train(ds, Hyperparameters(trees=5, depth=3, seed=4, epsilon=2.0), insecure(3, noise=False))
+    assert all(t.default_left is not None for t in res.model.trees)
+    assert any(t.default_left.any() for t in res.model.trees)
+    model = Ensemble.from_dict(res.model.to_dict())  # through the model file
+    np.testing.assert_allclose(model.predict_margin(ds.X), res.local.pred, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("builder", ["greedy", "dpboost", "sarus"])
+def test_multiclass_refuses_the_other_builders_in_one_line(tmp_path, builder):
+    ds = wine_with_holes(tmp_path)
+    with pytest.raises(ConfigError, match=f"tree_builder = '{builder}' does not support task = 'multiclass'"):
+        train(ds, Hyperparameters(trees=2, depth=2, seed=4, epsilon=2.0, subsample=1.0, tree_builder=builder),
+              insecure(3, noise=False))
+
+
+@pytest.mark.parametrize("kw, directed", [(dict(tree_builder="dpboost"), True), (dict(tree_builder="sarus"), False),
+                                          (dict(tree_builder="greedy", selection="histogram"), True)])
+def test_binary_builders_with_missing_values_predict_what_training_applied(kw, directed):
+    d = tomllib.loads((EXAMPLES / "adult" / "schema.toml").read_text())
+    d["format"]["on_missing"] = "keep"
+    ds = load(ADULT_TEST, Schema.from_dict(d))
+    assert np.isnan(ds.X).sum() > 1000
+    res = train(ds, Hyperparameters(trees=4, depth=3, seed=4, epsilon=2.0, subsample=1.0, **kw),
+                insecure(3, noise=False))
+    assert any(t.default_left is not None for t in res.model.trees) == directed  # Sarus: NaN goes right
+    model = Ensemble.from_dict(res.model.to_dict())
+    np.testing.assert_allclose(model.predict_margin(ds.X), res.local.pred, rtol=0, atol=1e-12)
