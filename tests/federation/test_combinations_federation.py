@@ -1,0 +1,127 @@
+"""Features that meet in a federation: missing values with federated greedy trees, with multiclass and with
+federated evaluation; greedy trees and federated evaluation in one session; multiclass and federated
+evaluation refused by the plan (before any site joins)."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from common.config import Hyperparameters
+from common.data import load
+from common.engine import train
+from common.federation.pki import ca_server
+from common.federation.plan import PlanError
+from common.model import Ensemble
+from common.randomness import InsecureTestRandomness
+from common.schema import Schema
+
+from .conftest import make_identities, make_test_plan, write_splits
+from .test_fed_eval_processes import pooled
+from .test_greedy_federation import assert_equals_central, central_model, greedy_hp
+from .test_missing_federation import schema_and_rows
+from .test_multiclass_federation import wine_with_ids
+from .test_state_machines import Fed
+
+SITES = ["hospital-1", "hospital-2", "hospital-3"]
+
+
+def test_federated_greedy_on_missing_values_equals_the_central_histogram_rule(tmp_path):
+    """Histogram selection sends missing values right (docs/greedy.md): the sites' level histograms and
+    leaf sums route every NaN as the central engine does, so the models are equal."""
+    schema, raw = schema_and_rows(240)
+    f = Fed(tmp_path, greedy_hp(depth=3, trees=2), data=(schema, raw)).start()
+    f.fed.run()
+    assert f.session.exit_code == 0 and not f.fed.rejected and not f.fed.refusals
+    assert_equals_central(f)
+    ref = central_model(f)
+    assert all(t.default_left is not None and not t.default_left.any() for t in ref.trees)
+    assert [t["default_left"] for t in f.model()["trees"]] == [t.default_left.tolist() for t in ref.trees]
+
+
+def wine_with_holes():
+    schema, raw = wine_with_ids()
+    d = schema.to_dict()
+    holes = [f["name"] for f in d["features"][:3]]
+    for f in d["features"]:
+        if f["name"] in holes:
+            f["allow_missing"] = True
+    rng = np.random.default_rng(5)
+    raw = raw.astype({c: object for c in holes})
+    for c in holes:
+        raw.loc[rng.random(len(raw)) < 0.3, c] = ""
+    return Schema.from_dict(d), raw
+
+
+def test_three_sites_train_multiclass_on_missing_values_equal_to_the_centralised_engine(tmp_path, ca_dir,
+                                                                                         cluster_factory):
+    """The sites' numpy kernels, K class trees per round and the default directions of missing values."""
+    hp = Hyperparameters(trees=4, depth=3, seed=21, epsilon=2.0, subsample=0.5, learning_rate=0.3)
+    schema, raw = wine_with_holes()
+    ids = make_identities(tmp_path, SITES, ca_dir)
+    ca_server(ca_dir, tmp_path / "coordinator", ["localhost", "127.0.0.1"], days=2)
+    data = write_splits(raw, SITES, tmp_path / "data")
+    plan = make_test_plan(schema, ids, hp, randomness="insecure-test", test_seed=3, test_noise=False)
+    plan.save(tmp_path / "plan.toml")
+    c = cluster_factory(tmp_path / "plan.toml")
+    coord = c.coordinator()
+    sites = {s: c.site(s, data[s], "--allow-insecure-test-randomness") for s in SITES}
+    assert coord.wait() == 0, coord.errors
+    for s, p in sites.items():
+        assert p.wait() == 0, p.errors
+    model = json.loads((tmp_path / "coordinator" / "model.json").read_text())
+    for s in SITES:
+        assert json.loads((tmp_path / s / "model.json").read_text()) == model
+    union = tmp_path / "union.csv"
+    raw.to_csv(union, index=False)
+    ds = load(union, schema)
+    assert np.isnan(ds.X).sum() > 100
+    res = train(ds, hp, InsecureTestRandomness(seed=3, noise=False, i_understand_this_is_insecure=True))
+    assert model["init_score"] == [float(x) for x in res.model.init_score]
+    assert len(model["trees"]) == len(res.model.trees) == 3 * hp.trees
+    for t, r in zip(model["trees"], res.model.trees, strict=True):
+        assert t["default_left"] == r.default_left.tolist()
+        assert (t["features"], t["thresholds"], t["leaves"]) == (r.features.tolist(), r.thresholds.tolist(),
+                                                                 r.leaves.tolist())
+    # the released model predicts what the sites' training applied (NaN by each class tree's directions)
+    np.testing.assert_allclose(Ensemble.load(tmp_path / "coordinator" / "model.json").predict_margin(ds.X),
+                               res.local.pred, rtol=0, atol=1e-12)
+
+
+def test_a_multiclass_plan_refuses_federated_evaluation(tmp_path, ca_dir):
+    schema, _ = wine_with_ids()
+    ids = make_identities(tmp_path, SITES, ca_dir)
+    with pytest.raises(PlanError, match="federated evaluation supports the tasks .* not 'multiclass'"):
+        make_test_plan(schema, ids, Hyperparameters(trees=2, depth=2, seed=1, epsilon=1.0), eval_epsilon=0.5)
+
+
+@pytest.mark.parametrize("builder", ["greedy", "random"])
+def test_train_then_evaluate_held_out_files_with_missing_values(tmp_path, ca_dir, cluster_factory, builder):
+    """One session: (greedy or random) training on files with missing values, then federated evaluation of
+    held-out files with missing values; the released metrics are the pooled ones (noise off)."""
+    schema, raw = schema_and_rows(900)
+    hp = (greedy_hp(depth=2, trees=2) if builder == "greedy"
+          else Hyperparameters(trees=4, depth=2, seed=21, epsilon=1.0))
+    ids = make_identities(tmp_path, SITES, ca_dir)
+    ca_server(ca_dir, tmp_path / "coordinator", ["localhost", "127.0.0.1"], days=2)
+    data = write_splits(raw.iloc[:600], SITES, tmp_path / "data")
+    held = write_splits(raw.iloc[600:], SITES, tmp_path / "held-out")
+    plan = make_test_plan(schema, ids, hp, randomness="insecure-test", test_seed=2, test_noise=False,
+                          eval_epsilon=0.2, eval_bins=10)
+    plan.save(tmp_path / "plan.toml")
+    c = cluster_factory(tmp_path / "plan.toml")
+    coord = c.coordinator()
+    sites = {s: c.site(s, data[s], "--allow-insecure-test-randomness", "--eval-data", str(held[s]),
+                       "--max-eval-epsilon", "0.2") for s in SITES}
+    assert coord.wait() == 0, coord.errors
+    for s, p in sites.items():
+        assert p.wait() == 0, p.errors
+    ev = coord.result()["evaluation"]
+    model = Ensemble.load(tmp_path / "coordinator" / "model.json")
+    assert sum(np.isnan(load(p, schema).X).sum() for p in held.values()) > 100
+    ref = pooled(plan, model, held)
+    res = plan.eval_spec.resolution(np.zeros(plan.eval_spec.length))
+    assert ev["metrics"]["n"] == ref["n"] == 300
+    assert abs(ev["metrics"]["mae"] - ref["mae"]) <= res["mae"]
+    assert abs(ev["metrics"]["rmse"] ** 2 - ref["rmse"] ** 2) <= res["mse"]
