@@ -265,11 +265,13 @@ def cmd_account(args: argparse.Namespace) -> int:
            "accountant": cal.accountant, "rounds": cal.rounds, "eps_init": cal.eps_init, "eps_ds": cal.eps_ds,
            "tree_builder": hp.tree_builder, "eps_select": cal.eps_select, "sigma_select": cal.sigma_select,
            "sigma_sketch": cal.sigma_sketch}
+    gaussian = hp.tree_builder != "sarus"  # Sarus trees: Laplace leaves, no σ_leaf and no Gaussian ρ of trees
     human = (f"accountant   {cal.accountant}\n"
-             f"sigma        {cal.sigma:.6g}   (unweighted leaf noise σ_leaf)\n"
-             f"alpha        {cal.alpha}   (RDP order α̂)\n"
-             f"rho          {cal.rho:.6g}   (per-record RDP budget ρ(α̂) of the trees)\n"
-             f"epsilon      {cal.epsilon:.6g}   (achieved, target {hp.epsilon:g}; δ = {cal.delta:.3g})\n"
+             + (f"sigma        {cal.sigma:.6g}   (unweighted leaf noise σ_leaf)\n" if gaussian else "")
+             + (f"alpha        {cal.alpha}   (RDP order α̂)\n" if cal.accountant == "rdp" else "")
+             + (f"rho          {cal.rho:.6g}   (per-record RDP budget ρ(α̂) of the trees)\n"
+                if gaussian and cal.accountant == "rdp" else "")
+             + f"epsilon      {cal.epsilon:.6g}   (achieved, target {hp.epsilon:g}; δ = {cal.delta:.3g})\n"
              f"rounds       {cal.rounds} accounted trees, γ = {cal.gamma:g}, {hp.tree_builder} trees")
     if hp.tree_builder == "greedy" and hp.selection == "exponential":
         human += (f"\neps_select   {cal.eps_select:.6g}   (exponential mechanism per level, Δ = 3·g*²; "

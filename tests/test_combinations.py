@@ -1,6 +1,7 @@
 """Features that meet (central engine): missing values with multiclass, DPBoost, Sarus and greedy histogram
 selection train a model whose file predicts exactly what training applied to every record — a NaN takes the
 same way in the model as in the training state — and multiclass refuses the builders it does not support."""
+import json
 import tomllib
 
 import numpy as np
@@ -60,3 +61,25 @@ def test_binary_builders_with_missing_values_predict_what_training_applied(kw, d
     assert any(t.default_left is not None for t in res.model.trees) == directed  # Sarus: NaN goes right
     model = Ensemble.from_dict(res.model.to_dict())
     np.testing.assert_allclose(model.predict_margin(ds.X), res.local.pred, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("flags, shown, hidden", [
+    (["--tree-builder", "sarus"], ["alpha ", "paper claims", "our ledger"], ["sigma ", "rho "]),
+    (["--tree-builder", "sarus", "--accountant", "pure"], ["paper claims", "our ledger"], ["sigma ", "alpha ", "rho "]),
+    (["--accountant", "pld"], ["sigma "], ["alpha ", "rho "]),
+    ([], ["sigma ", "alpha ", "rho "], []),
+    (["--tree-builder", "dpboost", "--trees", "6", "--ensemble-trees", "3"], ["eps_tree ", "our ledger "],
+     ["sigma ", "rho "])])
+def test_account_prints_only_the_lines_that_apply(capsys, flags, shown, hidden):
+    """Sarus trees have no Gaussian leaf noise (σ = 0, ρ = 0 mean nothing there), the pure and PLD accountants
+    no RDP order; the --json object keeps every key for scripts."""
+    from common.cli import main
+
+    assert main(["account", *flags]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    for word in shown:
+        assert any(line.startswith(word) for line in lines), (word, lines)
+    for word in hidden:
+        assert not any(line.startswith(word) for line in lines), (word, lines)
+    assert main(["account", *flags, "--json"]) == 0
+    assert {"sigma", "alpha", "rho", "epsilon"} <= set(json.loads(capsys.readouterr().out))
