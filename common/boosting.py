@@ -212,8 +212,8 @@ class LocalData:
     def leaf_index(self, splits: Splits) -> np.ndarray:
         """Leaf of every local record in the tree ``splits`` (int32)."""
         if splits.default_left is not None and self.has_missing():  # NaN by the split's default direction
-            return kernels.leaf_index(self.X, splits.features, splits.thresholds, self.is_cat, self.hp.depth,
-                                      default_left=splits.default_left)
+            return self.kernels.leaf_index(self.X, splits.features, splits.thresholds, self.is_cat, self.hp.depth,
+                                           default_left=splits.default_left)
         codes = self._record_codes()
         if codes is not None:
             b = self.kernels.code_bounds(splits.features, splits.thresholds, self.is_cat, self._packed)

@@ -71,24 +71,30 @@ def code_bounds(features: np.ndarray, thresholds: np.ndarray, is_cat: np.ndarray
     return lo, hi
 
 
-def _walk(M: np.ndarray, features: np.ndarray, lo: np.ndarray, hi: np.ndarray, depth: int) -> np.ndarray:
-    """Leaf of every row of ``M``: at node k go left iff ``lo[k] ≤ M[i, features[k]] < hi[k]``."""
+def _walk(M: np.ndarray, features: np.ndarray, lo: np.ndarray, hi: np.ndarray, depth: int,
+          default_left: np.ndarray | None = None) -> np.ndarray:
+    """Leaf of every row of ``M``: at node k go left iff ``lo[k] ≤ M[i, features[k]] < hi[k]``, or the value
+    is NaN (missing) and ``default_left[k]``."""
     n = M.shape[0]
     rows = np.arange(n)
     k = np.zeros(n, dtype=np.int64)
     for _ in range(depth):
         x = M[rows, features[k]]
         left = (x >= lo[k]) & (x < hi[k])
+        if default_left is not None:
+            left |= np.isnan(x) & default_left[k]
         k = 2 * k + 2 - left
     return (k - ((1 << depth) - 1)).astype(np.int32)
 
 
 def leaf_index(X: np.ndarray, features: np.ndarray, thresholds: np.ndarray, is_cat: np.ndarray,
-               depth: int) -> np.ndarray:
-    """Leaf (0 … 2^d−1) of every row of ``X`` in one tree (NaN goes right)."""
+               depth: int, default_left: np.ndarray | None = None) -> np.ndarray:
+    """Leaf (0 … 2^d−1) of every row of ``X`` in one tree; NaN goes left at node k iff ``default_left[k]``
+    (None: right everywhere), as :func:`common.kernels.leaf_index`."""
     X = np.asarray(X, dtype=np.float64)
     lo, hi = node_bounds(features, thresholds, is_cat)
-    return _walk(X, np.asarray(features, np.int64), lo, hi, int(depth))
+    dl = None if default_left is None else np.asarray(default_left, np.bool_)
+    return _walk(X, np.asarray(features, np.int64), lo, hi, int(depth), dl)
 
 
 def leaf_index_codes(codes: np.ndarray, features: np.ndarray, lo: np.ndarray, hi: np.ndarray,

@@ -85,6 +85,30 @@ def test_tree_walks_and_codes_equal_the_numba_kernels(seed):
             assert np.array_equal(got, want)  # the code walk is the float walk
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_missing_values_take_the_default_directions_as_in_the_numba_kernels(seed):
+    """Missing values (docs/missing-values.md): NaN goes left at node k iff default_left[k], in both backends
+    and through LocalData (which walks the floats, not the codes, when the tree has directions)."""
+    rng = np.random.default_rng(100 + seed)
+    differs = 0
+    for _ in range(20):
+        n, m, depth = int(rng.integers(1, 300)), int(rng.integers(1, 6)), int(rng.integers(1, 6))
+        X, features, thr, is_cat, edges = random_case(rng, n, m, depth, bool(rng.random() < 0.5), 32)
+        X[rng.random(X.shape) < 0.2] = np.nan
+        dl = rng.random(features.size) < 0.5
+        want = kernels.leaf_index(X, features, thr, is_cat, depth, default_left=dl)
+        assert np.array_equal(kernels_numpy.leaf_index(X, features, thr, is_cat, depth, default_left=dl), want)
+        hp = Hyperparameters(epsilon=1.0, trees=1, depth=depth)
+        for backend in (None, kernels_numpy):
+            local = LocalData(X, np.zeros(n), np.arange(n), "binary", hp, None, None, is_cat, edges=edges,
+                              backend=backend)
+            assert np.array_equal(local.leaf_index(Splits(features, thr, dl)), want)
+            nan_right = kernels.leaf_index(X, features, thr, is_cat, depth)  # no directions: NaN goes right
+            assert np.array_equal(local.leaf_index(Splits(features, thr)), nan_right)
+        differs += not np.array_equal(want, nan_right)
+    assert differs >= 5  # the directions were exercised
+
+
 @pytest.mark.parametrize("task", [kernels.REGRESSION, kernels.BINARY])
 @pytest.mark.parametrize("use_filter", [False, True])
 @pytest.mark.parametrize("arrival", [False, True])

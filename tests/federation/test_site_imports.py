@@ -104,3 +104,19 @@ def test_isolated_load_runs_this_package_not_one_in_the_working_directory(tmp_pa
     schema = Schema.load(EXAMPLES / "abalone" / "schema.toml")
     ds = load_isolated(EXAMPLES / "abalone" / "abalone.data", schema)
     assert ds.n == 4177
+
+
+def test_records_with_missing_values_are_routed_without_numba():
+    """A site whose records miss values walks the trees' default directions with the numpy kernels too."""
+    mods = imported_by(
+        "import numpy as np\n"
+        "from common import kernels_numpy as K\n"
+        "from common.boosting import LocalData\n"
+        "from common.config import Hyperparameters\n"
+        "from common.splits import Splits\n"
+        "X = np.array([[0.5, np.nan], [np.nan, 2.0], [1.5, 0.0]])\n"
+        "hp = Hyperparameters(epsilon=1.0, trees=1, depth=2)\n"
+        "local = LocalData(X, np.zeros(3), np.arange(3), 'binary', hp, None, None, np.zeros(2, bool), backend=K)\n"
+        "s = Splits(np.array([0, 1, 1], np.int32), np.array([1.0, 1.0, 1.0]), np.array([True, False, True]))\n"
+        "assert local.leaf_index(s).tolist() == [1, 1, 2], local.leaf_index(s)  # NaN right: [1, 3, 2]\n")
+    assert "numba" not in mods and "llvmlite" not in mods
