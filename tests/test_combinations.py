@@ -41,6 +41,30 @@ def test_multiclass_model_routes_missing_values_by_each_class_trees_directions(t
     np.testing.assert_allclose(model.predict_margin(ds.X), res.local.pred, rtol=0, atol=1e-12)
 
 
+def test_multiclass_xgboost_export_and_estimator_agree_on_missing_values(tmp_path):
+    """XGBoost (an independent walker of the exported directions) predicts the model's class probabilities on
+    rows with missing values; the scikit-learn estimator with allow_missing=True routes them the same way."""
+    import xgboost as xgb
+
+    from common.estimators_multiclass import SBDTMulticlassClassifier
+    from common.export_xgboost import export_xgboost
+
+    ds = wine_with_holes(tmp_path)
+    model = train(ds, Hyperparameters(trees=8, depth=3, seed=4, epsilon=2.0), insecure(3, noise=False)).model
+    export_xgboost(model, tmp_path / "m.json")
+    theirs = xgb.Booster(model_file=str(tmp_path / "m.json")).predict(xgb.DMatrix(ds.X)).astype(np.float64)
+    rows = np.isnan(ds.X).any(axis=1)
+    assert rows.sum() > 50
+    np.testing.assert_allclose(model.predict(ds.X), theirs, rtol=0, atol=1e-6)
+    est = SBDTMulticlassClassifier(schema=ds.schema, allow_missing=True, trees=8, depth=3, seed=4, epsilon=2.0)
+    est.fit(ds.X, np.asarray(ds.schema.classes)[ds.y.astype(int)], randomness=insecure(3, noise=False))
+    np.testing.assert_allclose(est.decision_function(ds.X), est.model_.predict_margin(ds.X), rtol=0, atol=0)
+    fitted = est.model_
+    export_xgboost(fitted, tmp_path / "e.json")
+    theirs = xgb.Booster(model_file=str(tmp_path / "e.json")).predict(xgb.DMatrix(ds.X)).astype(np.float64)
+    np.testing.assert_allclose(est.predict_proba(ds.X), theirs, rtol=0, atol=1e-6)
+
+
 @pytest.mark.parametrize("builder", ["greedy", "dpboost", "sarus"])
 def test_multiclass_refuses_the_other_builders_in_one_line(tmp_path, builder):
     ds = wine_with_holes(tmp_path)
