@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from common.config import Hyperparameters
+from common.config import ConfigError, Hyperparameters
 from common.data import load
 from common.engine import train
 from common.federation.pki import ca_server
@@ -94,6 +94,13 @@ def test_a_multiclass_plan_refuses_federated_evaluation(tmp_path, ca_dir):
     ids = make_identities(tmp_path, SITES, ca_dir)
     with pytest.raises(PlanError, match="federated evaluation supports the tasks .* not 'multiclass'"):
         make_test_plan(schema, ids, Hyperparameters(trees=2, depth=2, seed=1, epsilon=1.0), eval_epsilon=0.5)
+
+
+def test_a_multiclass_plan_refuses_federated_greedy_trees(tmp_path, ca_dir):
+    schema, _ = wine_with_ids()
+    ids = make_identities(tmp_path, SITES, ca_dir)
+    with pytest.raises((PlanError, ConfigError), match="tree_builder = 'greedy' does not support task = 'multiclass'"):
+        make_test_plan(schema, ids, greedy_hp(depth=2, trees=2))
 
 
 @pytest.mark.parametrize("builder", ["greedy", "random"])
