@@ -323,9 +323,10 @@ def _accountant(p: dict[str, Any], curve: str | None) -> str:
         ("ε (target)", p.get("target_epsilon"), "what was asked for; achieved ε ≤ target"),
         ("δ", p.get("delta"), "probability the ε bound may fail"),
         ("accountant", p.get("accountant"), "rdp: Rényi DP (paper Alg. 6); pld: privacy-loss distributions"),
-        ("σ (sigma)", p.get("sigma"), "leaf noise scale σ_leaf (unweighted)"),
-        ("α̂ (alpha)", p.get("alpha"), "Rényi order at which ε is attained (0: PLD accountant)"),
-        ("ρ(α̂) (rho)", p.get("rho"), "per-record Rényi budget of the trees at α̂"),
+        *[r for r in (  # 0 where they do not apply (Laplace leaves of DPBoost and Sarus; the PLD accountant)
+            ("σ (sigma)", p.get("sigma"), "leaf noise scale σ_leaf (unweighted)"),
+            ("α̂ (alpha)", p.get("alpha"), "Rényi order at which ε is attained"),
+            ("ρ(α̂) (rho)", p.get("rho"), "per-record Rényi budget of the trees at α̂")) if r[1] != 0],
         ("rounds accounted", p.get("rounds_accounted"), "trees charged by the accountant"),
         ("rounds completed", p.get("rounds_completed"), "trees in the released model"),
         ("γ (subsample)", p.get("subsample"), "Poisson sampling rate per tree"),

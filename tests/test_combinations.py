@@ -107,3 +107,21 @@ def test_account_prints_only_the_lines_that_apply(capsys, flags, shown, hidden):
         assert not any(line.startswith(word) for line in lines), (word, lines)
     assert main(["account", *flags, "--json"]) == 0
     assert {"sigma", "alpha", "rho", "epsilon"} <= set(json.loads(capsys.readouterr().out))
+
+
+@pytest.mark.parametrize("kw, sigma_row, rho_row", [(dict(tree_builder="sarus"), False, False),
+                                                    (dict(tree_builder="dpboost", subsample=1.0), False, True),
+                                                    (dict(), True, True)])
+def test_the_report_shows_sigma_and_rho_only_where_they_apply(tmp_path, kw, sigma_row, rho_row):
+    """σ_leaf is the Gaussian leaf noise (DPBoost and Sarus have Laplace leaves); ρ(α̂) the trees' RDP budget
+    (DPBoost's exponential and Laplace releases have one, Sarus composes its pure-DP trees separately)."""
+    from common.report import write_report
+
+    d = tomllib.loads((EXAMPLES / "adult" / "schema.toml").read_text())
+    ds = load(ADULT_TEST, Schema.from_dict(d))
+    model = train(ds, Hyperparameters(trees=2, depth=2, seed=4, epsilon=2.0, **kw), insecure(3)).model
+    model.save(tmp_path / "m.json")
+    write_report(tmp_path / "m.json", tmp_path / "r.html")
+    page = (tmp_path / "r.html").read_text()
+    assert ("σ (sigma)" in page) == sigma_row and ("ρ(α̂) (rho)" in page) == rho_row
+    assert "α̂ (alpha)" in page  # the RDP ledger's order applies to every builder
