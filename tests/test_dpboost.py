@@ -344,11 +344,14 @@ def test_adult_dpboost_learns_and_estimator_takes_the_mode(adult):
 
     rows = np.arange(0, adult.n, 4)
     X, y = adult.X[rows], adult.y[rows]
-    clf = SBDTClassifier(tree_builder="dpboost", trees=8, depth=3, epsilon=8.0, learning_rate=0.3,
-                         schema=str(EXAMPLES / "adult" / "schema.toml"))
-    clf.fit(X, y)
-    assert clf.model_.hyperparameters.l2 == 0.1 and clf.privacy_["tree_builder"] == "dpboost"
-    assert auc(y, clf.predict_proba(X)[:, 1]) > 0.7  # at ε = 8 the greedy splits find signal
+    aucs = []
+    for _ in range(3):  # one fit is below 0.7 about once in 100 (noise); the mean of three practically never
+        clf = SBDTClassifier(tree_builder="dpboost", trees=8, depth=3, epsilon=8.0, learning_rate=0.3,
+                             schema=str(EXAMPLES / "adult" / "schema.toml"))
+        clf.fit(X, y)
+        assert clf.model_.hyperparameters.l2 == 0.1 and clf.privacy_["tree_builder"] == "dpboost"
+        aucs.append(auc(y, clf.predict_proba(X)[:, 1]))
+    assert np.mean(aucs) > 0.7, aucs  # at ε = 8 the greedy splits find signal
 
 
 def test_federated_plan_refuses_dpboost(adult):

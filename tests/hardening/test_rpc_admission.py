@@ -99,6 +99,9 @@ def test_every_rpc_refuses_a_ca_signed_certificate_outside_the_roster(coordinato
     st = roster.GetStatus(pb.GetStatusRequest(), timeout=10)
     assert st.stage == "gathering" and not any(s.connected for s in st.sites)
     assert fed.events_of("coordinator", "joined") == []
+    deadline = time.monotonic() + 15  # the coordinator process writes its log asynchronously
+    while len(fed.events_of("coordinator", "not_on_roster")) < len(calls) and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert len(fed.events_of("coordinator", "not_on_roster")) >= len(calls)
 
 
