@@ -198,9 +198,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         from .rdp_filter import exhausted_share
 
         out["filter_budget_reached"] = exhausted_share(res.local.spent, filter_for(hp, cal))
+    noise = f" σ={p['sigma']:.6g}" if p["sigma"] > 0 else ""  # DPBoost and Sarus release with Laplace noise
     emit(args, out, f"trained {len(res.model.trees)} trees on {ds.n} rows in {res.seconds:.2f}s\n"
-                    f"privacy: (ε={p['epsilon']:.6g}, δ={p['delta']:.3g}) accountant={p['accountant']} "
-                    f"σ={p['sigma']:.6g}\nmodel written to {args.out}")
+                    f"privacy: (ε={p['epsilon']:.6g}, δ={p['delta']:.3g}) accountant={p['accountant']}{noise} "
+                    f"{hp.tree_builder} trees\nmodel written to {args.out}")
     return 0
 
 
