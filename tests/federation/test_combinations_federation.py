@@ -132,3 +132,29 @@ def test_train_then_evaluate_held_out_files_with_missing_values(tmp_path, ca_dir
     assert ev["metrics"]["n"] == ref["n"] == 300
     assert abs(ev["metrics"]["mae"] - ref["mae"]) <= res["mae"]
     assert abs(ev["metrics"]["rmse"] ** 2 - ref["rmse"] ** 2) <= res["mse"]
+
+
+def test_greedy_sites_draw_training_and_evaluation_noise_in_process_with_secure_randomness(tmp_path, ca_dir,
+                                                                                            cluster_factory):
+    """Greedy sites sample their noise in-process (random-tree sites in child processes): a greedy session with
+    the OS CSPRNG trains and then evaluates, and the released record count is the true one within 5σ."""
+    import math
+
+    schema, raw = schema_and_rows(900)
+    ids = make_identities(tmp_path, SITES, ca_dir)
+    ca_server(ca_dir, tmp_path / "coordinator", ["localhost", "127.0.0.1"], days=2)
+    data = write_splits(raw.iloc[:600], SITES, tmp_path / "data")
+    held = write_splits(raw.iloc[600:], SITES, tmp_path / "held-out")
+    plan = make_test_plan(schema, ids, greedy_hp(depth=2, trees=2), eval_epsilon=1.0, eval_bins=10)
+    plan.save(tmp_path / "plan.toml")
+    c = cluster_factory(tmp_path / "plan.toml")
+    coord = c.coordinator()
+    sites = {s: c.site(s, data[s], "--eval-data", str(held[s]), "--max-eval-epsilon", "1") for s in SITES}
+    assert coord.wait(timeout=300) == 0, coord.errors
+    for p in sites.values():
+        assert p.wait() == 0, p.errors
+    ev = coord.result()["evaluation"]
+    spec = plan.eval_spec
+    assert abs(ev["metrics"]["n"] - 300) <= 5 * math.sqrt(3 * spec.bins) * spec.noise_scales()[0] + 1
+    assert "insecure" not in json.loads((tmp_path / "coordinator" / "model.json").read_text())["privacy"][
+        "randomness"].lower()
