@@ -198,7 +198,7 @@ class EvalSpec:
             b = np.minimum((p * B).astype(np.int64), B - 1)
             np.add.at(out, b + B * pos, 1)
             py = np.where(pos, p, 1.0 - p)
-            loss = np.minimum(-np.log(np.maximum(py, math.exp(-LOGLOSS_CLIP))), LOGLOSS_CLIP)
+            loss = _clipped_logloss(py)
             out[2 * B] = int(np.rint(loss / LOGLOSS_CLIP * SUM_UNITS).sum())
         else:
             R = self._residual_range()
@@ -226,7 +226,7 @@ class EvalSpec:
         np.add.at(out, (2 * B * k[None, :] + B * (yi[:, None] != k[None, :]) + b).ravel(), 1)
         np.add.at(out, 2 * K * B + K * yi + np.argmax(prob, axis=1), 1)
         py = p[np.arange(y.size), yi]
-        loss = np.minimum(-np.log(np.maximum(py, math.exp(-LOGLOSS_CLIP))), LOGLOSS_CLIP)
+        loss = _clipped_logloss(py)
         out[-1] = int(np.rint(loss / LOGLOSS_CLIP * SUM_UNITS).sum())
         return out
 
@@ -306,6 +306,11 @@ class EvalSpec:
         return {"mae": R / (2 * SUM_UNITS), "mse": R * R / (2 * SUM_UNITS)}
 
 
+def _clipped_logloss(py: np.ndarray) -> np.ndarray:
+    """Each record's log-loss −ln p(y) clipped to L = LOGLOSS_CLIP (probabilities below e^−L count as e^−L)."""
+    return np.minimum(-np.log(np.maximum(py, math.exp(-LOGLOSS_CLIP))), LOGLOSS_CLIP)
+
+
 def _binned_auc(pos: np.ndarray, neg: np.ndarray) -> float | None:
     """AUC from positive / negative counts per ascending score bin (pairs within a bin count ½)."""
     P, N = pos.sum(), neg.sum()
@@ -335,13 +340,13 @@ def exact_metrics(spec: EvalSpec, y: np.ndarray, pred: np.ndarray) -> dict:
         p = np.clip(pred, 0.0, 1.0)
         aucs = [auc((yi == k).astype(float), p[:, k]) for k in range(len(spec.classes))]
         py = p[np.arange(y.size), yi]
-        ll = float(np.minimum(-np.log(np.maximum(py, math.exp(-LOGLOSS_CLIP))), LOGLOSS_CLIP).mean())
+        ll = float(_clipped_logloss(py).mean())
         return {"n": float(y.size), "macro_auc": float(np.mean(aucs)), "auc_per_class": aucs,
                 "accuracy": float(np.mean(np.argmax(pred, axis=1) == yi)), "logloss": ll}
     if spec.task == "binary":
         p = np.clip(pred, 0.0, 1.0)
         py = np.where(y == 1, p, 1.0 - p)
-        ll = float(np.minimum(-np.log(np.maximum(py, math.exp(-LOGLOSS_CLIP))), LOGLOSS_CLIP).mean())
+        ll = float(_clipped_logloss(py).mean())
         return {"n": float(y.size), "auc": auc(y, p), "accuracy": accuracy(y, p), "logloss": ll}
     R = spec._residual_range()
     r = np.clip(pred - y, -R, R)
