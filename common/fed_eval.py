@@ -20,9 +20,19 @@ equal bins on ``[−R, R]``::
 
     [ n(b) for b < B | Σ round(Q·|r|/R) | Σ round(Q·(r/R)²) ]
 
+Multi-class, ``K`` public classes (labels are class indices), the model's
+class probabilities ``p_k`` in the same ``B`` score bins::
+
+    [ for k < K: n_k(b, y=k) for b < B, n_k(b, y≠k) for b < B | C(y, ŷ) for y, ŷ < K | Σ ℓ_q ]
+
+with ``n_k`` the one-vs-rest histogram of ``p_k``, ``C`` the K×K confusion
+counts (true class × arg-max class, row-major) and ``ℓ_q`` as in the binary
+case with ``p(y) = p_y``.
+
 **Sensitivity.**  Adding or removing one record changes ``m`` coordinates
 (classification m = 2: one count by 1, the loss sum by ≤ Q; regression m = 3:
-one count by 1, each sum by ≤ Q).  Coordinate ``j`` gets discrete Gaussian
+one count by 1, each sum by ≤ Q; multi-class m = K + 2: one count of each of the
+K one-vs-rest histograms by 1, one confusion cell by 1, the loss sum by ≤ Q).  Coordinate ``j`` gets discrete Gaussian
 noise of scale ``S_j = √m · σ · Δ_j`` (Δ = 1 for counts, Q for sums), so the
 normalised L2 sensitivity is ``Σ_j (Δ_j/S_j)² = m/(m σ²) = 1/σ²``: the
 release is a Gaussian mechanism with noise multiplier σ (discrete Gaussian:
@@ -48,7 +58,7 @@ SUM_UNITS = 1024
 DEFAULT_EPSILON = 0.1
 #: Default number of public score / residual bins.
 DEFAULT_BINS = 20
-TASKS = ("binary", "regression")
+TASKS = ("binary", "regression", "multiclass")
 
 
 class EvalError(ValueError):
@@ -76,6 +86,7 @@ class EvalSpec:
     bins: int = DEFAULT_BINS
     label_range: tuple[float, float] | None = None
     residual_clip: float | None = None  # R (regression); None: a quarter of the label range's width
+    classes: tuple[str, ...] = ()  # multiclass: the schema's K public class labels (class index = position)
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
@@ -91,6 +102,8 @@ class EvalSpec:
             lo, hi = self.label_range or (0.0, 0.0)
             if not hi > lo:
                 raise EvalError("regression evaluation needs the schema's public label_range")
+        if (self.task == "multiclass") != (len(self.classes) >= 3):
+            raise EvalError("multi-class evaluation needs the schema's K ≥ 3 public classes (and only it takes them)")
         r = self.residual_clip
         if r is not None and (self.task != "regression" or isinstance(r, bool) or not isinstance(r, (int, float))
                               or not (math.isfinite(r) and r > 0)):
@@ -101,17 +114,30 @@ class EvalSpec:
     @property
     def length(self) -> int:
         """Length of one site's vector."""
+        if self.task == "multiclass":
+            K = len(self.classes)
+            return 2 * K * self.bins + K * K + 1
         return 2 * self.bins + 1 if self.task == "binary" else self.bins + 2
 
     @property
     def touched(self) -> int:
-        """m: coordinates one record changes (one count, plus one or two clipped sums)."""
+        """m: coordinates one record changes (one count per histogram, plus one or two clipped sums)."""
+        if self.task == "multiclass":
+            return len(self.classes) + 2  # K one-vs-rest counts, one confusion cell, the loss sum
         return 2 if self.task == "binary" else 3
+
+    @property
+    def _counts(self) -> int:
+        """Number of leading count coordinates (Δ_j = 1); the rest are clipped sums (Δ_j = Q)."""
+        if self.task == "multiclass":
+            K = len(self.classes)
+            return 2 * K * self.bins + K * K
+        return 2 * self.bins if self.task == "binary" else self.bins
 
     def sensitivities(self) -> np.ndarray:
         """Δ_j: the largest change of coordinate j when one record is added or removed."""
         d = np.ones(self.length)
-        d[2 * self.bins if self.task == "binary" else self.bins:] = SUM_UNITS
+        d[self._counts:] = SUM_UNITS
         return d
 
     @property
@@ -127,7 +153,11 @@ class EvalSpec:
         """√Σ_j-over-one-record (Δ_j/S_j)²: equals 1/σ (the Gaussian mechanism's noise multiplier σ)."""
         d, s = self.sensitivities(), self.noise_scales()
         per = (d / s) ** 2
-        k = 2 * self.bins if self.task == "binary" else self.bins
+        k = self._counts
+        if self.task == "multiclass":  # one cell of each class's histogram, one confusion cell, the loss sum
+            K, B = len(self.classes), self.bins
+            hists = per[:2 * K * B].reshape(K, 2 * B).max(axis=1).sum()
+            return math.sqrt(hists + per[2 * K * B:k].max() + per[k:].sum())
         worst = per[:k].max() + per[k:].sum()  # one count cell and every sum
         return math.sqrt(worst)
 
@@ -150,9 +180,12 @@ class EvalSpec:
         return (float(hi) - float(lo)) / 4.0
 
     def histogram(self, y: np.ndarray, pred: np.ndarray) -> np.ndarray:
-        """One site's integer vector for labels ``y`` and predictions ``pred`` (probabilities / values)."""
+        """One site's integer vector for labels ``y`` and predictions ``pred`` (probabilities / values;
+        multi-class: class indices and the ``(n, K)`` class probabilities)."""
         y = np.asarray(y, dtype=np.float64)
         pred = np.asarray(pred, dtype=np.float64)
+        if self.task == "multiclass":
+            return self._multiclass_histogram(y, pred)
         if y.shape != pred.shape or y.ndim != 1:
             raise EvalError("labels and predictions must be vectors of the same length")
         if not np.isfinite(pred).all():
@@ -165,7 +198,7 @@ class EvalSpec:
             b = np.minimum((p * B).astype(np.int64), B - 1)
             np.add.at(out, b + B * pos, 1)
             py = np.where(pos, p, 1.0 - p)
-            loss = np.minimum(-np.log(np.maximum(py, math.exp(-LOGLOSS_CLIP))), LOGLOSS_CLIP)
+            loss = _clipped_logloss(py)
             out[2 * B] = int(np.rint(loss / LOGLOSS_CLIP * SUM_UNITS).sum())
         else:
             R = self._residual_range()
@@ -174,6 +207,27 @@ class EvalSpec:
             np.add.at(out, b, 1)
             out[B] = int(np.rint(np.abs(r) / R * SUM_UNITS).sum())
             out[B + 1] = int(np.rint((r / R) ** 2 * SUM_UNITS).sum())
+        return out
+
+    def _multiclass_histogram(self, y: np.ndarray, prob: np.ndarray) -> np.ndarray:
+        K, B = len(self.classes), self.bins
+        if y.ndim != 1 or prob.shape != (y.size, K):
+            raise EvalError(f"multi-class evaluation needs class indices and an (n, {K}) probability matrix")
+        if not np.isfinite(prob).all():
+            raise EvalError("predictions must be finite")
+        if not np.isin(y, np.arange(K)).all():
+            raise EvalError(f"multi-class labels must be class indices 0..{K - 1}")
+        yi = y.astype(np.int64)
+        out = np.zeros(self.length, dtype=np.int64)
+        p = np.clip(prob, 0.0, 1.0)
+        b = np.minimum((p * B).astype(np.int64), B - 1)  # (n, K)
+        k = np.arange(K)
+        # class k's block: [n_k(b, y = k) | n_k(b, y ≠ k)]
+        np.add.at(out, (2 * B * k[None, :] + B * (yi[:, None] != k[None, :]) + b).ravel(), 1)
+        np.add.at(out, 2 * K * B + K * yi + np.argmax(prob, axis=1), 1)
+        py = p[np.arange(y.size), yi]
+        loss = _clipped_logloss(py)
+        out[-1] = int(np.rint(loss / LOGLOSS_CLIP * SUM_UNITS).sum())
         return out
 
     # ------------------------------------------------------------------ metrics (post-processing)
@@ -189,13 +243,14 @@ class EvalSpec:
         if v.shape != (self.length,):
             raise EvalError(f"an evaluation vector has {self.length} entries, got shape {v.shape}")
         B = self.bins
+        if self.task == "multiclass":
+            return self._multiclass_metrics(v)
         if self.task == "binary":
             neg = np.maximum(v[:B], 0.0)
             pos = np.maximum(v[B:2 * B], 0.0)
             P, N = pos.sum(), neg.sum()
             n = P + N
-            below = np.concatenate([[0.0], np.cumsum(neg)[:-1]])
-            auc = float((pos * (below + 0.5 * neg)).sum() / (P * N)) if P > 0 and N > 0 else None
+            auc = _binned_auc(pos, neg)
             half = B // 2
             acc = float((neg[:half].sum() + pos[half:].sum()) / n) if n > 0 else None
             ll = float(min(max(v[2 * B], 0.0) / SUM_UNITS / n, 1.0) * LOGLOSS_CLIP) if n > 0 else None
@@ -215,6 +270,21 @@ class EvalSpec:
                 "residuals": [{"bin": [float(edges[b]), float(edges[b + 1])], "count": float(h[b])}
                               for b in range(B)]}
 
+    def _multiclass_metrics(self, v: np.ndarray) -> dict:
+        """Multi-class: n (confusion total), accuracy (confusion trace), one-vs-rest AUC per class and their
+        mean (macro-AUC, over the classes whose AUC is defined), clipped log-loss, the noisy confusion counts."""
+        K, B = len(self.classes), self.bins
+        h = np.maximum(v[:2 * K * B].reshape(K, 2, B), 0.0)  # [class k][y = k, y ≠ k][bin]
+        conf = np.maximum(v[2 * K * B:2 * K * B + K * K].reshape(K, K), 0.0)
+        n = conf.sum()
+        aucs = [_binned_auc(h[k, 0], h[k, 1]) for k in range(K)]
+        defined = [a for a in aucs if a is not None]
+        acc = float(np.trace(conf) / n) if n > 0 else None
+        ll = float(min(max(v[-1], 0.0) / SUM_UNITS / n, 1.0) * LOGLOSS_CLIP) if n > 0 else None
+        return {"n": float(n), "macro_auc": float(np.mean(defined)) if defined else None, "accuracy": acc,
+                "logloss": ll, "classes": list(self.classes), "auc_per_class": aucs,
+                "confusion": conf.tolist()}
+
     def resolution(self, total: np.ndarray) -> dict:
         """How far the histogram metrics may be from the exact pooled ones (noiseless ``total``).
 
@@ -223,6 +293,11 @@ class EvalSpec:
         """
         v = np.asarray(total, dtype=np.float64)
         B = self.bins
+        if self.task == "multiclass":  # macro-AUC: the mean of the per-class bounds
+            K = len(self.classes)
+            h = v[:2 * K * B].reshape(K, 2, B)
+            per = [float(0.5 * (h[k, 0] * h[k, 1]).sum() / (h[k, 0].sum() * h[k, 1].sum())) for k in range(K)]
+            return {"auc_per_class": per, "macro_auc": float(np.mean(per)), "logloss": LOGLOSS_CLIP / (2 * SUM_UNITS)}
         if self.task == "binary":
             neg, pos = v[:B], v[B:2 * B]
             auc = float(0.5 * (pos * neg).sum() / (pos.sum() * neg.sum()))
@@ -231,9 +306,24 @@ class EvalSpec:
         return {"mae": R / (2 * SUM_UNITS), "mse": R * R / (2 * SUM_UNITS)}
 
 
+def _clipped_logloss(py: np.ndarray) -> np.ndarray:
+    """Each record's log-loss −ln p(y) clipped to L = LOGLOSS_CLIP (probabilities below e^−L count as e^−L)."""
+    return np.minimum(-np.log(np.maximum(py, math.exp(-LOGLOSS_CLIP))), LOGLOSS_CLIP)
+
+
+def _binned_auc(pos: np.ndarray, neg: np.ndarray) -> float | None:
+    """AUC from positive / negative counts per ascending score bin (pairs within a bin count ½)."""
+    P, N = pos.sum(), neg.sum()
+    if not (P > 0 and N > 0):
+        return None
+    below = np.concatenate([[0.0], np.cumsum(neg)[:-1]])
+    return float((pos * (below + 0.5 * neg)).sum() / (P * N))
+
+
 def describe(metrics: dict) -> str:
     """One line of the headline metrics (for the command line)."""
-    keys = ("auc", "accuracy", "logloss") if "auc" in metrics else ("rmse", "mae")
+    keys = (("macro_auc", "accuracy", "logloss") if "macro_auc" in metrics
+            else ("auc", "accuracy", "logloss") if "auc" in metrics else ("rmse", "mae"))
     parts = [f"n≈{metrics['n']:.0f}"] + [f"{k}={metrics[k]:.4f}" if metrics[k] is not None else f"{k}=n/a"
                                         for k in keys]
     return " ".join(parts)
@@ -245,10 +335,18 @@ def exact_metrics(spec: EvalSpec, y: np.ndarray, pred: np.ndarray) -> dict:
 
     y = np.asarray(y, dtype=np.float64)
     pred = np.asarray(pred, dtype=np.float64)
+    if spec.task == "multiclass":  # one-vs-rest AUC per class, arg-max accuracy, clipped log-loss
+        yi = y.astype(np.int64)
+        p = np.clip(pred, 0.0, 1.0)
+        aucs = [auc((yi == k).astype(float), p[:, k]) for k in range(len(spec.classes))]
+        py = p[np.arange(y.size), yi]
+        ll = float(_clipped_logloss(py).mean())
+        return {"n": float(y.size), "macro_auc": float(np.mean(aucs)), "auc_per_class": aucs,
+                "accuracy": float(np.mean(np.argmax(pred, axis=1) == yi)), "logloss": ll}
     if spec.task == "binary":
         p = np.clip(pred, 0.0, 1.0)
         py = np.where(y == 1, p, 1.0 - p)
-        ll = float(np.minimum(-np.log(np.maximum(py, math.exp(-LOGLOSS_CLIP))), LOGLOSS_CLIP).mean())
+        ll = float(_clipped_logloss(py).mean())
         return {"n": float(y.size), "auc": auc(y, p), "accuracy": accuracy(y, p), "logloss": ll}
     R = spec._residual_range()
     r = np.clip(pred - y, -R, R)

@@ -383,7 +383,7 @@ def _evaluation(p: dict[str, Any], receipt: dict[str, Any] | None) -> str:
             "records (docs/federated-evaluation.md).</p>" + _table(rows))
     if receipt is not None and "metrics" in receipt:
         m = receipt["metrics"]
-        keys = [k for k in ("n", "auc", "accuracy", "logloss", "rmse", "mae") if k in m]
+        keys = [k for k in ("n", "auc", "macro_auc", "accuracy", "logloss", "rmse", "mae") if k in m]
         body += ("<p>Released metrics (computed from the noisy aggregate; sites "
                  f"{_e(', '.join(receipt.get('sites', [])))}):</p>"
                  + _table([(k, m[k], "") for k in keys]))

@@ -145,7 +145,7 @@ def test_eval_sigma_against_dp_accounting_and_the_exact_gaussian_curve(eps, delt
 
 
 def test_declarations_that_cannot_be_evaluated_are_refused():
-    for kw, msg in ((dict(task="multiclass"), "supports the tasks"), (dict(bins=7), "even integer"),
+    for kw, msg in ((dict(task="ternary"), "supports the tasks"), (dict(bins=7), "even integer"),
                     (dict(bins=0), "even integer"), (dict(epsilon=0.0), "evaluation.epsilon"),
                     (dict(epsilon=float("inf")), "evaluation.epsilon"),
                     (dict(task="regression"), "label_range"), (dict(residual_clip=1.0), "regression only"),
@@ -244,3 +244,131 @@ def test_metrics_from_very_noisy_sums_stay_in_range():
     m = r.metrics(rnd.discrete_gaussian(r.noise_scales()))
     assert m["mae"] is None or 0 <= m["mae"] <= 2.5 and 0 <= m["rmse"] <= 2.5  # R = 10/4
     assert spec.metrics(np.zeros(spec.length))["auc"] is None  # no data: no metric, not NaN
+
+
+# --------------------------------------------------------------------------- multi-class
+
+
+WINE_CLASSES = ("class_0", "class_1", "class_2")
+
+
+def wine_predictions():
+    """(spec-free) wine held-out labels and a small trained multi-class model's (n, 3) probabilities."""
+    from common.config import Hyperparameters
+    from common.data import load
+    from common.engine import train
+    from common.randomness import InsecureTestRandomness
+    from common.schema import Schema
+    from conftest import EXAMPLES
+
+    schema = Schema.load(EXAMPLES / "wine" / "schema.toml")
+    tr, te = load(EXAMPLES / "wine" / "wine_train.csv", schema), load(EXAMPLES / "wine" / "wine_test.csv", schema)
+    model = train(tr, Hyperparameters(epsilon=5.0, trees=4, depth=3, seed=1),
+                  InsecureTestRandomness(seed=0, noise=False, i_understand_this_is_insecure=True)).model
+    assert schema.classes == WINE_CLASSES
+    return te.y, model.predict(te.X)
+
+
+def multiclass_data(rng, n, K=4):
+    y = rng.integers(0, K, n).astype(float)
+    m = rng.normal(0, 1.5, (n, K))
+    m[np.arange(n), y.astype(int)] += 2.0
+    p = np.exp(m) / np.exp(m).sum(1, keepdims=True)
+    p[0] = [1.0] + [0.0] * (K - 1)  # edges: certain, the 0.5 bin edge, beyond the log-loss clip
+    p[1] = [0.5, 0.5] + [0.0] * (K - 2)
+    p[2, :] = 1e-9
+    p[2, (int(y[2]) + 1) % K] = 1 - (K - 1) * 1e-9
+    return y, p
+
+
+@pytest.mark.parametrize("bins", [2, 20, 100])
+def test_multiclass_metrics_from_summed_site_vectors_equal_the_pooled_metrics_on_wine(bins):
+    y, p = wine_predictions()
+    spec = EvalSpec("multiclass", 1.0, DELTA, bins, classes=WINE_CLASSES)
+    assert spec.length == 2 * 3 * bins + 9 + 1 and spec.touched == 5
+    total = sum(spec.histogram(ys, ps) for ys, ps in sites((y, p), 3))
+    assert np.array_equal(total, spec.histogram(y, p))  # every coordinate adds exactly (rounded per record)
+    fed, pooled, res = spec.metrics(total), exact_metrics(spec, y, p), spec.resolution(total)
+    assert fed["n"] == pooled["n"] == y.size and fed["classes"] == list(WINE_CLASSES)
+    assert fed["accuracy"] == pooled["accuracy"]  # the confusion counts: exact
+    assert 0.5 < pooled["accuracy"] and 0.5 < pooled["macro_auc"]  # a real model, not a constant
+    for k in range(3):
+        assert abs(fed["auc_per_class"][k] - pooled["auc_per_class"][k]) <= res["auc_per_class"][k] + 1e-12
+    assert abs(fed["macro_auc"] - pooled["macro_auc"]) <= res["macro_auc"] + 1e-12
+    assert abs(fed["logloss"] - pooled["logloss"]) <= res["logloss"]
+    conf = np.zeros((3, 3))
+    np.add.at(conf, (y.astype(int), np.argmax(p, 1)), 1)
+    assert fed["confusion"] == conf.tolist()
+
+
+def test_multiclass_synthetic_edges_and_the_auc_oracle():
+    rng = np.random.default_rng(3)
+    y, p = multiclass_data(rng, 3000)
+    spec = EvalSpec("multiclass", 1.0, DELTA, 1000, classes=("a", "b", "c", "d"))
+    h = spec.histogram(y, p)
+    fed, pooled = spec.metrics(h), exact_metrics(spec, y, p)
+    assert fed["accuracy"] == pooled["accuracy"] and abs(fed["macro_auc"] - pooled["macro_auc"]) < 2e-3
+    assert abs(fed["logloss"] - pooled["logloss"]) <= LOGLOSS_CLIP / (2 * SUM_UNITS)
+    assert pooled["logloss"] < LOGLOSS_CLIP  # record 2 is clipped at L
+    from sklearn.metrics import roc_auc_score  # independent oracle for the one-vs-rest macro-AUC
+
+    assert pooled["macro_auc"] == pytest.approx(roc_auc_score(y, p / p.sum(1, keepdims=True), multi_class="ovr",
+                                                              average="macro"), abs=1e-9)
+
+
+@pytest.mark.parametrize("K", [3, 5])
+@pytest.mark.parametrize("eps", [0.05, DEFAULT_EPSILON, 8.0])
+def test_multiclass_one_record_moves_the_vector_by_at_most_one_noise_multiplier(K, eps):
+    """Brute force over random and extreme records: Σ_j (Δx_j / S_j)² ≤ 1/σ², attained by a clipped record."""
+    spec = EvalSpec("multiclass", eps, DELTA, 20, classes=tuple(str(i) for i in range(K)))
+    S = spec.noise_scales()
+    rng = np.random.default_rng(K)
+    base_y, base_p = multiclass_data(rng, 40, K)
+    base = spec.histogram(base_y, base_p)
+    cands = [(float(rng.integers(0, K)), rng.dirichlet(np.full(K, 0.3))) for _ in range(300)]
+    for y in range(K):
+        for q in (np.eye(K)[y], np.eye(K)[(y + 1) % K], np.full(K, 1 / K), np.eye(K)[y] * 0.5 + 0.5 / K):
+            cands.append((float(y), q))
+    worst = 0.0
+    for y, q in cands:
+        d = spec.histogram(np.append(base_y, y), np.vstack([base_p, q])) - base
+        assert np.count_nonzero(d) <= spec.touched and np.abs(d).max() <= SUM_UNITS
+        assert np.count_nonzero(d[:-1]) == K + 1  # one cell per class histogram and one confusion cell
+        worst = max(worst, float(np.sum((d / S) ** 2)))
+    assert worst <= 1 / spec.sigma ** 2 * (1 + 1e-9)
+    assert worst >= 0.99 / spec.sigma ** 2  # the bound is attained (a clipped record): not loose
+    assert spec.normalised_sensitivity() == pytest.approx(1 / spec.sigma, rel=1e-12)
+
+
+def test_multiclass_site_noise_has_the_stated_scale():
+    spec = EvalSpec("multiclass", DEFAULT_EPSILON, DELTA, 10, classes=WINE_CLASSES)
+    S = spec.noise_scales()
+    copies = 1500
+    draws = SecureRandomness().discrete_gaussian(np.tile(S, copies)).reshape(copies, spec.length)
+    k = 2 * 3 * 10 + 9
+    counts, sums = draws[:, :k].ravel(), draws[:, k:].ravel()
+    assert np.all(S[:k] == pytest.approx(math.sqrt(5) * spec.sigma))  # m = K + 2 = 5
+    assert np.all(S[k:] == pytest.approx(math.sqrt(5) * spec.sigma * SUM_UNITS))
+    assert _var_within(counts, S[0]) and _var_within(sums, S[k])
+    assert not _var_within(counts, S[0] * 1.05) and not _var_within(counts, S[0] / 1.05)
+
+
+def test_multiclass_metrics_from_noisy_sums_stay_in_range_and_bad_input_is_refused():
+    spec = EvalSpec("multiclass", 0.01, DELTA, 20, classes=WINE_CLASSES)
+    rnd = SecureRandomness()
+    for _ in range(5):
+        m = spec.metrics(rnd.discrete_gaussian(spec.noise_scales()))
+        for k in ("macro_auc", "accuracy"):
+            assert m[k] is None or 0 <= m[k] <= 1
+        assert m["logloss"] is None or 0 <= m["logloss"] <= LOGLOSS_CLIP
+        assert min(min(r) for r in m["confusion"]) >= 0
+    assert spec.metrics(np.zeros(spec.length))["macro_auc"] is None
+    for kw, msg in ((dict(classes=()), "K ≥ 3"), (dict(classes=("a", "b")), "K ≥ 3")):
+        with pytest.raises(EvalError, match=msg):
+            EvalSpec("multiclass", 0.1, DELTA, **kw)
+    with pytest.raises(EvalError, match="K ≥ 3"):
+        EvalSpec("binary", 0.1, DELTA, classes=WINE_CLASSES)
+    with pytest.raises(EvalError, match=r"\(n, 3\)"):
+        spec.histogram(np.zeros(4), np.zeros(4))
+    with pytest.raises(EvalError, match="class indices"):
+        spec.histogram(np.array([3.0]), np.full((1, 3), 1 / 3))

@@ -324,7 +324,7 @@ class Plan:
 
         try:
             return EvalSpec(self.schema.task, self.eval_epsilon, self.hyperparameters.delta, self.eval_bins,
-                            self.schema.label_range, self.eval_residual_clip)
+                            self.schema.label_range, self.eval_residual_clip, self.schema.classes)
         except EvalError as e:
             raise PlanError(str(e)) from None
 

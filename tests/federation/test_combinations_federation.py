@@ -1,6 +1,6 @@
 """Features that meet in a federation: missing values with federated greedy trees, with multiclass and with
-federated evaluation; greedy trees and federated evaluation in one session; multiclass and federated
-evaluation refused by the plan (before any site joins)."""
+federated evaluation; greedy trees and federated evaluation in one session; multiclass training then federated
+evaluation; multiclass with federated greedy trees refused by the plan (before any site joins)."""
 from __future__ import annotations
 
 import json
@@ -89,11 +89,38 @@ def test_three_sites_train_multiclass_on_missing_values_equal_to_the_centralised
                                res.local.pred, rtol=0, atol=1e-12)
 
 
-def test_a_multiclass_plan_refuses_federated_evaluation(tmp_path, ca_dir):
-    schema, _ = wine_with_ids()
+def test_three_sites_train_a_multiclass_model_then_evaluate_it(tmp_path, ca_dir, cluster_factory):
+    """One session: multi-class training on wine, then federated evaluation of held-out files (noise off): the
+    released accuracy is the pooled one, macro-AUC within bin resolution, log-loss within rounding."""
+    schema, raw = wine_with_ids()
+    hp = Hyperparameters(trees=2, depth=2, seed=21, epsilon=2.0, learning_rate=0.3)
     ids = make_identities(tmp_path, SITES, ca_dir)
-    with pytest.raises(PlanError, match="federated evaluation supports the tasks .* not 'multiclass'"):
-        make_test_plan(schema, ids, Hyperparameters(trees=2, depth=2, seed=1, epsilon=1.0), eval_epsilon=0.5)
+    ca_server(ca_dir, tmp_path / "coordinator", ["localhost", "127.0.0.1"], days=2)
+    data = write_splits(raw.iloc[:120], SITES, tmp_path / "data")
+    held = write_splits(raw.iloc[120:], SITES, tmp_path / "held-out")
+    plan = make_test_plan(schema, ids, hp, randomness="insecure-test", test_seed=2, test_noise=False,
+                          eval_epsilon=0.2, eval_bins=10)
+    assert plan.eval_spec.task == "multiclass" and plan.eval_spec.classes == schema.classes
+    plan.save(tmp_path / "plan.toml")
+    c = cluster_factory(tmp_path / "plan.toml")
+    coord = c.coordinator()
+    sites = {s: c.site(s, data[s], "--allow-insecure-test-randomness", "--eval-data", str(held[s]),
+                       "--max-eval-epsilon", "0.2") for s in SITES}
+    assert coord.wait() == 0, coord.errors
+    for s, p in sites.items():
+        assert p.wait() == 0, p.errors
+    ev = coord.result()["evaluation"]
+    model = Ensemble.load(tmp_path / "coordinator" / "model.json")
+    assert len(model.trees) == 3 * hp.trees
+    ref = pooled(plan, model, held)
+    m = ev["metrics"]
+    assert m["n"] == ref["n"] == len(raw) - 120 and m["classes"] == list(schema.classes)
+    assert m["accuracy"] == ref["accuracy"]
+    ds = [load(p, schema) for p in held.values()]
+    total = sum(plan.eval_spec.histogram(d.y, model.predict(d.X)) for d in ds)
+    res = plan.eval_spec.resolution(total)
+    assert abs(m["macro_auc"] - ref["macro_auc"]) <= res["macro_auc"] + 1e-12
+    assert abs(m["logloss"] - ref["logloss"]) <= res["logloss"]
 
 
 def test_a_multiclass_plan_refuses_federated_greedy_trees(tmp_path, ca_dir):

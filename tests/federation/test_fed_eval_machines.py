@@ -28,14 +28,14 @@ class EvalFed(Fed):
     """Fed whose sites each hold a held-out file (the rows after the training sample).
 
     With ``model`` (an existing model), the plan only evaluates it: the session starts with its trees
-    released and the sites have no training data (``--eval-data`` only).
+    released and the sites have no training data (``--eval-data`` only).  ``held_out_rows``: other held-out rows.
     """
 
-    def __init__(self, tmp_path, hp=HP, eval_epsilon=0.1, held_out=True, model=None, **session):
+    def __init__(self, tmp_path, hp=HP, eval_epsilon=0.1, held_out=True, model=None, held_out_rows=None, **session):
         self.eval_paths = {}
         if held_out:
-            schema, raw = abalone_with_ids(900)
-            self.eval_paths = write_splits(raw.iloc[240:], SITES, tmp_path / "held-out")
+            rows = abalone_with_ids(900)[1].iloc[240:] if held_out_rows is None else held_out_rows
+            self.eval_paths = write_splits(rows, SITES, tmp_path / "held-out")
         self.existing = model
         if model is not None:
             session["eval_model_sha256"] = model_sha256(model)
@@ -195,3 +195,30 @@ def test_the_evaluation_section_of_a_plan():
                      ({"epsilon": 0.1, "residual_clip": 0}, "residual_clip")):
         with pytest.raises(PlanError, match=msg):
             Plan.from_dict(d | {"evaluation": bad})
+
+
+@pytest.mark.parametrize("noise", ["distributed", "central"])
+def test_noiseless_multiclass_federated_evaluation_equals_pooled(tmp_path, noise):
+    """Wine (3 classes): K class trees per round, then the evaluation round of the multi-class vector."""
+    from .test_multiclass_federation import wine_with_ids
+
+    schema, raw = wine_with_ids()
+    f = EvalFed(tmp_path, Hyperparameters(trees=2, depth=2, seed=5, epsilon=2.0), eval_epsilon=0.2,
+                held_out_rows=raw.iloc[120:], data=(schema, raw.iloc[:120]), test_noise=False, noise=noise,
+                eval_bins=10)
+    f.start()
+    f.fed.run()
+    assert f.session.exit_code == 0, f.session.stage
+    spec = f.plan.eval_spec
+    assert spec.task == "multiclass" and spec.length == 2 * 3 * 10 + 9 + 1
+    m, pooled = f.session.evaluation["metrics"], f.pooled()
+    assert m["n"] == pooled["n"] == len(raw) - 120
+    assert m["accuracy"] == pooled["accuracy"]
+    model = build_model(f.plan, f.session.init, f.session.trees)
+    total = sum(spec.histogram(d.y, model.predict(d.X)) for d in (load(p, schema) for p in f.eval_paths.values()))
+    assert m["confusion"] == spec.metrics(total)["confusion"]  # the released sum is the sites' exact sum
+    res = spec.resolution(total)
+    assert abs(m["macro_auc"] - pooled["macro_auc"]) <= res["macro_auc"] + 1e-12
+    assert abs(m["logloss"] - pooled["logloss"]) <= res["logloss"]
+    for s in SITES:
+        assert f.machines[s].ledger.eval_charge()["records"] in (19, 20)
