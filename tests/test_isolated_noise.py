@@ -8,6 +8,8 @@ and refills it from a child before it runs dry.
 """
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pytest
 
@@ -45,10 +47,15 @@ def test_every_call_draws_fresh_noise(sampler):
 
 def test_frequent_single_draws_move_into_the_daemon(sampler, caplog):
     """A second direct draw within a minute is drawn in this process (no child), and stays fresh and exact."""
-    first = sampler.discrete_gaussian(np.full(64, 1e6))
-    assert sampler.children == 1 and not sampler.in_process
-    second = sampler.discrete_gaussian(np.full(64, 1e6))
-    third = sampler.discrete_laplace(np.full(3, 2.0))
+    log = logging.getLogger("fedsbdt.site")  # an earlier CLI test may have stopped it propagating to the root
+    log.addHandler(caplog.handler)
+    try:
+        first = sampler.discrete_gaussian(np.full(64, 1e6))
+        assert sampler.children == 1 and not sampler.in_process
+        second = sampler.discrete_gaussian(np.full(64, 1e6))
+        third = sampler.discrete_laplace(np.full(3, 2.0))
+    finally:
+        log.removeHandler(caplog.handler)
     assert sampler.children == 1 and sampler.in_process
     assert "in the site process" in caplog.text
     assert second.dtype == third.dtype == np.int64 and third.shape == (3,)
