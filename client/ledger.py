@@ -17,7 +17,8 @@ table               content
                     ``Storage``: keys, shares, "input sent", "signed", …)
 ``meta``            plan hash, site id, the stored initial-score vector (and,
                     central mode, the noise added to its retries), the stored
-                    evaluation vector, its noise and the ε_eval charge record
+                    evaluation vector, its noise and the ε_eval charge record;
+                    DPBoost: each ensemble's partition of the records
 ==================  ===========================================================
 
 The privacy-critical rule: the ledger update of round r, its contributions
@@ -200,6 +201,18 @@ class SiteLedger:
             raise LedgerError("released splits must be recorded in the round's transaction")
         self.db.executemany("INSERT OR IGNORE INTO released_splits (tree, node, feature, threshold) VALUES (?, ?, ?, ?)",
                             ((int(tree), i, int(f), float(t)) for i, (f, t) in enumerate(zip(features, thresholds))))
+
+    # ------------------------------------------------------------------ DPBoost: the per-ensemble partition
+
+    def dpboost_partition(self, ensemble: int) -> bytes | None:
+        """The stored partition of ensemble ``ensemble`` (common/federation/dpboost_rounds.py), or None."""
+        return self._meta(f"dpboost_partition/{int(ensemble)}")
+
+    def set_dpboost_partition(self, ensemble: int, blob: bytes) -> None:
+        """Store ensemble ``ensemble``'s partition once (durable before any vector that uses it is sent)."""
+        if self.dpboost_partition(ensemble) is not None:
+            raise LedgerError(f"ensemble {ensemble}'s partition is already stored; it is never drawn twice")
+        self._set_meta(f"dpboost_partition/{int(ensemble)}", bytes(blob))
 
     def tree_contributions(self) -> int:
         """Tree rounds in which this site sent data (each costs one accounted round, retries included)."""

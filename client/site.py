@@ -81,6 +81,7 @@ from common.secagg import ProtocolAbort, RoundStart, SecAggSite, decode_message
 from common.secagg.errors import InvalidMessage
 from common.secagg.primitives import ed25519_public
 from common.splits import Splits, random_splits
+from common.federation.dpboost_rounds import DPBoostRequestError, SitePartition, check_tree
 from common.federation.greedy_rounds import GreedyRequestError
 from common.federation.plan import Plan, PlanError
 from common.greedy_levels import level_sums
@@ -293,6 +294,8 @@ class SiteMachine:
         self.plan = plan
         self.greedy = plan.greedy_grid  # greedy trees: the public grid (None: random trees)
         self._grid_codes = None if self.greedy is None else self.greedy.codes(ds.X)
+        self.dpboost = None if hp.tree_builder != "dpboost" else SitePartition(  # its partition, kept in the ledger
+            hp, ds.ids, self.ledger.dpboost_partition, self.ledger.set_dpboost_partition)
         self._splits: dict[int, object] = {}
         if hp.init_share == 0:
             self._set_init(InitScoreMsg(0.0, None, ()))
@@ -513,7 +516,8 @@ class SiteMachine:
             else:
                 splits = self.splits(k) if self.greedy is None else \
                     Splits(np.asarray(ev.features, np.int32), np.asarray(ev.thresholds, np.float64))
-                c = local.contribution(splits, k, self.randomness, self.table)
+                c = local.contribution(splits, k, self.randomness, self.table) if self.dpboost is None else \
+                    self._dpboost_call(self.dpboost.contribution, splits, k, local)
                 x, with_data = np.asarray(c.sums, dtype=np.int64), True
             noise = None
             p = len(start.participants)
@@ -559,6 +563,8 @@ class SiteMachine:
         no request may rewrite a released split or go back to a released level.
         """
         hp, k = self.plan.hyperparameters, ev.tree
+        if self.dpboost is not None and check_tree(hp, k) is not None:  # DPBoost: the tree/ensemble fits the plan
+            return check_tree(hp, k)
         if self.init is None or len(self.trees) < k:
             raise NeedCatchUp(len(self.trees), k)
         if len(self.trees) > k:
@@ -599,7 +605,8 @@ class SiteMachine:
             node = grid.route(self._grid_codes, grid.candidate_index(k, ev.features, ev.thresholds), ev.level)
             gq, _ = kernels.grad_hess_units(local.pred, local.y, TASK_CODE[local.task], enc.scale,
                                             enc.grad.bound_units, enc.hess.bound_units)
-            x, with_data = level_sums(self._grid_codes, node, gq, local.arrival <= k, layout), True
+            use = local.arrival <= k if self.dpboost is None else self._dpboost_call(self.dpboost.records, k, local)
+            x, with_data = level_sums(self._grid_codes, node, gq, use, layout), True
         noise = None
         p = len(start.participants)
         if plan.noise == "distributed" and plan.threshold <= p <= plan.n:  # otherwise secagg refuses the round
@@ -607,6 +614,13 @@ class SiteMachine:
         elif plan.noise == "central" and self.ledger.level_attempts(k, ev.level) > 0:
             noise = self.randomness.discrete_gaussian(plan.level_share_scales(k, ev.level, 1))
         return x, noise, with_data
+
+    def _dpboost_call(self, f, *args):
+        """A DPBoost partition step; a stored partition that does not fit this site's data ends the session."""
+        try:
+            return f(*args)
+        except DPBoostRequestError as e:
+            raise self._abort(str(e)) from None
 
     def _greedy_tree_splits(self, t: TreeMsg) -> Splits:
         """A released greedy tree's splits, if they are on the plan's grid and repeat those released before."""

@@ -260,8 +260,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
 def cmd_account(args: argparse.Namespace) -> int:
     from .engine import calibration_for
 
-    hp = hyperparameters_from_args(args)
-    cal = calibration_for(hp)
+    plan = _account_plan(args)  # `--plan`: what the federation's parties compute for it (None: flags)
+    hp = hyperparameters_from_args(args) if plan is None else plan.hyperparameters
+    cal = calibration_for(hp) if plan is None else plan.calibration()
     res = {"sigma": cal.sigma, "alpha": cal.alpha, "rho": cal.rho, "epsilon": cal.epsilon, "delta": cal.delta,
            "accountant": cal.accountant, "rounds": cal.rounds, "eps_init": cal.eps_init, "eps_ds": cal.eps_ds,
            "tree_builder": hp.tree_builder, "eps_select": cal.eps_select, "sigma_select": cal.sigma_select,
@@ -279,6 +280,11 @@ def cmd_account(args: argparse.Namespace) -> int:
                   f"bounded-range RDP, Thm. 1)")
     elif hp.tree_builder == "greedy":
         human += f"\nsigma_select {cal.sigma_select:.6g}   (noise of the level histograms, docs/greedy.md)"
+    elif hp.tree_builder == "dpboost" and plan is not None:  # federated: Gaussian levels and leaves
+        from .federation.dpboost_rounds import account_lines as fed_lines, receipt as fed_receipt
+
+        res.update(fed_receipt(cal))
+        human = fed_lines(cal, hp.epsilon)
     elif hp.tree_builder == "dpboost":
         from .dpboost import account_lines, receipt
 
@@ -292,6 +298,18 @@ def cmd_account(args: argparse.Namespace) -> int:
                   f"\nour ledger   ε = {cal.eps_rdp:.6g} at δ = {hp.delta:.3g} (RDP)")
     emit(args, res, human)
     return 0
+
+
+def _account_plan(args: argparse.Namespace):
+    """The plan of ``fedsbdt account --plan`` (its hyperparameters replace the flags), or None."""
+    if getattr(args, "plan", None) is None:
+        return None
+    given = [f.name for f in dataclasses.fields(Hyperparameters) if getattr(args, f.name, None) is not None]
+    if given:
+        raise CliError(f"--plan takes the hyperparameters from the plan; drop --{given[0].replace('_', '-')}")
+    from .federation.plan import Plan
+
+    return Plan.load(args.plan)
 
 
 # --------------------------------------------------------------------------- parser
@@ -339,6 +357,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     a = sub.add_parser("account", help="noise scale and privacy accounting for hyperparameters (no data needed)")
     a.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    a.add_argument("--plan", help="account a federation's plan (TOML) as its parties do, instead of the flags")
     add_hyperparameter_flags(a)
     a.set_defaults(func=cmd_account)
 

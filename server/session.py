@@ -59,6 +59,7 @@ from client.noise import NoiseShares
 from common.splits import Splits, random_splits
 
 from .checkpoint import CoordinatorStore, Restored
+from common.federation import dpboost_rounds
 from common.federation.plan import Plan
 from common.federation.release import build_model, evaluation_receipt, model_bytes, model_sha256
 from common.federation.wire import (
@@ -825,7 +826,10 @@ class Session:
                     self.central_noise = NoiseShares(self.randomness,
                                                      leaf_noise_scales(self.hp, self.enc, self.cal.sigma))
                 total = total + self.central_noise.take()
-            values = leaf_values(total, self.hp, self.enc)
+            if self.hp.tree_builder == "dpboost":  # V = Σg/(n+λ), GLC, clamp: post-processing (docs/dpboost.md)
+                values = dpboost_rounds.leaf_values(total, self.hp, self.enc, work.tree)
+            else:
+                values = leaf_values(total, self.hp, self.enc)
             if self.plan.greedy_grid is not None:
                 splits = Splits(*self._greedy_splits())
             else:

@@ -188,14 +188,10 @@ class Plan:
             raise PlanError("a federation selects greedy splits from noisy level histograms (the coordinator never "
                             "sees exact gains): set selection = \"histogram\" (`fedsbdt plan` does so for "
                             "--tree-builder greedy; docs/greedy.md)")
-        if self.hyperparameters.tree_builder == "dpboost":
-            raise PlanError("tree_builder = 'dpboost' is not available in a federation yet (it will run on the "
-                            "federated greedy level rounds, docs/dpboost.md#federation-design-not-wired); use it "
-                            "with `fedsbdt train`")
         if self.hyperparameters.tree_builder == "sarus":
             raise PlanError("tree_builder = 'sarus' is central only: its exponential mechanism needs exact gains no "
                             "party of a federation holds (docs/sarus.md \"Federation\"); use it with `fedsbdt train`")
-        if self.hyperparameters.tree_builder not in ("random", "greedy"):
+        if self.hyperparameters.tree_builder not in ("random", "greedy", "dpboost"):
             raise PlanError(f"tree_builder = {self.hyperparameters.tree_builder!r} is not available in a "
                             "federation yet; use it with `fedsbdt train`")
         if self.schema.task == "multiclass":
@@ -294,7 +290,7 @@ class Plan:
     @cached_property
     def greedy_grid(self):
         """Greedy trees: the public candidate grid and level layouts (``None`` for random trees)."""
-        if self.hyperparameters.tree_builder != "greedy":
+        if self.hyperparameters.tree_builder not in ("greedy", "dpboost"):  # DPBoost: docs/dpboost.md
             return None
         from .greedy_rounds import GreedyGrid
 
@@ -360,10 +356,8 @@ class Plan:
 
     def calibration(self) -> PrivacyCalibration:
         """The accountant's calibration for the plan's hyperparameters (cached by the accountant)."""
-        from common.engine import calibration_for
-
         try:
-            return calibration_for(self.hyperparameters)
+            return federated_calibration(self.hyperparameters)
         except AccountingError as e:
             raise PlanError(f"the plan's privacy parameters are impossible: {e}") from None
 
@@ -708,6 +702,18 @@ class Plan:
         return cls.from_toml(text, source=str(p))
 
 
+def federated_calibration(hp: Hyperparameters) -> PrivacyCalibration:
+    """The accountant's calibration of a federation with these hyperparameters: the central one, except for
+    DPBoost, whose federated releases are Gaussian (common/federation/dpboost_rounds.py)."""
+    if hp.tree_builder == "dpboost":
+        from .dpboost_rounds import calibration_for as dpboost_calibration
+
+        return dpboost_calibration(hp)
+    from common.engine import calibration_for
+
+    return calibration_for(hp)
+
+
 def make_plan(schema: Schema, hp: Hyperparameters, sites: list[SiteEntry], threshold: int | None = None,
               session_id: str = "fedsbdt-session", **session: Any) -> Plan:
     """A plan with the privacy statement computed by this party's accountant (what ``fedsbdt plan`` writes).
@@ -716,14 +722,12 @@ def make_plan(schema: Schema, hp: Hyperparameters, sites: list[SiteEntry], thres
     number of colluders the threshold rule 2t > n + c allows for that t (common/guarantee.py):
     the guarantee then covers every coalition that secure aggregation itself can resist.
     """
-    from common.engine import calibration_for
-
     if hp.seed is None:
         import secrets
 
         hp = hp.replace(seed=secrets.randbits(63))
     try:
-        cal = calibration_for(hp)
+        cal = federated_calibration(hp)
     except AccountingError as e:
         raise PlanError(f"the privacy parameters are impossible: {e}") from None
     n = len(sites)

@@ -55,6 +55,10 @@ def build_model(plan: Plan, init: InitScoreMsg | None, trees: Sequence[TreeMsg])
                                     parties(init, trees))
     if plan.encoding.classes > 1:
         model.privacy.update(receipt_sensitivity(plan.hyperparameters, plan.encoding))
+    if plan.hyperparameters.tree_builder == "dpboost":  # Gaussian levels and leaves (docs/dpboost.md "Federation")
+        from .dpboost_rounds import receipt
+
+        model.privacy.update(receipt(cal))
     model.training = training_record(plan, init, trees)
     if plan.eval_spec is not None:  # declared in the plan: every party adds the same entry
         model.privacy["evaluation"] = evaluation_declaration(plan)
