@@ -42,11 +42,12 @@ def complete_lines() -> list[str]:
     return [ln for ln in (ADULT / "adult.data").read_text().splitlines() if ln.strip() and "?" not in ln]
 
 
-def federation(hp: dict, train_lines: list[str], seed: int) -> tuple[Ensemble, list[dict], float]:
+def federation(hp: dict, train_lines: list[str], seed: int, dataset: str = "adult") -> tuple[Ensemble, list[dict],
+                                                                                              float]:
     """One 3-site federation on ``train_lines``; returns (model, coordinator release events, seconds)."""
     with tempfile.TemporaryDirectory(prefix="fedsbdt-greedy-fed-") as tmp:
         layout = Layout(Path(tmp))
-        plan, _ = prepare(layout, SITES, "adult", {**hp, "seed": seed}, ["localhost", "127.0.0.1"],
+        plan, _ = prepare(layout, SITES, dataset, {**hp, "seed": seed}, ["localhost", "127.0.0.1"],
                           epoch_rounds=128)
         for k, sid in enumerate(plan.site_ids):  # replace the demo's split with this run's training part
             layout.site_data(sid).write_text("\n".join(train_lines[k::SITES]) + "\n")

@@ -355,12 +355,17 @@ def test_adult_dpboost_learns_and_estimator_takes_the_mode(adult):
     assert np.mean(aucs) > 0.7, aucs  # at ε = 8 the greedy splits find signal
 
 
-def test_federated_plan_refuses_dpboost(adult):
+def test_federated_plan_accepts_dpboost_with_the_gaussian_ledger(adult):
+    """A federated DPBoost plan is accounted with Gaussian levels and leaves (docs/dpboost.md "Federation";
+    tests/federation/test_dpboost_federation.py runs it); the PLD accountant is refused."""
     from common.federation.plan import PlanError, SiteEntry, make_plan
 
     sites = [SiteEntry(f"s{i}", bytes([i]) * 32) for i in range(3)]
-    with pytest.raises(PlanError, match="not available in a federation yet.*docs/dpboost.md"):
-        make_plan(adult.schema, Hyperparameters.from_dict({"tree_builder": "dpboost"}), sites)
+    plan = make_plan(adult.schema, Hyperparameters.from_dict({"tree_builder": "dpboost"}), sites)
+    cal = plan.calibration()
+    assert cal.sigma > 0 and cal.sigma_select > 0 and cal.eps_select == 0 and plan.greedy_grid is not None
+    with pytest.raises(PlanError, match="RDP ledger"):
+        make_plan(adult.schema, Hyperparameters.from_dict({"tree_builder": "dpboost", "accountant": "pld"}), sites)
 
 
 def test_noiseless_training_fits_abalone(abalone):

@@ -708,6 +708,10 @@ def federated_calibration(hp: Hyperparameters) -> PrivacyCalibration:
     if hp.tree_builder == "dpboost":
         from .dpboost_rounds import calibration_for as dpboost_calibration
 
+        if hp.accountant != "rdp":  # as for every federated plan (check_discrete_noise), said before calibrating
+            raise PlanError("federated DPBoost is accounted by the RDP ledger: the PLD accountant evaluates "
+                            "continuous Gaussian noise, which does not dominate the discrete Gaussian shares sites "
+                            "add; use accountant = \"rdp\" (docs/privacy.md \"PLD\")")
         return dpboost_calibration(hp)
     from common.engine import calibration_for
 
