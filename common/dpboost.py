@@ -70,6 +70,14 @@ def gdf_mask(neg_grad: np.ndarray, threshold: float) -> np.ndarray:
     return np.abs(np.asarray(neg_grad, np.float64)) <= float(threshold)
 
 
+def tree_records(position: int, round_id: int, neg_grad: np.ndarray, arrival: np.ndarray, parts: np.ndarray,
+                 grad_threshold: float) -> np.ndarray:
+    """Alg. 2 lines 8–10: the records tree ``round_id`` (at 1-based ``position`` of its ensemble) uses —
+    arrived, in its part of the ensemble's partition, and through GDF."""
+    return ((np.asarray(arrival) <= round_id) & (np.asarray(parts) == position - 1)
+            & gdf_mask(neg_grad, grad_threshold))
+
+
 def glc_threshold(position: int, grad_threshold: float, learning_rate: float) -> float:
     """Geometric leaf clipping (§3.1, Thm. 6): ``g*_l·(1−η)^(t−1)`` for the tree at (1-based) ``position``."""
     if position < 1:

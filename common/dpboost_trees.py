@@ -59,8 +59,8 @@ class DPBoostTrees(GreedyTrees):
         key = ("records", round_id, id(local))
         if self._cache.get("records_key") != key:
             g = negative_gradient(local.pred, local.y, local.task)
-            mask = ((local.arrival <= round_id) & (self.partition(round_id, local) == self.position(round_id) - 1)
-                    & dpboost.gdf_mask(g, self.hp.grad_clip))
+            mask = dpboost.tree_records(self.position(round_id), round_id, g, local.arrival,
+                                        self.partition(round_id, local), self.hp.grad_clip)
             self._cache["records_key"], self._cache["records"], self._cache["grad"] = key, mask, g
         return self._cache["records"]
 

@@ -71,8 +71,7 @@ def check_tree(hp, tree: int) -> str | None:
 def tree_records(hp, tree: int, neg_grad: np.ndarray, arrival: np.ndarray, parts: np.ndarray) -> np.ndarray:
     """The records tree ``tree`` uses (Alg. 2 lines 8–10): arrived, in the tree's part of its ensemble's
     partition, and through GDF ``|g| ≤ g*_l`` (g the exact negative gradient)."""
-    return ((np.asarray(arrival) <= tree) & (np.asarray(parts) == position(hp, tree) - 1)
-            & dpboost.gdf_mask(neg_grad, hp.grad_clip))
+    return dpboost.tree_records(position(hp, tree), tree, neg_grad, arrival, parts, hp.grad_clip)
 
 
 def leaf_sums(leaf: np.ndarray, grad_units: np.ndarray, use: np.ndarray, leaves: int, hess_units: int) -> np.ndarray:
