@@ -563,8 +563,8 @@ class SiteMachine:
         no request may rewrite a released split or go back to a released level.
         """
         hp, k = self.plan.hyperparameters, ev.tree
-        if self.dpboost is not None and check_tree(hp, k) is not None:  # DPBoost: the tree/ensemble fits the plan
-            return check_tree(hp, k)
+        if self.dpboost is not None and (bad := check_tree(hp, k)) is not None:  # DPBoost: tree/ensemble in the plan
+            return bad
         if self.init is None or len(self.trees) < k:
             raise NeedCatchUp(len(self.trees), k)
         if len(self.trees) > k:
