@@ -260,13 +260,20 @@ def cmd_predict(args: argparse.Namespace) -> int:
 def cmd_account(args: argparse.Namespace) -> int:
     from .engine import calibration_for
 
-    hp = hyperparameters_from_args(args)
-    cal = calibration_for(hp)
+    if getattr(args, "plan", None):  # a federated plan, accounted as its federation releases it
+        from .federation.plan import Plan
+
+        plan = Plan.load(args.plan)
+        hp, cal = plan.hyperparameters, plan.verify_privacy()
+    else:
+        hp = hyperparameters_from_args(args)
+        cal = calibration_for(hp)
+    federated_sarus = hp.tree_builder == "sarus" and getattr(args, "plan", None)
     res = {"sigma": cal.sigma, "alpha": cal.alpha, "rho": cal.rho, "epsilon": cal.epsilon, "delta": cal.delta,
            "accountant": cal.accountant, "rounds": cal.rounds, "eps_init": cal.eps_init, "eps_ds": cal.eps_ds,
            "tree_builder": hp.tree_builder, "eps_select": cal.eps_select, "sigma_select": cal.sigma_select,
            "sigma_sketch": cal.sigma_sketch}
-    gaussian = hp.tree_builder != "sarus"  # Sarus trees: Laplace leaves, no σ_leaf and no Gaussian ρ of trees
+    gaussian = hp.tree_builder != "sarus" or federated_sarus  # central Sarus trees: Laplace, no σ_leaf or ρ
     human = (f"accountant   {cal.accountant}\n"
              + (f"sigma        {cal.sigma:.6g}   (unweighted leaf noise σ_leaf)\n" if gaussian else "")
              + (f"alpha        {cal.alpha}   (RDP order α̂)\n" if cal.accountant == "rdp" else "")
@@ -284,6 +291,9 @@ def cmd_account(args: argparse.Namespace) -> int:
 
         res.update(receipt(cal))
         human = account_lines(cal, hp.epsilon)
+    elif federated_sarus:
+        human += (f"\nsigma_select {cal.sigma_select:.6g}   (level histograms)\nsigma_sketch {cal.sigma_sketch:.6g}   "
+                  "(sketch histograms; federated Sarus trees, docs/sarus.md \"Federation\")")
     elif hp.tree_builder == "sarus":
         res.update(eps_sketch=cal.eps_sketch, eps_leaf=cal.eps_leaf, eps_paper=cal.eps_paper, eps_rdp=cal.eps_rdp)
         human += (f"\nper tree     ε_sketch {cal.eps_sketch:.6g}, ε per level {cal.eps_select:.6g} (exponential) "
@@ -339,6 +349,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     a = sub.add_parser("account", help="noise scale and privacy accounting for hyperparameters (no data needed)")
     a.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    a.add_argument("--plan", help="account this federated plan's hyperparameters as its federation releases them "
+                                  "(instead of the hyperparameter flags; checks the plan's stated σ and ε)")
     add_hyperparameter_flags(a)
     a.set_defaults(func=cmd_account)
 
