@@ -21,7 +21,6 @@ from common.boosting import TASK_CODE
 from common.federation.sarus_rounds import SarusRequestError, SarusTree
 from common.federation.wire import InputReply, Purpose, Refusal
 from common.fixedpoint import FixedPointError
-from common.greedy_levels import level_sums
 from common.secagg import ProtocolAbort
 from common.secagg.errors import InvalidMessage
 
@@ -143,7 +142,7 @@ class SarusSite:
         gq, _ = kernels.grad_hess_units(local.pred, local.y, TASK_CODE[local.task], enc.scale, enc.grad.bound_units,
                                         enc.hess.bound_units)
         if ev.purpose == Purpose.LEVEL:
-            return level_sums(codes, node, gq, present, tg.layout(ev.tree, ev.level))
+            return self.grid.level_vector(codes, node, gq, present, tg.layout(ev.tree, ev.level))
         return self.grid.leaf_vector(node, gq, present)
 
     # ------------------------------------------------------------------ released trees

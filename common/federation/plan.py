@@ -320,7 +320,7 @@ class Plan:
             return None
         from .sarus_rounds import SarusGrid
 
-        return SarusGrid.for_plan(self.schema, self.hyperparameters)
+        return SarusGrid.for_plan(self.schema, self.hyperparameters, self.encoding.grad.bound_units)
 
     def level_share_scales(self, tree: int, level: int, shares: int):
         """Per-entry std (integer units) of one site's share of a level's noise when split into ``shares``."""
@@ -453,7 +453,7 @@ class Plan:
             level = self.level_share_scales(0, 0, 1)
             s2, eta2 = _share_excess(((float(level[0]), enc.grad.bound_units), (float(level[-1]), 1)), k_max, self.n)
             smallest, eta = min(smallest, s2), max(eta, eta2)
-        if self.sarus_grid is not None:  # sketch (Δ = 1 count), level and leaf entries (Δ = g* units or 1)
+        if self.sarus_grid is not None:  # sketch, level and leaf entries (Δ = g* units or C, sarus_rounds)
             from .sarus_rounds import share_coordinates
 
             for group in share_coordinates(self):

@@ -132,12 +132,28 @@ class SarusGrid:
     fine_edges: list
     is_cat: np.ndarray
     numeric: np.ndarray  # the sketched (numeric) features
+    count_units: int  # C: a record counts C integer units (fixed point, like the gradient sums)
 
     @classmethod
-    def for_plan(cls, schema, hp) -> "SarusGrid":
+    def for_plan(cls, schema, hp, count_units: int) -> "SarusGrid":
+        """``count_units``: the plan's gradient bound in units, so count entries carry noise of the same
+        magnitude and sums of discrete-Gaussian shares stay close to one (``Plan.check_discrete_noise``)."""
         fine, edges = Candidates.grid(schema, min(255, 4 * hp.split_candidates))  # as central SarusTrees
         is_cat = np.array([f.is_categorical for f in schema.features])
-        return cls(schema, hp.depth, hp.split_candidates, fine, edges, is_cat, np.flatnonzero(~is_cat))
+        return cls(schema, hp.depth, hp.split_candidates, fine, edges, is_cat, np.flatnonzero(~is_cat),
+                   int(count_units))
+
+    def scale_counts(self, v: np.ndarray) -> np.ndarray:
+        """``[sums | counts]`` with the counts in units of C (a vector, or its noise scales)."""
+        v = np.array(v, copy=True)
+        v[v.size // 2:] *= self.count_units
+        return v
+
+    def counts_of(self, v: np.ndarray) -> np.ndarray:
+        """``[sums | counts]`` released in units back to ``[sums | counts]`` (float; post-processing)."""
+        v = np.asarray(v, np.float64).copy()
+        v[v.size // 2:] /= self.count_units
+        return v
 
     # ------------------------------------------------------------------ the sketch
 
@@ -153,15 +169,15 @@ class SarusGrid:
         return kernels.bin_codes(X, self.fine_edges, self.is_cat)
 
     def sketch_vector(self, codes: np.ndarray, present: np.ndarray) -> np.ndarray:
-        """One party's sketch: per numeric feature the count of its present records in every fine bin."""
+        """One party's sketch: per numeric feature the count of its present records in every fine bin (× C)."""
         rows = np.flatnonzero(present)
         parts = [np.bincount(np.minimum(codes[rows, f].astype(np.int64), b - 1), minlength=b)
                  for f, b in zip(self.numeric, self.sketch_bins)]
-        return (np.concatenate(parts) if parts else np.zeros(0)).astype(np.int64)
+        return (np.concatenate(parts) if parts else np.zeros(0)).astype(np.int64) * self.count_units
 
     def sketch_noise_scales(self, sigma_sketch: float, shares: int = 1) -> np.ndarray:
-        """Per-entry std (counts) of one of ``shares`` shares: multiplier σ_k/√2 at L2 sensitivity √m."""
-        s = sketch_noise_scale(self.numeric.size, 1, sigma_sketch) / math.sqrt(shares)
+        """Per-entry std (units) of one of ``shares`` shares: multiplier σ_k/√2 at L2 sensitivity √m·C."""
+        s = sketch_noise_scale(self.numeric.size, self.count_units, sigma_sketch) / math.sqrt(shares)
         return np.full(self.sketch_len, s)
 
     def check_sketch(self, sketch) -> np.ndarray:
@@ -174,7 +190,7 @@ class SarusGrid:
         """Post-processing of a released (noisy) sketch: per numeric feature the K fine edges at the weighted
         quantiles (:func:`sketch_candidates`), categorical features all their levels — the tree's candidate
         grid, in the federated greedy form (routing, level layouts, candidate checks)."""
-        s = self.check_sketch(sketch)
+        s = self.check_sketch(sketch) / self.count_units
         edges = list(self.fine_edges)
         offsets = np.concatenate([[0], np.cumsum(self.sketch_bins)])
         for i, f in enumerate(self.numeric):
@@ -197,13 +213,22 @@ class SarusGrid:
 
     def leaf_vector(self, node: np.ndarray, grad_units: np.ndarray, present: np.ndarray) -> np.ndarray:
         """One party's leaf vector ``[G per leaf | n per leaf]`` (``node``: each record's leaf)."""
+        return self.level_vector(np.zeros((node.size, 1), np.uint8), node, grad_units, present, self.leaf_layout())
+
+    def level_vector(self, codes, node, grad_units, present, layout: LevelLayout) -> np.ndarray:
+        """One party's ``[G | n·C]`` histograms of ``layout`` (:func:`common.greedy_levels.level_sums`)."""
         from common.greedy_levels import level_sums
 
-        return level_sums(np.zeros((node.size, 1), np.uint8), node, grad_units, present, self.leaf_layout())
+        return self.scale_counts(level_sums(codes, node, grad_units, present, layout))
+
+    def level_noise_scales(self, layout: LevelLayout, grad_units: int, sigma: float, shares: int = 1) -> np.ndarray:
+        """Per-entry std (units) of one of ``shares`` shares of a level's (or the leaves') noise (multiplier σ/√2;
+        :func:`common.greedy_levels.level_noise_scales` with the counts in units of C)."""
+        return self.scale_counts(level_noise_scales(layout, grad_units, sigma, shares))
 
     def leaf_noise_scales(self, grad_units: int, sigma_leaf: float, shares: int = 1) -> np.ndarray:
         """Per-entry std (units) of one of ``shares`` shares of the leaves' noise (multiplier σ_leaf/√2)."""
-        return level_noise_scales(self.leaf_layout(), grad_units, sigma_leaf, shares)
+        return self.level_noise_scales(self.leaf_layout(), grad_units, sigma_leaf, shares)
 
 
 # --------------------------------------------------------------------------- the coordinator's post-processing
@@ -227,7 +252,7 @@ def select(grid: GreedyGrid, noisy: np.ndarray, level: int, parent_stopped: np.n
     as 0), the first in grid order on ties.  A stopped node keeps candidate 0 of the tree's grid (a dummy:
     its leaves share one released value)."""
     layout = grid.layout(0, level)
-    v = np.asarray(noisy, np.int64).reshape(2, layout.n_nodes, layout.per_node)
+    v = np.asarray(noisy, np.float64).reshape(2, layout.n_nodes, layout.per_node)
     n_node = node_counts(noisy, layout)
     stopped = np.array([bool(parent_stopped[q]) or not may_split(n_node[q], min_child_weight)
                         for q in range(layout.n_nodes)])
@@ -257,10 +282,10 @@ def leaf_values(noisy: np.ndarray, stopped: np.ndarray, depth: int, scale: float
     """The released leaf values from the noisy ``[G | n]`` per leaf (post-processing): the leaves below a
     stopped node are summed into its region, ``V = G/(h·max(n, N) + λ)`` (noisy n below 0 read as 0),
     clamped to ±β — every leaf of a region carries its value."""
-    v = np.asarray(noisy, np.int64).reshape(2, 2**depth)
+    v = np.asarray(noisy, np.float64).reshape(2, 2**depth)
     region = leaf_regions(np.asarray(stopped, bool), depth)
-    G = np.bincount(region, weights=v[0].astype(np.float64), minlength=2 ** (depth + 1))
-    n = np.bincount(region, weights=v[1].astype(np.float64), minlength=2 ** (depth + 1))
+    G = np.bincount(region, weights=v[0], minlength=2 ** (depth + 1))
+    n = np.bincount(region, weights=v[1], minlength=2 ** (depth + 1))
     values = leaf_value(G / scale, np.maximum(n, 0.0), min_child_weight, l2, weight)
     return np.clip(values, -leaf_clip, leaf_clip)[region]
 
@@ -292,16 +317,17 @@ def plan_refusal(hp, schema) -> str | None:
 
 def share_coordinates(plan) -> list[tuple[tuple[float, float], ...]]:
     """Per Sarus release, the (full noise std, sensitivity) of the coordinates one record touches, in integer
-    units: the sketch's counts (Δ = 1), a level's gradient and count entries (Δ = g* units, 1) and the
+    units: the sketch's counts (Δ = C), a level's gradient and count entries (Δ = g* units, C) and the
     leaves' (the same) — what the plan's share-closeness and range checks read."""
     grid, cal, g = plan.sarus_grid, plan.calibration(), plan.encoding.grad.bound_units
     m = plan.schema.n_features
-    level = level_noise_scales(LevelLayout(1, np.arange(m), np.ones(m, np.int64), grid.is_cat), g,
-                               cal.sigma_select)
+    C = grid.count_units
+    level = grid.level_noise_scales(LevelLayout(1, np.arange(m), np.ones(m, np.int64), grid.is_cat), g,
+                                    cal.sigma_select)
     leaf = grid.leaf_noise_scales(g, cal.sigma)
-    groups = [((float(level[0]), g), (float(level[-1]), 1.0)), ((float(leaf[0]), g), (float(leaf[-1]), 1.0))]
+    groups = [((float(level[0]), g), (float(level[-1]), C)), ((float(leaf[0]), g), (float(leaf[-1]), C))]
     if grid.numeric.size:
-        groups.insert(0, ((float(grid.sketch_noise_scales(cal.sigma_sketch)[0]), 1.0),))
+        groups.insert(0, ((float(grid.sketch_noise_scales(cal.sigma_sketch)[0]), C),))
     return groups
 
 
@@ -352,18 +378,18 @@ class SarusTree:
         if purpose == Purpose.SKETCH:
             return self.grid.sketch_noise_scales(self.cal.sigma_sketch, shares)
         if purpose == Purpose.LEVEL:
-            return level_noise_scales(self.tree_grid.layout(0, level), g, self.cal.sigma_select, shares)
+            return self.grid.level_noise_scales(self.tree_grid.layout(0, level), g, self.cal.sigma_select, shares)
         return self.grid.leaf_noise_scales(g, self.cal.sigma, shares)
 
     def select(self, noisy: np.ndarray, level: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(features, thresholds, stopped) of the level's nodes (:func:`select`)."""
         parent = np.zeros(2**level, bool) if level == 0 else np.repeat(self.stopped[level - 1], 2)
-        c, stopped = select(self.tree_grid, noisy, level, parent, self.enc.scale, self.hp.min_child_weight,
-                            self.hp.l2, self.weight)
+        c, stopped = select(self.tree_grid, self.grid.counts_of(noisy), level, parent, self.enc.scale,
+                            self.hp.min_child_weight, self.hp.l2, self.weight)
         cand = self.tree_grid.candidates
         self.stopped.append(stopped)
         return cand.feature[c].astype(np.int32), cand.threshold[c].astype(np.float64), stopped
 
     def leaf_values(self, noisy: np.ndarray) -> np.ndarray:
-        return leaf_values(noisy, np.concatenate(self.stopped), self.hp.depth, self.enc.scale,
+        return leaf_values(self.grid.counts_of(noisy), np.concatenate(self.stopped), self.hp.depth, self.enc.scale,
                            self.hp.min_child_weight, self.hp.l2, self.weight, self.hp.leaf_clip)

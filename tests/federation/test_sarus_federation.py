@@ -205,7 +205,7 @@ def test_site_refuses_requests_off_the_released_sketch_and_charges_nothing(tmp_p
     other_sketch[0] += 1000
     before = _counts(f, "hosp-a")
     calls = []
-    monkeypatch.setattr("client.sarus_site.level_sums", lambda *a, **k: calls.append(a))
+    monkeypatch.setattr("common.greedy_levels.level_sums", lambda *a, **k: calls.append(a))
     cases = {  # why: (purpose, tree, level, features, thresholds, sketch)
         "not the plan's candidates": (Purpose.LEVEL, 1, 2, np.r_[feats[:2], numeric], np.r_[thr[:2], off], sketch),
         "another sketch": (Purpose.LEVEL, 1, 2, feats, thr, other_sketch),
@@ -345,14 +345,17 @@ def test_account_on_the_plan_agrees_with_the_coordinator_s_ledger(tmp_path):
 
 def test_summed_sketch_shares_have_the_full_sketch_noise():
     """k exact discrete-Gaussian shares (OS randomness) sum to the sketch's full noise: a 5σ test of the
-    variance, with the scale the accountant's σ_sketch gives (σ_k·√m/√2 per count, m sketched features)."""
+    variance, with the scale the accountant's σ_sketch gives (σ_k·√m/√2 per count, m sketched features).
+    Sums of shares of the level and leaf noise: tests/federation/test_greedy_federation.py
+    ``test_summed_level_shares_have_the_full_level_noise`` (the same ``level_noise_scales``)."""
     schema, _ = abalone_with_ids(30)
     sites = [SiteEntry(f"s{i}", bytes([i + 1]) * 32) for i in range(3)]
     plan = make_plan(schema, sarus_hp(), sites)
     grid, cal = plan.sarus_grid, plan.calibration()
     k = plan.noise_divisor(3)
     full = grid.sketch_noise_scales(cal.sigma_sketch, 1)
-    assert full[0] == pytest.approx(cal.sigma_sketch * math.sqrt(grid.numeric.size) / math.sqrt(2), rel=1e-12)
+    C = grid.count_units  # a record counts C units (fixed point): sensitivity √m·C
+    assert full[0] == pytest.approx(C * cal.sigma_sketch * math.sqrt(grid.numeric.size) / math.sqrt(2), rel=1e-12)
     share = grid.sketch_noise_scales(cal.sigma_sketch, k)
     rnd = SecureRandomness()
     z = np.concatenate([sum(rnd.discrete_gaussian(share) for _ in range(k)) / full for _ in range(40)])
