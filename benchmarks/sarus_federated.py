@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -28,11 +27,10 @@ from sarus import DELTA, EPSILONS, PAPER, SPLIT_SEED, score  # noqa: E402
 
 from common.config import SARUS_DEFAULTS  # noqa: E402
 from common.data import load  # noqa: E402
-from common.model import Ensemble  # noqa: E402
 from common.schema import Schema  # noqa: E402
-from server.demo import Layout, Processes, follow_log, prepare, start_coordinator, start_site  # noqa: E402
+from greedy_federated import federation  # noqa: E402  (3 site processes + coordinator, as federated greedy)
 
-SITES = 3
+SITES = 3  # greedy_federated.SITES
 ROWS = {"paper": "paper, Fig. 4 (pure ε-DP)", "sarus_pure": "central Sarus, paper's accounting (pure ε-DP)",
         "sarus_rdp": "central Sarus, our RDP ledger ((ε, δ))", "sbdt": "central S-BDT, defaults ((ε, δ))",
         "sarus_federated": "federated Sarus, 3 sites ((ε, δ), Gaussian releases)"}
@@ -50,36 +48,6 @@ def train_test(name: str, run: int) -> tuple[list[str], object]:
     perm = np.random.default_rng(SPLIT_SEED + run).permutation(ds.n)
     cut = int(round(0.7 * ds.n))
     return [lines[i] for i in np.sort(perm[:cut])], ds.subset(np.sort(perm[cut:]))
-
-
-def federation(name: str, hp: dict, lines: list[str]) -> tuple[Ensemble, list[dict], float]:
-    """One 3-site federation; returns (model, the coordinator's release events, seconds)."""
-    with tempfile.TemporaryDirectory(prefix="fedsbdt-sarus-fed-") as tmp:
-        layout = Layout(Path(tmp))
-        plan, _ = prepare(layout, SITES, name, hp, ["localhost", "127.0.0.1"], epoch_rounds=128)
-        for k, sid in enumerate(plan.site_ids):  # this run's training part instead of the demo's split
-            layout.site_data(sid).write_text("\n".join(lines[k::SITES]) + "\n")
-        procs = Processes()
-        events: list[dict] = []
-        t0 = time.perf_counter()
-        try:
-            address, coord = start_coordinator(layout, procs)
-            reader = follow_log(coord.stderr, lambda rec: events.append(rec)
-                                if rec.get("event") in ("sketch", "level", "tree") else None, [])
-            sites = [start_site(layout, sid, address, plan, procs) for sid in plan.site_ids]
-            out = coord.stdout.read()
-            coord.wait(timeout=3600)
-            reader.join(timeout=10)
-            for p in sites:
-                p.communicate(timeout=120)
-                if p.returncode != 0:
-                    raise RuntimeError(f"a site failed (logs in {layout.logs})")
-            if coord.returncode != 0:
-                raise RuntimeError(f"coordinator failed: {out[-2000:]}")
-            model = Ensemble.load(layout.coordinator / "model.json")
-        finally:
-            procs.kill_all()
-    return model, events, time.perf_counter() - t0
 
 
 def plot(sarus: dict, path: Path) -> None:
@@ -125,7 +93,7 @@ def main(argv=None) -> int:
             for r in range(args.runs):
                 lines, te = train_test(name, r)
                 hp = {**SARUS_DEFAULTS, "tree_builder": "sarus", "epsilon": eps, "delta": DELTA, "seed": 1000 + r}
-                model, events, s = federation(name, hp, lines)
+                model, events, s = federation(hp, lines, hp["seed"], name, ("sketch", "level", "tree"))
                 vals.append(score(name, model, te))
                 secs.append(s)
                 rounds.append(len(events))
