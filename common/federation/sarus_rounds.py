@@ -107,6 +107,20 @@ def calibrate_federated(epsilon: float, delta: float, rounds: int, depth: int, g
                               sigma_select=lv, sigma_sketch=sk, eps_rdp=eps)
 
 
+def epsilon_curve(privacy: dict, points: int, depth: int) -> tuple[np.ndarray, np.ndarray]:
+    """ε after r accounted federated Sarus trees by the RDP ledger at the model's δ (the report's curve)."""
+    T = int(privacy.get("rounds_accounted", 0) or 0)
+    sigma_tree = float(privacy["sigma_sketch"]) * math.sqrt(SKETCH_SHARE)  # :func:`split_sigmas` inverted
+    if T < 1 or depth < 1:
+        return np.zeros(0), np.zeros(0)
+    rs = np.unique(np.linspace(1, T, min(points, T)).round().astype(int))
+    gamma, e_init, e_ds = float(privacy["subsample"]), float(privacy["eps_init"]), float(privacy["eps_ds"])
+    delta = float(privacy["delta"])
+    alpha_max = default_alpha_max(float(privacy.get("target_epsilon", privacy["epsilon"])), delta)
+    return rs, np.array([event_epsilon_rdp(training_event(sigma_tree, depth, gamma, int(r), e_init, e_ds), delta,
+                                           alpha_max)[0] for r in rs])
+
+
 def plan_calibration(hp) -> PrivacyCalibration:
     """:func:`calibrate_federated` for a plan's hyperparameters."""
     return calibrate_federated(hp.epsilon, hp.delta, hp.accounted_rounds, hp.depth, hp.subsample, hp.init_share,

@@ -341,6 +341,10 @@ def test_account_on_the_plan_agrees_with_the_coordinator_s_ledger(tmp_path):
     assert calibrate_federated(hp.epsilon, hp.delta, hp.trees, hp.depth, hp.subsample, hp.init_share, hp.eps_ds,
                                "rdp").epsilon == priv["epsilon"]
     assert priv["epsilon"] <= hp.epsilon
+    from common.report import epsilon_curve  # the report's ε curve ends at the ledger's ε
+
+    rs, eps = epsilon_curve(priv, depth=hp.depth)
+    assert rs[-1] == hp.trees and eps[-1] == pytest.approx(priv["epsilon"], rel=1e-12) and np.all(np.diff(eps) > 0)
 
 
 def test_summed_sketch_shares_have_the_full_sketch_noise():
