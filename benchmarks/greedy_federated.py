@@ -42,9 +42,10 @@ def complete_lines() -> list[str]:
     return [ln for ln in (ADULT / "adult.data").read_text().splitlines() if ln.strip() and "?" not in ln]
 
 
-def federation(hp: dict, train_lines: list[str], seed: int, dataset: str = "adult") -> tuple[Ensemble, list[dict],
-                                                                                              float]:
-    """One 3-site federation on ``train_lines``; returns (model, coordinator release events, seconds)."""
+def federation(hp: dict, train_lines: list[str], seed: int, dataset: str = "adult",
+               kinds: tuple[str, ...] = ("level", "tree")) -> tuple[Ensemble, list[dict], float]:
+    """One 3-site federation on ``train_lines`` of ``dataset``; returns (model, the coordinator's release events
+    of ``kinds``, seconds)."""
     with tempfile.TemporaryDirectory(prefix="fedsbdt-greedy-fed-") as tmp:
         layout = Layout(Path(tmp))
         plan, _ = prepare(layout, SITES, dataset, {**hp, "seed": seed}, ["localhost", "127.0.0.1"],
@@ -57,7 +58,7 @@ def federation(hp: dict, train_lines: list[str], seed: int, dataset: str = "adul
         try:
             address, coord = start_coordinator(layout, procs)
             reader = follow_log(coord.stderr, lambda rec: events.append(rec)
-                                if rec.get("event") in ("level", "tree") else None, [])
+                                if rec.get("event") in kinds else None, [])
             sites = [start_site(layout, sid, address, plan, procs) for sid in plan.site_ids]
             out = coord.stdout.read()
             coord.wait(timeout=3600)

@@ -47,12 +47,14 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS ledger (record_id INTEGER PRIMARY KEY, spent INTEGER NOT NULL CHECK (spent >= 0));
 CREATE TABLE IF NOT EXISTS contributions (
-    round_id INTEGER PRIMARY KEY, kind TEXT NOT NULL CHECK (kind IN ('init', 'tree', 'level')), tree INTEGER,
+    round_id INTEGER PRIMARY KEY, kind TEXT NOT NULL CHECK (kind IN ('init', 'tree', 'level', 'sketch')), tree INTEGER,
     with_data INTEGER NOT NULL, active INTEGER, sampled INTEGER, sent_at REAL NOT NULL, level INTEGER);
 CREATE TABLE IF NOT EXISTS secagg (key TEXT PRIMARY KEY, value BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS released_splits (
     tree INTEGER NOT NULL, node INTEGER NOT NULL, feature INTEGER NOT NULL, threshold REAL NOT NULL,
     PRIMARY KEY (tree, node));
+CREATE TABLE IF NOT EXISTS sarus_trees (tree INTEGER PRIMARY KEY, records INTEGER NOT NULL, subsample BLOB NOT NULL,
+    sketch BLOB);
 """
 
 
@@ -213,6 +215,39 @@ class SiteLedger:
         if self.dpboost_partition(ensemble) is not None:
             raise LedgerError(f"ensemble {ensemble}'s partition is already stored; it is never drawn twice")
         self._set_meta(f"dpboost_partition/{int(ensemble)}", bytes(blob))
+    def attempts(self, kind: str, tree: int, level: int | None = None, with_data: bool = False) -> int:
+        """Masked inputs this site sent for one stage of tree ``tree`` (every attempt; ``with_data``: those
+        that carried its data)."""
+        return int(self.db.execute(
+            "SELECT COUNT(*) FROM contributions WHERE kind = ? AND tree = ? AND level IS ? AND with_data >= ?",
+            (kind, int(tree), level, int(with_data))).fetchone()[0])
+
+    # ------------------------------------------------------------------ Sarus trees: subsample and sketch
+
+    def sarus_subsample(self, tree: int, records: int) -> np.ndarray | None:
+        """The Poisson subsample this site drew for Sarus tree ``tree`` (one bool per local record), or None."""
+        row = self.db.execute("SELECT records, subsample FROM sarus_trees WHERE tree = ?", (int(tree),)).fetchone()
+        if row is None:
+            return None
+        if row[0] != records:
+            raise LedgerError(f"{self.path}: the subsample of tree {tree} covers {row[0]} records, the data {records}")
+        return np.unpackbits(np.frombuffer(row[1], np.uint8), count=records).astype(bool)
+
+    def set_sarus_subsample(self, tree: int, mask: np.ndarray) -> None:
+        with self.transaction():
+            self.db.execute("INSERT INTO sarus_trees (tree, records, subsample) VALUES (?, ?, ?)",
+                            (int(tree), int(mask.size), np.packbits(np.asarray(mask, bool)).tobytes()))
+
+    def released_sketch(self, tree: int) -> np.ndarray | None:
+        """The noisy sketch of Sarus tree ``tree`` the coordinator's requests carried, or None."""
+        row = self.db.execute("SELECT sketch FROM sarus_trees WHERE tree = ?", (int(tree),)).fetchone()
+        return None if row is None or row[0] is None else np.frombuffer(row[0], np.int64).copy()
+
+    def remember_sketch(self, tree: int, sketch: np.ndarray) -> None:
+        if not self.in_transaction:
+            raise LedgerError("a released sketch must be recorded in the round's transaction")
+        self.db.execute("UPDATE sarus_trees SET sketch = ? WHERE tree = ? AND sketch IS NULL",
+                        (np.asarray(sketch, "<i8").tobytes(), int(tree)))
 
     def tree_contributions(self) -> int:
         """Tree rounds in which this site sent data (each costs one accounted round, retries included)."""

@@ -83,6 +83,7 @@ from common.secagg.primitives import ed25519_public
 from common.splits import Splits, random_splits
 from common.federation.dpboost_rounds import DPBoostRequestError, SitePartition, check_tree
 from common.federation.greedy_rounds import GreedyRequestError
+from common.federation.sarus_rounds import SarusRequestError
 from common.federation.plan import Plan, PlanError
 from common.greedy_levels import level_sums
 from common.federation.release import build_model, model_bytes
@@ -109,6 +110,7 @@ from common.federation.wire import (
 from .dataload import load_isolated
 from .evaluation import check_request, eval_input, load_held_out
 from .ledger import LedgerError, SiteLedger, ledger_path
+from .sarus_site import SarusSite
 from .isolated_noise import IsolatedSampler
 from .noise import NoiseShares, isolated_shares
 from .policy import SitePolicy
@@ -297,11 +299,12 @@ class SiteMachine:
         self.dpboost = None if hp.tree_builder != "dpboost" else SitePartition(  # its partition, kept in the ledger
             hp, ds.ids, self.ledger.dpboost_partition, self.ledger.set_dpboost_partition)
         self._splits: dict[int, object] = {}
+        self.sarus = None if plan.sarus_grid is None else SarusSite(self)  # Sarus trees (client/sarus_site.py)
         if hp.init_share == 0:
             self._set_init(InitScoreMsg(0.0, None, ()))
         self._warm_up()
         self.noise = self._init_share = None
-        if self.leaf_scales is not None:  # one scale vector per possible noise divisor k_r
+        if self.leaf_scales is not None and self.sarus is None:  # one scale vector per possible noise divisor k_r
             ks = sorted({plan.noise_divisor(p) for p in range(plan.threshold, plan.n + 1)})
             scales, expect = {k: plan.leaf_share_scales(k) for k in ks}, plan.noise_divisor(plan.n)
             if isinstance(randomness, IsolatedSampler):  # one child draws the first block and the initial share
@@ -455,6 +458,10 @@ class SiteMachine:
         r = start.round_id
         if ev.purpose == Purpose.EVAL:
             return self._eval_round_start(ev, start)
+        if self.sarus is not None and ev.purpose != Purpose.INIT_SCORE:
+            return self.sarus.round_start(ev, start)
+        if ev.purpose == Purpose.SKETCH:
+            return [Refusal(f"round {r}: sketch rounds are for Sarus trees; the plan's trees are {hp.tree_builder}", r)]
         if self.greedy is not None and ev.purpose != Purpose.INIT_SCORE:
             bad = self._greedy_request_refusal(ev)  # before anything is computed
             if bad is not None:
@@ -554,7 +561,7 @@ class SiteMachine:
 
     # ------------------------------------------------------------------ greedy trees
 
-    def _greedy_request_refusal(self, ev: RoundStartMsg) -> str | None:
+    def _greedy_request_refusal(self, ev: RoundStartMsg, grid=None) -> str | None:
         """Why a greedy tree's request (a level, or the leaves) must not be answered, or None.
 
         Checked against the pinned plan and this site's records only: the tree is the next one, the
@@ -576,7 +583,7 @@ class SiteMachine:
         if len(ev.features) != n:
             return f"the request for {what} of tree {k} carries {len(ev.features)} splits, expected {n}"
         try:
-            self.greedy.candidate_index(k, ev.features, ev.thresholds)
+            (grid or self.greedy).candidate_index(k, ev.features, ev.thresholds)
         except GreedyRequestError as e:
             return f"the splits of tree {k} are not the plan's candidates ({e})"
         known_f, known_t = self.ledger.released_splits(k)
@@ -694,7 +701,13 @@ class SiteMachine:
         hp = self.plan.hyperparameters
         if self.init is None:
             raise self._abort(f"tree {t.index} arrived before the initial score")
-        splits = self.splits(t.index) if self.greedy is None else self._greedy_tree_splits(t)
+        if self.sarus is not None:
+            try:
+                splits = self.sarus.released_splits(t)
+            except SarusRequestError as e:
+                raise self._abort(str(e)) from None
+        else:
+            splits = self.splits(t.index) if self.greedy is None else self._greedy_tree_splits(t)
         self._splits = {k: v for k, v in self._splits.items() if k > t.index}
         if not (np.array_equal(t.features, splits.features) and np.array_equal(t.thresholds, splits.thresholds)):
             raise self._abort(f"tree {t.index} does not use the plan's public random splits")

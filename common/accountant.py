@@ -436,8 +436,9 @@ def event_rdp(event: DpEvent, alphas: np.ndarray) -> np.ndarray:
     if isinstance(event, GaussianEvent):
         return alphas / (2.0 * event.noise_multiplier**2)
     if isinstance(event, PoissonSampledEvent):
-        if isinstance(event.event, GaussianEvent):
-            return tree_rdp(event.rate, math.sqrt(2.0) * event.event.noise_multiplier, alphas)
+        z = gaussian_multiplier(event.event)
+        if z is not None:
+            return tree_rdp(event.rate, math.sqrt(2.0) * z, alphas)
         eps = pure_epsilon(event.event)
         if eps is None:
             raise AccountingError("only Poisson-subsampled Gaussian or pure-DP releases are supported")
@@ -448,6 +449,22 @@ def event_rdp(event: DpEvent, alphas: np.ndarray) -> np.ndarray:
     if isinstance(event, LaplaceEvent):
         return np.asarray(pure_dp_rdp(alphas, event.epsilon), dtype=np.float64)
     raise AccountingError(f"unknown privacy event {event!r}")
+
+
+def gaussian_multiplier(event: DpEvent) -> float | None:
+    """The noise multiplier z of ``event`` if it is a Gaussian release or an (adaptive) composition of Gaussian
+    releases only, else None.  Composed Gaussians of multipliers z_i have the RDP curve
+    ``α·Σ 1/(2z_i²)`` — that of one Gaussian with ``1/z² = Σ 1/z_i²`` (Thm. 5), linear in α, so Lemma 15
+    holds and the tight subsampling bound (Thm. 14) applies to the composition as to one Gaussian (a
+    Sarus tree: sketch, levels and leaves on one Poisson subsample, docs/sarus.md "Federation")."""
+    if isinstance(event, GaussianEvent):
+        return float(event.noise_multiplier)
+    if isinstance(event, ComposedEvent) and event.events:
+        parts = [gaussian_multiplier(e) for e in event.events]
+        if any(p is None for p in parts):
+            return None
+        return 1.0 / math.sqrt(event.count * sum(1.0 / p**2 for p in parts))
+    return None
 
 
 def pure_epsilon(event: DpEvent) -> float | None:

@@ -91,6 +91,11 @@ class Candidates:
         """Numeric feature: its edges (``x < edge`` ⟺ ``code ≤ j``); categorical: one level against the rest."""
         edges = [None if e is None else np.unique(np.asarray(e, np.float64))
                  for e in split_edges(schema, split_candidates)]
+        return cls.from_edges(schema, edges), edges
+
+    @classmethod
+    def from_edges(cls, schema: Schema, edges: list) -> "Candidates":
+        """The grid of sorted thresholds ``edges[f]`` per numeric feature (categorical: every level)."""
         feat, thr, lo, hi = [], [], [], []
         for f, feature in enumerate(schema.features):
             if feature.is_categorical:
@@ -103,7 +108,7 @@ class Candidates:
                 feat.append(np.full(e.size, f)), thr.append(e), lo.append(np.zeros(e.size, np.int64))
                 hi.append(j + 1)
         return cls(np.concatenate(feat).astype(np.int32), np.concatenate(thr),
-                   np.concatenate(lo).astype(np.int64), np.concatenate(hi).astype(np.int64)), edges
+                   np.concatenate(lo).astype(np.int64), np.concatenate(hi).astype(np.int64))
 
 
 def level_histograms(codes: np.ndarray, node: np.ndarray, weight: np.ndarray, n_nodes: int,

@@ -262,12 +262,13 @@ def cmd_account(args: argparse.Namespace) -> int:
 
     plan = _account_plan(args)  # `--plan`: what the federation's parties compute for it (None: flags)
     hp = hyperparameters_from_args(args) if plan is None else plan.hyperparameters
-    cal = calibration_for(hp) if plan is None else plan.calibration()
+    cal = calibration_for(hp) if plan is None else plan.verify_privacy()  # refuses a σ or ε the plan misstates
+    federated_sarus = hp.tree_builder == "sarus" and plan is not None
     res = {"sigma": cal.sigma, "alpha": cal.alpha, "rho": cal.rho, "epsilon": cal.epsilon, "delta": cal.delta,
            "accountant": cal.accountant, "rounds": cal.rounds, "eps_init": cal.eps_init, "eps_ds": cal.eps_ds,
            "tree_builder": hp.tree_builder, "eps_select": cal.eps_select, "sigma_select": cal.sigma_select,
            "sigma_sketch": cal.sigma_sketch}
-    gaussian = hp.tree_builder != "sarus"  # Sarus trees: Laplace leaves, no σ_leaf and no Gaussian ρ of trees
+    gaussian = hp.tree_builder != "sarus" or federated_sarus  # central Sarus trees: Laplace, no σ_leaf or ρ
     human = (f"accountant   {cal.accountant}\n"
              + (f"sigma        {cal.sigma:.6g}   (unweighted leaf noise σ_leaf)\n" if gaussian else "")
              + (f"alpha        {cal.alpha}   (RDP order α̂)\n" if cal.accountant == "rdp" else "")
@@ -290,6 +291,9 @@ def cmd_account(args: argparse.Namespace) -> int:
 
         res.update(receipt(cal))
         human = account_lines(cal, hp.epsilon)
+    elif federated_sarus:
+        human += (f"\nsigma_select {cal.sigma_select:.6g}   (level histograms)\nsigma_sketch {cal.sigma_sketch:.6g}   "
+                  "(sketch histograms; federated Sarus trees, docs/sarus.md \"Federation\")")
     elif hp.tree_builder == "sarus":
         res.update(eps_sketch=cal.eps_sketch, eps_leaf=cal.eps_leaf, eps_paper=cal.eps_paper, eps_rdp=cal.eps_rdp)
         human += (f"\nper tree     ε_sketch {cal.eps_sketch:.6g}, ε per level {cal.eps_select:.6g} (exponential) "
@@ -357,7 +361,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     a = sub.add_parser("account", help="noise scale and privacy accounting for hyperparameters (no data needed)")
     a.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    a.add_argument("--plan", help="account a federation's plan (TOML) as its parties do, instead of the flags")
+    a.add_argument("--plan", help="account this federated plan's hyperparameters as its federation releases them "
+                                  "(instead of the hyperparameter flags; checks the plan's stated σ and ε)")
     add_hyperparameter_flags(a)
     a.set_defaults(func=cmd_account)
 

@@ -52,6 +52,8 @@ class Restored:
     levels: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)  # greedy: splits of the next tree
     rounds_failed: int = 0
     finished_sha256: str | None = None
+    sketch: np.ndarray | None = None  # Sarus: the next tree's released sketch
+    stopped: list[np.ndarray] = field(default_factory=list)  # Sarus: per chosen level, the nodes that stopped
 
 
 class CoordinatorStore:
@@ -148,11 +150,18 @@ class CoordinatorStore:
                                              np.asarray(rec["thresholds"], np.float64),
                                              np.asarray(rec["leaves"], np.float64)))
                     out.rounds_failed = int(rec.get("rounds_failed", 0))
-                    out.levels = []
+                    out.levels, out.sketch, out.stopped = [], None, []
+                elif kind == "sketch":
+                    if rec["tree"] != len(out.trees) or out.sketch is not None:
+                        raise CheckpointError(f"{self.path}: sketch of tree {rec['tree']} out of order")
+                    out.sketch = np.asarray(rec["sketch"], np.int64)
+                    out.rounds_failed = int(rec.get("rounds_failed", 0))
                 elif kind == "level":
                     if (rec["tree"], rec["level"]) != (len(out.trees), len(out.levels)):
                         raise CheckpointError(f"{self.path}: level {rec['level']} of tree {rec['tree']} out of order")
                     out.levels.append((np.asarray(rec["features"], np.int32), np.asarray(rec["thresholds"], np.float64)))
+                    if "stopped" in rec:
+                        out.stopped.append(np.asarray(rec["stopped"], bool))
                     out.rounds_failed = int(rec.get("rounds_failed", 0))
                 elif kind == "finished":
                     out.finished_sha256 = str(rec["model_sha256"])
@@ -177,11 +186,18 @@ class CoordinatorStore:
                               "leaves": [float(x) for x in tree.leaves], "rounds_failed": rounds_failed})
 
     def append_level(self, tree: int, level: int, round_id: int, sites, features: np.ndarray,
-                     thresholds: np.ndarray, rounds_failed: int) -> None:
-        """Greedy trees: the splits chosen for one level (durable before the next request carries them)."""
+                     thresholds: np.ndarray, rounds_failed: int, stopped: np.ndarray | None = None) -> None:
+        """Greedy trees: the splits chosen for one level (durable before the next request carries them).
+        Sarus trees add which nodes stopped."""
         self._append("level", {"tree": tree, "level": level, "round_id": round_id, "sites": list(sites),
                                "features": np.asarray(features).astype(int).tolist(),
-                               "thresholds": [float(x) for x in thresholds], "rounds_failed": rounds_failed})
+                               "thresholds": [float(x) for x in thresholds], "rounds_failed": rounds_failed}
+                     | ({} if stopped is None else {"stopped": np.asarray(stopped, bool).tolist()}))
+
+    def append_sketch(self, tree: int, round_id: int, sites, sketch: np.ndarray, rounds_failed: int) -> None:
+        """Sarus trees: a tree's released noisy sketch (durable before a level request carries it)."""
+        self._append("sketch", {"tree": tree, "round_id": round_id, "sites": list(sites),
+                                "sketch": np.asarray(sketch, np.int64).tolist(), "rounds_failed": rounds_failed})
 
     def finish(self, model_json: bytes, model_sha256: str) -> Path:
         """Write ``model.json`` atomically, then record the session as finished."""

@@ -62,6 +62,7 @@ from .checkpoint import CoordinatorStore, Restored
 from common.federation import dpboost_rounds
 from common.federation.plan import Plan
 from common.federation.release import build_model, evaluation_receipt, model_bytes, model_sha256
+from common.federation.sarus_rounds import SarusTree
 from common.federation.wire import (
     AbortedMsg,
     Event,
@@ -112,6 +113,8 @@ class Work:
     def __str__(self) -> str:
         if self.purpose == Purpose.LEVEL:
             return f"tree {self.tree} level {self.level}"
+        if self.purpose == Purpose.SKETCH:
+            return f"tree {self.tree} sketch"
         if self.purpose == Purpose.EVAL:
             return "evaluation"
         return "initial score" if self.purpose == Purpose.INIT_SCORE else f"tree {self.tree}"
@@ -259,6 +262,7 @@ class Session:
             self.init, self.has_init = InitScoreMsg(0.0, None, ()), True
         self.trees: list[TreeMsg] = restored.trees
         self.levels: list[tuple[np.ndarray, np.ndarray]] = restored.levels  # greedy: splits of the next tree
+        self.sarus = None if plan.sarus_grid is None else SarusTree(plan, restored.sketch, restored.stopped)
         if (released is None) != (plan.eval_model_sha256 is None):
             raise ValueError("an evaluation-only plan needs the existing model's trees, and only such a plan")
         if released is not None:  # nothing is trained: the model's trees count as released
@@ -314,6 +318,8 @@ class Session:
         if not self.has_init:
             return Work(Purpose.INIT_SCORE)
         if len(self.trees) < self.total_trees:
+            if self.sarus is not None:  # sketch, levels, leaves (docs/sarus.md "Federation")
+                return Work(self.sarus.next_purpose(len(self.levels)), len(self.trees), len(self.levels))
             if self.plan.greedy_grid is not None and len(self.levels) < self.hp.depth:
                 return Work(Purpose.LEVEL, len(self.trees), len(self.levels))
             return Work(Purpose.TREE, len(self.trees))
@@ -730,7 +736,9 @@ class Session:
         return False
 
     def _begin(self, work: Work, epoch_id: int, participants: list[str], now: float, out: list[Outgoing]) -> bool:
-        if work.purpose == Purpose.LEVEL:
+        if self.sarus is not None and work.purpose in (Purpose.SKETCH, Purpose.LEVEL):
+            d = self.sarus.vector_len(work.purpose, work.level)
+        elif work.purpose == Purpose.LEVEL:
             d = self.plan.greedy_grid.layout(work.tree, work.level).length
         elif work.purpose == Purpose.EVAL:
             d = self.plan.eval_spec.length
@@ -754,7 +762,13 @@ class Session:
         return True
 
     def _round_start_msg(self, work: Work, start) -> RoundStartMsg:
-        """The round request; greedy trees add the level and the tree's splits chosen so far."""
+        """The round request; greedy trees add the level and the tree's splits chosen so far (Sarus trees also
+        the tree's released sketch)."""
+        if self.sarus is not None and work.purpose in (Purpose.LEVEL, Purpose.TREE):
+            features, thresholds = self._greedy_splits()
+            return RoundStartMsg(work.purpose, work.tree, start.to_bytes(), work.level,
+                                 tuple(int(f) for f in features), tuple(float(t) for t in thresholds),
+                                 tuple(int(x) for x in self.sarus.sketch))
         if self.plan.greedy_grid is None or work.purpose == Purpose.INIT_SCORE:
             return RoundStartMsg(work.purpose, work.tree, start.to_bytes())
         features, thresholds = self._greedy_splits()
@@ -798,7 +812,33 @@ class Session:
         elif n >= self.plan.max_attempts:
             self._fail(f"{ph.work} failed {n} times (last: {reason})", out)
 
+    def _release_sarus(self, work: Work, result, now: float) -> None:
+        """Sarus trees: the sketch (candidates) or a level's splits from the noisy sums (post-processing),
+        checkpointed before any later request carries them."""
+        total = np.asarray(result.total, dtype=np.int64)
+        if self.plan.noise == "central":
+            total = total + self.randomness.discrete_gaussian(self.sarus.noise_scales(work.purpose, work.level))
+        if work.purpose == Purpose.SKETCH:
+            if self.checkpoint is not None:
+                self.checkpoint.append_sketch(work.tree, result.round_id, result.survivors, total, self.rounds_failed)
+            self.sarus.set_sketch(total)
+            what = "sketch released"
+        else:
+            features, thresholds, stopped = self.sarus.select(total, work.level)
+            if self.checkpoint is not None:
+                self.checkpoint.append_level(work.tree, work.level, result.round_id, result.survivors, features,
+                                             thresholds, self.rounds_failed, stopped)
+            self.levels.append((features, thresholds))
+            what = f"level {work.level}: splits chosen"
+        log.info(f"tree {work.tree + 1}/{self.total_trees} {what} (round {result.round_id}, "
+                 f"sites {list(result.survivors)})",
+                 extra={"event": work.purpose.name.lower(), "tree": work.tree, "tree_level": work.level,
+                        "round_id": result.round_id, "sites": list(result.survivors), "vector_len": int(total.size),
+                        "at": round(now, 6), "cpu": round(time.process_time(), 4)})
+
     def _release(self, work: Work, result, now: float, out: list[Outgoing]) -> None:
+        if self.sarus is not None and work.purpose in (Purpose.SKETCH, Purpose.LEVEL):
+            return self._release_sarus(work, result, now)
         if work.purpose == Purpose.LEVEL:
             return self._release_level(work, result, now)
         total = np.asarray(result.total, dtype=np.int64)
@@ -821,16 +861,20 @@ class Session:
             log.info(f"initial score released (round {result.round_id}, sites {list(result.survivors)})",
                      extra={"event": "init", "round_id": result.round_id, "sites": list(result.survivors)})
         else:
-            if central:
+            if central and self.sarus is not None:
+                total = total + self.randomness.discrete_gaussian(self.sarus.noise_scales(work.purpose, 0))
+            elif central:
                 if self.central_noise is None:  # drawn ahead in a background thread (data-independent)
                     self.central_noise = NoiseShares(self.randomness,
                                                      leaf_noise_scales(self.hp, self.enc, self.cal.sigma))
                 total = total + self.central_noise.take()
             if self.hp.tree_builder == "dpboost":  # V = Σg/(n+λ), GLC, clamp: post-processing (docs/dpboost.md)
                 values = dpboost_rounds.leaf_values(total, self.hp, self.enc, work.tree)
+            elif self.sarus is not None:
+                values = self.sarus.leaf_values(total)
             else:
                 values = leaf_values(total, self.hp, self.enc)
-            if self.plan.greedy_grid is not None:
+            if self.plan.greedy_grid is not None or self.sarus is not None:
                 splits = Splits(*self._greedy_splits())
             else:
                 splits = random_splits(self.plan.schema, self.hp.depth, self.hp.seed, work.tree, self.hp.cyclical,
@@ -841,6 +885,8 @@ class Session:
                 self.checkpoint.append_tree(msg, self.rounds_failed)
             self.trees.append(msg)
             self.levels = []
+            if self.sarus is not None:
+                self.sarus.reset()
             log.info(f"tree {work.tree + 1}/{self.total_trees} released (round {result.round_id}, "
                      f"sites {list(result.survivors)})",
                      extra={"event": "tree", "tree": work.tree, "round_id": result.round_id,

@@ -380,9 +380,14 @@ def test_estimator_with_sarus_trees(adult_small):
     assert est.privacy_["tree_builder"] == "sarus" and len(est.model_.trees) == 3
 
 
-def test_federated_plan_refuses_sarus(adult_small):
+def test_federated_plans_run_sarus_with_gaussian_releases_not_pure_dp(adult_small):
+    """A federation runs Sarus trees with Gaussian releases (tests/federation/test_sarus_federation.py): its plan
+    is calibrated by the RDP ledger, and the paper's pure-DP accounting is refused there."""
     from common.federation.plan import PlanError, SiteEntry, make_plan
 
     sites = [SiteEntry(f"s{i}", bytes([i]) * 32) for i in range(3)]
-    with pytest.raises(PlanError, match="sarus.*central only"):
-        make_plan(adult_small.schema, Hyperparameters.from_dict({"tree_builder": "sarus"}), sites)
+    plan = make_plan(adult_small.schema, Hyperparameters.from_dict({"tree_builder": "sarus"}), sites)
+    cal = plan.calibration()
+    assert cal.sigma > 0 and cal.sigma_select > 0 and cal.sigma_sketch > 0 and cal.epsilon <= 1.0 + 1e-9
+    with pytest.raises(PlanError, match="accountant = \"rdp\""):
+        make_plan(adult_small.schema, Hyperparameters.from_dict({"tree_builder": "sarus", "accountant": "pure"}), sites)

@@ -189,9 +189,12 @@ class Plan:
                             "sees exact gains): set selection = \"histogram\" (`fedsbdt plan` does so for "
                             "--tree-builder greedy; docs/greedy.md)")
         if self.hyperparameters.tree_builder == "sarus":
-            raise PlanError("tree_builder = 'sarus' is central only: its exponential mechanism needs exact gains no "
-                            "party of a federation holds (docs/sarus.md \"Federation\"); use it with `fedsbdt train`")
-        if self.hyperparameters.tree_builder not in ("random", "greedy", "dpboost"):
+            from .sarus_rounds import plan_refusal
+
+            refusal = plan_refusal(self.hyperparameters, self.schema)
+            if refusal is not None:
+                raise PlanError(refusal)
+        if self.hyperparameters.tree_builder not in ("random", "greedy", "dpboost", "sarus"):
             raise PlanError(f"tree_builder = {self.hyperparameters.tree_builder!r} is not available in a "
                             "federation yet; use it with `fedsbdt train`")
         if self.schema.task == "multiclass":
@@ -302,7 +305,18 @@ class Plan:
         initial score's sums, a greedy tree's deepest level or the federated evaluation's histogram."""
         n = max(round_vector_len(self.schema, self.hyperparameters), init_vector_len(self.schema),
                 0 if self.eval_spec is None else self.eval_spec.length)
+        if self.sarus_grid is not None:  # Sarus trees: a tree's sketch and its deepest level
+            n = max(n, self.sarus_grid.sketch_len, self.sarus_grid.max_level_len())
         return n if self.greedy_grid is None else max(n, self.greedy_grid.max_vector_len())
+
+    @cached_property
+    def sarus_grid(self):
+        """Sarus trees: the fine sketch grid and the shapes of their rounds (``None`` otherwise)."""
+        if self.hyperparameters.tree_builder != "sarus":
+            return None
+        from .sarus_rounds import SarusGrid
+
+        return SarusGrid.for_plan(self.schema, self.hyperparameters, self.encoding.grad.bound_units)
 
     def level_share_scales(self, tree: int, level: int, shares: int):
         """Per-entry std (integer units) of one site's share of a level's noise when split into ``shares``."""
@@ -435,6 +449,12 @@ class Plan:
             level = self.level_share_scales(0, 0, 1)
             s2, eta2 = _share_excess(((float(level[0]), enc.grad.bound_units), (float(level[-1]), 1)), k_max, self.n)
             smallest, eta = min(smallest, s2), max(eta, eta2)
+        if self.sarus_grid is not None:  # sketch, level and leaf entries (Δ = g* units or C, sarus_rounds)
+            from .sarus_rounds import share_coordinates
+
+            for group in share_coordinates(self):
+                s2, eta2 = _share_excess(group, k_max, self.n)
+                smallest, eta = min(smallest, s2), max(eta, eta2)
         return smallest, eta
 
     def check_discrete_noise(self) -> None:
@@ -489,6 +509,11 @@ class Plan:
                                                         self.calibration().sigma_select, shares))
         if self.eval_spec is not None:  # every site adds a full evaluation noise share (common/fed_eval.py)
             s = max(s, float(self.eval_spec.noise_scales().max()))
+        if self.sarus_grid is not None:  # sketch, level and leaf noise: the largest share
+            from .sarus_rounds import share_coordinates
+
+            shares = self.noise_shares if self.noise == "distributed" else 1
+            s = max([s] + [S / math.sqrt(shares) for group in share_coordinates(self) for S, _ in group])
         return s
 
     def secagg_config(self):
@@ -704,7 +729,8 @@ class Plan:
 
 def federated_calibration(hp: Hyperparameters) -> PrivacyCalibration:
     """The accountant's calibration of a federation with these hyperparameters: the central one, except for
-    DPBoost, whose federated releases are Gaussian (common/federation/dpboost_rounds.py)."""
+    DPBoost and Sarus trees, whose federated releases are Gaussian (common/federation/dpboost_rounds.py,
+    common/federation/sarus_rounds.py)."""
     if hp.tree_builder == "dpboost":
         from .dpboost_rounds import calibration_for as dpboost_calibration
 
@@ -713,6 +739,10 @@ def federated_calibration(hp: Hyperparameters) -> PrivacyCalibration:
                             "continuous Gaussian noise, which does not dominate the discrete Gaussian shares sites "
                             "add; use accountant = \"rdp\" (docs/privacy.md \"PLD\")")
         return dpboost_calibration(hp)
+    if hp.tree_builder == "sarus":
+        from .sarus_rounds import plan_calibration as sarus_calibration
+
+        return sarus_calibration(hp)
     from common.engine import calibration_for
 
     return calibration_for(hp)

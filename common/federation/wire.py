@@ -73,6 +73,7 @@ class Purpose(enum.IntEnum):
     TREE = 2
     LEVEL = 3  # greedy trees: the noisy histograms of one level of one tree (docs/greedy.md)
     EVAL = 4  # federated evaluation of the released model (common/fed_eval.py); no proto change: open enum
+    SKETCH = 5  # Sarus trees: the noisy equal-width count histograms of one tree (docs/sarus.md "Federation")
 
 
 # --------------------------------------------------------------------------- coordinator → site
@@ -94,6 +95,8 @@ class RoundStartMsg:
     level: int = 0
     features: tuple[int, ...] = ()
     thresholds: tuple[float, ...] = ()
+    # Sarus trees (LEVEL, TREE): the tree's released noisy sketch histograms (sites recompute the candidates)
+    sketch: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -261,7 +264,7 @@ def event_to_proto(ev: Event, seq: int):
     if isinstance(ev, RoundStartMsg):
         return pb.Event(seq=seq, round_start=pb.RoundStart(purpose=int(ev.purpose), tree=ev.tree, secagg=ev.secagg,
                                                            level=ev.level, features=list(ev.features),
-                                                           thresholds=list(ev.thresholds)))
+                                                           thresholds=list(ev.thresholds), sketch=list(ev.sketch)))
     if isinstance(ev, RoundMsg):
         return pb.Event(seq=seq, round=pb.SecAggMessage(secagg=ev.secagg))
     if isinstance(ev, InitScoreMsg):
@@ -287,7 +290,7 @@ def event_from_proto(m) -> Event:
         if not all(math.isfinite(t) for t in thresholds):
             raise WireError("round start: non-finite threshold")
         return RoundStartMsg(_purpose(rs.purpose), int(rs.tree), bytes(rs.secagg), int(rs.level), features,
-                             thresholds)
+                             thresholds, tuple(int(x) for x in rs.sketch))
     if kind == "round":
         return RoundMsg(bytes(m.round.secagg))
     if kind == "init_score":

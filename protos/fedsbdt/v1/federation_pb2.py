@@ -24,17 +24,17 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x66\x65\x64sbdt/v1/federation.proto\x12\nfedsbdt.v1\"\x10\n\x0eGetPlanRequest\"4\n\x0fGetPlanResponse\x12\x0c\n\x04plan\x18\x01 \x01(\x0c\x12\x13\n\x0bplan_sha256\x18\x02 \x01(\t\"l\n\x0bJoinRequest\x12\x13\n\x0bplan_sha256\x18\x01 \x01(\t\x12\x0f\n\x07site_id\x18\x02 \x01(\t\x12\r\n\x05nonce\x18\x03 \x01(\x0c\x12\x11\n\tsignature\x18\x04 \x01(\x0c\x12\x15\n\rtrees_applied\x18\x05 \x01(\r\"J\n\x0cJoinResponse\x12\r\n\x05token\x18\x01 \x01(\x0c\x12\x13\n\x0bincarnation\x18\x02 \x01(\x0c\x12\x16\n\x0etrees_released\x18\x03 \x01(\r\"E\n\x10SubscribeRequest\x12\x0f\n\x07site_id\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\x0c\x12\x11\n\tafter_seq\x18\x03 \x01(\x04\"\xca\x02\n\x05\x45vent\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12*\n\x05setup\x18\x02 \x01(\x0b\x32\x19.fedsbdt.v1.SecAggMessageH\x00\x12-\n\x0bround_start\x18\x03 \x01(\x0b\x32\x16.fedsbdt.v1.RoundStartH\x00\x12*\n\x05round\x18\x04 \x01(\x0b\x32\x19.fedsbdt.v1.SecAggMessageH\x00\x12+\n\ninit_score\x18\x05 \x01(\x0b\x32\x15.fedsbdt.v1.InitScoreH\x00\x12&\n\x04tree\x18\x06 \x01(\x0b\x32\x16.fedsbdt.v1.TreeRecordH\x00\x12(\n\x08\x66inished\x18\x07 \x01(\x0b\x32\x14.fedsbdt.v1.FinishedH\x00\x12&\n\x07\x61\x62orted\x18\x08 \x01(\x0b\x32\x13.fedsbdt.v1.AbortedH\x00\x42\x06\n\x04kind\"\x1f\n\rSecAggMessage\x12\x0e\n\x06secagg\x18\x01 \x01(\x0c\"\x87\x02\n\x0bSiteMessage\x12\x31\n\tsubscribe\x18\x01 \x01(\x0b\x32\x1c.fedsbdt.v1.SubscribeRequestH\x00\x12-\n\x05setup\x18\x02 \x01(\x0b\x32\x1c.fedsbdt.v1.SecAggSubmissionH\x00\x12\x32\n\x05input\x18\x03 \x01(\x0b\x32!.fedsbdt.v1.MaskedInputSubmissionH\x00\x12-\n\x05round\x18\x04 \x01(\x0b\x32\x1c.fedsbdt.v1.SecAggSubmissionH\x00\x12+\n\x06report\x18\x05 \x01(\x0b\x32\x19.fedsbdt.v1.ReportRequestH\x00\x42\x06\n\x04kind\"T\n\nEventBatch\x12!\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x11.fedsbdt.v1.Event\x12\x11\n\tprocessed\x18\x02 \x01(\x04\x12\x10\n\x08rejected\x18\x03 \x03(\t\"\x85\x01\n\nRoundStart\x12$\n\x07purpose\x18\x01 \x01(\x0e\x32\x13.fedsbdt.v1.Purpose\x12\x0c\n\x04tree\x18\x02 \x01(\r\x12\x0e\n\x06secagg\x18\x03 \x01(\x0c\x12\r\n\x05level\x18\x04 \x01(\r\x12\x10\n\x08\x66\x65\x61tures\x18\x05 \x03(\x05\x12\x12\n\nthresholds\x18\x06 \x03(\x01\"K\n\tInitScore\x12\r\n\x05score\x18\x01 \x01(\x01\x12\x10\n\x08round_id\x18\x02 \x01(\x04\x12\r\n\x05sites\x18\x03 \x03(\t\x12\x0e\n\x06scores\x18\x04 \x03(\x01\"r\n\nTreeRecord\x12\r\n\x05index\x18\x01 \x01(\r\x12\x10\n\x08round_id\x18\x02 \x01(\x04\x12\r\n\x05sites\x18\x03 \x03(\t\x12\x10\n\x08\x66\x65\x61tures\x18\x04 \x03(\x05\x12\x12\n\nthresholds\x18\x05 \x03(\x01\x12\x0e\n\x06leaves\x18\x06 \x03(\x01\"/\n\x08\x46inished\x12\x14\n\x0cmodel_sha256\x18\x01 \x01(\t\x12\r\n\x05trees\x18\x02 \x01(\r\"\x19\n\x07\x41\x62orted\x12\x0e\n\x06reason\x18\x01 \x01(\t\"B\n\x10SecAggSubmission\x12\x0f\n\x07site_id\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\x0c\x12\x0e\n\x06secagg\x18\x03 \x01(\x0c\"{\n\x15MaskedInputSubmission\x12\x0f\n\x07site_id\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\x0c\x12$\n\x07purpose\x18\x03 \x01(\x0e\x32\x13.fedsbdt.v1.Purpose\x12\x0c\n\x04tree\x18\x04 \x01(\r\x12\x0e\n\x06secagg\x18\x05 \x01(\x0c\"2\n\x0eSubmitResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0e\n\x06\x64\x65tail\x18\x02 \x01(\t\"8\n\x0fGetTreesRequest\x12\x12\n\nfrom_index\x18\x01 \x01(\r\x12\x11\n\tmax_trees\x18\x02 \x01(\r\"\xbf\x01\n\x10GetTreesResponse\x12\x16\n\x0ehas_init_score\x18\x01 \x01(\x08\x12)\n\ninit_score\x18\x02 \x01(\x0b\x32\x15.fedsbdt.v1.InitScore\x12%\n\x05trees\x18\x03 \x03(\x0b\x32\x16.fedsbdt.v1.TreeRecord\x12\x16\n\x0etrees_released\x18\x04 \x01(\r\x12\x13\n\x0btrees_total\x18\x05 \x01(\r\x12\x14\n\x0cmodel_sha256\x18\x06 \x01(\t\"\x12\n\x10GetStatusRequest\"g\n\nSiteStatus\x12\x0f\n\x07site_id\x18\x01 \x01(\t\x12\x11\n\tconnected\x18\x02 \x01(\x08\x12\x10\n\x08\x65ligible\x18\x03 \x01(\x08\x12\x15\n\rtrees_applied\x18\x04 \x01(\r\x12\x0c\n\x04note\x18\x05 \x01(\t\"\xc8\x01\n\x11GetStatusResponse\x12\r\n\x05stage\x18\x01 \x01(\t\x12\x13\n\x0bplan_sha256\x18\x02 \x01(\t\x12\x16\n\x0etrees_released\x18\x03 \x01(\r\x12\x13\n\x0btrees_total\x18\x04 \x01(\r\x12\x15\n\rrounds_failed\x18\x05 \x01(\x04\x12%\n\x05sites\x18\x06 \x03(\x0b\x32\x16.fedsbdt.v1.SiteStatus\x12\x14\n\x0cmodel_sha256\x18\x07 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x08 \x01(\t\"\xa4\x01\n\rReportRequest\x12\x0f\n\x07site_id\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\x0c\x12$\n\x04kind\x18\x03 \x01(\x0e\x32\x16.fedsbdt.v1.ReportKind\x12\x15\n\rtrees_applied\x18\x04 \x01(\r\x12\x0e\n\x06\x64\x65tail\x18\x05 \x01(\t\x12\x14\n\x0cmodel_sha256\x18\x06 \x01(\t\x12\x10\n\x08round_id\x18\x07 \x01(\x04\"\x10\n\x0eReportResponse*q\n\x07Purpose\x12\x17\n\x13PURPOSE_UNSPECIFIED\x10\x00\x12\x16\n\x12PURPOSE_INIT_SCORE\x10\x01\x12\x10\n\x0cPURPOSE_TREE\x10\x02\x12\x11\n\rPURPOSE_LEVEL\x10\x03\x12\x10\n\x0cPURPOSE_EVAL\x10\x04*b\n\nReportKind\x12\x16\n\x12REPORT_UNSPECIFIED\x10\x00\x12\x13\n\x0fREPORT_PROGRESS\x10\x01\x12\x12\n\x0eREPORT_REFUSED\x10\x02\x12\x13\n\x0fREPORT_FINISHED\x10\x03\x32\xc3\x05\n\nFederation\x12\x42\n\x07GetPlan\x12\x1a.fedsbdt.v1.GetPlanRequest\x1a\x1b.fedsbdt.v1.GetPlanResponse\x12\x39\n\x04Join\x12\x17.fedsbdt.v1.JoinRequest\x1a\x18.fedsbdt.v1.JoinResponse\x12>\n\tSubscribe\x12\x1c.fedsbdt.v1.SubscribeRequest\x1a\x11.fedsbdt.v1.Event0\x01\x12G\n\x0bSubmitSetup\x12\x1c.fedsbdt.v1.SecAggSubmission\x1a\x1a.fedsbdt.v1.SubmitResponse\x12R\n\x11SubmitMaskedInput\x12!.fedsbdt.v1.MaskedInputSubmission\x1a\x1a.fedsbdt.v1.SubmitResponse\x12G\n\x0bSubmitRound\x12\x1c.fedsbdt.v1.SecAggSubmission\x1a\x1a.fedsbdt.v1.SubmitResponse\x12\x45\n\x08GetTrees\x12\x1b.fedsbdt.v1.GetTreesRequest\x1a\x1c.fedsbdt.v1.GetTreesResponse\x12H\n\tGetStatus\x12\x1c.fedsbdt.v1.GetStatusRequest\x1a\x1d.fedsbdt.v1.GetStatusResponse\x12?\n\x06Report\x12\x19.fedsbdt.v1.ReportRequest\x1a\x1a.fedsbdt.v1.ReportResponse\x12>\n\x07\x43onnect\x12\x17.fedsbdt.v1.SiteMessage\x1a\x16.fedsbdt.v1.EventBatch(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x66\x65\x64sbdt/v1/federation.proto\x12\nfedsbdt.v1\"\x10\n\x0eGetPlanRequest\"4\n\x0fGetPlanResponse\x12\x0c\n\x04plan\x18\x01 \x01(\x0c\x12\x13\n\x0bplan_sha256\x18\x02 \x01(\t\"l\n\x0bJoinRequest\x12\x13\n\x0bplan_sha256\x18\x01 \x01(\t\x12\x0f\n\x07site_id\x18\x02 \x01(\t\x12\r\n\x05nonce\x18\x03 \x01(\x0c\x12\x11\n\tsignature\x18\x04 \x01(\x0c\x12\x15\n\rtrees_applied\x18\x05 \x01(\r\"J\n\x0cJoinResponse\x12\r\n\x05token\x18\x01 \x01(\x0c\x12\x13\n\x0bincarnation\x18\x02 \x01(\x0c\x12\x16\n\x0etrees_released\x18\x03 \x01(\r\"E\n\x10SubscribeRequest\x12\x0f\n\x07site_id\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\x0c\x12\x11\n\tafter_seq\x18\x03 \x01(\x04\"\xca\x02\n\x05\x45vent\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12*\n\x05setup\x18\x02 \x01(\x0b\x32\x19.fedsbdt.v1.SecAggMessageH\x00\x12-\n\x0bround_start\x18\x03 \x01(\x0b\x32\x16.fedsbdt.v1.RoundStartH\x00\x12*\n\x05round\x18\x04 \x01(\x0b\x32\x19.fedsbdt.v1.SecAggMessageH\x00\x12+\n\ninit_score\x18\x05 \x01(\x0b\x32\x15.fedsbdt.v1.InitScoreH\x00\x12&\n\x04tree\x18\x06 \x01(\x0b\x32\x16.fedsbdt.v1.TreeRecordH\x00\x12(\n\x08\x66inished\x18\x07 \x01(\x0b\x32\x14.fedsbdt.v1.FinishedH\x00\x12&\n\x07\x61\x62orted\x18\x08 \x01(\x0b\x32\x13.fedsbdt.v1.AbortedH\x00\x42\x06\n\x04kind\"\x1f\n\rSecAggMessage\x12\x0e\n\x06secagg\x18\x01 \x01(\x0c\"\x87\x02\n\x0bSiteMessage\x12\x31\n\tsubscribe\x18\x01 \x01(\x0b\x32\x1c.fedsbdt.v1.SubscribeRequestH\x00\x12-\n\x05setup\x18\x02 \x01(\x0b\x32\x1c.fedsbdt.v1.SecAggSubmissionH\x00\x12\x32\n\x05input\x18\x03 \x01(\x0b\x32!.fedsbdt.v1.MaskedInputSubmissionH\x00\x12-\n\x05round\x18\x04 \x01(\x0b\x32\x1c.fedsbdt.v1.SecAggSubmissionH\x00\x12+\n\x06report\x18\x05 \x01(\x0b\x32\x19.fedsbdt.v1.ReportRequestH\x00\x42\x06\n\x04kind\"T\n\nEventBatch\x12!\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x11.fedsbdt.v1.Event\x12\x11\n\tprocessed\x18\x02 \x01(\x04\x12\x10\n\x08rejected\x18\x03 \x03(\t\"\x95\x01\n\nRoundStart\x12$\n\x07purpose\x18\x01 \x01(\x0e\x32\x13.fedsbdt.v1.Purpose\x12\x0c\n\x04tree\x18\x02 \x01(\r\x12\x0e\n\x06secagg\x18\x03 \x01(\x0c\x12\r\n\x05level\x18\x04 \x01(\r\x12\x10\n\x08\x66\x65\x61tures\x18\x05 \x03(\x05\x12\x12\n\nthresholds\x18\x06 \x03(\x01\x12\x0e\n\x06sketch\x18\x07 \x03(\x12\"K\n\tInitScore\x12\r\n\x05score\x18\x01 \x01(\x01\x12\x10\n\x08round_id\x18\x02 \x01(\x04\x12\r\n\x05sites\x18\x03 \x03(\t\x12\x0e\n\x06scores\x18\x04 \x03(\x01\"r\n\nTreeRecord\x12\r\n\x05index\x18\x01 \x01(\r\x12\x10\n\x08round_id\x18\x02 \x01(\x04\x12\r\n\x05sites\x18\x03 \x03(\t\x12\x10\n\x08\x66\x65\x61tures\x18\x04 \x03(\x05\x12\x12\n\nthresholds\x18\x05 \x03(\x01\x12\x0e\n\x06leaves\x18\x06 \x03(\x01\"/\n\x08\x46inished\x12\x14\n\x0cmodel_sha256\x18\x01 \x01(\t\x12\r\n\x05trees\x18\x02 \x01(\r\"\x19\n\x07\x41\x62orted\x12\x0e\n\x06reason\x18\x01 \x01(\t\"B\n\x10SecAggSubmission\x12\x0f\n\x07site_id\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\x0c\x12\x0e\n\x06secagg\x18\x03 \x01(\x0c\"{\n\x15MaskedInputSubmission\x12\x0f\n\x07site_id\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\x0c\x12$\n\x07purpose\x18\x03 \x01(\x0e\x32\x13.fedsbdt.v1.Purpose\x12\x0c\n\x04tree\x18\x04 \x01(\r\x12\x0e\n\x06secagg\x18\x05 \x01(\x0c\"2\n\x0eSubmitResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0e\n\x06\x64\x65tail\x18\x02 \x01(\t\"8\n\x0fGetTreesRequest\x12\x12\n\nfrom_index\x18\x01 \x01(\r\x12\x11\n\tmax_trees\x18\x02 \x01(\r\"\xbf\x01\n\x10GetTreesResponse\x12\x16\n\x0ehas_init_score\x18\x01 \x01(\x08\x12)\n\ninit_score\x18\x02 \x01(\x0b\x32\x15.fedsbdt.v1.InitScore\x12%\n\x05trees\x18\x03 \x03(\x0b\x32\x16.fedsbdt.v1.TreeRecord\x12\x16\n\x0etrees_released\x18\x04 \x01(\r\x12\x13\n\x0btrees_total\x18\x05 \x01(\r\x12\x14\n\x0cmodel_sha256\x18\x06 \x01(\t\"\x12\n\x10GetStatusRequest\"g\n\nSiteStatus\x12\x0f\n\x07site_id\x18\x01 \x01(\t\x12\x11\n\tconnected\x18\x02 \x01(\x08\x12\x10\n\x08\x65ligible\x18\x03 \x01(\x08\x12\x15\n\rtrees_applied\x18\x04 \x01(\r\x12\x0c\n\x04note\x18\x05 \x01(\t\"\xc8\x01\n\x11GetStatusResponse\x12\r\n\x05stage\x18\x01 \x01(\t\x12\x13\n\x0bplan_sha256\x18\x02 \x01(\t\x12\x16\n\x0etrees_released\x18\x03 \x01(\r\x12\x13\n\x0btrees_total\x18\x04 \x01(\r\x12\x15\n\rrounds_failed\x18\x05 \x01(\x04\x12%\n\x05sites\x18\x06 \x03(\x0b\x32\x16.fedsbdt.v1.SiteStatus\x12\x14\n\x0cmodel_sha256\x18\x07 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x08 \x01(\t\"\xa4\x01\n\rReportRequest\x12\x0f\n\x07site_id\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\x0c\x12$\n\x04kind\x18\x03 \x01(\x0e\x32\x16.fedsbdt.v1.ReportKind\x12\x15\n\rtrees_applied\x18\x04 \x01(\r\x12\x0e\n\x06\x64\x65tail\x18\x05 \x01(\t\x12\x14\n\x0cmodel_sha256\x18\x06 \x01(\t\x12\x10\n\x08round_id\x18\x07 \x01(\x04\"\x10\n\x0eReportResponse*\x85\x01\n\x07Purpose\x12\x17\n\x13PURPOSE_UNSPECIFIED\x10\x00\x12\x16\n\x12PURPOSE_INIT_SCORE\x10\x01\x12\x10\n\x0cPURPOSE_TREE\x10\x02\x12\x11\n\rPURPOSE_LEVEL\x10\x03\x12\x10\n\x0cPURPOSE_EVAL\x10\x04\x12\x12\n\x0ePURPOSE_SKETCH\x10\x05*b\n\nReportKind\x12\x16\n\x12REPORT_UNSPECIFIED\x10\x00\x12\x13\n\x0fREPORT_PROGRESS\x10\x01\x12\x12\n\x0eREPORT_REFUSED\x10\x02\x12\x13\n\x0fREPORT_FINISHED\x10\x03\x32\xc3\x05\n\nFederation\x12\x42\n\x07GetPlan\x12\x1a.fedsbdt.v1.GetPlanRequest\x1a\x1b.fedsbdt.v1.GetPlanResponse\x12\x39\n\x04Join\x12\x17.fedsbdt.v1.JoinRequest\x1a\x18.fedsbdt.v1.JoinResponse\x12>\n\tSubscribe\x12\x1c.fedsbdt.v1.SubscribeRequest\x1a\x11.fedsbdt.v1.Event0\x01\x12G\n\x0bSubmitSetup\x12\x1c.fedsbdt.v1.SecAggSubmission\x1a\x1a.fedsbdt.v1.SubmitResponse\x12R\n\x11SubmitMaskedInput\x12!.fedsbdt.v1.MaskedInputSubmission\x1a\x1a.fedsbdt.v1.SubmitResponse\x12G\n\x0bSubmitRound\x12\x1c.fedsbdt.v1.SecAggSubmission\x1a\x1a.fedsbdt.v1.SubmitResponse\x12\x45\n\x08GetTrees\x12\x1b.fedsbdt.v1.GetTreesRequest\x1a\x1c.fedsbdt.v1.GetTreesResponse\x12H\n\tGetStatus\x12\x1c.fedsbdt.v1.GetStatusRequest\x1a\x1d.fedsbdt.v1.GetStatusResponse\x12?\n\x06Report\x12\x19.fedsbdt.v1.ReportRequest\x1a\x1a.fedsbdt.v1.ReportResponse\x12>\n\x07\x43onnect\x12\x17.fedsbdt.v1.SiteMessage\x1a\x16.fedsbdt.v1.EventBatch(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'fedsbdt.v1.federation_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_PURPOSE']._serialized_start=2505
-  _globals['_PURPOSE']._serialized_end=2618
-  _globals['_REPORTKIND']._serialized_start=2620
-  _globals['_REPORTKIND']._serialized_end=2718
+  _globals['_PURPOSE']._serialized_start=2522
+  _globals['_PURPOSE']._serialized_end=2655
+  _globals['_REPORTKIND']._serialized_start=2657
+  _globals['_REPORTKIND']._serialized_end=2755
   _globals['_GETPLANREQUEST']._serialized_start=43
   _globals['_GETPLANREQUEST']._serialized_end=59
   _globals['_GETPLANRESPONSE']._serialized_start=61
@@ -54,35 +54,35 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_EVENTBATCH']._serialized_start=1004
   _globals['_EVENTBATCH']._serialized_end=1088
   _globals['_ROUNDSTART']._serialized_start=1091
-  _globals['_ROUNDSTART']._serialized_end=1224
-  _globals['_INITSCORE']._serialized_start=1226
-  _globals['_INITSCORE']._serialized_end=1301
-  _globals['_TREERECORD']._serialized_start=1303
-  _globals['_TREERECORD']._serialized_end=1417
-  _globals['_FINISHED']._serialized_start=1419
-  _globals['_FINISHED']._serialized_end=1466
-  _globals['_ABORTED']._serialized_start=1468
-  _globals['_ABORTED']._serialized_end=1493
-  _globals['_SECAGGSUBMISSION']._serialized_start=1495
-  _globals['_SECAGGSUBMISSION']._serialized_end=1561
-  _globals['_MASKEDINPUTSUBMISSION']._serialized_start=1563
-  _globals['_MASKEDINPUTSUBMISSION']._serialized_end=1686
-  _globals['_SUBMITRESPONSE']._serialized_start=1688
-  _globals['_SUBMITRESPONSE']._serialized_end=1738
-  _globals['_GETTREESREQUEST']._serialized_start=1740
-  _globals['_GETTREESREQUEST']._serialized_end=1796
-  _globals['_GETTREESRESPONSE']._serialized_start=1799
-  _globals['_GETTREESRESPONSE']._serialized_end=1990
-  _globals['_GETSTATUSREQUEST']._serialized_start=1992
-  _globals['_GETSTATUSREQUEST']._serialized_end=2010
-  _globals['_SITESTATUS']._serialized_start=2012
-  _globals['_SITESTATUS']._serialized_end=2115
-  _globals['_GETSTATUSRESPONSE']._serialized_start=2118
-  _globals['_GETSTATUSRESPONSE']._serialized_end=2318
-  _globals['_REPORTREQUEST']._serialized_start=2321
-  _globals['_REPORTREQUEST']._serialized_end=2485
-  _globals['_REPORTRESPONSE']._serialized_start=2487
-  _globals['_REPORTRESPONSE']._serialized_end=2503
-  _globals['_FEDERATION']._serialized_start=2721
-  _globals['_FEDERATION']._serialized_end=3428
+  _globals['_ROUNDSTART']._serialized_end=1240
+  _globals['_INITSCORE']._serialized_start=1242
+  _globals['_INITSCORE']._serialized_end=1317
+  _globals['_TREERECORD']._serialized_start=1319
+  _globals['_TREERECORD']._serialized_end=1433
+  _globals['_FINISHED']._serialized_start=1435
+  _globals['_FINISHED']._serialized_end=1482
+  _globals['_ABORTED']._serialized_start=1484
+  _globals['_ABORTED']._serialized_end=1509
+  _globals['_SECAGGSUBMISSION']._serialized_start=1511
+  _globals['_SECAGGSUBMISSION']._serialized_end=1577
+  _globals['_MASKEDINPUTSUBMISSION']._serialized_start=1579
+  _globals['_MASKEDINPUTSUBMISSION']._serialized_end=1702
+  _globals['_SUBMITRESPONSE']._serialized_start=1704
+  _globals['_SUBMITRESPONSE']._serialized_end=1754
+  _globals['_GETTREESREQUEST']._serialized_start=1756
+  _globals['_GETTREESREQUEST']._serialized_end=1812
+  _globals['_GETTREESRESPONSE']._serialized_start=1815
+  _globals['_GETTREESRESPONSE']._serialized_end=2006
+  _globals['_GETSTATUSREQUEST']._serialized_start=2008
+  _globals['_GETSTATUSREQUEST']._serialized_end=2026
+  _globals['_SITESTATUS']._serialized_start=2028
+  _globals['_SITESTATUS']._serialized_end=2131
+  _globals['_GETSTATUSRESPONSE']._serialized_start=2134
+  _globals['_GETSTATUSRESPONSE']._serialized_end=2334
+  _globals['_REPORTREQUEST']._serialized_start=2337
+  _globals['_REPORTREQUEST']._serialized_end=2501
+  _globals['_REPORTRESPONSE']._serialized_start=2503
+  _globals['_REPORTRESPONSE']._serialized_end=2519
+  _globals['_FEDERATION']._serialized_start=2758
+  _globals['_FEDERATION']._serialized_end=3465
 # @@protoc_insertion_point(module_scope)

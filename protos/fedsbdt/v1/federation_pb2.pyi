@@ -14,6 +14,7 @@ class Purpose(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     PURPOSE_TREE: _ClassVar[Purpose]
     PURPOSE_LEVEL: _ClassVar[Purpose]
     PURPOSE_EVAL: _ClassVar[Purpose]
+    PURPOSE_SKETCH: _ClassVar[Purpose]
 
 class ReportKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -26,6 +27,7 @@ PURPOSE_INIT_SCORE: Purpose
 PURPOSE_TREE: Purpose
 PURPOSE_LEVEL: Purpose
 PURPOSE_EVAL: Purpose
+PURPOSE_SKETCH: Purpose
 REPORT_UNSPECIFIED: ReportKind
 REPORT_PROGRESS: ReportKind
 REPORT_REFUSED: ReportKind
@@ -128,20 +130,22 @@ class EventBatch(_message.Message):
     def __init__(self, events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ..., processed: _Optional[int] = ..., rejected: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RoundStart(_message.Message):
-    __slots__ = ("purpose", "tree", "secagg", "level", "features", "thresholds")
+    __slots__ = ("purpose", "tree", "secagg", "level", "features", "thresholds", "sketch")
     PURPOSE_FIELD_NUMBER: _ClassVar[int]
     TREE_FIELD_NUMBER: _ClassVar[int]
     SECAGG_FIELD_NUMBER: _ClassVar[int]
     LEVEL_FIELD_NUMBER: _ClassVar[int]
     FEATURES_FIELD_NUMBER: _ClassVar[int]
     THRESHOLDS_FIELD_NUMBER: _ClassVar[int]
+    SKETCH_FIELD_NUMBER: _ClassVar[int]
     purpose: Purpose
     tree: int
     secagg: bytes
     level: int
     features: _containers.RepeatedScalarFieldContainer[int]
     thresholds: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, purpose: _Optional[_Union[Purpose, str]] = ..., tree: _Optional[int] = ..., secagg: _Optional[bytes] = ..., level: _Optional[int] = ..., features: _Optional[_Iterable[int]] = ..., thresholds: _Optional[_Iterable[float]] = ...) -> None: ...
+    sketch: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, purpose: _Optional[_Union[Purpose, str]] = ..., tree: _Optional[int] = ..., secagg: _Optional[bytes] = ..., level: _Optional[int] = ..., features: _Optional[_Iterable[int]] = ..., thresholds: _Optional[_Iterable[float]] = ..., sketch: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class InitScore(_message.Message):
     __slots__ = ("score", "round_id", "sites", "scores")

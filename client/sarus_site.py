@@ -1,0 +1,168 @@
+"""A site's side of federated Sarus trees (docs/sarus.md "Federation").
+
+Per tree the site draws its Poisson subsample once (from the plan's randomness: the OS CSPRNG in a real
+plan) and keeps it in its database, so the tree's sketch, level and leaf rounds — and a restarted site —
+use the same records.  Before anything is computed a request is checked against the pinned plan and the
+site's database: the tree is the next one; a sketch is asked for once per tree; a level or leaf request
+carries the tree's released sketch (the first one seen is stored; another one is refused), its splits are
+among the candidates the site recomputes from that sketch, lie below the depth and repeat every split of
+the tree released before.  A refused request computes, stores and charges nothing.
+
+Each stage of a tree (its sketch, each level, its leaves) carries this site's data in at most one masked
+input: a retried round gets an all-zero data vector plus a fresh noise share (data-independent), so no
+record enters more releases than the plan accounts, whatever the coordinator retries.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from common import kernels
+from common.boosting import TASK_CODE
+from common.federation.sarus_rounds import SarusRequestError, SarusTree
+from common.federation.wire import InputReply, Purpose, Refusal
+from common.fixedpoint import FixedPointError
+from common.secagg import ProtocolAbort
+from common.secagg.errors import InvalidMessage
+
+KIND = {Purpose.SKETCH: "sketch", Purpose.LEVEL: "level", Purpose.TREE: "tree"}
+
+
+class SarusSite:
+    """The Sarus part of a :class:`client.site.SiteMachine` (its plan, data, ledger and randomness)."""
+
+    def __init__(self, machine) -> None:
+        self.m = machine
+        self.plan = machine.plan
+        self.grid = self.plan.sarus_grid
+        self.codes = self.grid.fine_codes(machine.local.X)
+        self._trees: dict[int, tuple[bytes, SarusTree, np.ndarray]] = {}  # tree -> (sketch, state, grid codes)
+
+    # ------------------------------------------------------------------ per-tree public and private state
+
+    def subsample(self, tree: int) -> np.ndarray:
+        """This site's Poisson subsample for tree ``tree`` (drawn once, kept in the database), present records."""
+        local, ledger = self.m.local, self.m.ledger
+        mask = ledger.sarus_subsample(tree, local.n)
+        if mask is None:
+            mask = np.asarray(self.m.randomness.subsample(self.plan.hyperparameters.subsample, local.ids, tree), bool)
+            ledger.set_sarus_subsample(tree, mask)
+        return mask & (local.arrival <= tree)
+
+    def tree(self, tree: int, sketch) -> tuple[SarusTree, np.ndarray]:
+        """The tree's state from its released sketch (candidates recomputed here) and the records' codes."""
+        key = np.asarray(sketch, np.int64).tobytes()
+        hit = self._trees.get(tree)
+        if hit is None or hit[0] != key:
+            state = SarusTree(self.plan, np.asarray(sketch, np.int64))
+            hit = self._trees[tree] = (key, state, state.tree_grid.codes(self.m.local.X))
+            self._trees = {k: v for k, v in self._trees.items() if k >= tree}
+        return hit[1], hit[2]
+
+    # ------------------------------------------------------------------ checks
+
+    def refusal(self, ev) -> str | None:
+        """Why a Sarus request must not be answered, or None (raises NeedCatchUp for a tree not yet reached)."""
+        from .site import NeedCatchUp
+
+        m, k = self.m, ev.tree
+        if m.init is None or len(m.trees) < k:
+            raise NeedCatchUp(len(m.trees), k)
+        if len(m.trees) > k:
+            return f"tree {k} was already released; refusing to contribute to it again"
+        known = m.ledger.released_sketch(k)
+        if ev.purpose == Purpose.SKETCH:
+            if ev.features or ev.sketch:
+                return "a sketch request carries no splits and no sketch"
+            if known is not None:
+                return f"the sketch of tree {k} was already released; refusing to sketch it again"
+            return None
+        if ev.purpose not in (Purpose.LEVEL, Purpose.TREE):
+            return f"{ev.purpose.name} rounds are not part of Sarus trees"
+        try:
+            sketch = self.grid.check_sketch(ev.sketch)
+        except SarusRequestError as e:
+            return f"the request for tree {k} does not carry its released sketch ({e})"
+        if known is not None and not np.array_equal(known, sketch):
+            return f"the request carries another sketch of tree {k} than the one released before"
+        state, _ = self.tree(k, sketch)
+        return m._greedy_request_refusal(ev, state.tree_grid)
+
+    # ------------------------------------------------------------------ a round
+
+    def round_start(self, ev, start) -> list:
+        m, plan, r = self.m, self.plan, start.round_id
+        bad = self.refusal(ev)  # before anything is computed
+        if bad is not None:
+            return [Refusal(f"round {r}: {bad}", r)]
+        state = None if ev.purpose == Purpose.SKETCH else self.tree(ev.tree, ev.sketch)[0]
+        expected = self.grid.sketch_len if state is None else state.vector_len(ev.purpose, ev.level)
+        if start.vector_len != expected:
+            return [Refusal(f"round {r}: vector length {start.vector_len}, expected {expected} for "
+                            f"{ev.purpose.name}", r)]
+        if m.secagg.round_stage(r) is not None:  # answered before (e.g. before a restart): the stored input
+            with m.ledger.transaction():
+                try:
+                    masked = m.secagg.handle_round_start(start, None)
+                except (ProtocolAbort, InvalidMessage) as e:
+                    return [Refusal(f"round {r}: {e}", r)]
+            return [InputReply(ev.purpose, ev.tree, masked.to_bytes())]
+        kind, level = KIND[ev.purpose], (ev.level if ev.purpose == Purpose.LEVEL else None)
+        present = self.subsample(ev.tree)
+        attempts = m.ledger.attempts(kind, ev.tree, level)
+        with_data = m.ledger.attempts(kind, ev.tree, level, with_data=True) == 0
+        x = self._vector(ev, state, present) if with_data else np.zeros(expected, np.int64)
+        p, noise = len(start.participants), None
+        scales = (lambda shares: self.grid.sketch_noise_scales(m.cal.sigma_sketch, shares)) if state is None else \
+            (lambda shares: state.noise_scales(ev.purpose, ev.level, shares))
+        if plan.noise == "distributed" and plan.threshold <= p <= plan.n:  # otherwise secagg refuses the round
+            noise = m.randomness.discrete_gaussian(scales(plan.noise_divisor(p)))
+        elif plan.noise == "central" and attempts > 0:  # a retry: a full, fresh share
+            noise = m.randomness.discrete_gaussian(scales(1))
+        with m.ledger.transaction():
+            try:
+                masked = m.secagg.handle_round_start(start, x, noise)
+            except ProtocolAbort as e:
+                return [Refusal(f"round {r}: {e}", r)]
+            except (InvalidMessage, FixedPointError, TypeError, ValueError) as e:
+                return [Refusal(f"round {r}: {e}", r)]
+            m.ledger.log_contribution(r, kind, ev.tree, with_data, None, int(present.sum()), level)
+            if state is not None:
+                m.ledger.remember_sketch(ev.tree, state.sketch)
+                m.ledger.remember_splits(ev.tree, ev.features, ev.thresholds)
+        return [InputReply(ev.purpose, ev.tree, masked.to_bytes())]
+
+    def _vector(self, ev, state, present: np.ndarray) -> np.ndarray:
+        """This site's sums for a checked request on its subsample ``present``."""
+        if state is None:
+            return self.grid.sketch_vector(self.codes, present)
+        local, enc = self.m.local, self.m.local.enc
+        tg, codes = state.tree_grid, self.tree(ev.tree, ev.sketch)[1]
+        depth = ev.level if ev.purpose == Purpose.LEVEL else self.plan.hyperparameters.depth
+        node = tg.route(codes, tg.candidate_index(ev.tree, ev.features, ev.thresholds), depth)
+        gq, _ = kernels.grad_hess_units(local.pred, local.y, TASK_CODE[local.task], enc.scale, enc.grad.bound_units,
+                                        enc.hess.bound_units)
+        if ev.purpose == Purpose.LEVEL:
+            return self.grid.level_vector(codes, node, gq, present, tg.layout(ev.tree, ev.level))
+        return self.grid.leaf_vector(node, gq, present)
+
+    # ------------------------------------------------------------------ released trees
+
+    def released_splits(self, t):
+        """A released Sarus tree's splits, checked against the candidates of its released sketch (if this site
+        saw it) and the splits the requests carried; a :class:`SarusRequestError` says why not."""
+        from common.splits import Splits
+
+        hp = self.plan.hyperparameters
+        if t.features.size != hp.leaves - 1:
+            raise SarusRequestError(f"tree {t.index} has {t.features.size} splits, not a tree of the plan's depth")
+        sketch = self.m.ledger.released_sketch(t.index)
+        if sketch is not None:
+            try:
+                self.tree(t.index, sketch)[0].tree_grid.candidate_index(t.index, t.features, t.thresholds)
+            except ValueError as e:
+                raise SarusRequestError(f"tree {t.index} has splits off its released sketch ({e})") from None
+        known_f, known_t = self.m.ledger.released_splits(t.index)
+        if not (np.array_equal(known_f, t.features[:known_f.size].astype(np.int64))
+                and np.array_equal(known_t, t.thresholds[:known_f.size])):
+            raise SarusRequestError(f"tree {t.index} has other splits than the coordinator's requests released")
+        return Splits(t.features, t.thresholds)
