@@ -1,0 +1,99 @@
+"""The sparse secure-aggregation graph as a plan option ([secure_aggregation] graph = "sparse"), end to end
+through the federation state machines (Session, SiteMachine) without gRPC."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from client.policy import SitePolicy
+from client.site import SiteMachine, SiteOptions
+from common.config import Hyperparameters
+from common.federation.plan import Deadlines, Plan, PlanError, SiteEntry, make_plan
+from server.session import Session
+
+from .conftest import abalone_with_ids, write_splits
+from .inproc import Clock, InProcess
+
+SITES = [f"hosp-{i}" for i in range(8)]
+HP = Hyperparameters(trees=4, depth=2, seed=5, epsilon=1.0)
+
+
+def federation(tmp_path, **session) -> tuple[Plan, InProcess]:
+    """Eight sites on a 320-row Abalone sample, insecure test randomness without noise (exact sums)."""
+    schema, raw = abalone_with_ids(320)
+    paths = write_splits(raw, SITES, tmp_path / "data")
+    keys = {s: Ed25519PrivateKey.from_private_bytes(bytes([i + 1]) * 32) for i, s in enumerate(SITES)}
+    plan = make_plan(schema, HP, [SiteEntry(s, keys[s].public_key().public_bytes_raw()) for s in SITES],
+                     randomness="insecure-test", test_seed=3, test_noise=False, max_records_per_site=10_000,
+                     deadlines=Deadlines(join=30, stage=10, quorum=10_000, finish=30), **session)
+    clock = Clock()
+    machines = {}
+    for s in SITES:
+        m = SiteMachine(s, keys[s], paths[s], tmp_path / f"state-{s}", SiteOptions(
+            expected_plan_sha256=plan.sha256, allow_insecure_test_randomness=True,
+            policy=SitePolicy(allow_central_noise=True)))
+        m.accept_plan(plan.canonical_json, plan.sha256)
+        machines[s] = m
+    fed = InProcess(Session(plan, plan.make_randomness(True), clock.now), machines, clock)
+    for s in SITES:
+        fed.join(s)
+    return plan, fed
+
+
+def trees(fed: InProcess) -> list:
+    return [(t["features"], t["thresholds"], t["leaves"]) for t in json.loads(fed.session.model_json)["trees"]]
+
+
+def test_a_sparse_plan_trains_the_same_model_as_the_complete_graph(tmp_path):
+    """Without noise every released sum is exact, so the sparse graph must give the complete graph's trees;
+    each site shares its secrets only with its closed neighbourhood in the epoch's public graph."""
+    plan_c, complete = federation(tmp_path / "complete")
+    complete.run()
+    plan_s, sparse = federation(tmp_path / "sparse", secagg_graph="sparse", secagg_neighbours=4)
+    assert plan_s.secagg_config().sparse and plan_s.sha256 != plan_c.sha256
+    seen_graphs = []
+
+    def check(site, ev):  # look at the site's epoch material while the session runs
+        ready = [e for e in sparse.machines[site].secagg._epochs.values() if getattr(e, "graph", None) is not None]
+        for ep in ready:
+            assert set(ep.held) == set(ep.graph.holders(site))
+            seen_graphs.append(ep.graph)
+        return True
+
+    sparse.intercept = check
+    sparse.run()
+    assert complete.session.exit_code == 0 and sparse.session.exit_code == 0
+    assert not sparse.rejected and not sparse.refusals
+    assert trees(sparse) == trees(complete) and len(trees(sparse)) == HP.total_rounds
+    assert seen_graphs and all(g.degree == 4 for g in seen_graphs)
+    assert len({tuple(sorted(g.adjacency.items())) for g in seen_graphs}) >= 1
+    files = {m.stage.model_path.read_bytes() for m in sparse.machines.values()}
+    assert files == {sparse.session.model_json}
+
+
+def test_a_site_that_crashes_mid_session_is_survived_on_the_sparse_graph(tmp_path):
+    _, fed = federation(tmp_path, secagg_graph="sparse", secagg_neighbours=4)
+    fed.run(until=lambda: len(fed.session.trees) >= 1)
+    fed.crash("hosp-3")
+    fed.run()
+    assert fed.session.exit_code == 0 and len(trees(fed)) == HP.total_rounds
+
+
+def test_the_plan_option_round_trips_and_is_validated(tmp_path):
+    plan, _ = federation(tmp_path, secagg_graph="sparse", secagg_neighbours=4)
+    again = Plan.from_toml(plan.to_toml())
+    assert again.sha256 == plan.sha256 and again.secagg_neighbours == 4
+    assert plan.to_dict()["secure_aggregation"] == {"graph": "sparse", "neighbours": 4}
+    complete, _ = federation(tmp_path / "c")
+    assert "secure_aggregation" not in complete.to_dict()  # complete-graph plans (and their hashes) are unchanged
+    d = plan.to_dict()
+    for bad, match in (({"graph": "sparse", "neighbours": 3}, "even"),
+                       ({"graph": "sparse", "neighbours": 2}, "too small"),
+                       ({"graph": "sparse", "neighbours": 8}, "complete"),
+                       ({"graph": "ring"}, "complete"),
+                       ({"graph": "complete", "neighbours": 4}, "only with graph"),
+                       ({"graph": "sparse", "k": 4}, "unknown key")):
+        with pytest.raises(PlanError, match=match):
+            Plan.from_dict(d | {"secure_aggregation": bad})
