@@ -38,7 +38,9 @@ random k-regular graph, k = ``--neighbours`` or by default the documented
 graph is used and the row says so), c = 2t − n − 1 assumed colluders (the
 federation's default).  It writes ``secagg_scale_sparse.{json,png}``; the PNG
 puts its totals beside the complete-graph curve read from
-``secagg_scale.json``.
+``secagg_scale.json`` (an earlier run), and ``--reference-complete`` sizes
+(default 50, 100) are measured on the complete graph in the same run, so the
+ratio at those sizes is not a comparison across machine loads.
 
 Run:  python benchmarks/secagg_scale.py [--sizes 3,5,10,20,35,50,75,100,200] [--quick] [--graph sparse]
 """
@@ -275,6 +277,48 @@ def fit_quadratic(ns, ys) -> list[float]:
     return best
 
 
+SPARSE_TERMS = ("1", "n", "k", "n·k", "n²")
+
+
+def sparse_basis(n, k):
+    n, k = np.asarray(n, float), np.asarray(k, float)
+    return np.stack([np.ones_like(n), n, k, n * k, n * n], axis=-1)
+
+
+def fit_sparse(ns, ks, ys) -> list[float]:
+    """Non-negative coefficients of 1, n, k, n·k, n² (all term subsets; relative error) for the sparse graph:
+    per site O(k) work plus O(n) message sizes; at the coordinator O(n·k) plus O(n); n² shows what is left."""
+    w = 1.0 / np.maximum(np.asarray(ys, float), 1e-9)
+    basis, ys = sparse_basis(ns, ks), np.asarray(ys, float)
+    best, best_err = [0.0] * 5, np.inf
+    for size in range(1, 6):
+        for cols in itertools.combinations(range(5), size):
+            A = basis[:, cols] * w[:, None]
+            coef, *_ = np.linalg.lstsq(A, ys * w, rcond=None)
+            if (coef < 0).any():
+                continue
+            err = float(np.sum((A @ coef - ys * w) ** 2))
+            if err < best_err:
+                best_err, best = err, [0.0] * 5
+                for c, v in zip(cols, coef):
+                    best[c] = float(v)
+    return best
+
+
+def sparse_fits(rows: list[dict], project: list[int]) -> dict:
+    rows = [r for r in rows if r["graph"] == "sparse"]
+    ns, ks = [r["n"] for r in rows], [r["neighbours"] for r in rows]
+    out = {}
+    for party, key in (("site", "site_total_ms_per_round"), ("coordinator", "coordinator_total_ms_per_round")):
+        c = fit_sparse(ns, ks, [r[key] for r in rows])
+        out[f"{party}/total"] = {
+            "terms": dict(zip(SPARSE_TERMS, c)),
+            "projected_ms": {str(m): float(sparse_basis(m, suggested_neighbours(m)) @ c) for m in project},
+            "projected_k": {str(m): suggested_neighbours(m) for m in project},
+        }
+    return out
+
+
 def evaluate(coef, n) -> float:
     return coef[0] + coef[1] * n + coef[2] * n * n
 
@@ -335,7 +379,8 @@ def plot(rows: list[dict], fit: dict, project_to: int, path: Path) -> None:
     plt.close(fig)
 
 
-def plot_against_complete(rows: list[dict], fit: dict, complete: dict, project_to: int, path: Path) -> None:
+def plot_against_complete(rows: list[dict], fit: dict, sparse_fit: dict, complete: dict, project_to: int, path: Path,
+                          reference: list[dict]) -> None:
     """Totals per round of the sparse graph beside the complete graph's (from secagg_scale.json)."""
     import matplotlib
 
@@ -343,7 +388,7 @@ def plot_against_complete(rows: list[dict], fit: dict, complete: dict, project_t
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 3, figsize=(16, 5))
-    for run, style, name in ((complete, "o", "complete graph"), ({"results": rows, "fit": fit}, "s", "sparse graph")):
+    for run, style, name in ((complete, "o", "complete graph"), ({"results": rows, "fit": fit, "sparse_fit": sparse_fit}, "s", "sparse graph")):
         ns = np.array([r["n"] for r in run["results"]])
         grid = np.geomspace(ns.min(), project_to, 200)
         for ax, key, title in ((axes[0], "site_total_ms_per_round", "site total"),
@@ -352,11 +397,22 @@ def plot_against_complete(rows: list[dict], fit: dict, complete: dict, project_t
             ys = [r[key] for r in run["results"]]
             color = "C0" if name == "complete graph" else "C3"
             ax.plot(ns, ys, style, color=color, ms=4, label=f"{name}, measured")
-            if key != "federation_total_ms_per_round":
-                c = run["fit"][f"{'site' if key.startswith('site') else 'coordinator'}/total"]
+            party = "site" if key.startswith("site") else "coordinator"
+            if key != "federation_total_ms_per_round" and name == "complete graph":
+                c = run["fit"][f"{party}/total"]
                 f = [evaluate([c["c0_ms"], c["c1_ms_per_site"], c["c2_ms_per_site2"]], g) for g in grid]
                 ax.plot(grid, f, "--", color=color, lw=1,
                         label=f"{name} fit: {c['c0_ms']:.2g} + {c['c1_ms_per_site']:.2g}·n + {c['c2_ms_per_site2']:.2g}·n²")
+            elif key != "federation_total_ms_per_round":
+                terms = run["sparse_fit"][f"{party}/total"]["terms"]
+                c = [terms[t] for t in SPARSE_TERMS]
+                g2 = grid[grid >= 30]
+                f = [float(sparse_basis(g, suggested_neighbours(int(g))) @ c) for g in g2]
+                ax.plot(g2, f, "--", color=color, lw=1, label=f"{name} fit: " + " + ".join(
+                    f"{v:.2g}·{t}" if t != "1" else f"{v:.2g}" for t, v in terms.items() if v > 0))
+            if name == "sparse graph" and reference:
+                ax.plot([r["n"] for r in reference], [r[key] for r in reference], "D", mfc="none", color="C0", ms=7,
+                        label="complete graph, measured in the same run")
             ax.set_xscale("log")
             ax.set_yscale("log")
             ax.set_xlabel("sites n (t = ⌊n/2⌋ + 1)")
@@ -381,6 +437,8 @@ def main() -> None:
                                                 "default secagg_scale or secagg_scale_sparse")
     ap.add_argument("--graph", choices=("complete", "sparse"), default="complete")
     ap.add_argument("--neighbours", type=int, default=None, help="k of the sparse graph (default 2·⌈2·log2 n⌉)")
+    ap.add_argument("--reference-complete", default="50,100",
+                    help="with --graph sparse: also measure the complete graph at these sizes in the same run")
     args = ap.parse_args()
     args.out = args.out or ("secagg_scale" if args.graph == "complete" else "secagg_scale_sparse")
     sizes = [3, 10, 30] if args.quick else [int(x) for x in args.sizes.split(",")]
@@ -396,6 +454,17 @@ def main() -> None:
               + f" | total {r['site_total_ms_per_round']:.2f} ms"
               + "   coordinator " + " ".join(f"{k} {v:.2f}" for k, v in c.items())
               + f" | total {r['coordinator_total_ms_per_round']:.2f} ms   ({r['wall_seconds']:.1f} s)", flush=True)
+    reference = []
+    if args.graph == "sparse" and args.reference_complete:
+        for n in [int(x) for x in args.reference_complete.split(",")]:
+            r = measure(n, args.vector_len, args.epoch_rounds)
+            reference.append(r)
+            mine = next((x for x in rows if x["n"] == n), None)
+            ratio = "" if mine is None else (
+                f"  sparse/complete: site {mine['site_total_ms_per_round'] / r['site_total_ms_per_round']:.2f}, "
+                f"coordinator {mine['coordinator_total_ms_per_round'] / r['coordinator_total_ms_per_round']:.2f}")
+            print(f"n={n:4d} complete graph (same run): site total {r['site_total_ms_per_round']:.2f} ms, "
+                  f"coordinator total {r['coordinator_total_ms_per_round']:.2f} ms{ratio}", flush=True)
     fit = fits(rows, project)
     print(f"\nfit c0 + c1·n + c2·n² (ms per round; setup amortised over E = {args.epoch_rounds}); "
           f"projection to {', '.join(map(str, project))} sites:")
@@ -406,12 +475,19 @@ def main() -> None:
         print(f"{k:32} {f['c0_ms']:8.3f} {f['c1_ms_per_site']:9.4f} {f['c2_ms_per_site2']:10.6f} "
               f"{'-' if dom is None else f'{dom:.0f}':>17} "
               + " ".join(f"{f['projected_ms'][str(m)]:11.1f}" for m in project))
+    sfit = sparse_fits(rows, project) if args.graph == "sparse" else None
+    if sfit:
+        print("\nsparse graph: fit over the sparse rows with terms 1, n, k, n·k, n² (k = neighbours; projected with "
+              "k = 2·⌈2·log2 n⌉):")
+        for k, f in sfit.items():
+            print(f"{k:24} " + " + ".join(f"{v:.4g}·{t}" for t, v in f["terms"].items() if v > 0)
+                  + "   " + "  ".join(f"n={m} (k={f['projected_k'][m]}): {v:.1f} ms" for m, v in f["projected_ms"].items()))
     png = RESULTS / f"{args.out}.png"
     complete_json = RESULTS / "secagg_scale.json"
     if args.graph == "sparse" and complete_json.exists():
         import json
 
-        plot_against_complete(rows, fit, json.loads(complete_json.read_text()), max(project), png)
+        plot_against_complete(rows, fit, sfit, json.loads(complete_json.read_text()), max(project), png, reference)
     else:
         plot(rows, fit, max(project), png)
     path = save(args.out, {
@@ -423,6 +499,8 @@ def main() -> None:
                     **({"neighbours": args.neighbours or "min(2·⌈2·log2 n⌉, largest even ≤ n − 2)",
                         "assumed_colluders": "2t − n − 1"} if args.graph == "sparse" else {})},
         "results": rows, "fit": fit, "wall_seconds": time.perf_counter() - t0,
+        **({"complete_same_run": reference} if reference else {}),
+        **({"sparse_fit": sfit} if sfit else {}),
     })
     print(f"saved {path} and {png}")
 

@@ -99,6 +99,14 @@ class CoordinatorEpoch:
         self.mask_keys = {a.sender: a.mask_keys for a in self.roster.adverts}
         self.dealers = tuple(sorted(self.share_keys))
         self.rows = {d: {row.holder: row for row in sk.rows} for d, sk in self.share_keys.items()}
+        self._lagrange: dict[tuple[int, ...], tuple[int, ...]] = {}
+
+    def lagrange(self, xs: tuple[int, ...]) -> tuple[int, ...]:
+        """Lagrange coefficients at 0 for holders at ``xs``, kept for the epoch (sparse graph: one set per dealer)."""
+        lam = self._lagrange.get(xs)
+        if lam is None:
+            lam = self._lagrange[xs] = shamir.lagrange_coefficients.__wrapped__(xs)
+        return lam
 
     @property
     def epoch(self) -> int:
@@ -257,6 +265,9 @@ class CollectingShareKeys(SetupStage):
             if d in routed
         }
         epoch = CoordinatorEpoch(ann, self.roster, stripped, self.graph)
+        if self.graph is not None:  # per-epoch work: each dealer's reconstruction set when nobody drops out
+            for d in dealers:
+                epoch.lagrange(tuple(sorted(cfg.x_coordinate(h) for h in self.graph.holders(d) if h in routed)[: self.graph.threshold]))
         return SetupComplete(epoch), routed
 
 
@@ -533,7 +544,15 @@ class CollectingSharesOnGraph(CollectingShares):
                     raise ProtocolAbort(
                         f"round {r}: only {len(holders)} neighbours of {v!r} revealed shares, local threshold is {tk}"
                     )
-                out.update(rnd._recover((v,), table, holders, kind, check, blamed, t=tk))
+                # fast path: interpolate from the first t_k holders; on a commitment failure the general
+                # recovery checks every share, blames bad holders and retries with the valid ones
+                lam = ep.lagrange(tuple(x(h) for h in holders[:tk]))
+                value = sum(c * int.from_bytes(table[h][v], "big") for c, h in zip(lam, holders)) % shamir.PRIME
+                secret = value.to_bytes(32, "big") if value < 2**256 else b""
+                if secret and check(v, secret):
+                    out[v] = secret
+                else:
+                    out.update(rnd._recover((v,), table, holders, kind, check, blamed, t=tk))
             return out
 
         u3, dropped = self.request.survivors, self.request.dropped
