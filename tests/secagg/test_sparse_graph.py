@@ -409,3 +409,31 @@ def test_invariant_audit_per_neighbourhood_with_random_dropouts():
     assert not [key for key, kinds in revealed.items() if len(kinds) > 1]
     assert {M.KIND_SEED, M.KIND_KEY} <= set().union(*revealed.values())
 
+
+
+def test_a_bad_revealed_share_is_blamed_and_survived_on_the_graph():
+    """A holder reveals a wrong seed share of a neighbour: the reconstruction from the first t_k holders fails
+    its commitment, the holder is blamed from its per-share commitment, and the secret comes from the others."""
+    fed = sparse_federation(14, 6)
+    ep = fed.run_epoch(2)
+    g = ep.graph
+    xs = random_inputs(fed.config.site_ids, DIM, np.random.default_rng(21))
+    rnd, start = fed.coordinator.begin_round(DIM)
+    for s in start.participants:
+        rnd.receive(fed.to_site(s, start, xs[s]))
+    creq = rnd.close_inputs()
+    for s in creq.survivors:
+        rnd.receive(fed.to_site(s, creq))
+    ureq = rnd.close_consistency()
+    victim = "site-05"
+    liar = min(g.holders(victim), key=fed.config.x_coordinate)  # among the first t_k holders: the fast path fails
+    for s, _ in ureq.signatures:
+        resp = fed.to_site(s, ureq)
+        if s == liar:
+            seeds = tuple((d, (int.from_bytes(v, "big") ^ 1).to_bytes(len(v), "big") if d == victim else v)
+                          for d, v in resp.seed_shares)
+            resp = M.UnmaskResponse(resp.session_digest, resp.epoch, resp.round_id, resp.sender, seeds, resp.key_shares)
+        rnd.receive(resp)
+    res = rnd.finalize()
+    assert res.blamed == (liar,)
+    assert np.array_equal(res.total, plain_sum(xs, res.survivors))
