@@ -97,3 +97,26 @@ def test_the_plan_option_round_trips_and_is_validated(tmp_path):
                        ({"graph": "sparse", "k": 4}, "unknown key")):
         with pytest.raises(PlanError, match=match):
             Plan.from_dict(d | {"secure_aggregation": bad})
+
+
+def test_fedsbdt_plan_writes_the_sparse_graph_option(tmp_path, capsys):
+    from common.cli import main
+
+    from .conftest import EXAMPLES
+
+    def base(n):
+        keys = [bytes([i + 1]) * 32 for i in range(n)]
+        return ["plan", "--schema", str(EXAMPLES / "abalone" / "schema.toml"), "--trees", "5", "--seed", "1",
+                "--json", *[a for i, k in enumerate(keys) for a in ("--site", f"s{i}={k.hex()}")]]
+
+    assert main([*base(8), "--out", str(tmp_path / "p.toml"), "--secagg-graph", "sparse", "--neighbours", "4"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["secagg_graph"] == "sparse" and out["neighbours"] == 4
+    plan = Plan.load(tmp_path / "p.toml")
+    assert plan.secagg_graph == "sparse" and plan.secagg_config().local_threshold.threshold == 4
+    assert main([*base(8), "--out", str(tmp_path / "q.toml"), "--secagg-graph", "sparse", "--neighbours", "5"]) == 2
+    assert "even" in capsys.readouterr().err and not (tmp_path / "q.toml").exists()
+    assert main([*base(3), "--out", str(tmp_path / "r.toml"), "--secagg-graph", "sparse"]) == 2  # k ≥ n − 1
+    assert "complete" in capsys.readouterr().err
+    assert main([*base(3), "--out", str(tmp_path / "s.toml"), "--neighbours", "4"]) == 2
+    assert "--secagg-graph sparse" in capsys.readouterr().err
