@@ -432,6 +432,9 @@ class CollectingSignatures(RoundStage):
         if len(self.signatures) < rnd.t:
             raise ProtocolAbort(f"round {rnd.round_id}: only {len(self.signatures)} consistency signatures, threshold is {rnd.t}")
         u3 = self.request.survivors
+        silent = [] if rnd.epoch.graph is None else [s for s in u3 if s not in self.signatures]
+        if silent:  # on a sparse graph their neighbours reveal only to a set they signed (site.py)
+            raise ProtocolAbort(f"round {rnd.round_id}: survivors {silent} did not sign the survivor set")
         dropped = tuple(p for p in rnd.participants if p not in self.inputs)
         req = UnmaskRequest(
             rnd.config.digest, rnd.epoch.epoch, rnd.round_id, u3, dropped,

@@ -521,10 +521,23 @@ class RoundSigned(RoundStage):
         if own is not None and own != self.signature.signature:
             raise InvalidMessage(f"round {r}: this site's own consistency signature was altered")
         valid = 0 if own is None else 1
+        verified: set[str] = set()
+        if epoch.graph is not None:
+            # Sparse graph: reveal a neighbour's seed share only if that neighbour signed this very statement, so
+            # it masked with this site over the same participant set (docs/secagg.md §10, guarantee 3).
+            alive = [v for v in u3 if v != ctx.site_id and epoch.graph.adjacent(ctx.site_id, v)]
+            sigs = dict(msg.signatures)
+            missing = [v for v in alive if v not in sigs]
+            if missing:
+                raise ProtocolAbort(f"round {r}: surviving neighbours {missing} did not sign this survivor set")
+            for v in alive:
+                if not ed25519_verify(cfg.identity_key(v), CONSISTENCY_DOMAIN, payload, sigs[v]):
+                    raise InvalidMessage(f"round {r}: invalid consistency signature from {v!r}")
+            verified, valid = set(alive), valid + len(alive)
         for signer, sig in msg.signatures:
             if valid >= need:
                 break
-            if signer == ctx.site_id or signer not in counted:
+            if signer == ctx.site_id or signer not in counted or signer in verified:
                 continue
             if not ed25519_verify(cfg.identity_key(signer), CONSISTENCY_DOMAIN, payload, sig):
                 raise InvalidMessage(f"round {r}: invalid consistency signature from {signer!r}")
