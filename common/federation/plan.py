@@ -343,7 +343,15 @@ class Plan:
     @property
     def guarantee(self) -> str:
         """Whom the guarantee covers, exactly, in terms of the declared c (common/guarantee.py)."""
-        return collusion_guarantee(self.n, self.threshold, self.assumed_colluders, self.dropout_slack, self.noise)
+        text = collusion_guarantee(self.n, self.threshold, self.assumed_colluders, self.dropout_slack, self.noise)
+        if self.secagg_graph == "sparse":
+            lt = self.secagg_config().local_threshold
+            text += (f" Secure aggregation runs on a sparse graph (k = {self.secagg_neighbours} neighbours, local "
+                     f"threshold t_k = {lt.threshold}, at most {lt.colluder_bound} colluders per neighbourhood except "
+                     f"with probability ≤ {lt.failure_bound:.2g}): no site's input is opened, but a coordinator that "
+                     "lies about dropouts may unmask sums over parts of a round's survivors, so the σ² noise bound "
+                     "holds only against a coordinator that follows the protocol (docs/secagg.md §10).")
+        return text
 
     @property
     def insecure(self) -> bool:

@@ -112,6 +112,8 @@ def test_fedsbdt_plan_writes_the_sparse_graph_option(tmp_path, capsys):
     assert main([*base(8), "--out", str(tmp_path / "p.toml"), "--secagg-graph", "sparse", "--neighbours", "4"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["secagg_graph"] == "sparse" and out["neighbours"] == 4
+    assert "sparse graph (k = 4 neighbours, local threshold t_k = 4" in out["guarantee"]
+    assert "follows the protocol" in out["guarantee"]
     plan = Plan.load(tmp_path / "p.toml")
     assert plan.secagg_graph == "sparse" and plan.secagg_config().local_threshold.threshold == 4
     assert main([*base(8), "--out", str(tmp_path / "q.toml"), "--secagg-graph", "sparse", "--neighbours", "5"]) == 2
