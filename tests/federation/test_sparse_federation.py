@@ -122,3 +122,42 @@ def test_fedsbdt_plan_writes_the_sparse_graph_option(tmp_path, capsys):
     assert "complete" in capsys.readouterr().err
     assert main([*base(3), "--out", str(tmp_path / "s.toml"), "--neighbours", "4"]) == 2
     assert "--secagg-graph sparse" in capsys.readouterr().err
+
+
+def test_six_site_processes_train_on_the_sparse_graph_over_mutual_tls(tmp_path, ca_dir, cluster_factory):
+    """Real processes (``fedsbdt coordinator`` + six ``fedsbdt client``), gRPC with mutual TLS, a sparse plan
+    (k = 4 of 5 possible neighbours, t_k = 4): every party ends with the model the engine trains centrally."""
+    from common.data import load
+    from common.engine import train
+    from common.randomness import InsecureTestRandomness
+    from common.federation.pki import ca_server
+
+    from .conftest import make_identities, make_test_plan
+
+    sites = [f"hospital-{i}" for i in range(6)]
+    hp = Hyperparameters(trees=3, depth=2, seed=13, epsilon=1.0)
+    schema, raw = abalone_with_ids(360)
+    ids = make_identities(tmp_path, sites, ca_dir)
+    ca_server(ca_dir, tmp_path / "coordinator", ["localhost", "127.0.0.1"], days=2)
+    data = write_splits(raw, sites, tmp_path / "data")
+    plan = make_test_plan(schema, ids, hp, randomness="insecure-test", test_seed=2, test_noise=False,
+                          secagg_graph="sparse", secagg_neighbours=4)
+    plan.save(tmp_path / "plan.toml")
+    assert plan.secagg_config().local_threshold.threshold == 4
+    c = cluster_factory(tmp_path / "plan.toml")
+    coord = c.coordinator()
+    procs = {s: c.site(s, data[s], "--allow-insecure-test-randomness") for s in sites}
+    assert coord.wait() == 0, coord.errors
+    for s, p in procs.items():
+        assert p.wait() == 0, p.errors
+    model = json.loads((tmp_path / "coordinator" / "model.json").read_bytes())
+    for s in sites:
+        assert (tmp_path / s / "model.json").read_bytes() == (tmp_path / "coordinator" / "model.json").read_bytes()
+    union = tmp_path / "union.csv"
+    raw.to_csv(union, index=False)
+    ref = train(load(union, schema), hp, InsecureTestRandomness(seed=2, noise=False,
+                                                               i_understand_this_is_insecure=True)).model
+    assert model["init_score"] == ref.init_score
+    for t, r in zip(model["trees"], ref.trees, strict=True):
+        assert (t["features"], t["thresholds"], t["leaves"]) == (r.features.tolist(), r.thresholds.tolist(),
+                                                                 r.leaves.tolist())
