@@ -259,19 +259,25 @@ def measure(n: int, d: int, epoch_rounds: int, graph: str = "complete", neighbou
 
 def fit_quadratic(ns, ys) -> list[float]:
     """Non-negative (c0, c1, c2) minimising the relative error of c0 + c1·n + c2·n² (all term subsets tried)."""
-    ns, ys = np.asarray(ns, float), np.asarray(ys, float)
+    ns = np.asarray(ns, float)
+    return fit_nonnegative(np.stack([np.ones_like(ns), ns, ns**2], axis=1), ys)
+
+
+def fit_nonnegative(basis: np.ndarray, ys) -> list[float]:
+    """Non-negative coefficients of the basis columns minimising the relative error (all column subsets tried)."""
+    ys = np.asarray(ys, float)
     w = 1.0 / np.maximum(ys, 1e-9)
-    basis = np.stack([np.ones_like(ns), ns, ns**2], axis=1)
-    best, best_err = [0.0, 0.0, 0.0], np.inf
-    for k in range(1, 4):
-        for cols in itertools.combinations(range(3), k):
+    m = basis.shape[1]
+    best, best_err = [0.0] * m, np.inf
+    for k in range(1, m + 1):
+        for cols in itertools.combinations(range(m), k):
             A = basis[:, cols] * w[:, None]
             coef, *_ = np.linalg.lstsq(A, ys * w, rcond=None)
             if (coef < 0).any():
                 continue
             err = float(np.sum((A @ coef - ys * w) ** 2))
             if err < best_err:
-                best_err, best = err, [0.0, 0.0, 0.0]
+                best_err, best = err, [0.0] * m
                 for c, v in zip(cols, coef):
                     best[c] = float(v)
     return best
@@ -286,23 +292,9 @@ def sparse_basis(n, k):
 
 
 def fit_sparse(ns, ks, ys) -> list[float]:
-    """Non-negative coefficients of 1, n, k, n·k, n² (all term subsets; relative error) for the sparse graph:
-    per site O(k) work plus O(n) message sizes; at the coordinator O(n·k) plus O(n); n² shows what is left."""
-    w = 1.0 / np.maximum(np.asarray(ys, float), 1e-9)
-    basis, ys = sparse_basis(ns, ks), np.asarray(ys, float)
-    best, best_err = [0.0] * 5, np.inf
-    for size in range(1, 6):
-        for cols in itertools.combinations(range(5), size):
-            A = basis[:, cols] * w[:, None]
-            coef, *_ = np.linalg.lstsq(A, ys * w, rcond=None)
-            if (coef < 0).any():
-                continue
-            err = float(np.sum((A @ coef - ys * w) ** 2))
-            if err < best_err:
-                best_err, best = err, [0.0] * 5
-                for c, v in zip(cols, coef):
-                    best[c] = float(v)
-    return best
+    """Non-negative coefficients of 1, n, k, n·k, n² for the sparse graph: per site O(k) work plus O(n)
+    message sizes; at the coordinator O(n·k) plus O(n); n² shows what is left."""
+    return fit_nonnegative(sparse_basis(ns, ks), ys)
 
 
 def sparse_fits(rows: list[dict], project: list[int]) -> dict:

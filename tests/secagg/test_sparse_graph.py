@@ -11,7 +11,7 @@ import pytest
 from scipy.stats import hypergeom
 
 from common.fixedpoint import from_ring
-from common.secagg import ConfigError, InvalidMessage, MemoryStorage, ProtocolAbort, SecAggCoordinator, SecAggSite
+from common.secagg import ConfigError, InvalidMessage, ProtocolAbort, SecAggCoordinator, SecAggSite
 from common.secagg import messages as M
 from common.secagg import primitives as P
 from common.secagg import shamir
