@@ -31,7 +31,18 @@ Cost: every site of every size runs in this process, so the run is dominated by
 n = 200 (two epoch setups of 200 sites: a few minutes of CPU); about 5–10 min
 on a shared 2-core machine, ``--quick`` (n = 3, 10, 30) about 20 s.
 
-Run:  python benchmarks/secagg_scale.py [--sizes 3,5,10,20,35,50,75,100,200] [--quick]
+``--graph sparse`` measures the sparse-graph variant (Bell et al., CCS 2020;
+``common/secagg/graph.py``): each site masks with k neighbours of a public
+random k-regular graph, k = ``--neighbours`` or by default the documented
+2·⌈2·log2 n⌉ (capped at the largest even k ≤ n − 2; below that the complete
+graph is used and the row says so), c = 2t − n − 1 assumed colluders (the
+federation's default).  It writes ``secagg_scale_sparse.{json,png}``; the PNG
+puts its totals beside the complete-graph curve read from
+``secagg_scale.json`` (an earlier run), and ``--reference-complete`` sizes
+(default 50, 100) are measured on the complete graph in the same run, so the
+ratio at those sizes is not a comparison across machine loads.
+
+Run:  python benchmarks/secagg_scale.py [--sizes 3,5,10,20,35,50,75,100,200] [--quick] [--graph sparse]
 """
 from __future__ import annotations
 
@@ -51,7 +62,9 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from _util import RESULTS, save  # noqa: E402
+from common.secagg.graph import check_sparse_parameters, suggested_neighbours  # noqa: E402
 from common.secagg import (  # noqa: E402
+    ConfigError,
     MemoryStorage,
     SecAggCoordinator,
     SecAggSite,
@@ -81,12 +94,23 @@ def repeats_for(n: int) -> tuple[int, int]:
 class Federation:
     """n sites and a coordinator in memory; each party's CPU per stage is accumulated."""
 
-    def __init__(self, n: int, d: int) -> None:
+    def __init__(self, n: int, d: int, graph: str = "complete", neighbours: int | None = None) -> None:
         self.n, self.d, self.t = n, d, n // 2 + 1
         self.ids = [f"site-{i:04d}" for i in range(n)]
         keys = {s: Ed25519PrivateKey.generate() for s in self.ids}
         roster = tuple(SiteIdentity(s, keys[s].public_key().public_bytes_raw()) for s in self.ids)
-        self.cfg = SessionConfig(b"secagg-scale", self.t, roster, max_epoch_rounds=max(SLOTS))
+        self.graph, self.k, extra = "complete", n - 1, {}
+        if graph == "sparse":
+            c = 2 * self.t - n - 1
+            k = neighbours if neighbours is not None else min(suggested_neighbours(n), (n - 2) // 2 * 2)
+            try:
+                check_sparse_parameters(n, k, c)
+            except ConfigError:
+                pass  # too few sites for a sparse graph: measured on the complete graph, and the row says so
+            else:
+                self.graph, self.k = "sparse", k
+                extra = {"graph": "sparse", "neighbours": k, "assumed_colluders": c}
+        self.cfg = SessionConfig(b"secagg-scale", self.t, roster, max_epoch_rounds=max(SLOTS), **extra)
         self.sites = {s: SecAggSite(self.cfg, s, keys[s], MemoryStorage()) for s in self.ids}
         self.coord = SecAggCoordinator(self.cfg)
         self.rng = np.random.default_rng(n)
@@ -172,9 +196,9 @@ class Federation:
         return site, coord
 
 
-def measure(n: int, d: int, epoch_rounds: int) -> dict:
+def measure(n: int, d: int, epoch_rounds: int, graph: str = "complete", neighbours: int | None = None) -> dict:
     reps, rounds = repeats_for(n)
-    fed = Federation(n, d)
+    fed = Federation(n, d, graph, neighbours)
     setup_site = {E: {k: [] for k in SITE_SETUP} for E in SLOTS}
     setup_coord = {E: {k: [] for k in COORD_SETUP} for E in SLOTS}
     round_site = {k: [] for k in SITE_ROUND}
@@ -218,7 +242,9 @@ def measure(n: int, d: int, epoch_rounds: int) -> dict:
             parts[f"{party}_{k}"] = {"per_epoch_ms": 1e3 * pe, "per_slot_ms": 1e3 * ps}
     slots = reps * sum(SLOTS)
     return {
-        "n": n, "t": fed.t, "repeats": reps, "rounds": done_rounds,
+        "n": n, "t": fed.t, "graph": fed.graph, "neighbours": fed.k,
+        "local_threshold": fed.cfg.local_threshold.threshold if fed.cfg.sparse else fed.t,
+        "repeats": reps, "rounds": done_rounds,
         "site_ms_per_round": site_ms, "site_total_ms_per_round": sum(site_ms.values()),
         "coordinator_ms_per_round": coord_ms, "coordinator_total_ms_per_round": sum(coord_ms.values()),
         "federation_total_ms_per_round": n * sum(site_ms.values()) + sum(coord_ms.values()),
@@ -233,22 +259,56 @@ def measure(n: int, d: int, epoch_rounds: int) -> dict:
 
 def fit_quadratic(ns, ys) -> list[float]:
     """Non-negative (c0, c1, c2) minimising the relative error of c0 + c1·n + c2·n² (all term subsets tried)."""
-    ns, ys = np.asarray(ns, float), np.asarray(ys, float)
+    ns = np.asarray(ns, float)
+    return fit_nonnegative(np.stack([np.ones_like(ns), ns, ns**2], axis=1), ys)
+
+
+def fit_nonnegative(basis: np.ndarray, ys) -> list[float]:
+    """Non-negative coefficients of the basis columns minimising the relative error (all column subsets tried)."""
+    ys = np.asarray(ys, float)
     w = 1.0 / np.maximum(ys, 1e-9)
-    basis = np.stack([np.ones_like(ns), ns, ns**2], axis=1)
-    best, best_err = [0.0, 0.0, 0.0], np.inf
-    for k in range(1, 4):
-        for cols in itertools.combinations(range(3), k):
+    m = basis.shape[1]
+    best, best_err = [0.0] * m, np.inf
+    for k in range(1, m + 1):
+        for cols in itertools.combinations(range(m), k):
             A = basis[:, cols] * w[:, None]
             coef, *_ = np.linalg.lstsq(A, ys * w, rcond=None)
             if (coef < 0).any():
                 continue
             err = float(np.sum((A @ coef - ys * w) ** 2))
             if err < best_err:
-                best_err, best = err, [0.0, 0.0, 0.0]
+                best_err, best = err, [0.0] * m
                 for c, v in zip(cols, coef):
                     best[c] = float(v)
     return best
+
+
+SPARSE_TERMS = ("1", "n", "k", "n·k", "n²")
+
+
+def sparse_basis(n, k):
+    n, k = np.asarray(n, float), np.asarray(k, float)
+    return np.stack([np.ones_like(n), n, k, n * k, n * n], axis=-1)
+
+
+def fit_sparse(ns, ks, ys) -> list[float]:
+    """Non-negative coefficients of 1, n, k, n·k, n² for the sparse graph: per site O(k) work plus O(n)
+    message sizes; at the coordinator O(n·k) plus O(n); n² shows what is left."""
+    return fit_nonnegative(sparse_basis(ns, ks), ys)
+
+
+def sparse_fits(rows: list[dict], project: list[int]) -> dict:
+    rows = [r for r in rows if r["graph"] == "sparse"]
+    ns, ks = [r["n"] for r in rows], [r["neighbours"] for r in rows]
+    out = {}
+    for party, key in (("site", "site_total_ms_per_round"), ("coordinator", "coordinator_total_ms_per_round")):
+        c = fit_sparse(ns, ks, [r[key] for r in rows])
+        out[f"{party}/total"] = {
+            "terms": dict(zip(SPARSE_TERMS, c)),
+            "projected_ms": {str(m): float(sparse_basis(m, suggested_neighbours(m)) @ c) for m in project},
+            "projected_k": {str(m): suggested_neighbours(m) for m in project},
+        }
+    return out
 
 
 def evaluate(coef, n) -> float:
@@ -311,6 +371,53 @@ def plot(rows: list[dict], fit: dict, project_to: int, path: Path) -> None:
     plt.close(fig)
 
 
+def plot_against_complete(rows: list[dict], fit: dict, sparse_fit: dict, complete: dict, project_to: int, path: Path,
+                          reference: list[dict]) -> None:
+    """Totals per round of the sparse graph beside the complete graph's (from secagg_scale.json)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(16, 5))
+    for run, style, name in ((complete, "o", "complete graph"), ({"results": rows, "fit": fit, "sparse_fit": sparse_fit}, "s", "sparse graph")):
+        ns = np.array([r["n"] for r in run["results"]])
+        grid = np.geomspace(ns.min(), project_to, 200)
+        for ax, key, title in ((axes[0], "site_total_ms_per_round", "site total"),
+                               (axes[1], "coordinator_total_ms_per_round", "coordinator total"),
+                               (axes[2], "federation_total_ms_per_round", "all parties (n · site + coordinator)")):
+            ys = [r[key] for r in run["results"]]
+            color = "C0" if name == "complete graph" else "C3"
+            ax.plot(ns, ys, style, color=color, ms=4, label=f"{name}, measured")
+            party = "site" if key.startswith("site") else "coordinator"
+            if key != "federation_total_ms_per_round" and name == "complete graph":
+                c = run["fit"][f"{party}/total"]
+                f = [evaluate([c["c0_ms"], c["c1_ms_per_site"], c["c2_ms_per_site2"]], g) for g in grid]
+                ax.plot(grid, f, "--", color=color, lw=1,
+                        label=f"{name} fit: {c['c0_ms']:.2g} + {c['c1_ms_per_site']:.2g}·n + {c['c2_ms_per_site2']:.2g}·n²")
+            elif key != "federation_total_ms_per_round":
+                terms = run["sparse_fit"][f"{party}/total"]["terms"]
+                c = [terms[t] for t in SPARSE_TERMS]
+                g2 = grid[grid >= 30]
+                f = [float(sparse_basis(g, suggested_neighbours(int(g))) @ c) for g in g2]
+                ax.plot(g2, f, "--", color=color, lw=1, label=f"{name} fit: " + " + ".join(
+                    f"{v:.2g}·{t}" if t != "1" else f"{v:.2g}" for t, v in terms.items() if v > 0))
+            if name == "sparse graph" and reference:
+                ax.plot([r["n"] for r in reference], [r[key] for r in reference], "D", mfc="none", color="C0", ms=7,
+                        label="complete graph, measured in the same run")
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            ax.set_xlabel("sites n (t = ⌊n/2⌋ + 1)")
+            ax.set_ylabel("CPU ms per round (setup amortised)")
+            ax.set_title(title)
+            ax.grid(True, which="both", lw=0.3)
+            ax.legend(fontsize=7, loc="upper left")
+    fig.suptitle("secure aggregation: complete graph against the sparse graph (k = 2·⌈2·log2 n⌉ neighbours)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="3,5,10,20,35,50,75,100,200")
@@ -318,20 +425,38 @@ def main() -> None:
     ap.add_argument("--epoch-rounds", type=int, default=64, help="E used to amortise setup (the plan default)")
     ap.add_argument("--project", default="500,1000")
     ap.add_argument("--quick", action="store_true", help="n = 3, 10, 30 only")
-    ap.add_argument("--out", default="secagg_scale", help="result name under benchmarks/results/ (.json, .png)")
+    ap.add_argument("--out", default=None, help="result name under benchmarks/results/ (.json, .png); "
+                                                "default secagg_scale or secagg_scale_sparse")
+    ap.add_argument("--graph", choices=("complete", "sparse"), default="complete")
+    ap.add_argument("--neighbours", type=int, default=None, help="k of the sparse graph (default 2·⌈2·log2 n⌉)")
+    ap.add_argument("--reference-complete", default="50,100",
+                    help="with --graph sparse: also measure the complete graph at these sizes in the same run")
     args = ap.parse_args()
+    args.out = args.out or ("secagg_scale" if args.graph == "complete" else "secagg_scale_sparse")
     sizes = [3, 10, 30] if args.quick else [int(x) for x in args.sizes.split(",")]
     project = [int(x) for x in args.project.split(",")]
     rows = []
     t0 = time.perf_counter()
     for n in sizes:
-        r = measure(n, args.vector_len, args.epoch_rounds)
+        r = measure(n, args.vector_len, args.epoch_rounds, args.graph, args.neighbours)
         rows.append(r)
         s, c = r["site_ms_per_round"], r["coordinator_ms_per_round"]
-        print(f"n={n:4d} t={r['t']:4d}  site " + " ".join(f"{k} {v:.2f}" for k, v in s.items())
+        graph = "complete" if r["graph"] == "complete" else f"k={r['neighbours']} t_k={r['local_threshold']}"
+        print(f"n={n:4d} t={r['t']:4d} {graph}  site " + " ".join(f"{k} {v:.2f}" for k, v in s.items())
               + f" | total {r['site_total_ms_per_round']:.2f} ms"
               + "   coordinator " + " ".join(f"{k} {v:.2f}" for k, v in c.items())
               + f" | total {r['coordinator_total_ms_per_round']:.2f} ms   ({r['wall_seconds']:.1f} s)", flush=True)
+    reference = []
+    if args.graph == "sparse" and args.reference_complete:
+        for n in [int(x) for x in args.reference_complete.split(",")]:
+            r = measure(n, args.vector_len, args.epoch_rounds)
+            reference.append(r)
+            mine = next((x for x in rows if x["n"] == n), None)
+            ratio = "" if mine is None else (
+                f"  sparse/complete: site {mine['site_total_ms_per_round'] / r['site_total_ms_per_round']:.2f}, "
+                f"coordinator {mine['coordinator_total_ms_per_round'] / r['coordinator_total_ms_per_round']:.2f}")
+            print(f"n={n:4d} complete graph (same run): site total {r['site_total_ms_per_round']:.2f} ms, "
+                  f"coordinator total {r['coordinator_total_ms_per_round']:.2f} ms{ratio}", flush=True)
     fit = fits(rows, project)
     print(f"\nfit c0 + c1·n + c2·n² (ms per round; setup amortised over E = {args.epoch_rounds}); "
           f"projection to {', '.join(map(str, project))} sites:")
@@ -342,14 +467,32 @@ def main() -> None:
         print(f"{k:32} {f['c0_ms']:8.3f} {f['c1_ms_per_site']:9.4f} {f['c2_ms_per_site2']:10.6f} "
               f"{'-' if dom is None else f'{dom:.0f}':>17} "
               + " ".join(f"{f['projected_ms'][str(m)]:11.1f}" for m in project))
+    sfit = sparse_fits(rows, project) if args.graph == "sparse" else None
+    if sfit:
+        print("\nsparse graph: fit over the sparse rows with terms 1, n, k, n·k, n² (k = neighbours; projected with "
+              "k = 2·⌈2·log2 n⌉):")
+        for k, f in sfit.items():
+            print(f"{k:24} " + " + ".join(f"{v:.4g}·{t}" for t, v in f["terms"].items() if v > 0)
+                  + "   " + "  ".join(f"n={m} (k={f['projected_k'][m]}): {v:.1f} ms" for m, v in f["projected_ms"].items()))
     png = RESULTS / f"{args.out}.png"
-    plot(rows, fit, max(project), png)
+    complete_json = RESULTS / "secagg_scale.json"
+    if args.graph == "sparse" and complete_json.exists():
+        import json
+
+        plot_against_complete(rows, fit, sfit, json.loads(complete_json.read_text()), max(project), png, reference)
+    else:
+        plot(rows, fit, max(project), png)
     path = save(args.out, {
         "description": "secure aggregation CPU per round against the number of sites, in one process (no gRPC); "
                        "CPU = process time, medians over sites and repeats; setup amortised per round",
         "setting": {"vector_len": args.vector_len, "epoch_rounds_for_amortisation": args.epoch_rounds,
-                    "threshold": "n // 2 + 1", "setup_epoch_sizes": list(SLOTS), "all_sites_take_part": True},
+                    "threshold": "n // 2 + 1", "setup_epoch_sizes": list(SLOTS), "all_sites_take_part": True,
+                    "graph": args.graph,
+                    **({"neighbours": args.neighbours or "min(2·⌈2·log2 n⌉, largest even ≤ n − 2)",
+                        "assumed_colluders": "2t − n − 1"} if args.graph == "sparse" else {})},
         "results": rows, "fit": fit, "wall_seconds": time.perf_counter() - t0,
+        **({"complete_same_run": reference} if reference else {}),
+        **({"sparse_fit": sfit} if sfit else {}),
     })
     print(f"saved {path} and {png}")
 

@@ -191,6 +191,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
                    deadlines=Deadlines(join=args.join_deadline, stage=args.stage_deadline,
                                        quorum=args.quorum_deadline, finish=args.finish_deadline),
                    sampler=args.sampler, **evaluation)
+    if args.secagg_graph == "sparse":  # Bell et al.'s sparse graph (docs/secagg.md §10)
+        from common.secagg.graph import suggested_neighbours
+
+        session.update(secagg_graph="sparse",
+                       secagg_neighbours=args.neighbours if args.neighbours is not None else suggested_neighbours(len(sites)))
+    elif args.neighbours is not None:
+        raise CliError("--neighbours needs --secagg-graph sparse")
     if args.insecure_test_randomness is not None:
         session.update(randomness="insecure-test", test_seed=args.insecure_test_randomness,
                        test_noise=args.test_noise)
@@ -199,7 +206,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     emit(args, {"plan": str(args.out), "plan_sha256": plan.sha256, "sigma": plan.stated_sigma,
                 "epsilon": plan.stated_epsilon, "threshold": plan.threshold, "dropout_slack": plan.dropout_slack,
                 "assumed_colluders": plan.assumed_colluders, "noise": plan.noise, "guarantee": plan.guarantee,
-                "sites": list(plan.site_ids), "seed": plan.hyperparameters.seed, "epsilon_eval": plan.eval_epsilon},
+                "sites": list(plan.site_ids), "seed": plan.hyperparameters.seed, "epsilon_eval": plan.eval_epsilon,
+                "secagg_graph": plan.secagg_graph, "neighbours": plan.secagg_neighbours or None},
          f"wrote {args.out}: {plan.n} sites, t = {plan.threshold}, c = {plan.assumed_colluders}, dropout slack "
          f"{plan.dropout_slack}, noise {plan.noise}, σ = {plan.stated_sigma:.6g}, ε = {plan.stated_epsilon:.6g}"
          + (f"\nfederated evaluation: ε_eval = {plan.eval_epsilon:g} on the sites' held-out files "
@@ -281,6 +289,11 @@ def register(sub) -> None:
                    help="distributed (sites add noise shares; default) or central (trust the coordinator)")
     p.add_argument("--session-id", default="fedsbdt-session", help="a name for the session")
     p.add_argument("--epoch-rounds", type=int, default=64, help="round slots per secure-aggregation epoch")
+    p.add_argument("--secagg-graph", choices=["complete", "sparse"], default="complete",
+                   help="complete (every site masks with every other; default) or sparse (each site masks with "
+                        "k neighbours of a public random graph per epoch, Bell et al.; for large consortia)")
+    p.add_argument("--neighbours", type=int, metavar="K",
+                   help="with --secagg-graph sparse: k, even and below n − 1 (default 2·⌈2·log2 n⌉)")
     p.add_argument("--max-records", type=int, default=1_000_000,
                    help="public upper bound on the records of one site (fixed-point capacity check)")
     p.add_argument("--join-deadline", type=float, default=120.0, help="seconds to wait for the whole roster")

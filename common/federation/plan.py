@@ -16,6 +16,10 @@ A plan is a TOML file every party can read and hash::
     randomness = "secure"         # "insecure-test" only in tests (sites refuse it by default)
     sampler = "ours"              # exact noise sampler: "ours" (default) or "opendp" (~30x slower)
 
+    [secure_aggregation]          # optional; omitted = the complete graph (every site masks with every other)
+    graph = "sparse"              # Bell et al.: each site masks with k neighbours of a public random graph
+    neighbours = 32               # k (even, below n − 1; docs/secagg.md §10 says how to choose it)
+
     [deadlines]                   # seconds
     join = 120                    # wait for the whole roster before starting with ≥ t sites
     stage = 10                    # per secure-aggregation stage
@@ -172,6 +176,8 @@ class Plan:
     eval_bins: int = 20  # [evaluation] bins: public score / residual bins (common/fed_eval.py)
     eval_model_sha256: str | None = None  # [evaluation] model_sha256: evaluate this existing model (no training)
     eval_residual_clip: float | None = None  # [evaluation] residual_clip: R of a regression evaluation
+    secagg_graph: str = "complete"  # [secure_aggregation] graph: "complete" or "sparse" (common/secagg/graph.py)
+    secagg_neighbours: int = 0  # [secure_aggregation] neighbours: k of the sparse graph
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sites", tuple(sorted(self.sites, key=lambda s: s.site_id)))
@@ -211,6 +217,11 @@ class Plan:
                 raise PlanError(f"session.{name} = {v!r}: must be an integer")
         n = len(ids)
         check_trust_parameters(n, self.threshold, self.assumed_colluders, self.dropout_slack)
+        if self.secagg_graph not in ("complete", "sparse"):
+            raise PlanError(f"secure_aggregation.graph = {self.secagg_graph!r}: must be \"complete\" or \"sparse\"")
+        k = self.secagg_neighbours
+        if isinstance(k, bool) or not isinstance(k, int) or (self.secagg_graph == "complete" and k != 0):
+            raise PlanError(f"secure_aggregation.neighbours = {k!r}: an even integer, and only with graph = \"sparse\"")
         if self.noise not in NOISE_MODES:
             raise PlanError(f"session.noise = {self.noise!r}: must be one of {', '.join(NOISE_MODES)}")
         if not 1 <= self.epoch_rounds <= MAX_EPOCH_ROUNDS:
@@ -237,7 +248,8 @@ class Plan:
                 raise PlanError(f"privacy.{name.split('_')[1]} must be a positive number")
         from .wire import MAX_MESSAGE_BYTES, estimated_largest_message
 
-        est = estimated_largest_message(n, self.epoch_rounds, hp.depth, self.max_vector_len, self.schema.n_classes)
+        est = estimated_largest_message(n, self.epoch_rounds, hp.depth, self.max_vector_len, self.schema.n_classes,
+                                        holders=self.secagg_neighbours + 1 if self.secagg_graph == "sparse" else None)
         if est > MAX_MESSAGE_BYTES // 2:
             raise PlanError(f"{n} sites with epoch_rounds = {self.epoch_rounds} would need messages of about "
                             f"{est / 2**20:.1f} MiB (limit {MAX_MESSAGE_BYTES // 2**21} MiB); lower epoch_rounds")
@@ -341,7 +353,15 @@ class Plan:
     @property
     def guarantee(self) -> str:
         """Whom the guarantee covers, exactly, in terms of the declared c (common/guarantee.py)."""
-        return collusion_guarantee(self.n, self.threshold, self.assumed_colluders, self.dropout_slack, self.noise)
+        text = collusion_guarantee(self.n, self.threshold, self.assumed_colluders, self.dropout_slack, self.noise)
+        if self.secagg_graph == "sparse":
+            lt = self.secagg_config().local_threshold
+            text += (f" Secure aggregation runs on a sparse graph (k = {self.secagg_neighbours} neighbours, local "
+                     f"threshold t_k = {lt.threshold}, at most {lt.colluder_bound} colluders per neighbourhood except "
+                     f"with probability ≤ {lt.failure_bound:.2g}): no site's input is opened, but a coordinator that "
+                     "lies about dropouts may unmask sums over parts of a round's survivors, so the σ² noise bound "
+                     "holds only against a coordinator that follows the protocol (docs/secagg.md §10).")
+        return text
 
     @property
     def insecure(self) -> bool:
@@ -535,6 +555,7 @@ class Plan:
                 noise_sigma_units=noise,
                 max_epoch_rounds=self.epoch_rounds,
                 max_vector_len=self.max_vector_len,
+                **({} if self.secagg_graph == "complete" else {"graph": "sparse", "neighbours": self.secagg_neighbours}),
             )
         except SecAggConfigError as e:
             raise PlanError(f"secure aggregation cannot run this plan: {e}") from None
@@ -581,7 +602,9 @@ class Plan:
             "hyperparameters": {k: v for k, v in self.hyperparameters.to_dict().items() if v is not None},
             "schema": self.schema.to_dict(),
             "sites": [s.to_dict() for s in self.sites],
-        } | ({} if self.eval_epsilon is None else
+        } | ({} if self.secagg_graph == "complete" else
+             {"secure_aggregation": {"graph": self.secagg_graph, "neighbours": self.secagg_neighbours}}) | (
+            {} if self.eval_epsilon is None else
              {"evaluation": {"epsilon": float(self.eval_epsilon), "bins": self.eval_bins}
               | ({} if self.eval_model_sha256 is None else {"model_sha256": self.eval_model_sha256})
               | ({} if self.eval_residual_clip is None else {"residual_clip": float(self.eval_residual_clip)})})
@@ -616,7 +639,7 @@ class Plan:
             raise PlanError(f"{source}: not a fedsbdt plan of version {VERSION} "
                             f"(format = {d.get('format')!r}, version = {d.get('version')!r})")
         known = {"format", "version", "session", "deadlines", "privacy", "hyperparameters", "schema", "sites",
-                 "evaluation"}
+                 "evaluation", "secure_aggregation"}
         unknown = sorted(set(d) - known)
         if unknown:
             raise PlanError(f"{source}: unknown section(s) {', '.join(unknown)}")
@@ -678,6 +701,10 @@ class Plan:
         if bad or (ev and "epsilon" not in ev):
             raise PlanError(f"{source}: [evaluation] takes epsilon (required), bins, residual_clip and model_sha256"
                             + (f"; unknown key(s) {', '.join(bad)}" if bad else ""))
+        sa = section("secure_aggregation", required=False)
+        bad = sorted(set(sa) - {"graph", "neighbours"})
+        if bad:
+            raise PlanError(f"{source}: [secure_aggregation] takes graph and neighbours; unknown key(s) {', '.join(bad)}")
         try:
             return cls(
                 session_id=s["id"], schema=schema, hyperparameters=hp, sites=tuple(sites), threshold=s["threshold"],
@@ -690,6 +717,7 @@ class Plan:
                 test_seed=s.get("test_seed", 0), test_noise=s.get("test_noise", True), deadlines=Deadlines(**dl),
                 eval_epsilon=ev.get("epsilon"), eval_bins=ev.get("bins", 20),
                 eval_model_sha256=ev.get("model_sha256"), eval_residual_clip=ev.get("residual_clip"),
+                secagg_graph=sa.get("graph", "complete"), secagg_neighbours=sa.get("neighbours", 0),
             )
         except PlanError as e:
             raise PlanError(f"{source}: {e}") from None

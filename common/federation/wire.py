@@ -54,14 +54,16 @@ class WireError(ValueError):
 
 
 def estimated_largest_message(n_sites: int, epoch_rounds: int, depth: int, vector_len: int = 0,
-                              classes: int = 1) -> int:
+                              classes: int = 1, holders: int | None = None) -> int:
     """Upper estimate (bytes) of the largest message a session with these parameters sends
     (``vector_len``: the longest secure-aggregation vector, if longer than a tree's ``2·2^depth``;
-    ``classes``: K class trees per round for a multiclass task)."""
+    ``classes``: K class trees per round for a multiclass task; ``holders``: the K = k + 1 share
+    holders per site of a sparse secure-aggregation graph, default all n)."""
     e, n = int(epoch_rounds), int(n_sites)
+    h = n if holders is None else min(int(holders), n)
     depth = max(depth, math.ceil(math.log2(max(vector_len, 2) / 2)))
-    share_keys = e * (32 + 140 * n) + 200 * n + 4096
-    epoch_shares = n * (100 * e + 48 * n + 400) + 4096
+    share_keys = e * (32 + 140 * h) + 200 * h + 4096
+    epoch_shares = h * (100 * e + 48 * h + 400) + 4096
     roster = n * (32 * e + 256) + 4096
     masked = 16 * max(classes, 1) * 2**depth + 4096
     trees = 0  # GetTrees pages are cut to fit

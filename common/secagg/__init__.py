@@ -8,6 +8,7 @@ transport drives epochs and rounds.  Modules:
 ``primitives``   X25519, Ed25519, HKDF, AES-GCM, AES-CTR PRG, commitments
 ``shamir``       Shamir sharing over GF(2^256 + 297)
 ``config``       SessionConfig, roster, session digest, threshold rules
+``graph``        the sparse variant's public neighbourhood graph and local threshold (Bell et al.)
 ``messages``     the protocol messages (dataclasses with to_bytes / from_bytes)
 ``storage``      Storage protocol, MemoryStorage, FileStorage
 ``records``      formats of persisted site records

@@ -31,7 +31,10 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from ..fixedpoint import FixedPointError, check_capacity, noise_tail
 from .encoding import MAX_EPOCH_ROUNDS, MAX_SITES, MAX_VECTOR_LEN, check_site_id
 from .errors import ConfigError, InvalidMessage
+from .graph import DEFAULT_SECURITY_BITS, LocalThreshold, NeighbourGraph, check_sparse_parameters, epoch_graph
 from .primitives import KEY_SIZE, LABEL_SESSION, label, lp, sha256, u32
+
+LABEL_GRAPH_PARAMS = b"graph-params"
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,11 @@ class SessionConfig:
             capacity check and for the range check of a noise share passed to a site).
         max_epoch_rounds: largest number of round slots one epoch may announce.
         max_vector_len: largest vector length one round may announce.
+        graph: ``"complete"`` (every site masks with every other, Bonawitz et al.) or ``"sparse"``
+            (each site masks with ``neighbours`` sites of a public random regular graph per epoch,
+            Bell et al.; see ``graph.py`` and docs/secagg.md §10).
+        neighbours: k, the degree of the sparse graph (even, below n − 1); ignored for ``"complete"``.
+        graph_security_bits: σ of the sparse graph's local-threshold rule.
     """
 
     session_id: bytes
@@ -87,7 +95,11 @@ class SessionConfig:
     noise_sigma_units: float = 0.0
     max_epoch_rounds: int = 256
     max_vector_len: int = 1 << 16
+    graph: str = "complete"
+    neighbours: int = 0
+    graph_security_bits: int = DEFAULT_SECURITY_BITS
     _index: dict = field(init=False, repr=False, compare=False, default=None)  # type: ignore[assignment]
+    _graphs: dict = field(init=False, repr=False, compare=False, default=None)  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
         if not isinstance(self.session_id, bytes) or not 1 <= len(self.session_id) <= 256:
@@ -125,7 +137,14 @@ class SessionConfig:
                 check_capacity(self.max_abs_input, n, self.noise_sigma_units)
             except FixedPointError as exc:
                 raise ConfigError(str(exc)) from None
+        if self.graph not in ("complete", "sparse"):
+            raise ConfigError(f"graph must be \"complete\" or \"sparse\", got {self.graph!r}")
+        if self.graph == "sparse":
+            if not isinstance(self.graph_security_bits, int) or not 1 <= self.graph_security_bits <= 256:
+                raise ConfigError("graph_security_bits must be an integer in [1, 256]")
+            check_sparse_parameters(n, self.neighbours, c, self.graph_security_bits)
         object.__setattr__(self, "_index", {sid: i for i, sid in enumerate(ids)})
+        object.__setattr__(self, "_graphs", {})
 
     # ------------------------------------------------------------------ derived values
     @property
@@ -134,8 +153,38 @@ class SessionConfig:
 
     @cached_property
     def digest(self) -> bytes:
-        """The session digest bound into every key, AD, signature and message."""
-        return session_digest(self.session_id, self.threshold, self.roster)
+        """The session digest bound into every key, AD, signature and message.
+
+        A sparse graph's parameters are bound too (appended, so complete-graph digests are unchanged).
+        """
+        base = session_digest(self.session_id, self.threshold, self.roster)
+        if self.graph == "complete":
+            return base
+        return sha256(label(LABEL_GRAPH_PARAMS), base, u32(self.neighbours), u32(self.graph_security_bits), u32(self.assumed_colluders))
+
+    @property
+    def sparse(self) -> bool:
+        return self.graph == "sparse"
+
+    @cached_property
+    def local_threshold(self) -> LocalThreshold | None:
+        """The sparse graph's threshold rule on the full roster (None for the complete graph)."""
+        if not self.sparse:
+            return None
+        return check_sparse_parameters(self.n, self.neighbours, self.assumed_colluders, self.graph_security_bits)
+
+    def epoch_graph(self, roster) -> NeighbourGraph | None:
+        """The public graph of an epoch (from its EpochRoster A1); None means the complete graph."""
+        if not self.sparse:
+            return None
+        edig = roster.epoch_digest()
+        g = self._graphs.get(edig)
+        if g is None:
+            g = epoch_graph(edig, roster.senders, self.neighbours, self.assumed_colluders, self.graph_security_bits)
+            if len(self._graphs) >= 8:
+                self._graphs.pop(next(iter(self._graphs)))
+            self._graphs[edig] = g
+        return g
 
     @cached_property
     def site_ids(self) -> tuple[str, ...]:

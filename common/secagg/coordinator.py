@@ -66,6 +66,7 @@ from .primitives import (
     x25519_agree_many,
     x25519_public,
 )
+from .graph import NeighbourGraph
 from .site import share_blob_size
 from .storage import Storage
 
@@ -91,12 +92,21 @@ class CoordinatorEpoch:
     announce: EpochAnnounce
     roster: EpochRoster
     share_keys: dict[str, ShareKeys]  # dealer -> its ShareKeys (blobs stripped)
+    graph: NeighbourGraph | None = None  # the epoch's public graph in sparse mode; None = complete graph
 
     def __post_init__(self) -> None:
         self.epoch_digest = self.roster.epoch_digest()
         self.mask_keys = {a.sender: a.mask_keys for a in self.roster.adverts}
         self.dealers = tuple(sorted(self.share_keys))
         self.rows = {d: {row.holder: row for row in sk.rows} for d, sk in self.share_keys.items()}
+        self._lagrange: dict[tuple[int, ...], tuple[int, ...]] = {}
+
+    def lagrange(self, xs: tuple[int, ...]) -> tuple[int, ...]:
+        """Lagrange coefficients at 0 for holders at ``xs``, kept for the epoch (sparse graph: one set per dealer)."""
+        lam = self._lagrange.get(xs)
+        if lam is None:
+            lam = self._lagrange[xs] = shamir.lagrange_coefficients.__wrapped__(xs)
+        return lam
 
     @property
     def epoch(self) -> int:
@@ -176,7 +186,9 @@ class CollectingAdverts(SetupStage):
         if n < setup.config.threshold:
             raise ProtocolAbort(f"epoch {setup.announce.epoch}: only {n} sites advertised keys, threshold is {setup.config.threshold}")
         roster = EpochRoster(setup.config.digest, setup.announce.epoch, tuple(self.adverts[s] for s in sorted(self.adverts)))
-        return CollectingShareKeys(roster), roster
+        nxt = CollectingShareKeys(roster)
+        nxt.graph = setup.config.epoch_graph(roster)
+        return nxt, roster
 
 
 @dataclass
@@ -188,6 +200,7 @@ class CollectingShareKeys(SetupStage):
     def __post_init__(self) -> None:
         self.epoch_digest = self.roster.epoch_digest()
         self.holders = self.roster.senders
+        self.graph: NeighbourGraph | None = None  # set by CollectingAdverts.close in sparse mode
 
     def receive_share_keys(self, setup, msg):
         cfg, ann = setup.config, setup.announce
@@ -211,13 +224,14 @@ class CollectingShareKeys(SetupStage):
         e = ann.num_rounds
         if len(c.seed_commitments) != e:
             raise InvalidMessage(f"{s!r} committed to {len(c.seed_commitments)} seeds, expected {e}")
-        if tuple(h for h, _ in c.row_digests) != self.holders or tuple(r.holder for r in msg.rows) != self.holders:
+        holders = self.holders if self.graph is None else self.graph.holders(s)
+        if tuple(h for h, _ in c.row_digests) != holders or tuple(r.holder for r in msg.rows) != holders:
             raise InvalidMessage(f"ShareKeys of {s!r} does not commit to shares for exactly the epoch's holders")
         for (h, dig), row in zip(c.row_digests, msg.rows):
             if row_digest(row.commitments) != dig:
                 raise InvalidMessage(f"commitment row of {s!r} for {h!r} does not match its signed digest")
         recipients = tuple(b.recipient for b in msg.encrypted)
-        expected = tuple(h for h in self.holders if h != s)
+        expected = tuple(h for h in holders if h != s)
         if recipients != expected:
             raise InvalidMessage(f"ShareKeys of {s!r} must carry one encrypted blob for each other holder {list(expected)}")
         for b in msg.encrypted:
@@ -231,18 +245,44 @@ class CollectingShareKeys(SetupStage):
         if n < cfg.threshold:
             raise ProtocolAbort(f"epoch {ann.epoch}: only {n} sites shared keys, threshold is {cfg.threshold}")
         dealers = sorted(self.received)
+        if self.graph is not None:
+            dealers = _threshold_core(self.graph, dealers)
+            if len(dealers) < cfg.threshold:
+                raise ProtocolAbort(
+                    f"epoch {ann.epoch}: only {len(dealers)} sites shared keys with at least {self.graph.threshold} "
+                    f"neighbours that did too, threshold is {cfg.threshold}"
+                )
         routed: dict[str, EpochShares] = {}
         blobs = {d: {b.recipient: b for b in self.received[d].encrypted} for d in dealers}
         for h in dealers:
             entries = tuple(
-                RoutedShares(self.received[d].commitments, None if d == h else blobs[d][h]) for d in dealers
+                RoutedShares(self.received[d].commitments, None if d == h else blobs[d][h])
+                for d in (dealers if self.graph is None else [d for d in dealers if self.graph.is_neighbour_or_self(h, d)])
             )
             routed[h] = EpochShares(cfg.digest, ann.epoch, h, entries)
         stripped = {
             d: ShareKeys(m.session_digest, m.epoch, m.sender, m.commitments, m.rows, ()) for d, m in self.received.items()
+            if d in routed
         }
-        epoch = CoordinatorEpoch(ann, self.roster, stripped)
+        epoch = CoordinatorEpoch(ann, self.roster, stripped, self.graph)
+        if self.graph is not None:  # per-epoch work: each dealer's reconstruction set when nobody drops out
+            for d in dealers:
+                epoch.lagrange(tuple(sorted(cfg.x_coordinate(h) for h in self.graph.holders(d) if h in routed)[: self.graph.threshold]))
         return SetupComplete(epoch), routed
+
+
+def _threshold_core(graph: NeighbourGraph, dealers: list[str]) -> list[str]:
+    """Dealers left after repeatedly removing those with fewer than t_k dealers in their closed neighbourhood
+    (their secrets could never be recovered, and they could not meet the local threshold themselves)."""
+    alive = set(dealers)
+    changed = True
+    while changed:
+        changed = False
+        for d in sorted(alive):
+            if sum(1 for h in graph.holders(d) if h in alive) < graph.threshold:
+                alive.discard(d)
+                changed = True
+    return sorted(alive)
 
 
 @dataclass
@@ -392,12 +432,16 @@ class CollectingSignatures(RoundStage):
         if len(self.signatures) < rnd.t:
             raise ProtocolAbort(f"round {rnd.round_id}: only {len(self.signatures)} consistency signatures, threshold is {rnd.t}")
         u3 = self.request.survivors
+        silent = [] if rnd.epoch.graph is None else [s for s in u3 if s not in self.signatures]
+        if silent:  # on a sparse graph their neighbours reveal only to a set they signed (site.py)
+            raise ProtocolAbort(f"round {rnd.round_id}: survivors {silent} did not sign the survivor set")
         dropped = tuple(p for p in rnd.participants if p not in self.inputs)
         req = UnmaskRequest(
             rnd.config.digest, rnd.epoch.epoch, rnd.round_id, u3, dropped,
             tuple(sorted(self.signatures.items())),
         )
-        return CollectingShares(self.inputs, self.request, req), req
+        stage = CollectingShares if rnd.epoch.graph is None else CollectingSharesOnGraph
+        return stage(self.inputs, self.request, req), req
 
 
 @dataclass
@@ -415,14 +459,19 @@ class CollectingShares(RoundStage):
         req = self.request
         if msg.sender not in req.survivors:
             raise InvalidMessage(f"round {rnd.round_id}: unmask response from non-survivor {msg.sender!r}")
-        if tuple(d for d, _ in msg.seed_shares) != req.survivors:
+        survivors, dropped = self._expected(rnd, msg.sender)
+        if tuple(d for d, _ in msg.seed_shares) != survivors:
             raise InvalidMessage(f"round {rnd.round_id}: {msg.sender!r} must reveal seed shares for exactly the survivors")
-        if tuple(d for d, _ in msg.key_shares) != req.dropped:
+        if tuple(d for d, _ in msg.key_shares) != dropped:
             raise InvalidMessage(f"round {rnd.round_id}: {msg.sender!r} must reveal mask-key shares for exactly the dropped sites")
         prev = self.responses.get(msg.sender)
         if prev is not None and prev != msg:
             raise InvalidMessage(f"round {rnd.round_id}: {msg.sender!r} sent two different unmask responses")
         self.responses[msg.sender] = msg
+
+    def _expected(self, rnd, sender: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The dealers whose seed shares / mask-key shares ``sender`` must reveal."""
+        return self.request.survivors, self.request.dropped
 
     def finalize(self, rnd) -> RoundResult:
         t = rnd.t
@@ -458,6 +507,75 @@ class CollectingShares(RoundStage):
                 else:
                     total += m
         return RoundResult(ep.epoch, r, rnd.participants, u3, self.request.dropped, from_ring(total).copy(), tuple(sorted(blamed)))
+
+
+@dataclass
+class CollectingSharesOnGraph(CollectingShares):
+    """Unmask stage on a sparse graph: each holder reveals for its closed neighbourhood only; every secret
+    is reconstructed from t_k holders of that dealer's neighbourhood (O(n·k) work instead of O(n²))."""
+
+    name = "collecting-shares"
+
+    def __post_init__(self) -> None:
+        self._alive, self._dropped = frozenset(self.request.survivors), frozenset(self.request.dropped)
+
+    def _expected(self, rnd, sender):
+        holders = rnd.epoch.graph.holders(sender)  # sorted, like the request's lists: O(k), not O(n)
+        return tuple(v for v in holders if v in self._alive), tuple(w for w in holders if w in self._dropped)
+
+    def finalize(self, rnd) -> RoundResult:
+        g = rnd.epoch.graph
+        tk = g.threshold
+        ep, slot, r, d = rnd.epoch, rnd.slot, rnd.round_id, rnd.vector_len
+        digest = rnd.config.digest
+        x = rnd.config.x_coordinate
+        blamed: set[str] = set()
+        seed_tab = {h: dict(m.seed_shares) for h, m in self.responses.items()}
+        key_tab = {h: dict(m.key_shares) for h, m in self.responses.items()}
+
+        def seed_ok(dealer: str, secret: bytes) -> bool:
+            return commit_self_mask_seed(secret, digest, ep.epoch, slot, dealer) == ep.share_keys[dealer].commitments.seed_commitments[slot]
+
+        def key_ok(dealer: str, secret: bytes) -> bool:
+            return x25519_public(secret) == ep.mask_keys[dealer][slot]
+
+        def recover(dealers, table, kind, check) -> dict[str, bytes]:
+            out: dict[str, bytes] = {}
+            for v in dealers:
+                holders = sorted((h for h in g.holders(v) if h in table), key=x)
+                if len(holders) < tk:
+                    raise ProtocolAbort(
+                        f"round {r}: only {len(holders)} neighbours of {v!r} revealed shares, local threshold is {tk}"
+                    )
+                # fast path: interpolate from the first t_k holders; on a commitment failure the general
+                # recovery checks every share, blames bad holders and retries with the valid ones
+                lam = ep.lagrange(tuple(x(h) for h in holders[:tk]))
+                value = sum(c * int.from_bytes(table[h][v], "big") for c, h in zip(lam, holders)) % shamir.PRIME
+                secret = value.to_bytes(32, "big") if value < 2**256 else b""
+                if secret and check(v, secret):
+                    out[v] = secret
+                else:
+                    out.update(rnd._recover((v,), table, holders, kind, check, blamed, t=tk))
+            return out
+
+        u3, dropped = self.request.survivors, self.request.dropped
+        seeds = recover(u3, seed_tab, KIND_SEED, seed_ok)
+        keys = recover(dropped, key_tab, KIND_KEY, key_ok)
+        alive = set(u3)
+        total = np.zeros(d, dtype=np.uint64)
+        for u in u3:
+            total += self.inputs[u].masked
+        for v in u3:
+            total -= prg_expand(self_mask_key(seeds[v], digest, ep.epoch, r, v, d), d)
+        for w in dropped:
+            peers = [v for v in g.neighbours(w) if v in alive]
+            for v, s in zip(peers, x25519_agree_many(keys[w], [ep.mask_keys[v][slot] for v in peers])):
+                m = prg_expand(pair_mask_key(s, digest, ep.epoch, r, v, w, d), d)
+                if v < w:  # v added +PRG(s_vw)
+                    total -= m
+                else:
+                    total += m
+        return RoundResult(ep.epoch, r, rnd.participants, u3, dropped, from_ring(total).copy(), tuple(sorted(blamed)))
 
 
 @dataclass
@@ -569,7 +687,7 @@ class CoordinatorRound:
                 f"not epoch {self.epoch.epoch} round {self.round_id}"
             )
 
-    def _recover(self, dealers, table, holders, kind, check, blamed: set[str]) -> dict[str, bytes]:
+    def _recover(self, dealers, table, holders, kind, check, blamed: set[str], t: int | None = None) -> dict[str, bytes]:
         """Reconstruct one secret per dealer; verify it against the dealer's commitment.
 
         Fast path: interpolate from the first t responders (one set of Lagrange
@@ -577,7 +695,7 @@ class CoordinatorRound:
         every share against the dealer's per-share commitments, blame holders
         whose shares fail, and retry with valid shares only.
         """
-        t, ep, slot = self.t, self.epoch, self.slot
+        t, ep, slot = self.t if t is None else t, self.epoch, self.slot
         out: dict[str, bytes] = {}
         if not dealers:
             return out
@@ -661,6 +779,7 @@ class SecAggCoordinator:
                 self._meta = _Meta.from_bytes(raw)
             for key in storage.keys("coordinator/epoch/"):
                 ep = CoordinatorEpoch.from_bytes(storage.get(key))  # type: ignore[arg-type]
+                ep.graph = config.epoch_graph(ep.roster)
                 if ep.announce.last_round >= self._meta.next_round:
                     self._epochs[ep.epoch] = ep
 

@@ -119,7 +119,7 @@ def lagrange_coefficients(xs: tuple[int, ...]) -> tuple[int, ...]:
     xs = tuple(xs)
     _check_xs(xs)
     p = PRIME
-    out = []
+    nums, dens = [], []
     for i, xi in enumerate(xs):
         num = 1
         den = 1
@@ -127,7 +127,17 @@ def lagrange_coefficients(xs: tuple[int, ...]) -> tuple[int, ...]:
             if i != j:
                 num = num * xj % p
                 den = den * (xj - xi) % p
-        out.append(num * pow(den, -1, p) % p)
+        nums.append(num)
+        dens.append(den)
+    # one modular inversion for all denominators (Montgomery's trick): prefix products, invert, unwind
+    prefix = [1]
+    for den in dens:
+        prefix.append(prefix[-1] * den % p)
+    inv = pow(prefix[-1], -1, p)
+    out = [0] * len(xs)
+    for i in range(len(xs) - 1, -1, -1):
+        out[i] = nums[i] * (inv * prefix[i] % p) % p
+        inv = inv * dens[i] % p
     return tuple(out)
 
 

@@ -90,6 +90,7 @@ from .records import (
     epoch_key,
     round_key,
 )
+from .graph import NeighbourGraph
 from .storage import Storage
 
 _SHARE = shamir.SHARE_SIZE
@@ -204,10 +205,14 @@ class EpochAdvertised(EpochStage):
         epoch, e = sec.announce.epoch, sec.announce.num_rounds
         digest = ctx.digest
         edig = roster.epoch_digest()
-        holders = roster.senders
+        graph = cfg.epoch_graph(roster)  # None: complete graph, every site of A1 holds shares
+        holders = roster.senders if graph is None else graph.holders(me)
+        threshold = ctx.t if graph is None else graph.threshold
+        if threshold > len(holders):
+            raise ProtocolAbort(f"epoch {epoch}: {len(holders)} holders cannot meet the local threshold {threshold}")
         xs = [cfg.x_coordinate(h) for h in holders]
         secrets = [shamir.secret_to_int(s) for s in sec.seeds] + [shamir.secret_to_int(k) for k in sec.mask_private]
-        table = shamir.split_many(secrets, ctx.t, xs, ctx.randbytes)  # table[i][k]
+        table = shamir.split_many(secrets, threshold, xs, ctx.randbytes)  # table[i][k]
         enc = shamir.encode_share
         rows, row_digests, blobs = [], [], []
         own = b""
@@ -267,13 +272,18 @@ class EpochSharesSent(EpochStage):
         if msg.recipient != me:
             raise InvalidMessage(f"EpochShares is addressed to {msg.recipient!r}, not to this site")
         a1 = self.shared.roster.senders
+        graph = cfg.epoch_graph(self.shared.roster)  # None: complete graph
         for d in msg.dealers:
             if d not in self.adverts:
                 raise InvalidMessage(f"EpochShares lists dealer {d!r}, which did not advertise keys this epoch")
+            if graph is not None and not graph.is_neighbour_or_self(me, d):
+                raise InvalidMessage(f"EpochShares lists dealer {d!r}, which is not a neighbour of this site in the epoch's graph")
         if me not in msg.dealers:
             raise ProtocolAbort(f"epoch {epoch}: the coordinator did not accept this site's shares")
-        if len(msg.dealers) < ctx.t:
-            raise ProtocolAbort(f"epoch {epoch}: only {len(msg.dealers)} sites shared keys, threshold is {ctx.t}")
+        need = ctx.t if graph is None else graph.threshold
+        if len(msg.dealers) < need:
+            what = "sites" if graph is None else "sites of this site's neighbourhood"
+            raise ProtocolAbort(f"epoch {epoch}: only {len(msg.dealers)} {what} shared keys, threshold is {need}")
         held: list[tuple[str, bytes]] = []
         size = 2 * e * _SHARE
         for entry in msg.entries:
@@ -289,7 +299,7 @@ class EpochSharesSent(EpochStage):
                 raise ProtocolAbort(f"epoch {epoch}: dealer {d!r} was shown a different roster (coordinator equivocation)")
             if len(c.seed_commitments) != e:
                 raise InvalidMessage(f"commitments of {d!r} cover {len(c.seed_commitments)} slots, expected {e}")
-            if tuple(h for h, _ in c.row_digests) != a1:
+            if tuple(h for h, _ in c.row_digests) != (a1 if graph is None else graph.holders(d)):
                 raise InvalidMessage(f"commitments of {d!r} are not over the holders of this epoch")
             blob = entry.encrypted
             assert blob is not None  # structure checked by EpochShares
@@ -314,7 +324,7 @@ class EpochSharesSent(EpochStage):
                 raise InvalidMessage(f"shares from {d!r} do not match its signed commitments")
             held.append((d, shares))
         record = EpochReadyRecord(tuple(held))
-        return EpochReady(self.secrets, self.shared, record), record
+        return EpochReady(self.secrets, self.shared, record, graph), record
 
 
 @dataclass
@@ -324,6 +334,7 @@ class EpochReady(EpochStage):
     secrets: EpochSecretsRecord
     shared: EpochSharedRecord
     ready: EpochReadyRecord
+    graph: NeighbourGraph | None = None  # the epoch's public graph in sparse mode; None = complete graph
     name = "ready"
 
     def __post_init__(self) -> None:
@@ -331,6 +342,11 @@ class EpochReady(EpochStage):
         self.mask_keys = {a.sender: a.mask_keys for a in self.shared.roster.adverts}
         self.held = dict(self.ready.held)
         self.dealers = tuple(d for d, _ in self.ready.held)
+
+    def in_view(self, me: str, sites) -> tuple[str, ...]:
+        """The sites this site can check: all of them (complete graph) or its closed neighbourhood."""
+        g = self.graph
+        return tuple(sites) if g is None else tuple(v for v in sites if g.is_neighbour_or_self(me, v))
 
     @property
     def announce(self) -> EpochAnnounce:
@@ -360,7 +376,7 @@ class EpochReady(EpochStage):
         j = self.slot(r)
         acc = np.array(value, dtype=np.uint64, copy=True)
         acc += prg_expand(self_mask_key(self.secrets.seeds[j], digest, epoch, r, me, d), d)
-        peers = [v for v in start.participants if v != me]
+        peers = [v for v in start.participants if v != me and (self.graph is None or self.graph.adjacent(me, v))]
         shared = x25519_agree_many(self.secrets.mask_private[j], [self.mask_keys[v][j] for v in peers])
         for v, s in zip(peers, shared):
             m = prg_expand(pair_mask_key(s, digest, epoch, r, me, v, d), d)
@@ -375,6 +391,9 @@ class EpochReady(EpochStage):
         if set(survivors) & set(dropped):
             raise ProtocolAbort("refusing to reveal both shares of one site")
         j = self.slot(round_id)
+        if self.graph is not None:  # only the neighbourhood's shares are held
+            survivors = tuple(v for v in survivors if v in self.held)
+            dropped = tuple(w for w in dropped if w in self.held)
 
         def share(dealer: str, kind: int) -> bytes:
             off = (2 * j + kind) * _SHARE
@@ -486,6 +505,13 @@ class RoundSigned(RoundStage):
             raise ProtocolAbort(f"round {r}: consistency signatures from non-survivors {sorted(outside)}")
         if len(signers) < ctx.t:
             raise ProtocolAbort(f"round {r}: only {len(signers)} consistency signatures, threshold is {ctx.t}")
+        # Sparse graph: only signatures from this site's closed neighbourhood count, and t_k of them are needed.
+        need = ctx.t if epoch.graph is None else epoch.graph.threshold
+        counted = set(epoch.in_view(ctx.site_id, signers))
+        if len(counted) < need:
+            raise ProtocolAbort(
+                f"round {r}: only {len(counted)} consistency signatures from this site's neighbourhood, local threshold is {need}"
+            )
         payload = consistency_payload(ctx.digest, s.epoch, epoch.epoch_digest, r, s.vector_len, s.participants, u3)
         cfg = ctx.config
         # The decision needs t valid signatures on U3: this site's own one (compared byte-wise) first,
@@ -495,10 +521,23 @@ class RoundSigned(RoundStage):
         if own is not None and own != self.signature.signature:
             raise InvalidMessage(f"round {r}: this site's own consistency signature was altered")
         valid = 0 if own is None else 1
+        verified: set[str] = set()
+        if epoch.graph is not None:
+            # Sparse graph: reveal a neighbour's seed share only if that neighbour signed this very statement, so
+            # it masked with this site over the same participant set (docs/secagg.md §10, guarantee 3).
+            alive = [v for v in u3 if v != ctx.site_id and epoch.graph.adjacent(ctx.site_id, v)]
+            sigs = dict(msg.signatures)
+            missing = [v for v in alive if v not in sigs]
+            if missing:
+                raise ProtocolAbort(f"round {r}: surviving neighbours {missing} did not sign this survivor set")
+            for v in alive:
+                if not ed25519_verify(cfg.identity_key(v), CONSISTENCY_DOMAIN, payload, sigs[v]):
+                    raise InvalidMessage(f"round {r}: invalid consistency signature from {v!r}")
+            verified, valid = set(alive), valid + len(alive)
         for signer, sig in msg.signatures:
-            if valid >= ctx.t:
+            if valid >= need:
                 break
-            if signer == ctx.site_id:
+            if signer == ctx.site_id or signer not in counted or signer in verified:
                 continue
             if not ed25519_verify(cfg.identity_key(signer), CONSISTENCY_DOMAIN, payload, sig):
                 raise InvalidMessage(f"round {r}: invalid consistency signature from {signer!r}")
@@ -721,13 +760,16 @@ class SecAggSite:
             raise InvalidMessage(f"round {r}: vector length {msg.vector_len} exceeds the session limit {ctx.config.max_vector_len}")
         p = msg.participants
         problem = None
-        outside = set(p) - set(epoch.dealers)
+        outside = set(epoch.in_view(ctx.site_id, p)) - set(epoch.dealers)
         if outside:
             problem = f"round {r}: participants {sorted(outside)} did not complete this epoch's setup"
         elif ctx.site_id not in p:
             problem = f"round {r}: participant set does not include this site"
         elif len(p) < ctx.t:
             problem = f"round {r}: only {len(p)} participants, threshold is {ctx.t}"
+        elif epoch.graph is not None and len(epoch.in_view(ctx.site_id, p)) < epoch.graph.threshold:
+            problem = (f"round {r}: only {len(epoch.in_view(ctx.site_id, p))} participants in this site's neighbourhood, "
+                       f"local threshold is {epoch.graph.threshold}: its secrets could not be recovered")
         if problem is not None:
             self._abort_round(r, problem)
             raise ProtocolAbort(problem)
@@ -845,7 +887,9 @@ class SecAggSite:
                 shared = EpochSharedRecord.from_bytes(parts["shared"])
                 stage = EpochSharesSent(sec, shared)
                 if "ready" in parts:
-                    stage = EpochReady(sec, shared, EpochReadyRecord.from_bytes(parts["ready"]))
+                    stage = EpochReady(
+                        sec, shared, EpochReadyRecord.from_bytes(parts["ready"]), self.ctx.config.epoch_graph(shared.roster)
+                    )
             if "aborted" in parts:
                 stage = EpochAborted(parts["aborted"].decode("utf-8", "replace"), sec.announce)
             self._epochs[e] = stage
