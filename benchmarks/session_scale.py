@@ -10,12 +10,19 @@ release / rounds (the epoch setup before them is not counted).  Compared
 with ``benchmarks/federation_costs.py`` (the same coordinator over gRPC with
 mutual TLS), the difference is what the transport costs.
 
-Run:  python benchmarks/session_scale.py [--sites 3 50] [--trees 60 12]
+With ``--baseline REF`` the code of a git ref (exported with ``git archive``)
+and this tree are run alternately, each size in a fresh process, ``--repeats``
+times each, so old and new are measured under the same machine load.
+
+Run:  python benchmarks/session_scale.py [--sites 3 10 20 50] [--trees 60 30 20 12] [--baseline REF] [--repeats 2]
 Writes ``benchmarks/results/session_scale.json``.
 """
 from __future__ import annotations
 
 import argparse
+import json
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -98,22 +105,53 @@ def run(n: int, trees: int, rows_per_site: int = 40) -> dict:
                 "coordinator_cpu_s_total": round(spent[0], 3)}
 
 
+def run_in(code: Path, n: int, trees: int) -> dict:
+    """:func:`run` of the ``session_scale`` module under ``code`` (a checkout), in a fresh Python process."""
+    prog = (f"import json, sys; sys.path.insert(0, {str(code / 'benchmarks')!r}); import session_scale; "
+            f"print(json.dumps(session_scale.run({n}, {trees})))")
+    out = subprocess.run([sys.executable, "-c", prog], cwd=code, capture_output=True, text=True, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--sites", type=int, nargs="+", default=[3, 20, 50])
-    ap.add_argument("--trees", type=int, nargs="+", default=[60, 20, 12], help="trees per size (one per --sites)")
+    ap.add_argument("--sites", type=int, nargs="+", default=[3, 10, 20, 50])
+    ap.add_argument("--trees", type=int, nargs="+", default=[60, 30, 20, 12], help="trees per size (one per --sites)")
+    ap.add_argument("--baseline", help="git ref to compare against, alternated with this tree (e.g. main)")
+    ap.add_argument("--repeats", type=int, default=1, help="runs per size and version")
     args = ap.parse_args()
     if len(args.trees) != len(args.sites):
         ap.error("give one --trees value per --sites value")
-    runs = []
+    if args.repeats < 1:
+        ap.error("--repeats must be at least 1")
+    versions = {"this_tree": ROOT}
+    if args.baseline:
+        from federation_costs import export_tree
+        versions = {"baseline": export_tree(args.baseline, Path(tempfile.gettempdir()) / "fedsbdt-baselines"),
+                    **versions}
+    runs: dict[str, list[dict]] = {k: [] for k in versions}
     for n, trees in zip(args.sites, args.trees):
-        r = run(n, trees)
-        print(r, flush=True)
-        runs.append(r)
+        for _ in range(args.repeats):
+            for name, code in versions.items():
+                r = run_in(code, n, trees) if args.baseline else run(n, trees)
+                print(name, r, flush=True)
+                runs[name].append(r)
+    summary = {}
+    for n in args.sites:
+        row = {k: statistics.median(r["coordinator_cpu_ms_per_round"] for r in v if r["sites"] == n)
+               for k, v in runs.items()}
+        if args.baseline:
+            row["ratio_this_tree_to_baseline"] = round(row["this_tree"] / row["baseline"], 3)
+        summary[str(n)] = row
+        print(f"n = {n}: coordinator CPU ms per round (median) {row}", flush=True)
+    meta = {"baseline_ref": args.baseline, "baseline_commit": versions["baseline"].name} if args.baseline else {}
     path = save("session_scale", {
         "description": "coordinator Session + secure aggregation CPU per tree round, driven in one process without "
-                       "gRPC (tests/federation/inproc.py), depth 6, t = n/2 + 1, distributed noise",
-        "runs": runs})
+                       "gRPC (tests/federation/inproc.py), depth 6, t = n/2 + 1, distributed noise"
+                       + ("; baseline and this tree alternated in one run, each size in a fresh process"
+                          if args.baseline else ""),
+        **meta, "repeats": args.repeats,
+        "summary_coordinator_cpu_ms_per_round_median": summary, "runs": runs})
     print(f"saved {path}")
 
 
