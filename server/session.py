@@ -509,7 +509,7 @@ class Session:
                 return True
             return False
         if isinstance(st, Running):
-            if self.next_work() is None and isinstance(self.phase, Between):
+            if isinstance(self.phase, Between) and self.next_work() is None:
                 self._finish(now, out)
                 return True
             return self._step_pipeline(now, out) or self._step_rounds(now, out)
