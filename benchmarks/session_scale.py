@@ -190,7 +190,7 @@ def main() -> None:
     for n in args.sites:
         row = {}
         for metric in ("coordinator_cpu_ms_per_round", "replayed_cpu_ms_per_round"):
-            med = {k: statistics.median(r[metric] for r in v if r["sites"] == n) for k, v in runs.items()}
+            med = {k: round(statistics.median(r[metric] for r in v if r["sites"] == n), 3) for k, v in runs.items()}
             if args.baseline:
                 med["ratio_this_tree_to_baseline"] = round(med["this_tree"] / med["baseline"], 3)
             row[metric] = med
