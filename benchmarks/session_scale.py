@@ -10,21 +10,40 @@ release / rounds (the epoch setup before them is not counted).  Compared
 with ``benchmarks/federation_costs.py`` (the same coordinator over gRPC with
 mutual TLS), the difference is what the transport costs.
 
-Run:  python benchmarks/session_scale.py [--sites 3 50] [--trees 60 12]
+Every recorded coordinator call is then replayed, in order, into a fresh
+Session without the sites' work in between (``replayed``: the coordinator's
+own code with warm caches, as in a process of its own; the replay must release
+the identical model).  In one process the n site machines run between two
+coordinator calls and evict its code and data from the CPU caches, which
+makes every coordinator call 2–4× slower than the same call replayed.
+
+With ``--baseline REF`` this harness drives the code of a git ref (exported
+with ``git archive``) and this tree alternately, each size in a fresh process,
+``--repeats`` times each, so old and new are measured under the same load.
+
+Run:  python benchmarks/session_scale.py [--sites 3 10 20 50] [--trees 60 30 20 12] [--baseline REF] [--repeats 2]
 Writes ``benchmarks/results/session_scale.json``.
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
+import itertools
+import json
+import os
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-sys.path.insert(0, str(ROOT / "tests"))
+#: the checkout whose code this harness drives (``--baseline`` points it at an exported git ref)
+CODE = Path(os.environ.get("SESSION_SCALE_CODE", ROOT))
+sys.path.insert(0, str(CODE))
+sys.path.insert(0, str(CODE / "benchmarks"))
+sys.path.insert(0, str(CODE / "tests"))
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey  # noqa: E402
 
@@ -54,35 +73,15 @@ def run(n: int, trees: int, rows_per_site: int = 40) -> dict:
                          randomness="insecure-test", test_seed=1, test_noise=True, max_records_per_site=10_000,
                          deadlines=Deadlines(join=30, stage=10, quorum=10_000, finish=30), epoch_rounds=128)
         clock = Clock()
-        session = Session(plan, plan.make_randomness(True), clock.now, None)
+        start = clock.now
+        session = Session(plan, plan.make_randomness(True), start, None, randbytes=_counter_bytes())
         opts = SiteOptions(expected_plan_sha256=plan.sha256, allow_insecure_test_randomness=True,
                            policy=SitePolicy(allow_central_noise=True))
         machines = {}
         for s in sites:
             machines[s] = SiteMachine(s, keys[s], paths[s], tmp / f"state-{s}", opts)
             machines[s].accept_plan(plan.canonical_json, plan.sha256)
-        spent = [0.0]
-
-        def timed(fn):
-            def call(*a, **k):
-                t0 = time.process_time()
-                try:
-                    return fn(*a, **k)
-                finally:
-                    spent[0] += time.process_time() - t0
-            return call
-
-        for name in TIMED:
-            setattr(session, name, timed(getattr(session, name)))
-        marks: list[tuple[int, float]] = []
-        release = session._release
-
-        def on_release(*a, **k):
-            out = release(*a, **k)
-            marks.append((len(session.trees), spent[0]))
-            return out
-
-        session._release = on_release
+        spent, marks, calls = _instrument(session, record=True)
         fed = InProcess(session, machines, clock)
         for s in sites:
             fed.join(s)
@@ -92,28 +91,119 @@ def run(n: int, trees: int, rows_per_site: int = 40) -> dict:
         session.close()
         if session.exit_code != 0:
             raise RuntimeError(f"the session failed: {session.stage}")
+        # The same coordinator calls again, into a fresh Session, without the sites' work in between.
+        replay = Session(plan, plan.make_randomness(True), start, None, randbytes=_counter_bytes())
+        spent2, marks2, _ = _instrument(replay, record=False)
+        for name, a, k, outcome in calls:
+            try:
+                got = type(getattr(replay, name)(*a, **k)).__name__
+            except Exception as exc:  # noqa: BLE001 - a refused message is refused again
+                got = type(exc).__name__
+            if got != outcome:
+                raise RuntimeError(f"the replay diverged at {name}: {got} instead of {outcome}")
+        if replay.model_json is None or replay.model_json != session.model_json:
+            raise RuntimeError("the replayed coordinator released a different model")
         (k0, c0), (k1, c1) = marks[1], marks[-1]  # marks[0] is the initial score, after the epoch setup
+        (r0, d0), (r1, d1) = marks2[1], marks2[-1]
         return {"sites": n, "trees": trees, "rounds_timed": k1 - k0,
                 "coordinator_cpu_ms_per_round": round((c1 - c0) / (k1 - k0) * 1e3, 3),
-                "coordinator_cpu_s_total": round(spent[0], 3)}
+                "coordinator_cpu_s_total": round(spent[0], 3),
+                "replayed_cpu_ms_per_round": round((d1 - d0) / (r1 - r0) * 1e3, 3)}
+
+
+def _counter_bytes():
+    """Deterministic join tokens (SHAKE-256 of a counter), so a replayed session hands out the same ones."""
+    counter = itertools.count()
+    return lambda k: hashlib.shake_256(next(counter).to_bytes(8, "big")).digest(k)
+
+
+def _instrument(session: Session, record: bool):
+    """Time the coordinator's entry points with the process clock; mark the CPU spent at every release.
+
+    Returns (spent, marks, calls): ``spent[0]`` the CPU so far, ``marks`` (trees released, CPU) after each
+    release, ``calls`` every timed call (name, args, kwargs, what it returned or raised) if ``record``.
+    """
+    spent, marks, calls = [0.0], [], []
+
+    def timed(name, fn):
+        def call(*a, **k):
+            outcome = "?"
+            t0 = time.process_time()
+            try:
+                out = fn(*a, **k)
+                outcome = type(out).__name__
+                return out
+            except Exception as exc:
+                outcome = type(exc).__name__
+                raise
+            finally:
+                spent[0] += time.process_time() - t0
+                if record:
+                    calls.append((name, a, k, outcome))
+        return call
+
+    for name in TIMED:
+        setattr(session, name, timed(name, getattr(session, name)))
+    release = session._release
+
+    def on_release(*a, **k):
+        out = release(*a, **k)
+        marks.append((len(session.trees), spent[0]))
+        return out
+
+    session._release = on_release
+    return spent, marks, calls
+
+
+def run_in(code: Path, n: int, trees: int) -> dict:
+    """:func:`run` of this harness driving the code of checkout ``code``, in a fresh Python process."""
+    prog = f"import json, runpy; print(json.dumps(runpy.run_path({__file__!r})['run']({n}, {trees})))"
+    out = subprocess.run([sys.executable, "-c", prog], cwd=code, capture_output=True, text=True, check=True,
+                         env={**os.environ, "SESSION_SCALE_CODE": str(code)}).stdout
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--sites", type=int, nargs="+", default=[3, 20, 50])
-    ap.add_argument("--trees", type=int, nargs="+", default=[60, 20, 12], help="trees per size (one per --sites)")
+    ap.add_argument("--sites", type=int, nargs="+", default=[3, 10, 20, 50])
+    ap.add_argument("--trees", type=int, nargs="+", default=[60, 30, 20, 12], help="trees per size (one per --sites)")
+    ap.add_argument("--baseline", help="git ref to compare against, alternated with this tree (e.g. main)")
+    ap.add_argument("--repeats", type=int, default=1, help="runs per size and version")
     args = ap.parse_args()
     if len(args.trees) != len(args.sites):
         ap.error("give one --trees value per --sites value")
-    runs = []
+    if args.repeats < 1:
+        ap.error("--repeats must be at least 1")
+    versions = {"this_tree": ROOT}
+    if args.baseline:
+        from federation_costs import export_tree
+        versions = {"baseline": export_tree(args.baseline, Path(tempfile.gettempdir()) / "fedsbdt-baselines"),
+                    **versions}
+    runs: dict[str, list[dict]] = {k: [] for k in versions}
     for n, trees in zip(args.sites, args.trees):
-        r = run(n, trees)
-        print(r, flush=True)
-        runs.append(r)
+        for _ in range(args.repeats):
+            for name, code in versions.items():
+                r = run_in(code, n, trees) if args.baseline else run(n, trees)
+                print(name, r, flush=True)
+                runs[name].append(r)
+    summary = {}
+    for n in args.sites:
+        row = {}
+        for metric in ("coordinator_cpu_ms_per_round", "replayed_cpu_ms_per_round"):
+            med = {k: round(statistics.median(r[metric] for r in v if r["sites"] == n), 3) for k, v in runs.items()}
+            if args.baseline:
+                med["ratio_this_tree_to_baseline"] = round(med["this_tree"] / med["baseline"], 3)
+            row[metric] = med
+        summary[str(n)] = row
+        print(f"n = {n}: medians {row}", flush=True)
+    meta = {"baseline_ref": args.baseline, "baseline_commit": versions["baseline"].name} if args.baseline else {}
     path = save("session_scale", {
         "description": "coordinator Session + secure aggregation CPU per tree round, driven in one process without "
-                       "gRPC (tests/federation/inproc.py), depth 6, t = n/2 + 1, distributed noise",
-        "runs": runs})
+                       "gRPC (tests/federation/inproc.py), depth 6, t = n/2 + 1, distributed noise"
+                       + ("; baseline and this tree alternated in one run, each size in a fresh process"
+                          if args.baseline else ""),
+        **meta, "repeats": args.repeats,
+        "summary_medians": summary, "runs": runs})
     print(f"saved {path}")
 
 

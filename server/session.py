@@ -516,7 +516,7 @@ class Session:
                 return True
             return False
         if isinstance(st, Running):
-            if self.next_work() is None and isinstance(self.phase, Between):
+            if isinstance(self.phase, Between) and self.next_work() is None:
                 self._finish(now, out)
                 return True
             return self._step_pipeline(now, out) or self._step_rounds(now, out)
@@ -660,9 +660,9 @@ class Session:
             return self._maybe_begin(ph, now, out)
         assert isinstance(ph, RoundInFlight)
         awaiting = ph.rnd.awaiting()
+        if now < ph.deadline and any(self.sites[s].connected and s not in ph.refused for s in awaiting):
+            return False  # (checked lazily: this runs after every message)
         waiting = [s for s in awaiting if self.sites[s].connected and s not in ph.refused]
-        if waiting and now < ph.deadline:
-            return False
         for s in waiting:  # connected but silent past the deadline
             self._suspend(s, f"missed the {ph.name} deadline of round {ph.rnd.round_id}")
         if log.isEnabledFor(logging.DEBUG):

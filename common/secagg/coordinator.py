@@ -26,6 +26,8 @@ secrets of one site for one round.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import filterfalse
+from operator import itemgetter
 
 import numpy as np
 
@@ -460,9 +462,9 @@ class CollectingShares(RoundStage):
         if msg.sender not in req.survivors:
             raise InvalidMessage(f"round {rnd.round_id}: unmask response from non-survivor {msg.sender!r}")
         survivors, dropped = self._expected(rnd, msg.sender)
-        if tuple(d for d, _ in msg.seed_shares) != survivors:
+        if tuple(map(itemgetter(0), msg.seed_shares)) != survivors:
             raise InvalidMessage(f"round {rnd.round_id}: {msg.sender!r} must reveal seed shares for exactly the survivors")
-        if tuple(d for d, _ in msg.key_shares) != dropped:
+        if tuple(map(itemgetter(0), msg.key_shares)) != dropped:
             raise InvalidMessage(f"round {rnd.round_id}: {msg.sender!r} must reveal mask-key shares for exactly the dropped sites")
         prev = self.responses.get(msg.sender)
         if prev is not None and prev != msg:
@@ -657,13 +659,13 @@ class CoordinatorRound:
 
     def awaiting(self) -> tuple[str, ...]:
         """Sites whose message the current stage still waits for."""
-        st = self.stage
+        st = self.stage  # (filterfalse: called after every message, so O(n) per call stays in C)
         if isinstance(st, CollectingInputs):
-            return tuple(p for p in self.participants if p not in st.inputs)
+            return tuple(filterfalse(st.inputs.__contains__, self.participants))
         if isinstance(st, CollectingSignatures):
-            return tuple(s for s in st.request.survivors if s not in st.signatures)
+            return tuple(filterfalse(st.signatures.__contains__, st.request.survivors))
         if isinstance(st, CollectingShares):
-            return tuple(s for s, _ in st.request.signatures if s not in st.responses)
+            return tuple(filterfalse(st.responses.__contains__, map(itemgetter(0), st.request.signatures)))
         return ()
 
     # ---------------------------------------------------------------- internals

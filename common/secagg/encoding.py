@@ -36,6 +36,8 @@ MAX_VECTOR_LEN = 1 << 22
 MAX_ID = (1 << 63) - 1
 
 _SITE_ID_RE = re.compile(r"[A-Za-z0-9._:-]{1,64}")
+#: Many site ids, each followed by a newline (which no valid id contains): one regex call checks a whole list.
+_SITE_IDS_RE = re.compile(r"(?:[A-Za-z0-9._:-]{1,64}\n)*")
 
 _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
@@ -51,6 +53,8 @@ def check_site_id(site_id: object, what: str = "site id") -> str:
 def check_sorted_ids(ids: Iterable[str], what: str) -> tuple[str, ...]:
     """Return ``ids`` as a tuple after checking each is valid and the list is strictly increasing."""
     out = tuple(ids)
+    if _valid_sorted_ids(out):  # fast path: the checks below would all pass
+        return out
     for i in out:
         check_site_id(i, f"{what} entry")
     for a, b in zip(out, out[1:]):
@@ -59,6 +63,18 @@ def check_sorted_ids(ids: Iterable[str], what: str) -> tuple[str, ...]:
     if len(out) > MAX_SITES:
         raise InvalidMessage(f"{what} lists {len(out)} sites, more than the limit {MAX_SITES}")
     return out
+
+
+def _valid_sorted_ids(ids: tuple) -> bool:
+    """True iff :func:`check_sorted_ids` accepts ``ids``, checked in bulk (one regex call, C-level comparisons).
+
+    A false answer only sends the caller to the item-by-item checks, which name the offending entry.
+    """
+    if len(ids) > MAX_SITES or not set(map(type, ids)) <= {str}:
+        return False
+    text = "\n".join(ids) + "\n"
+    return (text.count("\n") == len(ids) and _SITE_IDS_RE.fullmatch(text) is not None
+            and all(map(str.__lt__, ids, ids[1:])))
 
 
 def check_bytes(value: object, size: int, what: str) -> bytes:
@@ -193,8 +209,13 @@ class Reader:
 
         The coordinator decodes n·n such pairs per round (every survivor's shares of every survivor), so
         this reads them in one pass and checks each distinct id once; on any irregularity it re-reads the
-        pairs one field at a time, which raises exactly the error the plain loop would.
+        pairs one field at a time, which raises exactly the error the plain loop would.  When every id
+        has the first one's length (sites named alike), the pairs sit at a fixed stride and are sliced
+        and checked in bulk (:meth:`_fixed_stride_id_fields`).
         """
+        fast = self._fixed_stride_id_fields(n, size)
+        if fast is not None:
+            return fast
         data, start, end = self._data, self._pos, len(self._data)
         pos, out, ok = start, [], {}
         unpack = _U32.unpack_from
@@ -220,6 +241,35 @@ class Reader:
             return tuple(out)
         self._pos = start
         return tuple((self.site_id(id_field), self.raw(size, field)) for _ in range(n))
+
+    def _fixed_stride_id_fields(self, n: int, size: int) -> tuple[tuple[str, bytes], ...] | None:
+        """:meth:`id_fields` for ``n`` pairs whose ids all have the first id's length, or None.
+
+        Then pair i starts at ``i · (4 + k + size)``: the length prefixes are compared as strided byte
+        slices, the ids validated with one regex call over their newline-joined text (a newline inside an
+        id changes the count and fails).  None (nothing consumed) whenever anything differs, so the caller
+        reads the pairs one at a time.
+        """
+        data, start = self._data, self._pos
+        if n < 1 or start + 4 > len(data):
+            return None
+        k = _U32.unpack_from(data, start)[0]
+        stride = 4 + k + size
+        stop = start + n * stride
+        if not 1 <= k <= 64 or stop > len(data):
+            return None
+        block = data[start:stop]
+        if any(block[i::stride] != block[i:i + 1] * n for i in range(4)):
+            return None
+        try:
+            text = b"\n".join([block[p:p + k] for p in range(4, n * stride, stride)]).decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+        ids = text.split("\n")
+        if len(ids) != n or _SITE_IDS_RE.fullmatch(text + "\n") is None:
+            return None
+        self._pos = stop
+        return tuple(zip(ids, [block[p:p + size] for p in range(4 + k, n * stride, stride)]))
 
     def ids(self, field: str) -> tuple[str, ...]:
         n = self.count(field, MAX_SITES)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from operator import itemgetter
 from typing import ClassVar
 
 import numpy as np
@@ -701,9 +702,16 @@ class UnmaskRequest(Message):
 
 
 def _check_shares(entries: tuple, what: str) -> tuple:
-    entries = tuple((d, s) for d, s in entries)
-    _sorted_unique(entries, lambda e: e[0], what)
-    for _, s in entries:
+    entries = tuple(entries)
+    if not (set(map(type, entries)) <= {tuple} and set(map(len, entries)) <= {2}):
+        entries = tuple((d, s) for d, s in entries)
+    check_sorted_ids(map(itemgetter(0), entries), what)
+    shares = tuple(map(itemgetter(1), entries))
+    # bulk check: all exactly SHARE_SIZE-byte bytes with a zero leading byte (< 2^256 < p); else one by one
+    if set(map(type, shares)) <= {bytes} and set(map(len, shares)) <= {SHARE_SIZE} \
+            and not any(b"".join(shares)[::SHARE_SIZE]):
+        return entries
+    for s in shares:
         check_bytes(s, SHARE_SIZE, f"{what} value")
         if s >= _PRIME_BYTES:  # big-endian, equal length: bytes order is numeric order
             raise InvalidMessage(f"{what} value is not a field element")
@@ -732,7 +740,7 @@ class UnmaskResponse(Message):
         check_site_id(self.sender, "sender")
         object.__setattr__(self, "seed_shares", _check_shares(self.seed_shares, "seed shares"))
         object.__setattr__(self, "key_shares", _check_shares(self.key_shares, "mask-key shares"))
-        both = {d for d, _ in self.seed_shares} & {d for d, _ in self.key_shares}
+        both = self.key_shares and {d for d, _ in self.seed_shares} & {d for d, _ in self.key_shares}
         if both:
             raise InvalidMessage(f"unmask response reveals both shares for {sorted(both)}")
 
