@@ -10,21 +10,17 @@ import pytest
 
 from common.config import ConfigError, Hyperparameters
 from common.data import load
-from common.engine import train
-from common.federation.pki import ca_server
 from common.federation.plan import PlanError
 from common.model import Ensemble
-from common.randomness import InsecureTestRandomness
 from common.schema import Schema
 
-from .conftest import make_identities, make_test_plan, write_splits
+from .conftest import (SITES, assert_same_trees, central_training, make_identities, make_test_plan, models_identical,
+                       tls_session_files)
 from .test_fed_eval_processes import pooled
 from .test_greedy_federation import assert_equals_central, central_model, greedy_hp
 from .test_missing_federation import schema_and_rows
 from .test_multiclass_federation import wine_with_ids
 from .test_state_machines import Fed
-
-SITES = ["hospital-1", "hospital-2", "hospital-3"]
 
 
 def test_federated_greedy_on_missing_values_equals_the_central_histogram_rule(tmp_path):
@@ -59,31 +55,15 @@ def test_three_sites_train_multiclass_on_missing_values_equal_to_the_centralised
     """The sites' numpy kernels, K class trees per round and the default directions of missing values."""
     hp = Hyperparameters(trees=4, depth=3, seed=21, epsilon=2.0, subsample=0.5, learning_rate=0.3)
     schema, raw = wine_with_holes()
-    ids = make_identities(tmp_path, SITES, ca_dir)
-    ca_server(ca_dir, tmp_path / "coordinator", ["localhost", "127.0.0.1"], days=2)
-    data = write_splits(raw, SITES, tmp_path / "data")
-    plan = make_test_plan(schema, ids, hp, randomness="insecure-test", test_seed=3, test_noise=False)
-    plan.save(tmp_path / "plan.toml")
-    c = cluster_factory(tmp_path / "plan.toml")
-    coord = c.coordinator()
-    sites = {s: c.site(s, data[s], "--allow-insecure-test-randomness") for s in SITES}
-    assert coord.wait() == 0, coord.errors
-    for s, p in sites.items():
-        assert p.wait() == 0, p.errors
-    model = json.loads((tmp_path / "coordinator" / "model.json").read_text())
-    for s in SITES:
-        assert json.loads((tmp_path / s / "model.json").read_text()) == model
-    union = tmp_path / "union.csv"
-    raw.to_csv(union, index=False)
-    ds = load(union, schema)
+    files = tls_session_files(tmp_path, ca_dir, schema, raw, hp, randomness="insecure-test", test_seed=3,
+                              test_noise=False)
+    cluster_factory(tmp_path / "plan.toml").run(files.data, "--allow-insecure-test-randomness")
+    model = json.loads(models_identical(tmp_path, SITES))
+    ds, res = central_training(tmp_path, schema, raw, hp, seed=3)
     assert np.isnan(ds.X).sum() > 100
-    res = train(ds, hp, InsecureTestRandomness(seed=3, noise=False, i_understand_this_is_insecure=True))
     assert model["init_score"] == [float(x) for x in res.model.init_score]
     assert len(model["trees"]) == len(res.model.trees) == 3 * hp.trees
-    for t, r in zip(model["trees"], res.model.trees, strict=True):
-        assert t["default_left"] == r.default_left.tolist()
-        assert (t["features"], t["thresholds"], t["leaves"]) == (r.features.tolist(), r.thresholds.tolist(),
-                                                                 r.leaves.tolist())
+    assert_same_trees(model, res.model, default_left=True)
     # the released model predicts what the sites' training applied (NaN by each class tree's directions)
     np.testing.assert_allclose(Ensemble.load(tmp_path / "coordinator" / "model.json").predict_margin(ds.X),
                                res.local.pred, rtol=0, atol=1e-12)
@@ -94,21 +74,13 @@ def test_three_sites_train_a_multiclass_model_then_evaluate_it(tmp_path, ca_dir,
     released accuracy is the pooled one, macro-AUC within bin resolution, log-loss within rounding."""
     schema, raw = wine_with_ids()
     hp = Hyperparameters(trees=2, depth=2, seed=21, epsilon=2.0, learning_rate=0.3)
-    ids = make_identities(tmp_path, SITES, ca_dir)
-    ca_server(ca_dir, tmp_path / "coordinator", ["localhost", "127.0.0.1"], days=2)
-    data = write_splits(raw.iloc[:120], SITES, tmp_path / "data")
-    held = write_splits(raw.iloc[120:], SITES, tmp_path / "held-out")
-    plan = make_test_plan(schema, ids, hp, randomness="insecure-test", test_seed=2, test_noise=False,
-                          eval_epsilon=0.2, eval_bins=10)
+    files = tls_session_files(tmp_path, ca_dir, schema, raw.iloc[:120], hp, held_out=raw.iloc[120:],
+                              randomness="insecure-test", test_seed=2, test_noise=False, eval_epsilon=0.2,
+                              eval_bins=10)
+    plan, held = files.plan, files.held
     assert plan.eval_spec.task == "multiclass" and plan.eval_spec.classes == schema.classes
-    plan.save(tmp_path / "plan.toml")
-    c = cluster_factory(tmp_path / "plan.toml")
-    coord = c.coordinator()
-    sites = {s: c.site(s, data[s], "--allow-insecure-test-randomness", "--eval-data", str(held[s]),
-                       "--max-eval-epsilon", "0.2") for s in SITES}
-    assert coord.wait() == 0, coord.errors
-    for s, p in sites.items():
-        assert p.wait() == 0, p.errors
+    coord = cluster_factory(tmp_path / "plan.toml").run(files.data, "--allow-insecure-test-randomness",
+                                                        "--max-eval-epsilon", "0.2", held=held)
     ev = coord.result()["evaluation"]
     model = Ensemble.load(tmp_path / "coordinator" / "model.json")
     assert len(model.trees) == 3 * hp.trees
@@ -137,20 +109,12 @@ def test_train_then_evaluate_held_out_files_with_missing_values(tmp_path, ca_dir
     schema, raw = schema_and_rows(900)
     hp = (greedy_hp(depth=2, trees=2) if builder == "greedy"
           else Hyperparameters(trees=4, depth=2, seed=21, epsilon=1.0))
-    ids = make_identities(tmp_path, SITES, ca_dir)
-    ca_server(ca_dir, tmp_path / "coordinator", ["localhost", "127.0.0.1"], days=2)
-    data = write_splits(raw.iloc[:600], SITES, tmp_path / "data")
-    held = write_splits(raw.iloc[600:], SITES, tmp_path / "held-out")
-    plan = make_test_plan(schema, ids, hp, randomness="insecure-test", test_seed=2, test_noise=False,
-                          eval_epsilon=0.2, eval_bins=10)
-    plan.save(tmp_path / "plan.toml")
-    c = cluster_factory(tmp_path / "plan.toml")
-    coord = c.coordinator()
-    sites = {s: c.site(s, data[s], "--allow-insecure-test-randomness", "--eval-data", str(held[s]),
-                       "--max-eval-epsilon", "0.2") for s in SITES}
-    assert coord.wait() == 0, coord.errors
-    for s, p in sites.items():
-        assert p.wait() == 0, p.errors
+    files = tls_session_files(tmp_path, ca_dir, schema, raw.iloc[:600], hp, held_out=raw.iloc[600:],
+                              randomness="insecure-test", test_seed=2, test_noise=False, eval_epsilon=0.2,
+                              eval_bins=10)
+    plan, held = files.plan, files.held
+    coord = cluster_factory(tmp_path / "plan.toml").run(files.data, "--allow-insecure-test-randomness",
+                                                        "--max-eval-epsilon", "0.2", held=held)
     ev = coord.result()["evaluation"]
     model = Ensemble.load(tmp_path / "coordinator" / "model.json")
     assert sum(np.isnan(load(p, schema).X).sum() for p in held.values()) > 100
@@ -168,20 +132,12 @@ def test_greedy_sites_draw_training_and_evaluation_noise_in_process_with_secure_
     import math
 
     schema, raw = schema_and_rows(900)
-    ids = make_identities(tmp_path, SITES, ca_dir)
-    ca_server(ca_dir, tmp_path / "coordinator", ["localhost", "127.0.0.1"], days=2)
-    data = write_splits(raw.iloc[:600], SITES, tmp_path / "data")
-    held = write_splits(raw.iloc[600:], SITES, tmp_path / "held-out")
-    plan = make_test_plan(schema, ids, greedy_hp(depth=2, trees=2), eval_epsilon=1.0, eval_bins=10)
-    plan.save(tmp_path / "plan.toml")
-    c = cluster_factory(tmp_path / "plan.toml")
-    coord = c.coordinator()
-    sites = {s: c.site(s, data[s], "--eval-data", str(held[s]), "--max-eval-epsilon", "1") for s in SITES}
-    assert coord.wait(timeout=300) == 0, coord.errors
-    for p in sites.values():
-        assert p.wait() == 0, p.errors
+    files = tls_session_files(tmp_path, ca_dir, schema, raw.iloc[:600], greedy_hp(depth=2, trees=2),
+                              held_out=raw.iloc[600:], eval_epsilon=1.0, eval_bins=10)
+    coord = cluster_factory(tmp_path / "plan.toml").run(files.data, "--max-eval-epsilon", "1", held=files.held,
+                                                        timeout=300)
     ev = coord.result()["evaluation"]
-    spec = plan.eval_spec
+    spec = files.plan.eval_spec
     assert abs(ev["metrics"]["n"] - 300) <= 5 * math.sqrt(3 * spec.bins) * spec.noise_scales()[0] + 1
     assert "insecure" not in json.loads((tmp_path / "coordinator" / "model.json").read_text())["privacy"][
         "randomness"].lower()

@@ -8,15 +8,10 @@ import numpy as np
 import pandas as pd
 
 from common.config import Hyperparameters
-from common.data import load
-from common.engine import train
-from common.federation.pki import ca_server
-from common.randomness import InsecureTestRandomness
 from common.schema import Schema
 
-from .conftest import EXAMPLES, make_identities, make_test_plan, write_splits
-
-SITES = ["hospital-1", "hospital-2", "hospital-3"]
+from .conftest import (EXAMPLES, SITES, assert_same_trees, central_training, make_identities, make_test_plan,
+                       models_identical, tls_session_files)
 
 
 def wine_with_ids():
@@ -31,33 +26,16 @@ def wine_with_ids():
 def test_three_sites_train_a_multiclass_model_equal_to_the_centralised_engine(tmp_path, ca_dir, cluster_factory):
     hp = Hyperparameters(trees=6, depth=2, seed=21, epsilon=2.0, subsample=0.5, learning_rate=0.3)
     schema, raw = wine_with_ids()
-    ids = make_identities(tmp_path, SITES, ca_dir)
-    ca_server(ca_dir, tmp_path / "coordinator", ["localhost", "127.0.0.1"], days=2)
-    data = write_splits(raw, SITES, tmp_path / "data")
-    plan = make_test_plan(schema, ids, hp, randomness="insecure-test", test_seed=3, test_noise=False)
-    plan.save(tmp_path / "plan.toml")
-    assert plan.secagg_config().max_vector_len == 2 * 3 * hp.leaves  # the leaf vector is K = 3 times longer
-    c = cluster_factory(tmp_path / "plan.toml")
-    coord = c.coordinator()
-    sites = {s: c.site(s, data[s], "--allow-insecure-test-randomness", "--plan", str(tmp_path / "plan.toml"))
-             for s in SITES}
-    assert coord.wait() == 0, coord.errors
-    for s, p in sites.items():
-        assert p.wait() == 0, p.errors
-    ref_bytes = (tmp_path / "coordinator" / "model.json").read_bytes()
-    for s in SITES:
-        assert (tmp_path / s / "model.json").read_bytes() == ref_bytes
-    model = json.loads(ref_bytes)
+    files = tls_session_files(tmp_path, ca_dir, schema, raw, hp, randomness="insecure-test", test_seed=3,
+                              test_noise=False)
+    assert files.plan.secagg_config().max_vector_len == 2 * 3 * hp.leaves  # the leaf vector is K = 3 times longer
+    cluster_factory(tmp_path / "plan.toml").run(files.data, "--allow-insecure-test-randomness")
+    model = json.loads(models_identical(tmp_path, SITES))
     assert len(model["trees"]) == 3 * hp.trees and len(model["init_score"]) == 3
     assert model["privacy"]["classes"] == 3 and model["privacy"]["noise_mode"] == "distributed"
-    union = tmp_path / "union.csv"
-    raw.to_csv(union, index=False)
-    ref = train(load(union, schema), hp, InsecureTestRandomness(seed=3, noise=False,
-                                                               i_understand_this_is_insecure=True)).model
+    ref = central_training(tmp_path, schema, raw, hp, seed=3)[1].model
     assert model["init_score"] == [float(x) for x in ref.init_score]
-    for t, r in zip(model["trees"], ref.trees, strict=True):
-        assert (t["features"], t["thresholds"], t["leaves"]) == (r.features.tolist(), r.thresholds.tolist(),
-                                                                 r.leaves.tolist())
+    assert_same_trees(model, ref)
 
 
 def test_a_multiclass_plan_refuses_the_filter(tmp_path):

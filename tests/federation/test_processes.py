@@ -14,32 +14,18 @@ import numpy as np
 
 from client.ledger import ledger_path
 from common.config import Hyperparameters
-from common.data import load
-from common.engine import calibration_for, filter_for, train
-from common.randomness import InsecureTestRandomness
-from common.federation.pki import ca_init, ca_server, ca_sign
+from common.engine import calibration_for, filter_for
+from common.federation.pki import ca_init, ca_sign
 from common.federation.toml_writer import dumps
 
-from .conftest import EXAMPLES, ROOT, abalone_with_ids, make_identities, make_test_plan, tree_event, write_splits
-
-SITES = ["hospital-1", "hospital-2", "hospital-3"]
+from .conftest import (EXAMPLES, ROOT, SITES, abalone_with_ids, assert_same_trees, central_training, make_identities,
+                       make_test_plan, models_identical, tls_session_files, tree_event)
 
 
 def setup_federation(tmp_path, ca_dir, hp, n_rows=600, **session):
     schema, raw = abalone_with_ids(n_rows)
-    ids = make_identities(tmp_path, SITES, ca_dir)
-    ca_server(ca_dir, tmp_path / "coordinator", ["localhost", "127.0.0.1"], days=2)
-    data = write_splits(raw, SITES, tmp_path / "data")
-    plan = make_test_plan(schema, ids, hp, **session)
-    plan.save(tmp_path / "plan.toml")
-    return plan, schema, raw, data
-
-
-def models_identical(tmp_path, sites) -> bytes:
-    ref = (tmp_path / "coordinator" / "model.json").read_bytes()
-    for s in sites:
-        assert (tmp_path / s / "model.json").read_bytes() == ref, f"{s}'s model differs from the coordinator's"
-    return ref
+    files = tls_session_files(tmp_path, ca_dir, schema, raw, hp, SITES, **session)
+    return files.plan, schema, raw, files.data
 
 
 def test_three_sites_train_end_to_end_and_equal_the_centralised_engine(tmp_path, ca_dir, cluster_factory):
@@ -64,14 +50,9 @@ def test_three_sites_train_end_to_end_and_equal_the_centralised_engine(tmp_path,
     assert model["training"]["plan_sha256"] == plan.sha256
     assert [r["sites"] for r in model["training"]["rounds"]] == [SITES] * hp.total_rounds
     # the same public seed and test randomness (noise off) on the union of the data: the same model
-    union = tmp_path / "union.csv"
-    raw.to_csv(union, index=False)
-    ref = train(load(union, schema), hp, InsecureTestRandomness(seed=5, noise=False,
-                                                               i_understand_this_is_insecure=True)).model
+    ref = central_training(tmp_path, schema, raw, hp, seed=5)[1].model
     assert model["init_score"] == ref.init_score
-    for t, r in zip(model["trees"], ref.trees, strict=True):
-        assert (t["features"], t["thresholds"], t["leaves"]) == (r.features.tolist(), r.thresholds.tolist(),
-                                                                 r.leaves.tolist())
+    assert_same_trees(model, ref)
 
 
 def test_site_and_coordinator_crashes_are_survived_without_exceeding_any_budget(tmp_path, ca_dir, cluster_factory):
