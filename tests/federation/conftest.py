@@ -99,8 +99,10 @@ def make_test_plan(schema, ids: dict[str, Identity], hp=None, **session):
 
 @dataclass
 class SessionFiles:
-    """What :func:`tls_session_files` wrote: the plan, each site's training file (and held-out file)."""
+    """What :func:`tls_session_files` wrote: the sites' identities, the plan, each site's training file (and
+    held-out file)."""
 
+    ids: dict[str, Identity]
     plan: object  # common.federation.plan.Plan
     data: dict[str, Path]
     held: dict[str, Path] | None
@@ -120,7 +122,7 @@ def tls_session_files(root: Path, ca_dir: Path, schema, raw: pd.DataFrame, hp, s
     held = write_splits(held_out, sites, root / "held-out") if held_out is not None else None
     plan = make_test_plan(schema, ids, hp, **session)
     plan.save(root / "plan.toml")
-    return SessionFiles(plan, data, held)
+    return SessionFiles(ids, plan, data, held)
 
 
 def models_identical(root: Path, sites) -> bytes:

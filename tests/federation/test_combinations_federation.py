@@ -1,6 +1,8 @@
 """Features that meet in a federation: missing values with federated greedy trees, with multiclass and with
-federated evaluation; greedy trees and federated evaluation in one session; multiclass training then federated
-evaluation; multiclass with federated greedy trees refused by the plan (before any site joins)."""
+federated evaluation; greedy trees and federated evaluation in one session; multiclass with federated greedy
+trees refused by the plan (before any site joins).  Multiclass training then federated evaluation:
+test_multiclass_federation.py; random trees and federated evaluation on files with missing values:
+test_fed_eval_processes.py."""
 from __future__ import annotations
 
 import json
@@ -69,32 +71,6 @@ def test_three_sites_train_multiclass_on_missing_values_equal_to_the_centralised
                                res.local.pred, rtol=0, atol=1e-12)
 
 
-def test_three_sites_train_a_multiclass_model_then_evaluate_it(tmp_path, ca_dir, cluster_factory):
-    """One session: multi-class training on wine, then federated evaluation of held-out files (noise off): the
-    released accuracy is the pooled one, macro-AUC within bin resolution, log-loss within rounding."""
-    schema, raw = wine_with_ids()
-    hp = Hyperparameters(trees=2, depth=2, seed=21, epsilon=2.0, learning_rate=0.3)
-    files = tls_session_files(tmp_path, ca_dir, schema, raw.iloc[:120], hp, held_out=raw.iloc[120:],
-                              randomness="insecure-test", test_seed=2, test_noise=False, eval_epsilon=0.2,
-                              eval_bins=10)
-    plan, held = files.plan, files.held
-    assert plan.eval_spec.task == "multiclass" and plan.eval_spec.classes == schema.classes
-    coord = cluster_factory(tmp_path / "plan.toml").run(files.data, "--allow-insecure-test-randomness",
-                                                        "--max-eval-epsilon", "0.2", held=held)
-    ev = coord.result()["evaluation"]
-    model = Ensemble.load(tmp_path / "coordinator" / "model.json")
-    assert len(model.trees) == 3 * hp.trees
-    ref = pooled(plan, model, held)
-    m = ev["metrics"]
-    assert m["n"] == ref["n"] == len(raw) - 120 and m["classes"] == list(schema.classes)
-    assert m["accuracy"] == ref["accuracy"]
-    ds = [load(p, schema) for p in held.values()]
-    total = sum(plan.eval_spec.histogram(d.y, model.predict(d.X)) for d in ds)
-    res = plan.eval_spec.resolution(total)
-    assert abs(m["macro_auc"] - ref["macro_auc"]) <= res["macro_auc"] + 1e-12
-    assert abs(m["logloss"] - ref["logloss"]) <= res["logloss"]
-
-
 def test_a_multiclass_plan_refuses_federated_greedy_trees(tmp_path, ca_dir):
     schema, _ = wine_with_ids()
     ids = make_identities(tmp_path, SITES, ca_dir)
@@ -102,13 +78,13 @@ def test_a_multiclass_plan_refuses_federated_greedy_trees(tmp_path, ca_dir):
         make_test_plan(schema, ids, greedy_hp(depth=2, trees=2))
 
 
-@pytest.mark.parametrize("builder", ["greedy", "random"])
-def test_train_then_evaluate_held_out_files_with_missing_values(tmp_path, ca_dir, cluster_factory, builder):
-    """One session: (greedy or random) training on files with missing values, then federated evaluation of
-    held-out files with missing values; the released metrics are the pooled ones (noise off)."""
+def test_greedy_training_then_evaluation_of_held_out_files_with_missing_values(tmp_path, ca_dir,
+                                                                               cluster_factory):
+    """One session: greedy training on files with missing values, then federated evaluation of held-out files
+    with missing values; the released metrics are the pooled ones (noise off).  (Random trees on the same files:
+    test_fed_eval_processes.py.)"""
     schema, raw = schema_and_rows(900)
-    hp = (greedy_hp(depth=2, trees=2) if builder == "greedy"
-          else Hyperparameters(trees=4, depth=2, seed=21, epsilon=1.0))
+    hp = greedy_hp(depth=2, trees=2)
     files = tls_session_files(tmp_path, ca_dir, schema, raw.iloc[:600], hp, held_out=raw.iloc[600:],
                               randomness="insecure-test", test_seed=2, test_noise=False, eval_epsilon=0.2,
                               eval_bins=10)
