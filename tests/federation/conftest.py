@@ -109,15 +109,16 @@ class SessionFiles:
 
 
 def tls_session_files(root: Path, ca_dir: Path, schema, raw: pd.DataFrame, hp, sites: list[str] = SITES,
-                      held_out: pd.DataFrame | None = None, **session) -> SessionFiles:
+                      held_out: pd.DataFrame | None = None, hosts=("localhost", "127.0.0.1"),
+                      **session) -> SessionFiles:
     """Everything a mutual-TLS session of ``sites`` needs below ``root``: each site's keys and certificate
-    (``root/<site>``), the coordinator's certificate (``root/coordinator``), the rows ``raw`` dealt round-robin
-    into the sites' files (``root/data``; ``held_out`` into ``root/held-out``) and the plan (``root/plan.toml``,
-    :func:`make_test_plan` with ``session``)."""
+    (``root/<site>``), the coordinator's certificate for ``hosts`` (``root/coordinator``), the rows ``raw``
+    dealt round-robin into the sites' files (``root/data``; ``held_out`` into ``root/held-out``) and the plan
+    (``root/plan.toml``, :func:`make_test_plan` with ``session``)."""
     from common.federation.pki import ca_server
 
     ids = make_identities(root, sites, ca_dir)
-    ca_server(ca_dir, root / "coordinator", ["localhost", "127.0.0.1"], days=2)
+    ca_server(ca_dir, root / "coordinator", list(hosts), days=2)
     data = write_splits(raw, sites, root / "data")
     held = write_splits(held_out, sites, root / "held-out") if held_out is not None else None
     plan = make_test_plan(schema, ids, hp, **session)

@@ -2,7 +2,8 @@
 federated evaluation; greedy trees and federated evaluation in one session; multiclass with federated greedy
 trees refused by the plan (before any site joins).  Multiclass training then federated evaluation:
 test_multiclass_federation.py; random trees and federated evaluation on files with missing values:
-test_fed_eval_processes.py."""
+test_fed_eval_processes.py; greedy sites' in-process secure noise for training and evaluation:
+test_greedy_federation.py."""
 from __future__ import annotations
 
 import json
@@ -99,21 +100,3 @@ def test_greedy_training_then_evaluation_of_held_out_files_with_missing_values(t
     assert ev["metrics"]["n"] == ref["n"] == 300
     assert abs(ev["metrics"]["mae"] - ref["mae"]) <= res["mae"]
     assert abs(ev["metrics"]["rmse"] ** 2 - ref["rmse"] ** 2) <= res["mse"]
-
-
-def test_greedy_sites_draw_training_and_evaluation_noise_in_process_with_secure_randomness(tmp_path, ca_dir,
-                                                                                            cluster_factory):
-    """Greedy sites sample their noise in-process (random-tree sites in child processes): a greedy session with
-    the OS CSPRNG trains and then evaluates, and the released record count is the true one within 5σ."""
-    import math
-
-    schema, raw = schema_and_rows(900)
-    files = tls_session_files(tmp_path, ca_dir, schema, raw.iloc[:600], greedy_hp(depth=2, trees=2),
-                              held_out=raw.iloc[600:], eval_epsilon=1.0, eval_bins=10)
-    coord = cluster_factory(tmp_path / "plan.toml").run(files.data, "--max-eval-epsilon", "1", held=files.held,
-                                                        timeout=300)
-    ev = coord.result()["evaluation"]
-    spec = files.plan.eval_spec
-    assert abs(ev["metrics"]["n"] - 300) <= 5 * math.sqrt(3 * spec.bins) * spec.noise_scales()[0] + 1
-    assert "insecure" not in json.loads((tmp_path / "coordinator" / "model.json").read_text())["privacy"][
-        "randomness"].lower()
