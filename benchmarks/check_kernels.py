@@ -18,6 +18,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from common import kernels  # noqa: E402
+from tests.kernel_cases import random_case  # noqa: E402
 
 
 def ref_leaf(X, features, thresholds, is_cat, depth):
@@ -34,45 +35,6 @@ def ref_leaf(X, features, thresholds, is_cat, depth):
     return out
 
 
-def random_case(rng, n, m, depth, cyclical, n_cand):
-    is_cat = rng.random(m) < 0.3
-    levels = rng.integers(2, 12, m)
-    lo = rng.uniform(-5, 0, m)
-    hi = lo + rng.uniform(0.5, 10, m)
-    X = np.empty((n, m))
-    for f in range(m):
-        if is_cat[f]:
-            X[:, f] = rng.integers(0, levels[f], n)
-        else:
-            X[:, f] = rng.uniform(lo[f] - 1, hi[f] + 1, n)
-            if n_cand:  # put mass exactly on candidate values
-                j = rng.integers(0, n_cand, n)
-                on = rng.random(n) < 0.2
-                X[on, f] = (lo[f] + (hi[f] - lo[f]) * (j + 1) / (n_cand + 1))[on]
-    # awkward values
-    for f in range(m):
-        idx = rng.integers(0, n, 3)
-        X[idx[0], f] = -0.0
-        X[idx[1], f] = np.nan if rng.random() < 0.5 else np.inf
-        X[idx[2], f] = 300.0 if is_cat[f] else -np.inf
-    n_inner = 2**depth - 1
-    features = np.full(n_inner, rng.integers(0, m), np.int32) if cyclical else rng.integers(0, m, n_inner).astype(np.int32)
-    thr = np.empty(n_inner)
-    for k in range(n_inner):
-        f = features[k]
-        if is_cat[f]:
-            thr[k] = rng.integers(0, levels[f])
-        elif n_cand:
-            thr[k] = lo[f] + (hi[f] - lo[f]) * (rng.integers(0, n_cand) + 1) / (n_cand + 1)
-        else:
-            thr[k] = rng.uniform(lo[f], hi[f])
-    edges = None
-    if n_cand:
-        j = np.arange(n_cand)
-        edges = [None if is_cat[f] else lo[f] + (hi[f] - lo[f]) * (j + 1) / (n_cand + 1) for f in range(m)]
-    return X, features, thr, is_cat, edges
-
-
 def check_walks(rng, cases=300):
     for c in range(cases):
         n = int(rng.integers(1, 300))
@@ -80,7 +42,7 @@ def check_walks(rng, cases=300):
         depth = int(rng.integers(1, 7))
         cyc = bool(rng.random() < 0.5)
         n_cand = int(rng.choice([0, 1, 7, 32, 255]))
-        X, features, thr, is_cat, edges = random_case(rng, n, m, depth, cyc, n_cand)
+        X, features, thr, is_cat, edges = random_case(rng, n, m, depth, cyc, n_cand, on_grid=1.0)
         if edges is not None and c % 4 == 0:  # irregular candidate grids (clustered, with gaps)
             for f in range(m):
                 if edges[f] is not None:

@@ -20,7 +20,7 @@ not wait for a child process each time.  Shares drawn ahead in blocks
 (:meth:`IsolatedSampler.draw`, :func:`client.noise.isolated_shares`) always
 come from children.
 
-Child protocol (:func:`_child`): an ``.npz`` on stdin with ``sampler`` and,
+Child protocol (:mod:`client.child`, :func:`_child`): an ``.npz`` on stdin with ``sampler`` and,
 per request i, ``kind_i`` ("gaussian" or "laplace") and ``scales_i``
 (float64, exact binary values); exit 0 with an ``.npz`` of ``noise_i``
 (int64, the shape of ``scales_i``) on stdout, exit 2 with a bad parameter's
@@ -30,14 +30,14 @@ from __future__ import annotations
 
 import io
 import logging
-import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
 from common.randomness import SecureRandomness
+
+from .child import run_child, write_arrays
 
 log = logging.getLogger("fedsbdt.site")
 
@@ -45,9 +45,6 @@ EXIT_BAD_PARAMETER = 2
 #: direct single draws closer together than this (seconds) switch them to the daemon's own sampler
 SINGLE_DRAW_INTERVAL = 60.0
 KINDS = ("gaussian", "laplace")
-_PACKAGE_ROOT = str(Path(__file__).resolve().parents[1])
-_CHILD = ("import sys; sys.path.insert(0, sys.argv[1]); from client.isolated_noise import _child; "
-          "sys.exit(_child())")
 
 
 class IsolatedSampler:
@@ -77,17 +74,10 @@ class IsolatedSampler:
             arrays[f"kind_{i}"] = np.array(kind)
             arrays[f"scales_{i}"] = np.asarray(scales, dtype=np.float64)
         np.savez(buf, **arrays)
-        # -P and an explicit path: the child runs this very package, never a ``client`` in the working directory
-        proc = subprocess.run([sys.executable, "-P", "-c", _CHILD, _PACKAGE_ROOT], input=buf.getvalue(),
-                              capture_output=True, check=False)
         self.children += 1
-        if proc.returncode == EXIT_BAD_PARAMETER:
-            raise ValueError(proc.stderr.decode("utf-8", "replace").strip())
-        if proc.returncode != 0 or not proc.stdout:
-            tail = proc.stderr.decode("utf-8", "replace").strip().splitlines()[-3:]
-            raise RuntimeError(f"the noise sampler process failed (exit {proc.returncode}): {' | '.join(tail)}")
-        with np.load(io.BytesIO(proc.stdout), allow_pickle=False) as z:
-            out = [z[f"noise_{i}"] for i in range(len(requests))]
+        z = run_child("client.isolated_noise", "_child", (), buf.getvalue(), rejected_exit=EXIT_BAD_PARAMETER,
+                      rejected=ValueError, what="the noise sampler process")
+        out = [z[f"noise_{i}"] for i in range(len(requests))]
         for (_, scales), noise in zip(requests, out):
             if noise.dtype != np.int64 or noise.shape != np.shape(scales):
                 raise RuntimeError("the noise sampler process returned vectors of the wrong type or shape")
@@ -137,8 +127,4 @@ def _child() -> int:
     except ValueError as e:
         print(str(e), file=sys.stderr)
         return EXIT_BAD_PARAMETER
-    buf = io.BytesIO()
-    np.savez(buf, **out)
-    sys.stdout.buffer.write(buf.getvalue())
-    sys.stdout.buffer.flush()
-    return 0
+    return write_arrays(**out)

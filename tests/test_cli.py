@@ -16,6 +16,15 @@ def run(*args, ok=True):
     return p
 
 
+@pytest.fixture(scope="module")
+def abalone_model(tmp_path_factory):
+    """A small model trained by ``fedsbdt train`` on Abalone (3 trees), for the tests that only need a model."""
+    model = tmp_path_factory.mktemp("abalone-model") / "m.json"
+    run("train", "--data", str(ABALONE), "--schema", str(EXAMPLES / "abalone/schema.toml"), "--out", str(model),
+        "--trees", "3", "--quiet")
+    return model
+
+
 def test_train_evaluate_predict_account_json(tmp_path):
     model = tmp_path / "m.json"
     p = run("train", "--data", str(ABALONE), "--schema", str(EXAMPLES / "abalone/schema.toml"),
@@ -78,7 +87,7 @@ def test_corrupt_model_file(tmp_path):
     assert "not valid JSON" in run("evaluate", "--model", str(m), "--data", "x", ok=False).stderr
 
 
-def test_predict_scores_records_without_labels(tmp_path):
+def test_predict_scores_records_without_labels(tmp_path, abalone_model):
     """New patients have no outcome: predict reads files with or without the label column (CSV, Parquet),
     keeps the schema's id column, and evaluate still insists on labels."""
     import pandas as pd
@@ -115,21 +124,16 @@ def test_predict_scores_records_without_labels(tmp_path):
     # no header, no id column: the row number as "id", one field fewer than the training file
     bare = tmp_path / "bare.csv"
     bare.write_text("\n".join(r.rsplit(",", 1)[0] for r in rows) + "\n")
-    plain = tmp_path / "plain.json"
-    run("train", "--data", str(ABALONE), "--schema", str(EXAMPLES / "abalone/schema.toml"), "--out", str(plain),
-        "--trees", "5", "--quiet")
-    run("predict", "--model", str(plain), "--data", str(bare), "--out", str(tmp_path / "bare.pred.csv"))
+    run("predict", "--model", str(abalone_model), "--data", str(bare), "--out", str(tmp_path / "bare.pred.csv"))
     lines = (tmp_path / "bare.pred.csv").read_text().splitlines()
     assert lines[0] == "id,prediction" and lines[1].startswith("0,") and len(lines) == 51
 
 
 @pytest.mark.parametrize("log_format", ["text", "json"])
-def test_unusable_out_paths_are_one_line_and_leave_nothing(tmp_path, log_format):
+def test_unusable_out_paths_are_one_line_and_leave_nothing(tmp_path, log_format, abalone_model):
     """--out '.', an existing folder, a missing folder: exit 2, one line naming the path given, no traceback,
     no stray DIR.tmp; train refuses before it trains (no privacy spent for a model it cannot write)."""
-    model = tmp_path / "m.json"
-    run("train", "--data", str(ABALONE), "--schema", str(EXAMPLES / "abalone/schema.toml"), "--out", str(model),
-        "--trees", "3", "--quiet")
+    model = abalone_model
     folder = tmp_path / "models"
     folder.mkdir()
     before = sorted(p.name for p in tmp_path.rglob("*"))

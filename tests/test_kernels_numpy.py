@@ -17,45 +17,7 @@ from common.config import Hyperparameters
 from common.randomness import InsecureTestRandomness
 from common.rdp_filter import filter_table
 from common.splits import Splits
-
-
-def random_case(rng, n, m, depth, cyclical, n_cand):
-    is_cat = rng.random(m) < 0.3
-    levels = rng.integers(2, 12, m)
-    lo = rng.uniform(-5, 0, m)
-    hi = lo + rng.uniform(0.5, 10, m)
-    X = np.empty((n, m))
-    for f in range(m):
-        if is_cat[f]:
-            X[:, f] = rng.integers(0, levels[f], n)
-        else:
-            X[:, f] = rng.uniform(lo[f] - 1, hi[f] + 1, n)
-            if n_cand:  # mass exactly on candidate thresholds
-                j = rng.integers(0, n_cand, n)
-                on = rng.random(n) < 0.2
-                X[on, f] = (lo[f] + (hi[f] - lo[f]) * (j + 1) / (n_cand + 1))[on]
-    for f in range(m):
-        idx = rng.integers(0, n, 4)
-        X[idx[0], f] = -0.0
-        X[idx[1], f] = np.nan
-        X[idx[2], f] = 300.0 if is_cat[f] else -np.inf
-        X[idx[3], f] = 2.5 if is_cat[f] else np.inf
-    n_inner = 2**depth - 1
-    features = (np.full(n_inner, rng.integers(0, m)) if cyclical else rng.integers(0, m, n_inner)).astype(np.int32)
-    thr = np.empty(n_inner)
-    for k in range(n_inner):
-        f = features[k]
-        if is_cat[f]:
-            thr[k] = rng.integers(0, levels[f])
-        elif n_cand and rng.random() < 0.9:
-            thr[k] = lo[f] + (hi[f] - lo[f]) * (rng.integers(0, n_cand) + 1) / (n_cand + 1)
-        else:
-            thr[k] = rng.uniform(lo[f], hi[f])  # off the grid: code_bounds must say so
-    edges = None
-    if n_cand:
-        j = np.arange(n_cand)
-        edges = [None if is_cat[f] else lo[f] + (hi[f] - lo[f]) * (j + 1) / (n_cand + 1) for f in range(m)]
-    return X, features, thr, is_cat, edges
+from kernel_cases import random_case
 
 
 @pytest.mark.parametrize("seed", range(6))

@@ -20,6 +20,8 @@ from .processes import EventLog, Proc, free_port, pin_plan
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 EXAMPLES = ROOT / "examples"
+#: the sites of a three-hospital test federation
+SITES = ["hospital-1", "hospital-2", "hospital-3"]
 
 
 # --------------------------------------------------------------------------- data and plans
@@ -96,6 +98,66 @@ def make_test_plan(schema, ids: dict[str, Identity], hp=None, **session):
 
 
 @dataclass
+class SessionFiles:
+    """What :func:`tls_session_files` wrote: the sites' identities, the plan, each site's training file (and
+    held-out file)."""
+
+    ids: dict[str, Identity]
+    plan: object  # common.federation.plan.Plan
+    data: dict[str, Path]
+    held: dict[str, Path] | None
+
+
+def tls_session_files(root: Path, ca_dir: Path, schema, raw: pd.DataFrame, hp, sites: list[str] = SITES,
+                      held_out: pd.DataFrame | None = None, hosts=("localhost", "127.0.0.1"),
+                      **session) -> SessionFiles:
+    """Everything a mutual-TLS session of ``sites`` needs below ``root``: each site's keys and certificate
+    (``root/<site>``), the coordinator's certificate for ``hosts`` (``root/coordinator``), the rows ``raw``
+    dealt round-robin into the sites' files (``root/data``; ``held_out`` into ``root/held-out``) and the plan
+    (``root/plan.toml``, :func:`make_test_plan` with ``session``)."""
+    from common.federation.pki import ca_server
+
+    ids = make_identities(root, sites, ca_dir)
+    ca_server(ca_dir, root / "coordinator", list(hosts), days=2)
+    data = write_splits(raw, sites, root / "data")
+    held = write_splits(held_out, sites, root / "held-out") if held_out is not None else None
+    plan = make_test_plan(schema, ids, hp, **session)
+    plan.save(root / "plan.toml")
+    return SessionFiles(ids, plan, data, held)
+
+
+def models_identical(root: Path, sites) -> bytes:
+    """The coordinator's ``model.json`` (bytes), after asserting that every site wrote the very same file."""
+    ref = (root / "coordinator" / "model.json").read_bytes()
+    for s in sites:
+        assert (root / s / "model.json").read_bytes() == ref, f"{s}'s model differs from the coordinator's"
+    return ref
+
+
+def central_training(root: Path, schema, raw: pd.DataFrame, hp, seed: int):
+    """The centralised engine on the union of the sites' rows (written to ``root/union.csv`` and parsed as the
+    sites parse their files), with the insecure test randomness of ``seed`` and noise off: (dataset, result)."""
+    from common.data import load
+    from common.engine import train
+    from common.randomness import InsecureTestRandomness
+
+    union = root / "union.csv"
+    raw.to_csv(union, index=False)
+    ds = load(union, schema)
+    return ds, train(ds, hp, InsecureTestRandomness(seed=seed, noise=False, i_understand_this_is_insecure=True))
+
+
+def assert_same_trees(model: dict, ref, default_left: bool = False) -> None:
+    """A released ``model.json`` has exactly the trees of the :class:`~common.model.Ensemble` ``ref`` (their
+    features, thresholds and leaves, and with ``default_left`` the directions of missing values)."""
+    for t, r in zip(model["trees"], ref.trees, strict=True):
+        if default_left:
+            assert t["default_left"] == r.default_left.tolist()
+        assert (t["features"], t["thresholds"], t["leaves"]) == (r.features.tolist(), r.thresholds.tolist(),
+                                                                 r.leaves.tolist())
+
+
+@dataclass
 class Cluster(EventLog):
     root: Path
     plan_path: Path
@@ -126,6 +188,18 @@ class Cluster(EventLog):
         p = Proc(self, sid, args)
         self.procs.append(p)
         return p
+
+    def run(self, data: dict[str, Path], *flags: str, held: dict[str, Path] | None = None,
+            timeout: float = 120.0) -> Proc:
+        """Start the coordinator and a site per file of ``data`` (with ``flags``, and ``--eval-data`` its file of
+        ``held``), wait for all of them and assert that each exited 0; returns the coordinator's process."""
+        coord = self.coordinator()
+        sites = [self.site(s, path, *flags, *(("--eval-data", str(held[s])) if held else ()))
+                 for s, path in data.items()]
+        assert coord.wait(timeout=timeout) == 0, coord.errors
+        for p in sites:
+            assert p.wait() == 0, p.errors
+        return coord
 
     def stop(self) -> None:
         for p in self.procs:

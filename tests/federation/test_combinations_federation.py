@@ -1,6 +1,9 @@
 """Features that meet in a federation: missing values with federated greedy trees, with multiclass and with
-federated evaluation; greedy trees and federated evaluation in one session; multiclass training then federated
-evaluation; multiclass with federated greedy trees refused by the plan (before any site joins)."""
+federated evaluation; greedy trees and federated evaluation in one session; multiclass with federated greedy
+trees refused by the plan (before any site joins).  Multiclass training then federated evaluation:
+test_multiclass_federation.py; random trees and federated evaluation on files with missing values:
+test_fed_eval_processes.py; greedy sites' in-process secure noise for training and evaluation:
+test_greedy_federation.py."""
 from __future__ import annotations
 
 import json
@@ -10,21 +13,17 @@ import pytest
 
 from common.config import ConfigError, Hyperparameters
 from common.data import load
-from common.engine import train
-from common.federation.pki import ca_server
 from common.federation.plan import PlanError
 from common.model import Ensemble
-from common.randomness import InsecureTestRandomness
 from common.schema import Schema
 
-from .conftest import make_identities, make_test_plan, write_splits
+from .conftest import (SITES, assert_same_trees, central_training, make_identities, make_test_plan, models_identical,
+                       tls_session_files)
 from .test_fed_eval_processes import pooled
 from .test_greedy_federation import assert_equals_central, central_model, greedy_hp
 from .test_missing_federation import schema_and_rows
 from .test_multiclass_federation import wine_with_ids
 from .test_state_machines import Fed
-
-SITES = ["hospital-1", "hospital-2", "hospital-3"]
 
 
 def test_federated_greedy_on_missing_values_equals_the_central_histogram_rule(tmp_path):
@@ -59,68 +58,18 @@ def test_three_sites_train_multiclass_on_missing_values_equal_to_the_centralised
     """The sites' numpy kernels, K class trees per round and the default directions of missing values."""
     hp = Hyperparameters(trees=4, depth=3, seed=21, epsilon=2.0, subsample=0.5, learning_rate=0.3)
     schema, raw = wine_with_holes()
-    ids = make_identities(tmp_path, SITES, ca_dir)
-    ca_server(ca_dir, tmp_path / "coordinator", ["localhost", "127.0.0.1"], days=2)
-    data = write_splits(raw, SITES, tmp_path / "data")
-    plan = make_test_plan(schema, ids, hp, randomness="insecure-test", test_seed=3, test_noise=False)
-    plan.save(tmp_path / "plan.toml")
-    c = cluster_factory(tmp_path / "plan.toml")
-    coord = c.coordinator()
-    sites = {s: c.site(s, data[s], "--allow-insecure-test-randomness") for s in SITES}
-    assert coord.wait() == 0, coord.errors
-    for s, p in sites.items():
-        assert p.wait() == 0, p.errors
-    model = json.loads((tmp_path / "coordinator" / "model.json").read_text())
-    for s in SITES:
-        assert json.loads((tmp_path / s / "model.json").read_text()) == model
-    union = tmp_path / "union.csv"
-    raw.to_csv(union, index=False)
-    ds = load(union, schema)
+    files = tls_session_files(tmp_path, ca_dir, schema, raw, hp, randomness="insecure-test", test_seed=3,
+                              test_noise=False)
+    cluster_factory(tmp_path / "plan.toml").run(files.data, "--allow-insecure-test-randomness")
+    model = json.loads(models_identical(tmp_path, SITES))
+    ds, res = central_training(tmp_path, schema, raw, hp, seed=3)
     assert np.isnan(ds.X).sum() > 100
-    res = train(ds, hp, InsecureTestRandomness(seed=3, noise=False, i_understand_this_is_insecure=True))
     assert model["init_score"] == [float(x) for x in res.model.init_score]
     assert len(model["trees"]) == len(res.model.trees) == 3 * hp.trees
-    for t, r in zip(model["trees"], res.model.trees, strict=True):
-        assert t["default_left"] == r.default_left.tolist()
-        assert (t["features"], t["thresholds"], t["leaves"]) == (r.features.tolist(), r.thresholds.tolist(),
-                                                                 r.leaves.tolist())
+    assert_same_trees(model, res.model, default_left=True)
     # the released model predicts what the sites' training applied (NaN by each class tree's directions)
     np.testing.assert_allclose(Ensemble.load(tmp_path / "coordinator" / "model.json").predict_margin(ds.X),
                                res.local.pred, rtol=0, atol=1e-12)
-
-
-def test_three_sites_train_a_multiclass_model_then_evaluate_it(tmp_path, ca_dir, cluster_factory):
-    """One session: multi-class training on wine, then federated evaluation of held-out files (noise off): the
-    released accuracy is the pooled one, macro-AUC within bin resolution, log-loss within rounding."""
-    schema, raw = wine_with_ids()
-    hp = Hyperparameters(trees=2, depth=2, seed=21, epsilon=2.0, learning_rate=0.3)
-    ids = make_identities(tmp_path, SITES, ca_dir)
-    ca_server(ca_dir, tmp_path / "coordinator", ["localhost", "127.0.0.1"], days=2)
-    data = write_splits(raw.iloc[:120], SITES, tmp_path / "data")
-    held = write_splits(raw.iloc[120:], SITES, tmp_path / "held-out")
-    plan = make_test_plan(schema, ids, hp, randomness="insecure-test", test_seed=2, test_noise=False,
-                          eval_epsilon=0.2, eval_bins=10)
-    assert plan.eval_spec.task == "multiclass" and plan.eval_spec.classes == schema.classes
-    plan.save(tmp_path / "plan.toml")
-    c = cluster_factory(tmp_path / "plan.toml")
-    coord = c.coordinator()
-    sites = {s: c.site(s, data[s], "--allow-insecure-test-randomness", "--eval-data", str(held[s]),
-                       "--max-eval-epsilon", "0.2") for s in SITES}
-    assert coord.wait() == 0, coord.errors
-    for s, p in sites.items():
-        assert p.wait() == 0, p.errors
-    ev = coord.result()["evaluation"]
-    model = Ensemble.load(tmp_path / "coordinator" / "model.json")
-    assert len(model.trees) == 3 * hp.trees
-    ref = pooled(plan, model, held)
-    m = ev["metrics"]
-    assert m["n"] == ref["n"] == len(raw) - 120 and m["classes"] == list(schema.classes)
-    assert m["accuracy"] == ref["accuracy"]
-    ds = [load(p, schema) for p in held.values()]
-    total = sum(plan.eval_spec.histogram(d.y, model.predict(d.X)) for d in ds)
-    res = plan.eval_spec.resolution(total)
-    assert abs(m["macro_auc"] - ref["macro_auc"]) <= res["macro_auc"] + 1e-12
-    assert abs(m["logloss"] - ref["logloss"]) <= res["logloss"]
 
 
 def test_a_multiclass_plan_refuses_federated_greedy_trees(tmp_path, ca_dir):
@@ -130,27 +79,19 @@ def test_a_multiclass_plan_refuses_federated_greedy_trees(tmp_path, ca_dir):
         make_test_plan(schema, ids, greedy_hp(depth=2, trees=2))
 
 
-@pytest.mark.parametrize("builder", ["greedy", "random"])
-def test_train_then_evaluate_held_out_files_with_missing_values(tmp_path, ca_dir, cluster_factory, builder):
-    """One session: (greedy or random) training on files with missing values, then federated evaluation of
-    held-out files with missing values; the released metrics are the pooled ones (noise off)."""
+def test_greedy_training_then_evaluation_of_held_out_files_with_missing_values(tmp_path, ca_dir,
+                                                                               cluster_factory):
+    """One session: greedy training on files with missing values, then federated evaluation of held-out files
+    with missing values; the released metrics are the pooled ones (noise off).  (Random trees on the same files:
+    test_fed_eval_processes.py.)"""
     schema, raw = schema_and_rows(900)
-    hp = (greedy_hp(depth=2, trees=2) if builder == "greedy"
-          else Hyperparameters(trees=4, depth=2, seed=21, epsilon=1.0))
-    ids = make_identities(tmp_path, SITES, ca_dir)
-    ca_server(ca_dir, tmp_path / "coordinator", ["localhost", "127.0.0.1"], days=2)
-    data = write_splits(raw.iloc[:600], SITES, tmp_path / "data")
-    held = write_splits(raw.iloc[600:], SITES, tmp_path / "held-out")
-    plan = make_test_plan(schema, ids, hp, randomness="insecure-test", test_seed=2, test_noise=False,
-                          eval_epsilon=0.2, eval_bins=10)
-    plan.save(tmp_path / "plan.toml")
-    c = cluster_factory(tmp_path / "plan.toml")
-    coord = c.coordinator()
-    sites = {s: c.site(s, data[s], "--allow-insecure-test-randomness", "--eval-data", str(held[s]),
-                       "--max-eval-epsilon", "0.2") for s in SITES}
-    assert coord.wait() == 0, coord.errors
-    for s, p in sites.items():
-        assert p.wait() == 0, p.errors
+    hp = greedy_hp(depth=2, trees=2)
+    files = tls_session_files(tmp_path, ca_dir, schema, raw.iloc[:600], hp, held_out=raw.iloc[600:],
+                              randomness="insecure-test", test_seed=2, test_noise=False, eval_epsilon=0.2,
+                              eval_bins=10)
+    plan, held = files.plan, files.held
+    coord = cluster_factory(tmp_path / "plan.toml").run(files.data, "--allow-insecure-test-randomness",
+                                                        "--max-eval-epsilon", "0.2", held=held)
     ev = coord.result()["evaluation"]
     model = Ensemble.load(tmp_path / "coordinator" / "model.json")
     assert sum(np.isnan(load(p, schema).X).sum() for p in held.values()) > 100
@@ -159,29 +100,3 @@ def test_train_then_evaluate_held_out_files_with_missing_values(tmp_path, ca_dir
     assert ev["metrics"]["n"] == ref["n"] == 300
     assert abs(ev["metrics"]["mae"] - ref["mae"]) <= res["mae"]
     assert abs(ev["metrics"]["rmse"] ** 2 - ref["rmse"] ** 2) <= res["mse"]
-
-
-def test_greedy_sites_draw_training_and_evaluation_noise_in_process_with_secure_randomness(tmp_path, ca_dir,
-                                                                                            cluster_factory):
-    """Greedy sites sample their noise in-process (random-tree sites in child processes): a greedy session with
-    the OS CSPRNG trains and then evaluates, and the released record count is the true one within 5σ."""
-    import math
-
-    schema, raw = schema_and_rows(900)
-    ids = make_identities(tmp_path, SITES, ca_dir)
-    ca_server(ca_dir, tmp_path / "coordinator", ["localhost", "127.0.0.1"], days=2)
-    data = write_splits(raw.iloc[:600], SITES, tmp_path / "data")
-    held = write_splits(raw.iloc[600:], SITES, tmp_path / "held-out")
-    plan = make_test_plan(schema, ids, greedy_hp(depth=2, trees=2), eval_epsilon=1.0, eval_bins=10)
-    plan.save(tmp_path / "plan.toml")
-    c = cluster_factory(tmp_path / "plan.toml")
-    coord = c.coordinator()
-    sites = {s: c.site(s, data[s], "--eval-data", str(held[s]), "--max-eval-epsilon", "1") for s in SITES}
-    assert coord.wait(timeout=300) == 0, coord.errors
-    for p in sites.values():
-        assert p.wait() == 0, p.errors
-    ev = coord.result()["evaluation"]
-    spec = plan.eval_spec
-    assert abs(ev["metrics"]["n"] - 300) <= 5 * math.sqrt(3 * spec.bins) * spec.noise_scales()[0] + 1
-    assert "insecure" not in json.loads((tmp_path / "coordinator" / "model.json").read_text())["privacy"][
-        "randomness"].lower()

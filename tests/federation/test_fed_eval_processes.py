@@ -11,7 +11,8 @@ from common.data import load
 from common.fed_eval import exact_metrics
 from common.model import Ensemble
 
-from .conftest import write_splits
+from .conftest import tls_session_files, write_splits
+from .test_missing_federation import schema_and_rows
 from .test_processes import SITES, setup_federation
 
 
@@ -29,10 +30,14 @@ def pooled(plan, model, files):
 
 
 def test_three_sites_train_then_evaluate_and_release_only_the_aggregate_metrics(tmp_path, ca_dir, cluster_factory):
+    """Training and held-out files with missing values (``?`` and empty fields, test_missing_federation.py)."""
     hp = Hyperparameters(trees=6, depth=2, seed=21, epsilon=1.0)
-    plan, schema, raw, data = setup_federation(tmp_path, ca_dir, hp, randomness="insecure-test", test_seed=2,
-                                               test_noise=False, eval_epsilon=0.2, eval_bins=10)
-    held = held_out_files(tmp_path)
+    schema, raw = schema_and_rows(900)
+    files = tls_session_files(tmp_path, ca_dir, schema, raw.iloc[:600], hp, held_out=raw.iloc[600:],
+                              randomness="insecure-test", test_seed=2, test_noise=False, eval_epsilon=0.2,
+                              eval_bins=10)
+    plan, data, held = files.plan, files.data, files.held
+    assert sum(np.isnan(load(p, schema).X).sum() for p in held.values()) > 100
     c = cluster_factory(tmp_path / "plan.toml")
     coord = c.coordinator()
     sites = {s: c.site(s, data[s], "--allow-insecure-test-randomness", "--eval-data", str(held[s]),

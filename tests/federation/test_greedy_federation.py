@@ -289,18 +289,27 @@ def test_round_start_carries_level_and_splits_on_the_wire():
 # --------------------------------------------------------------------------- real processes
 
 
-def test_three_site_processes_train_greedy_and_the_model_exports(tmp_path, ca_dir, cluster_factory):
+def test_three_site_processes_train_greedy_evaluate_and_the_model_exports(tmp_path, ca_dir, cluster_factory):
+    """Greedy sites sample their noise in-process (random-tree sites in child processes): a greedy session with
+    the OS CSPRNG trains and then evaluates held-out files (the released record count is the true one within
+    5σ), and its model file works downstream like a central one."""
+    from .test_fed_eval_processes import held_out_files
     from .test_processes import SITES as PSITES, models_identical, setup_federation
 
     hp = greedy_hp(trees=3, depth=2, seed=21)
-    plan, schema, raw, data = setup_federation(tmp_path, ca_dir, hp, n_rows=600)
+    plan, schema, raw, data = setup_federation(tmp_path, ca_dir, hp, n_rows=600, eval_epsilon=1.0, eval_bins=10)
+    held = held_out_files(tmp_path)
     c = cluster_factory(tmp_path / "plan.toml")
     coord = c.coordinator()
-    sites = {s: c.site(s, data[s]) for s in PSITES}
+    sites = {s: c.site(s, data[s], "--eval-data", str(held[s]), "--max-eval-epsilon", "1") for s in PSITES}
     assert coord.wait(timeout=300) == 0, coord.errors
     for s, p in sites.items():
         assert p.wait() == 0, p.errors
     model = json.loads(models_identical(tmp_path, PSITES))
+    assert "insecure" not in model["privacy"]["randomness"].lower()
+    ev = coord.result()["evaluation"]
+    spec = plan.eval_spec
+    assert abs(ev["metrics"]["n"] - 300) <= 5 * math.sqrt(3 * spec.bins) * spec.noise_scales()[0] + 1
     levels = [e for e in c.events if e.get("_proc") == "coordinator" and e.get("event") == "level"]
     assert sorted((e["tree"], e["tree_level"]) for e in levels) == [(k, e) for k in range(3) for e in range(2)]
     assert {e["vector_len"] for e in levels} == {plan.greedy_grid.layout(0, e).length for e in range(2)}

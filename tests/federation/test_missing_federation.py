@@ -9,15 +9,12 @@ import json
 import numpy as np
 
 from common.config import Hyperparameters
-from common.data import load
-from common.engine import train
-from common.federation.pki import ca_server
-from common.randomness import InsecureTestRandomness
+from common.federation.toml_writer import dumps
 from common.schema import Schema
 
-from .conftest import abalone_with_ids, make_identities, make_test_plan, write_splits
+from .conftest import (SITES, abalone_with_ids, assert_same_trees, central_training, models_identical,
+                       tls_session_files)
 
-SITES = ["hospital-1", "hospital-2", "hospital-3"]
 HOLES = {"Sex": "?", "Length": "", "Shell_weight": "?"}  # column → how its missing values are written
 
 
@@ -36,30 +33,32 @@ def schema_and_rows(n_rows: int):
 
 
 def test_three_sites_keep_missing_values_and_equal_the_centralised_engine(tmp_path, ca_dir, cluster_factory):
+    """Also the basic end-to-end session: the filter, every way a site pins its plan and schema, and each party's
+    result naming the one model."""
     schema, raw = schema_and_rows(600)
-    hp = Hyperparameters(trees=8, depth=3, seed=41, epsilon=1.0)  # cyclical: every feature once
-    ids = make_identities(tmp_path, SITES, ca_dir)
-    ca_server(ca_dir, tmp_path / "coordinator", ["localhost", "127.0.0.1"], days=2)
-    data = write_splits(raw, SITES, tmp_path / "data")
-    plan = make_test_plan(schema, ids, hp, randomness="insecure-test", test_seed=3, test_noise=False)
-    plan.save(tmp_path / "plan.toml")
+    hp = Hyperparameters(trees=8, extra_trees=2, filter=True, depth=3, seed=41, epsilon=1.0)  # every feature once
+    files = tls_session_files(tmp_path, ca_dir, schema, raw, hp, randomness="insecure-test", test_seed=3,
+                              test_noise=False)
+    plan, data = files.plan, files.data
+    schema_file = tmp_path / "schema.toml"
+    schema_file.write_text(dumps(schema.to_dict()))
     c = cluster_factory(tmp_path / "plan.toml")
     coord = c.coordinator()
-    sites = {s: c.site(s, data[s], "--allow-insecure-test-randomness") for s in SITES}
+    flags = {"hospital-1": ["--plan", str(tmp_path / "plan.toml")],  # out-of-band plan file
+             "hospital-2": ["--plan-hash", plan.sha256, "--max-epsilon", "1.0"],
+             "hospital-3": ["--schema", str(schema_file)]}  # the site's own copy of the schema
+    sites = {s: c.site(s, data[s], "--allow-insecure-test-randomness", *flags[s]) for s in SITES}
     assert coord.wait() == 0, coord.errors
     for s, p in sites.items():
         assert p.wait() == 0, p.errors
-    model = json.loads((tmp_path / "coordinator" / "model.json").read_text())
-    for s in SITES:  # every party rebuilt the same file, directions included
-        assert json.loads((tmp_path / s / "model.json").read_text()) == model
+        out = p.result()
+        assert out["trees"] == hp.total_rounds and out["model_sha256"] == coord.result()["model_sha256"]
+    model = json.loads(models_identical(tmp_path, SITES))  # every party rebuilt the same file, directions included
+    assert model["privacy"]["noise_mode"] == "distributed"
+    assert model["training"]["plan_sha256"] == plan.sha256
     assert [r["sites"] for r in model["training"]["rounds"]] == [SITES] * hp.total_rounds
-    union = tmp_path / "union.csv"
-    raw.to_csv(union, index=False)
-    ds = load(union, schema)
+    # the same public seed and test randomness (noise off) on the union of the data: the same model
+    ds, res = central_training(tmp_path, schema, raw, hp, seed=3)
     assert ds.n == 600 and np.isnan(ds.X).sum() > 300  # no record dropped
-    ref = train(ds, hp, InsecureTestRandomness(seed=3, noise=False, i_understand_this_is_insecure=True)).model
-    assert model["init_score"] == ref.init_score
-    for t, r in zip(model["trees"], ref.trees, strict=True):
-        assert t["default_left"] == r.default_left.tolist()
-        assert (t["features"], t["thresholds"], t["leaves"]) == (r.features.tolist(), r.thresholds.tolist(),
-                                                                 r.leaves.tolist())
+    assert model["init_score"] == res.model.init_score
+    assert_same_trees(model, res.model, default_left=True)

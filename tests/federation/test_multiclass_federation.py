@@ -1,5 +1,6 @@
 """A 3-class federation of three sites as separate processes (real gRPC, mutual TLS): K class trees per round,
-a round vector K times longer, and the same model as the centralised engine on the union of the data."""
+a round vector K times longer, the same model as the centralised engine on the union of the data, and its
+federated evaluation in the same session."""
 from __future__ import annotations
 
 import json
@@ -9,14 +10,12 @@ import pandas as pd
 
 from common.config import Hyperparameters
 from common.data import load
-from common.engine import train
-from common.federation.pki import ca_server
-from common.randomness import InsecureTestRandomness
+from common.model import Ensemble
 from common.schema import Schema
 
-from .conftest import EXAMPLES, make_identities, make_test_plan, write_splits
-
-SITES = ["hospital-1", "hospital-2", "hospital-3"]
+from .conftest import (EXAMPLES, SITES, assert_same_trees, central_training, make_identities, make_test_plan,
+                       models_identical, tls_session_files)
+from .test_fed_eval_processes import pooled
 
 
 def wine_with_ids():
@@ -28,36 +27,40 @@ def wine_with_ids():
     return Schema.from_dict(d), raw
 
 
-def test_three_sites_train_a_multiclass_model_equal_to_the_centralised_engine(tmp_path, ca_dir, cluster_factory):
+def test_three_sites_train_a_multiclass_model_equal_to_the_centralised_engine_then_evaluate_it(tmp_path, ca_dir,
+                                                                                                cluster_factory):
+    """One session: multi-class training on 120 wine records, equal to the centralised engine's model, then
+    federated evaluation of the 58 held-out records (noise off): the released accuracy is the pooled one,
+    macro-AUC within bin resolution, log-loss within rounding."""
     hp = Hyperparameters(trees=6, depth=2, seed=21, epsilon=2.0, subsample=0.5, learning_rate=0.3)
     schema, raw = wine_with_ids()
-    ids = make_identities(tmp_path, SITES, ca_dir)
-    ca_server(ca_dir, tmp_path / "coordinator", ["localhost", "127.0.0.1"], days=2)
-    data = write_splits(raw, SITES, tmp_path / "data")
-    plan = make_test_plan(schema, ids, hp, randomness="insecure-test", test_seed=3, test_noise=False)
-    plan.save(tmp_path / "plan.toml")
-    assert plan.secagg_config().max_vector_len == 2 * 3 * hp.leaves  # the leaf vector is K = 3 times longer
-    c = cluster_factory(tmp_path / "plan.toml")
-    coord = c.coordinator()
-    sites = {s: c.site(s, data[s], "--allow-insecure-test-randomness", "--plan", str(tmp_path / "plan.toml"))
-             for s in SITES}
-    assert coord.wait() == 0, coord.errors
-    for s, p in sites.items():
-        assert p.wait() == 0, p.errors
-    ref_bytes = (tmp_path / "coordinator" / "model.json").read_bytes()
-    for s in SITES:
-        assert (tmp_path / s / "model.json").read_bytes() == ref_bytes
-    model = json.loads(ref_bytes)
+    files = tls_session_files(tmp_path, ca_dir, schema, raw.iloc[:120], hp, held_out=raw.iloc[120:],
+                              randomness="insecure-test", test_seed=3, test_noise=False, eval_epsilon=0.2,
+                              eval_bins=10)
+    plan, held = files.plan, files.held
+    # the leaf vector is K = 3 times longer (the training plan alone; the evaluation vector is longer still)
+    assert make_test_plan(schema, files.ids, hp).secagg_config().max_vector_len == 2 * 3 * hp.leaves
+    assert plan.eval_spec.task == "multiclass" and plan.eval_spec.classes == schema.classes
+    coord = cluster_factory(tmp_path / "plan.toml").run(files.data, "--allow-insecure-test-randomness",
+                                                        "--max-eval-epsilon", "0.2", held=held)
+    model = json.loads(models_identical(tmp_path, SITES))
     assert len(model["trees"]) == 3 * hp.trees and len(model["init_score"]) == 3
     assert model["privacy"]["classes"] == 3 and model["privacy"]["noise_mode"] == "distributed"
-    union = tmp_path / "union.csv"
-    raw.to_csv(union, index=False)
-    ref = train(load(union, schema), hp, InsecureTestRandomness(seed=3, noise=False,
-                                                               i_understand_this_is_insecure=True)).model
+    ref = central_training(tmp_path, schema, raw.iloc[:120], hp, seed=3)[1].model
     assert model["init_score"] == [float(x) for x in ref.init_score]
-    for t, r in zip(model["trees"], ref.trees, strict=True):
-        assert (t["features"], t["thresholds"], t["leaves"]) == (r.features.tolist(), r.thresholds.tolist(),
-                                                                 r.leaves.tolist())
+    assert_same_trees(model, ref)
+    # the federated evaluation of the released model
+    ev = coord.result()["evaluation"]
+    released = Ensemble.load(tmp_path / "coordinator" / "model.json")
+    pooled_metrics = pooled(plan, released, held)
+    m = ev["metrics"]
+    assert m["n"] == pooled_metrics["n"] == len(raw) - 120 and m["classes"] == list(schema.classes)
+    assert m["accuracy"] == pooled_metrics["accuracy"]
+    ds = [load(p, schema) for p in held.values()]
+    total = sum(plan.eval_spec.histogram(d.y, released.predict(d.X)) for d in ds)
+    res = plan.eval_spec.resolution(total)
+    assert abs(m["macro_auc"] - pooled_metrics["macro_auc"]) <= res["macro_auc"] + 1e-12
+    assert abs(m["logloss"] - pooled_metrics["logloss"]) <= res["logloss"]
 
 
 def test_a_multiclass_plan_refuses_the_filter(tmp_path):

@@ -1,7 +1,9 @@
 """Whole federations as separate processes on loopback, with mutual TLS (``fedsbdt coordinator`` + ``client``).
 
 Tests wait for events in the processes' JSON logs (a tree released, a site
-joined), never for fixed times.
+joined), never for fixed times.  The basic session (the filter, every way a
+site pins its plan and schema, a model equal to the centralised engine's) runs
+on files with missing values in test_missing_federation.py.
 """
 from __future__ import annotations
 
@@ -14,64 +16,17 @@ import numpy as np
 
 from client.ledger import ledger_path
 from common.config import Hyperparameters
-from common.data import load
-from common.engine import calibration_for, filter_for, train
-from common.randomness import InsecureTestRandomness
-from common.federation.pki import ca_init, ca_server, ca_sign
-from common.federation.toml_writer import dumps
+from common.engine import calibration_for, filter_for
+from common.federation.pki import ca_init, ca_sign
 
-from .conftest import EXAMPLES, ROOT, abalone_with_ids, make_identities, make_test_plan, tree_event, write_splits
-
-SITES = ["hospital-1", "hospital-2", "hospital-3"]
+from .conftest import (EXAMPLES, ROOT, SITES, abalone_with_ids, make_identities, make_test_plan, models_identical,
+                       tls_session_files, tree_event)
 
 
 def setup_federation(tmp_path, ca_dir, hp, n_rows=600, **session):
     schema, raw = abalone_with_ids(n_rows)
-    ids = make_identities(tmp_path, SITES, ca_dir)
-    ca_server(ca_dir, tmp_path / "coordinator", ["localhost", "127.0.0.1"], days=2)
-    data = write_splits(raw, SITES, tmp_path / "data")
-    plan = make_test_plan(schema, ids, hp, **session)
-    plan.save(tmp_path / "plan.toml")
-    return plan, schema, raw, data
-
-
-def models_identical(tmp_path, sites) -> bytes:
-    ref = (tmp_path / "coordinator" / "model.json").read_bytes()
-    for s in sites:
-        assert (tmp_path / s / "model.json").read_bytes() == ref, f"{s}'s model differs from the coordinator's"
-    return ref
-
-
-def test_three_sites_train_end_to_end_and_equal_the_centralised_engine(tmp_path, ca_dir, cluster_factory):
-    hp = Hyperparameters(trees=8, extra_trees=2, filter=True, depth=3, seed=99, epsilon=1.0)
-    plan, schema, raw, data = setup_federation(tmp_path, ca_dir, hp, randomness="insecure-test", test_seed=5,
-                                               test_noise=False)
-    schema_file = tmp_path / "schema.toml"
-    schema_file.write_text(dumps(schema.to_dict()))
-    c = cluster_factory(tmp_path / "plan.toml")
-    coord = c.coordinator()
-    flags = {"hospital-1": ["--plan", str(tmp_path / "plan.toml")],  # out-of-band plan file
-             "hospital-2": ["--plan-hash", plan.sha256, "--max-epsilon", "1.0"],
-             "hospital-3": ["--schema", str(schema_file)]}  # the site's own copy of the schema
-    sites = {s: c.site(s, data[s], "--allow-insecure-test-randomness", *flags[s]) for s in SITES}
-    assert coord.wait() == 0, coord.errors
-    for s, p in sites.items():
-        assert p.wait() == 0, p.errors
-        out = p.result()
-        assert out["trees"] == hp.total_rounds and out["model_sha256"] == coord.result()["model_sha256"]
-    model = json.loads(models_identical(tmp_path, SITES))
-    assert model["privacy"]["noise_mode"] == "distributed"
-    assert model["training"]["plan_sha256"] == plan.sha256
-    assert [r["sites"] for r in model["training"]["rounds"]] == [SITES] * hp.total_rounds
-    # the same public seed and test randomness (noise off) on the union of the data: the same model
-    union = tmp_path / "union.csv"
-    raw.to_csv(union, index=False)
-    ref = train(load(union, schema), hp, InsecureTestRandomness(seed=5, noise=False,
-                                                               i_understand_this_is_insecure=True)).model
-    assert model["init_score"] == ref.init_score
-    for t, r in zip(model["trees"], ref.trees, strict=True):
-        assert (t["features"], t["thresholds"], t["leaves"]) == (r.features.tolist(), r.thresholds.tolist(),
-                                                                 r.leaves.tolist())
+    files = tls_session_files(tmp_path, ca_dir, schema, raw, hp, SITES, **session)
+    return files.plan, schema, raw, files.data
 
 
 def test_site_and_coordinator_crashes_are_survived_without_exceeding_any_budget(tmp_path, ca_dir, cluster_factory):

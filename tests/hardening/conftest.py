@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from federation.conftest import abalone_with_ids, ca_dir, make_identities, make_test_plan, write_splits  # noqa: F401
+from federation.conftest import abalone_with_ids, ca_dir, tls_session_files  # noqa: F401
 
 from .harness import Federation
 
@@ -32,16 +32,10 @@ class Setup:
 def make_setup(root: Path, ca: Path, hp, n_rows: int = 450, sites=SITES, hosts=("localhost", "127.0.0.1"),
                **session) -> Setup:
     """Keys and certificates for every site, a coordinator certificate, Abalone split in turn, the plan."""
-    from common.federation.pki import ca_server
-
     schema, raw = abalone_with_ids(n_rows)
-    ids = make_identities(root, list(sites), ca)
-    ca_server(ca, root / "coordinator", list(hosts), days=2)
-    data = write_splits(raw, list(sites), root / "data")
-    plan = make_test_plan(schema, ids, hp, **session)
-    plan.save(root / "plan.toml")
+    files = tls_session_files(root, ca, schema, raw, hp, list(sites), hosts=hosts, **session)
     records = {s: len(raw.iloc[k::len(sites)]) for k, s in enumerate(sites)}
-    return Setup(plan, schema, raw, data, records, root / "plan.toml")
+    return Setup(files.plan, schema, raw, files.data, records, root / "plan.toml")
 
 
 @pytest.fixture
