@@ -302,6 +302,8 @@ def plot(tables: dict, path: Path) -> None:
         for row in table["rows"]:
             pts = [(float(e), c) for e, c in row["cells"].items() if c is not None]
             if not pts:
+                if row["key"] == "paper":
+                    ax.text(0.02, 0.02, f"paper: {row['note']}", transform=ax.transAxes, fontsize=7)
                 continue
             x = [e for e, _ in pts]
             y = [c["mean"] for _, c in pts]
@@ -321,13 +323,14 @@ def plot(tables: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def write_tables(results_dir: Path) -> dict:
-    """Build the tables from ``results_dir`` and write modes.json, modes.md and modes.png there."""
+def write_tables(results_dir: Path, png: bool = True) -> dict:
+    """Build the tables from ``results_dir`` and write modes.json, modes.md and (``png``) modes.png there."""
     tables = build_tables(results_dir)
     (results_dir / "modes.json").write_text(json.dumps(
         {"tables": tables, "note": NO_SBDT_FEDERATED, "environment": environment()}, indent=2) + "\n")
     (results_dir / "modes.md").write_text(render_markdown(tables))
-    plot(tables, results_dir / "modes.png")
+    if png:
+        plot(tables, results_dir / "modes.png")
     return tables
 
 
@@ -337,11 +340,17 @@ def main(argv=None) -> int:
     ap.add_argument("--table", action="store_true", help="only build the table from the results files")
     ap.add_argument("--results-dir", type=Path, default=RESULTS,
                     help="where the input JSON files are and the table goes (default benchmarks/results)")
+    ap.add_argument("--no-png", action="store_true", help="skip modes.png (it needs matplotlib: the bench extra)")
     args = ap.parse_args(argv)
     if args.runs < 1:
         ap.error("--runs must be ≥ 1")
     if not args.results_dir.is_dir():
         ap.error(f"--results-dir {args.results_dir}: not a directory")
+    if not args.no_png:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            ap.error("modes.png needs matplotlib (pip install -e '.[bench]'), or pass --no-png")
     if not args.table:
         t0 = time.perf_counter()
         payload = measure(args.runs)
@@ -350,12 +359,12 @@ def main(argv=None) -> int:
         path.write_text(json.dumps(payload | {"environment": environment()}, indent=2) + "\n")
         print(f"wrote {path} in {payload['wall_seconds']:.0f} s", file=sys.stderr)
     try:
-        tables = write_tables(args.results_dir)
+        tables = write_tables(args.results_dir, png=not args.no_png)
     except TableInputError as e:
         print(f"modes.py: error: {e}", file=sys.stderr)
         return 2
     print(render_markdown(tables))
-    print(f"wrote modes.json, modes.md, modes.png in {args.results_dir}", file=sys.stderr)
+    print(f"wrote modes.json, modes.md{'' if args.no_png else ', modes.png'} in {args.results_dir}", file=sys.stderr)
     return 0
 
 
