@@ -23,7 +23,7 @@ builds it) from whichever of these are in the results directory:
 A row without its input says "not run".  Writes ``modes.json``, ``modes.md`` (the markdown tables) and
 ``modes.png`` (one panel per setting × dataset; dashed lines federated, black markers the paper).
 
-Run:  python benchmarks/modes.py [--runs 3]          (~7 min on 2 loaded cores)
+Run:  python benchmarks/modes.py [--runs 3] [--quick]   (~10 min on 2 loaded cores; --quick ~1 min)
       python benchmarks/modes.py --table [--results-dir DIR]
 """
 from __future__ import annotations
@@ -91,16 +91,16 @@ def cross_keys(setting: str, mode: str, epsilon: float, n_train: int, seed: int)
     return keys
 
 
-def measure(runs: int) -> dict:
+def measure(runs: int, epsilons=EPSILONS) -> dict:
     """Train every central cross-row cell ``runs`` times (fresh DP noise; for Abalone a fresh split per run)."""
     splits_of = {"fig4": sarus.datasets, "fig2": dpboost.datasets}
-    out = {"runs": runs, "epsilons": list(EPSILONS), "cross": {f"{s}/{m}": k for (s, m), k in CROSS.items()},
+    out = {"runs": runs, "epsilons": list(epsilons), "cross": {f"{s}/{m}": k for (s, m), k in CROSS.items()},
            "settings": {s: {} for s in SETTINGS}}
     for (setting, mode) in CROSS:
         for name in DATASETS:
             splits = [splits_of[setting](name, r) for r in range(runs)]
             cells = out["settings"][setting].setdefault(name, {})[mode] = []
-            for eps in EPSILONS:
+            for eps in epsilons:
                 vals, secs = [], []
                 for r, (tr, te) in enumerate(splits):
                     err, s, priv = dpboost.fit(tr, te, cross_keys(setting, mode, eps, tr.n, 1000 + r))
@@ -337,6 +337,8 @@ def write_tables(results_dir: Path, png: bool = True) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=3, help="runs per central cross-row cell (default 3)")
+    ap.add_argument("--quick", action="store_true",
+                    help="smoke run: 1 run at ε ∈ {1, 10}, saved as modes_central-quick.json (the table ignores it)")
     ap.add_argument("--table", action="store_true", help="only build the table from the results files")
     ap.add_argument("--results-dir", type=Path, default=RESULTS,
                     help="where the input JSON files are and the table goes (default benchmarks/results)")
@@ -353,9 +355,9 @@ def main(argv=None) -> int:
             ap.error("modes.png needs matplotlib (pip install -e '.[bench]'), or pass --no-png")
     if not args.table:
         t0 = time.perf_counter()
-        payload = measure(args.runs)
+        payload = measure(1, (1.0, 10.0)) if args.quick else measure(args.runs)
         payload["wall_seconds"] = time.perf_counter() - t0
-        path = args.results_dir / "modes_central.json"
+        path = args.results_dir / ("modes_central-quick.json" if args.quick else "modes_central.json")
         path.write_text(json.dumps(payload | {"environment": environment()}, indent=2) + "\n")
         print(f"wrote {path} in {payload['wall_seconds']:.0f} s", file=sys.stderr)
     try:
