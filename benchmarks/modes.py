@@ -120,19 +120,19 @@ def measure(runs: int, epsilons=EPSILONS) -> dict:
 
 # ------------------------------------------------------------------------------------------ building tables
 
-def _cell(c: dict, delta: float) -> dict:
+def _cell(c: dict, delta: float | None) -> dict:
     """One table cell from a results cell: mean ± SE recomputed from its ``values`` when it has them."""
     mean, se, runs = c.get("mean"), c.get("se"), c.get("runs")
     if c.get("values"):
         s = summary(c["values"])
         mean, se, runs = s["mean"], s["se"], s["runs"]
     se = None if se is None or runs < 2 or not math.isfinite(se) else float(se)
-    return {"mean": float(mean), "se": se, "runs": int(runs), "delta": float(delta)}
+    return {"mean": float(mean), "se": se, "runs": int(runs), "delta": None if delta is None else float(delta)}
 
 
 def _from_list(cells: list) -> dict:
     """Cells of sarus.py / sarus_federated.py / modes_central.json: a list with ``epsilon`` per cell."""
-    return {float(c["epsilon"]): _cell(c, 0.0 if c.get("pure") else c.get("released_delta", 0.0)) for c in cells}
+    return {float(c["epsilon"]): _cell(c, 0.0 if c.get("pure") else c.get("released_delta")) for c in cells}
 
 
 def _dpboost_central(payload: dict, name: str, mode: str) -> dict:
@@ -193,10 +193,13 @@ def _read(path: Path) -> dict | None:
 
 
 def privacy_label(cells: dict) -> str:
-    """'pure ε-DP' when every measured cell has δ = 0, else the (ε, δ) of the row."""
+    """'pure ε-DP' when every measured cell has δ = 0, else the (ε, δ) of the row (never pure by default: a
+    cell whose file does not record δ makes the row say so)."""
     deltas = {c["delta"] for c in cells.values() if c is not None}
     if not deltas:
         return ""
+    if None in deltas:
+        return "δ not recorded"
     if deltas == {0.0}:
         return "pure ε-DP (δ = 0)"
     pure = [f"{e:g}" for e, c in cells.items() if c is not None and c["delta"] == 0]

@@ -116,6 +116,12 @@ def test_privacy_column_says_pure_or_delta(modes, tmp_path):
     assert f2["dpboost"]["cells"]["10.0"]["delta"] == 0.0
     assert f2["dpboost"]["privacy"] == "(ε, δ = 0.001); pure at ε = 10"
     assert f2["sarus_rdp"]["privacy"] == "(ε, δ = 0.0001)"
+    # a file that does not record δ is never read as pure
+    sarus = json.loads((tmp_path / "sarus.json").read_text())
+    for c in sarus["results"]["adult"]["sbdt"]:
+        del c["released_delta"]
+    write(tmp_path / "sarus.json", sarus)
+    assert rows(modes.build_tables(tmp_path), "fig4", "adult")["sbdt"]["privacy"] == "δ not recorded"
 
 
 def test_missing_files_rows_and_epsilons_say_not_run(modes, tmp_path):
