@@ -1,0 +1,185 @@
+"""The cross-mode table builder of benchmarks/modes.py on small synthetic results files (no training)."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+EPS = (1.0, 2.0, 4.0, 6.0, 8.0, 10.0)
+
+
+@pytest.fixture(scope="module")
+def modes():
+    """benchmarks/modes.py as a module (it imports its sibling benchmark scripts by name)."""
+    before = set(sys.modules)
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        spec = importlib.util.spec_from_file_location("bench_modes", ROOT / "benchmarks" / "modes.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    yield mod
+    for name in ("_util", "sarus", "dpboost"):
+        if name not in before:
+            sys.modules.pop(name, None)
+
+
+def cell_list(base: float, delta: float, **extra) -> list[dict]:
+    """sarus.py-style cells: one per ε, three values each (base + ε/100 + {0, 0.1, 0.5}), no summary given."""
+    return [{"epsilon": e, "values": [base + e / 100, base + e / 100 + 0.1, base + e / 100 + 0.5],
+             "released_delta": delta, **extra} for e in EPS]
+
+
+def write(path: Path, payload: dict) -> None:
+    path.write_text(json.dumps(payload))
+
+
+def full_inputs(d: Path, *, federated: bool = True) -> None:
+    write(d / "sarus.json", {"results": {n: {"sarus_pure": cell_list(20, 0.0), "sarus_rdp": cell_list(21, 5e-8),
+                                             "sbdt": cell_list(19, 5e-8)} for n in ("adult", "abalone")}})
+    write(d / "modes_central.json", {"settings": {
+        "fig4": {n: {"dpboost": cell_list(22, 5e-8, pure=False)} for n in ("adult", "abalone")},
+        "fig2": {n: {"sarus_pure": cell_list(23, 0.0), "sarus_rdp": cell_list(24, 1e-4)}
+                 for n in ("adult", "abalone")}}})
+    # dpboost.py's layout: cells keyed by ε as a string, summaries only, δ = 1/train_rows, receipts with "pure"
+    fig2 = {n: {"train_rows": 1000,
+                "dpboost": {str(e): {"mean": 25 + e, "se": 0.5, "runs": 2} for e in EPS},
+                "sbdt": {str(e): {"mean": 19.5, "se": 0.25, "runs": 2} for e in EPS},
+                "dpboost_receipts": {str(e): {"pure": e == 10.0} for e in EPS}} for n in ("adult", "abalone")}
+    write(d / "dpboost.json", {"fig2": fig2})
+    if federated:
+        write(d / "sarus_federated.json", {"results": {n: {"sarus_federated": [
+            {"epsilon": e, "runs": 1, "mean": 30 + e, "std": None, "se": None, "released_delta": 5e-8} for e in EPS]}
+            for n in ("adult", "abalone")}})
+        # dpboost_federated.py's layout: one training per ε (1, 4, 10 only), a bare "error"
+        write(d / "dpboost_federated.json", {"results": {n: {"delta": 0.001, "rows": {
+            "1.0": {"federated_dpboost": {"error": 40.0}}, "4.0": {"federated_dpboost": {"error": 41.0}},
+            "10.0": {"federated_dpboost": {"values": [42.0, 43.0, 47.0]}}}} for n in ("adult", "abalone")}})
+
+
+def rows(tables: dict, setting: str, name: str) -> dict:
+    return {r["key"]: r for r in tables[setting]["datasets"][name]["rows"]}
+
+
+def test_every_row_of_every_setting_from_its_own_file(modes, tmp_path):
+    full_inputs(tmp_path)
+    t = modes.build_tables(tmp_path)
+    assert list(t) == ["fig4", "fig2"]
+    for setting in t:
+        for name in ("adult", "abalone"):
+            assert [r["key"] for r in t[setting]["datasets"][name]["rows"]] == [
+                "paper", "sarus_pure", "sarus_rdp", "sarus_federated", "dpboost", "dpboost_federated", "sbdt"]
+    f4 = rows(t, "fig4", "adult")
+    assert [f4["paper"]["cells"][str(e)]["mean"] for e in EPS] == [24, 18, 19, 19, 18, 18]
+    assert [rows(t, "fig4", "abalone")["paper"]["cells"][str(e)]["mean"] for e in EPS] == [6, 5.5, 3.2, 2.7, 2.6, 2.4]
+    # mean ± SE recomputed from the values (the file gives no summary): base + ε/100 + {0, .1, .5}
+    c = f4["sarus_rdp"]["cells"]["4.0"]
+    vals = [21.04, 21.14, 21.54]
+    assert c["runs"] == 3
+    assert c["mean"] == pytest.approx(statistics.mean(vals))
+    assert c["se"] == pytest.approx(statistics.stdev(vals) / math.sqrt(3))
+    assert modes.format_cell(c) == f"{statistics.mean(vals):.2f} ± {statistics.stdev(vals) / math.sqrt(3):.2f} (3)"
+    assert f4["dpboost"]["cells"]["2.0"]["mean"] == pytest.approx(22.02 + 0.2)  # modes_central.json, fig4
+    assert f4["sarus_federated"]["cells"]["6.0"] == {"mean": 36.0, "se": None, "runs": 1, "delta": 5e-8}
+    assert modes.format_cell(f4["sarus_federated"]["cells"]["6.0"]) == "36.00 (1)"
+    assert f4["sbdt"]["source"] == "sarus.json" and f4["dpboost"]["source"] == "modes_central.json"
+    # no benchmark measures federated DPBoost at Fig. 4, nor federated Sarus at Fig. 2
+    assert all(v is None for v in f4["dpboost_federated"]["cells"].values())
+    f2 = rows(t, "fig2", "abalone")
+    assert all(v is None for v in f2["sarus_federated"]["cells"].values())
+    assert all(v is None for v in f2["paper"]["cells"].values())  # DPBoost's Fig. 2 is a plot
+    assert f2["sarus_pure"]["cells"]["8.0"]["mean"] == pytest.approx(23.08 + 0.2)
+    assert f2["dpboost"]["cells"]["6.0"] == {"mean": 31.0, "se": 0.5, "runs": 2, "delta": 0.001}
+    assert f2["sbdt"]["cells"]["1.0"]["delta"] == pytest.approx(1 / 1000)
+    fed = f2["dpboost_federated"]["cells"]
+    assert fed["1.0"] == {"mean": 40.0, "se": None, "runs": 1, "delta": 0.001}
+    assert fed["2.0"] is None and fed["6.0"] is None  # measured at 1, 4, 10 only
+    assert fed["10.0"]["mean"] == pytest.approx(44.0)
+    assert fed["10.0"]["se"] == pytest.approx(statistics.stdev([42, 43, 47]) / math.sqrt(3))
+
+
+def test_privacy_column_says_pure_or_delta(modes, tmp_path):
+    full_inputs(tmp_path)
+    t = modes.build_tables(tmp_path)
+    f4, f2 = rows(t, "fig4", "adult"), rows(t, "fig2", "adult")
+    assert f4["sarus_pure"]["privacy"] == "pure ε-DP (δ = 0)"
+    assert f4["sarus_rdp"]["privacy"] == "(ε, δ = 5e-08)"
+    assert f4["paper"]["privacy"].startswith("pure")
+    # a DPBoost cell whose receipt says the paper's pure composition was the tighter bound has δ = 0
+    assert f2["dpboost"]["cells"]["10.0"]["delta"] == 0.0
+    assert f2["dpboost"]["privacy"] == "(ε, δ = 0.001); pure at ε = 10"
+    assert f2["sarus_rdp"]["privacy"] == "(ε, δ = 0.0001)"
+    # a file that does not record δ is never read as pure
+    sarus = json.loads((tmp_path / "sarus.json").read_text())
+    for c in sarus["results"]["adult"]["sbdt"]:
+        del c["released_delta"]
+    write(tmp_path / "sarus.json", sarus)
+    assert rows(modes.build_tables(tmp_path), "fig4", "adult")["sbdt"]["privacy"] == "δ not recorded"
+
+
+def test_missing_files_rows_and_epsilons_say_not_run(modes, tmp_path):
+    t = modes.build_tables(tmp_path)  # empty directory: only the paper's numbers
+    for setting in t:
+        for name in ("adult", "abalone"):
+            for key, r in rows(t, setting, name).items():
+                if key == "paper" and setting == "fig4":
+                    assert all(c is not None for c in r["cells"].values())
+                    continue
+                assert all(c is None for c in r["cells"].values()), (setting, name, key)
+                assert key == "paper" or r["note"].startswith("not run"), r["note"]
+    assert rows(t, "fig4", "adult")["sbdt"]["note"] == "not run: no sarus.json"
+    md = modes.render_markdown(t)
+    assert "| Sarus, central, our RDP ledger |  | " + " | ".join(["not run"] * 6) + " |" in md
+    assert "| paper: Sarus Fig. 4 (5 trials) | pure ε-DP (paper's composition) | 24 | 18 | 19 | 19 | 18 | 18 |" in md
+
+    # a file without one dataset or one row: that row alone is not run
+    full_inputs(tmp_path, federated=False)
+    sarus = json.loads((tmp_path / "sarus.json").read_text())
+    del sarus["results"]["abalone"]
+    del sarus["results"]["adult"]["sbdt"]
+    write(tmp_path / "sarus.json", sarus)
+    t = modes.build_tables(tmp_path)
+    assert rows(t, "fig4", "abalone")["sarus_pure"]["note"] == "not run: sarus.json has no sarus_pure row for abalone"
+    assert rows(t, "fig4", "adult")["sbdt"]["note"].startswith("not run")
+    assert rows(t, "fig4", "adult")["sarus_pure"]["cells"]["1.0"] is not None
+    assert rows(t, "fig2", "adult")["dpboost_federated"]["note"] == "not run: no dpboost_federated.json"
+    md = modes.render_markdown(t)
+    assert "| DPBoost, federated (3 sites) |  | " + " | ".join(["not run"] * 6) + " |" in md
+
+
+def test_federated_sarus_row_inside_sarus_json_counts(modes, tmp_path):
+    """sarus_federated.py also adds its row to sarus.json: the table finds it there without the separate file."""
+    full_inputs(tmp_path, federated=False)
+    sarus = json.loads((tmp_path / "sarus.json").read_text())
+    sarus["results"]["adult"]["sarus_federated"] = cell_list(30, 5e-8)
+    write(tmp_path / "sarus.json", sarus)
+    t = modes.build_tables(tmp_path)
+    assert rows(t, "fig4", "adult")["sarus_federated"]["cells"]["1.0"]["runs"] == 3
+    assert rows(t, "fig4", "abalone")["sarus_federated"]["cells"]["1.0"] is None
+
+
+def test_table_command_writes_json_and_markdown_and_rejects_a_broken_file(modes, tmp_path, capsys):
+    """(modes.png needs matplotlib, which the test extra does not install: the command runs with --no-png.)"""
+    full_inputs(tmp_path)
+    assert modes.main(["--table", "--no-png", "--results-dir", str(tmp_path)]) == 0
+    saved = json.loads((tmp_path / "modes.json").read_text())
+    assert saved["tables"]["fig2"]["datasets"]["adult"]["rows"][5]["cells"]["1.0"]["mean"] == 40.0
+    md = (tmp_path / "modes.md").read_text()
+    assert md.count("| row | privacy |") == 4 and "S-BDT federated is left out" in md
+    assert not (tmp_path / "modes.png").exists()
+    assert "40.00 (1)" in capsys.readouterr().out
+
+    (tmp_path / "dpboost.json").write_text("{not json")
+    assert modes.main(["--table", "--no-png", "--results-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("modes.py: error:") and "dpboost.json" in err[0]
+    with pytest.raises(SystemExit) as e:
+        modes.main(["--table", "--no-png", "--results-dir", str(tmp_path / "absent")])
+    assert e.value.code == 2
