@@ -1,17 +1,20 @@
 """The coordinator's gRPC service: a thin adapter from ``fedsbdt.v1.Federation`` to :class:`Session`.
 
-* Every RPC takes one lock, converts the request, calls the session, turns
-  the session's outgoing ``(site, event)`` pairs into numbered protobuf
-  events in per-site outboxes, and answers.  A :class:`Rejected` message
-  becomes ``accepted = false`` with the reason; nothing a peer sends can
-  raise out of a handler into the server.
+* An asyncio gRPC server (``grpc.aio``) on one event loop in its own thread
+  drives the session: every RPC converts the request, calls the session (a
+  synchronous step, run on the loop, so steps never interleave and a step's
+  SQLite commit precedes the events it returns), turns the session's
+  outgoing ``(site, event)`` pairs into numbered protobuf events in per-site
+  outboxes, and answers.  No message is handed between threads.  A
+  :class:`Rejected` message becomes ``accepted = false`` with the reason;
+  nothing a peer sends can raise out of a handler into the server.
 * ``Subscribe`` streams a site's outbox in order.  Events stay in a bounded
   outbox (the last ``OUTBOX_EVENTS``), so a site whose stream broke resumes
   with ``after_seq``; older history is refused with ``OUT_OF_RANGE`` and the
   site re-joins and catches up with ``GetTrees``.  A Join opens a fresh
   outbox and ends the previous incarnation's stream.
 * ``Connect`` (what the site daemon uses) is Subscribe + Submit* + Report on
-  one bidirectional stream: a reader thread per stream applies the site's
+  one bidirectional stream: a reader task per stream applies the site's
   messages in order with the same checks as the unary calls, and the stream
   sends the outbox in batches (everything queued at that moment, e.g. a
   released tree with the next RoundStart) carrying how many site messages
@@ -23,25 +26,25 @@
   on Join, Subscribe, Submit* and Report; Join must also be signed with the
   site's identity key pinned in the plan; later calls carry the token Join
   returned.
-* Resource limits (a worker thread serves each call, and a stream holds it
-  while open): a certificate holds at most ``STREAMS_PER_IDENTITY`` open
+* Resource limits: a certificate holds at most ``STREAMS_PER_IDENTITY`` open
   Subscribe/Connect streams (RESOURCE_EXHAUSTED beyond); a Connect stream
   whose first message does not arrive within ``FIRST_MESSAGE_SECONDS`` is
-  cancelled; the pool has ``STREAMS_PER_IDENTITY·n + UNARY_WORKERS`` threads
-  and the server accepts at most twice that many calls at once (gRPC refuses
-  the rest with RESOURCE_EXHAUSTED, which sites retry).  So neither a
-  certificate outside the roster nor a roster member can take the threads
-  the other sites need.
-* A ticker thread advances the session's clock (deadlines).
+  cancelled; the server accepts at most ``max_concurrent_rpcs(n)`` calls at
+  once (gRPC refuses the rest with RESOURCE_EXHAUSTED, which sites retry).
+  So neither a certificate outside the roster nor a roster member can take
+  the calls the other sites need.
+* A ticker task on the same loop advances the session's clock (deadlines).
 """
 from __future__ import annotations
 
+import asyncio
+import functools
 import itertools
 import logging
+import os
 import threading
 import time
 from collections import deque
-from concurrent import futures
 from dataclasses import dataclass, field
 
 import grpc
@@ -72,22 +75,24 @@ TICK_SECONDS = 0.05
 STREAMS_PER_IDENTITY = 2
 #: A Connect stream that sends no first (subscribe) message within this many seconds is cancelled.
 FIRST_MESSAGE_SECONDS = 10.0
-#: Worker threads beyond the roster's streams, for the short unary calls.
-UNARY_WORKERS = 16
+#: Calls beyond the roster's streams, for the short unary calls.
+UNARY_CALLS = 16
+#: A waiting stream re-checks whether its call is still active at least this often (seconds).
+RECHECK_SECONDS = 1.0
 
 
-def worker_threads(n_sites: int) -> int:
-    """The server's thread pool: every roster identity's stream quota plus room for the unary calls."""
-    return STREAMS_PER_IDENTITY * n_sites + UNARY_WORKERS
+def max_concurrent_rpcs(n_sites: int) -> int:
+    """Calls the server accepts at once: twice every roster identity's stream quota plus the unary calls."""
+    return 2 * (STREAMS_PER_IDENTITY * n_sites + UNARY_CALLS)
 
 
 @dataclass
 class Outbox:
     token: bytes
-    ready: threading.Condition  # shares the service lock; notified when this outbox changes
     events: deque = field(default_factory=lambda: deque(maxlen=OUTBOX_EVENTS))
     next_seq: int = 1
     superseded: bool = False
+    waiters: set = field(default_factory=set)  # the asyncio.Events of the streams that follow this outbox
 
     @property
     def floor(self) -> int:
@@ -99,9 +104,86 @@ class Outbox:
         k = min(self.next_seq - 1 - seq, len(self.events))
         return list(itertools.islice(reversed(self.events), max(k, 0)))[::-1]
 
+    def notify(self) -> None:
+        for w in self.waiters:
+            w.set()
+
+
+class _Abort(Exception):
+    """End the call with this status (raised by the checks, turned into ``context.abort`` by :func:`_rpc`)."""
+
+    def __init__(self, code, detail: str) -> None:
+        super().__init__(detail)
+        self.code, self.detail = code, detail
+
+
+#: What :func:`add_service`'s deserializers return for bytes that are not a valid message of the request type.
+UNDECODABLE = object()
+
+
+def _undecodable_message() -> _Abort:
+    return _Abort(grpc.StatusCode.INVALID_ARGUMENT, "cannot deserialize the request: not a valid message of its type")
+
+
+def _rpc(handler):
+    """An RPC handler whose checks raise :class:`_Abort`: the call ends with that status and detail."""
+
+    @functools.wraps(handler)
+    async def run(self, request, context):
+        try:
+            if request is UNDECODABLE:
+                raise _undecodable_message()
+            return await handler(self, request, context)
+        except _Abort as e:
+            await context.abort(e.code, e.detail)
+
+    return run
+
+
+def add_service(service: "FederationService", server) -> None:
+    """Register ``service`` on an asyncio ``server`` with the generated stubs' handlers, except that bytes
+    which do not parse as the request type reach the handler as :data:`UNDECODABLE` (and end the call with
+    INVALID_ARGUMENT) instead of raising in the server's deserializer (which the asyncio server would
+    answer with UNKNOWN)."""
+
+    class Capture:
+        def add_generic_rpc_handlers(self, handlers) -> None:
+            pass
+
+        def add_registered_method_handlers(self, name: str, handlers: dict) -> None:
+            self.name, self.handlers = name, handlers
+
+    def lenient(parse):
+        def deserialize(data: bytes):
+            try:
+                return parse(data)
+            except Exception:  # DecodeError, or anything else a hostile byte string provokes
+                return UNDECODABLE
+        return deserialize
+
+    cap = Capture()
+    pbg.add_FederationServicer_to_server(service, cap)
+    handlers = {name: h._replace(request_deserializer=lenient(h.request_deserializer))
+                for name, h in cap.handlers.items()}
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(cap.name, handlers),))
+    server.add_registered_method_handlers(cap.name, handlers)
+
+
+async def _wait(wake: asyncio.Event, cond) -> None:
+    """Until ``cond()`` holds, wait for ``wake`` (set by whoever changes what ``cond`` reads) or at most
+    ``RECHECK_SECONDS`` at a time.  Race-free: everything runs on one event loop."""
+    loop = asyncio.get_running_loop()
+    while not cond():
+        wake.clear()
+        timer = loop.call_later(RECHECK_SECONDS, wake.set)
+        try:
+            await wake.wait()
+        finally:
+            timer.cancel()
+
 
 class FederationService(pbg.FederationServicer):
-    """gRPC servicer over one :class:`Session` (all session calls under one lock)."""
+    """gRPC servicer over one :class:`Session`; every handler runs on the server's event loop."""
 
     def __init__(self, session: Session, tls: bool, clock=time.monotonic,
                  first_message_seconds: float = FIRST_MESSAGE_SECONDS) -> None:
@@ -110,7 +192,6 @@ class FederationService(pbg.FederationServicer):
         self.clock = clock
         self.first_message_seconds = first_message_seconds
         self.identity_streams: dict[str, int] = {}  # open Subscribe/Connect streams per certificate name
-        self.lock = threading.RLock()  # every session call and outbox change holds it
         self.outboxes: dict[str, Outbox] = {}
         self.stopping = False
         self.fatal: BaseException | None = None
@@ -124,7 +205,7 @@ class FederationService(pbg.FederationServicer):
     # ------------------------------------------------------------------ plumbing
 
     def dispatch(self, outs) -> None:
-        """Append the session's outgoing events to the outboxes (caller holds ``lock``)."""
+        """Append the session's outgoing events to the outboxes and wake the streams that follow them."""
         testhooks.coordinator_dispatch(outs, len(self.session.trees), "before")  # TEST-ONLY kill point (off)
         cache: dict[int, object] = {}
         touched = set()
@@ -142,12 +223,11 @@ class FederationService(pbg.FederationServicer):
             box.next_seq += 1
             touched.add(site)
         for site in touched:
-            self.outboxes[site].ready.notify_all()
+            self.outboxes[site].notify()
         testhooks.coordinator_dispatch(outs, len(self.session.trees), "after")
 
     def tick(self) -> None:
-        with self.lock:
-            self.dispatch(self._session_call(lambda: self.session.tick(self.clock())))
+        self.dispatch(self._session_call(lambda: self.session.tick(self.clock())))
 
     def _session_call(self, fn):
         """Run a session step; an unexpected error (a bug, a failing disk) stops the coordinator (fail-stop:
@@ -180,66 +260,57 @@ class FederationService(pbg.FederationServicer):
         if self.session.plan.identity_key(name) is None:
             log.warning(f"refused a call over a TLS certificate for {name!r}, which is not in the roster",
                         extra={"event": "not_on_roster", "certificate": name})
-            context.abort(grpc.StatusCode.PERMISSION_DENIED,
-                          f"the TLS client certificate is issued to {name!r}, which is not in the plan's roster")
+            raise _Abort(grpc.StatusCode.PERMISSION_DENIED,
+                         f"the TLS client certificate is issued to {name!r}, which is not in the plan's roster")
         return name
+
+    @staticmethod
+    def _on_close(context, fn) -> bool:
+        """Run ``fn()`` when the call ends; False (and ``fn`` not registered) if it already ended."""
+        if context.done():
+            return False
+        context.add_done_callback(lambda _ctx: fn())
+        return True
 
     def _open_stream(self, context, name: str | None) -> bool:
         """Count a new Subscribe/Connect stream against its certificate's quota (RESOURCE_EXHAUSTED beyond
         ``STREAMS_PER_IDENTITY``); the slot is given back when the call ends.  False if it already ended."""
         if name is None:
             return True  # without TLS there is no identity to count against (the server's call limit holds)
-        with self.lock:
-            held = self.identity_streams.get(name, 0)
-            if held >= STREAMS_PER_IDENTITY:
-                log.warning(f"refused a stream for {name!r}: it holds {held} open streams already",
-                            extra={"event": "stream_quota", "certificate": name})
-                context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                              f"the certificate {name!r} already holds {held} open streams (the limit per site)")
-            self.identity_streams[name] = held + 1
-        released = threading.Event()
+        held = self.identity_streams.get(name, 0)
+        if held >= STREAMS_PER_IDENTITY:
+            log.warning(f"refused a stream for {name!r}: it holds {held} open streams already",
+                        extra={"event": "stream_quota", "certificate": name})
+            raise _Abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                         f"the certificate {name!r} already holds {held} open streams (the limit per site)")
+        self.identity_streams[name] = held + 1
 
         def release() -> None:
-            with self.lock:
-                if released.is_set():
-                    return
-                released.set()
-                left = self.identity_streams.get(name, 1) - 1
-                if left > 0:
-                    self.identity_streams[name] = left
-                else:
-                    self.identity_streams.pop(name, None)
+            left = self.identity_streams.get(name, 1) - 1
+            if left > 0:
+                self.identity_streams[name] = left
+            else:
+                self.identity_streams.pop(name, None)
 
-        if not context.add_callback(release):
+        if not self._on_close(context, release):
             release()
             return False
         return True
 
-    def _first_message(self, request_iterator, context, name: str | None):
-        """The first message of a Connect stream, or None if the stream ended or sent nothing in time."""
-        lock, state = threading.Lock(), {"received": False, "expired": False}
-
-        def expire() -> None:
-            with lock:
-                if state["received"]:
-                    return
-                state["expired"] = True
+    async def _first_message(self, context, name: str | None):
+        """The first message of a Connect stream, or None if the stream ended; cancels the call if nothing
+        came in time."""
+        try:
+            first = await asyncio.wait_for(context.read(), self.first_message_seconds)
+        except asyncio.TimeoutError:
             log.warning(f"cancelled a Connect stream ({name!r}) that sent nothing for "
                         f"{self.first_message_seconds:g} s", extra={"event": "idle_stream", "certificate": name})
-            context.cancel()
-
-        timer = threading.Timer(self.first_message_seconds, expire)
-        timer.daemon = True
-        timer.start()
-        try:
-            first = next(request_iterator)
-        except (StopIteration, grpc.RpcError):  # the site went away, or expire() cancelled the call
-            first = None
-        finally:
-            timer.cancel()
-        with lock:
-            state["received"] = True
-            return None if state["expired"] else first
+            raise _Abort(grpc.StatusCode.CANCELLED, "no first message in time") from None
+        except Exception:  # the site went away
+            return None
+        if first is UNDECODABLE:
+            raise _undecodable_message()
+        return None if first is grpc.aio.EOF else first
 
     def _check_peer(self, context, site_id: str) -> None:
         if not self.tls:
@@ -248,39 +319,40 @@ class FederationService(pbg.FederationServicer):
         if name != site_id:
             log.warning(f"refused a call for site {site_id!r} over a TLS certificate for {name!r}",
                         extra={"event": "identity_mismatch", "site": site_id, "certificate": name})
-            context.abort(grpc.StatusCode.PERMISSION_DENIED,
-                          f"the TLS client certificate is issued to {name!r}, not to site {site_id!r}")
+            raise _Abort(grpc.StatusCode.PERMISSION_DENIED,
+                         f"the TLS client certificate is issued to {name!r}, not to site {site_id!r}")
 
     def _auth(self, context, site_id: str, token: bytes):
         self._check_peer(context, site_id)
         try:
             return self.session.authenticate(site_id, bytes(token))
         except Rejected as e:
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, str(e))
+            raise _Abort(grpc.StatusCode.UNAUTHENTICATED, str(e)) from None
 
     # ------------------------------------------------------------------ public
 
-    def GetPlan(self, request, context):
+    @_rpc
+    async def GetPlan(self, request, context):
         self._admit(context)
         p = self.session.plan
         return pb.GetPlanResponse(plan=p.canonical_json, plan_sha256=p.sha256)
 
-    def GetStatus(self, request, context):
+    @_rpc
+    async def GetStatus(self, request, context):
         self._admit(context)
-        with self.lock:
-            s = self.session.status()
+        s = self.session.status()
         return pb.GetStatusResponse(
             stage=s["stage"], plan_sha256=s["plan_sha256"], trees_released=s["trees_released"],
             trees_total=s["trees_total"], rounds_failed=s["rounds_failed"], model_sha256=s["model_sha256"],
             detail=s["detail"], sites=[pb.SiteStatus(**x) for x in s["sites"]])
 
-    def GetTrees(self, request, context):
+    @_rpc
+    async def GetTrees(self, request, context):
         self._admit(context)
         limit = min(request.max_trees or MAX_TREES_PER_PAGE, MAX_TREES_PER_PAGE)
-        with self.lock:
-            init, has_init, trees = self.session.catch_up(int(request.from_index), limit)
-            released, total = len(self.session.trees), self.session.total_trees
-            sha = getattr(self.session.stage, "model_sha256", "") or ""
+        init, has_init, trees = self.session.catch_up(int(request.from_index), limit)
+        released, total = len(self.session.trees), self.session.total_trees
+        sha = getattr(self.session.stage, "model_sha256", "") or ""
         resp = pb.GetTreesResponse(has_init_score=has_init and init is not None, trees_released=released,
                                    trees_total=total, model_sha256=sha)
         if has_init and init is not None:
@@ -296,7 +368,8 @@ class FederationService(pbg.FederationServicer):
 
     # ------------------------------------------------------------------ join and subscription
 
-    def Join(self, request, context):
+    @_rpc
+    async def Join(self, request, context):
         self._admit(context)
         site = request.site_id
         self._check_peer(context, site)
@@ -304,87 +377,95 @@ class FederationService(pbg.FederationServicer):
         key = plan.identity_key(site)
         if key is None:
             log.warning(f"refused join of unknown site {site!r}", extra={"event": "join_refused", "site": site})
-            context.abort(grpc.StatusCode.PERMISSION_DENIED, f"site {site!r} is not in the plan's roster")
+            raise _Abort(grpc.StatusCode.PERMISSION_DENIED, f"site {site!r} is not in the plan's roster")
         if request.plan_sha256 != plan.sha256:
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                          f"plan hash mismatch: the coordinator runs plan {plan.sha256}, the site has "
-                          f"{request.plan_sha256}")
+            raise _Abort(grpc.StatusCode.FAILED_PRECONDITION,
+                         f"plan hash mismatch: the coordinator runs plan {plan.sha256}, the site has "
+                         f"{request.plan_sha256}")
         if not verify_join(key, plan.sha256, site, bytes(request.nonce), bytes(request.signature)):
             log.warning(f"refused join of {site!r}: bad identity signature", extra={"event": "join_refused"})
-            context.abort(grpc.StatusCode.UNAUTHENTICATED,
-                          f"the join is not signed with the identity key the plan pins for {site!r}")
-        with self.lock:
-            if not self._session_call(lambda: self.session.fresh_join_nonce(site, bytes(request.nonce))):
-                log.warning(f"refused a replayed join of {site!r}", extra={"event": "join_refused", "site": site})
-                context.abort(grpc.StatusCode.UNAUTHENTICATED,
-                              f"this signed join of {site!r} was used before (a replayed request); every join "
-                              "needs a fresh nonce")
-            try:
-                token, outs = self._session_call(
-                    lambda: self.session.join(site, int(request.trees_applied), self.clock()))
-            except Rejected as e:
-                context.abort(grpc.StatusCode.PERMISSION_DENIED, str(e))
-            old = self.outboxes.get(site)
-            if old is not None:
-                old.superseded = True
-                old.ready.notify_all()
-            self.outboxes[site] = Outbox(token, threading.Condition(self.lock))
-            self.dispatch(outs)
-            released = len(self.session.trees)
+            raise _Abort(grpc.StatusCode.UNAUTHENTICATED,
+                         f"the join is not signed with the identity key the plan pins for {site!r}")
+        if not self._session_call(lambda: self.session.fresh_join_nonce(site, bytes(request.nonce))):
+            log.warning(f"refused a replayed join of {site!r}", extra={"event": "join_refused", "site": site})
+            raise _Abort(grpc.StatusCode.UNAUTHENTICATED,
+                         f"this signed join of {site!r} was used before (a replayed request); every join "
+                         "needs a fresh nonce")
+        try:
+            token, outs = self._session_call(
+                lambda: self.session.join(site, int(request.trees_applied), self.clock()))
+        except Rejected as e:
+            raise _Abort(grpc.StatusCode.PERMISSION_DENIED, str(e)) from None
+        old = self.outboxes.get(site)
+        if old is not None:
+            old.superseded = True
+            old.notify()
+        self.outboxes[site] = Outbox(token)
+        self.dispatch(outs)
+        released = len(self.session.trees)
         return pb.JoinResponse(token=token, incarnation=self.incarnation, trees_released=released)
 
     incarnation = b""
 
-    def Subscribe(self, request, context):
+    def _subscribe(self, context, site: str, token: bytes, after: int) -> Outbox | None:
+        """The checks and the session step of a Subscribe (or a Connect's first message): the site's outbox,
+        or None if the call already ended."""
+        self._auth(context, site, token)
+        box = self.outboxes.get(site)
+        if box is None or box.token != token:
+            raise _Abort(grpc.StatusCode.UNAUTHENTICATED, "this subscription belongs to an earlier join")
+        if after + 1 < box.floor:
+            raise _Abort(grpc.StatusCode.OUT_OF_RANGE,
+                         f"events after {after} are no longer held (oldest is {box.floor}); join again")
+        if not self._on_close(context, lambda: self._stream_closed(site, token)):
+            return None  # the call already ended (the site went away before its stream started)
+        self.streams[(site, token)] = self.streams.get((site, token), 0) + 1
+        self.dispatch(self._session_call(lambda: self.session.subscribed(site, token, self.clock())))
+        return box
+
+    @_rpc
+    async def Subscribe(self, request, context):
         if not self._open_stream(context, self._admit(context)):
             return
-        site, token = request.site_id, bytes(request.token)
-        with self.lock:
-            self._auth(context, site, token)
-            box = self.outboxes.get(site)
-            if box is None or box.token != token:
-                context.abort(grpc.StatusCode.UNAUTHENTICATED, "this subscription belongs to an earlier join")
-            after = int(request.after_seq)
-            if after + 1 < box.floor:
-                context.abort(grpc.StatusCode.OUT_OF_RANGE,
-                              f"events after {after} are no longer held (oldest is {box.floor}); join again")
-            if not context.add_callback(lambda: self._stream_closed(site, token)):
-                return  # the call already ended (the site went away before its stream started)
-            self.streams[(site, token)] = self.streams.get((site, token), 0) + 1
-            self.dispatch(self._session_call(lambda: self.session.subscribed(site, token, self.clock())))
-        last = after
-        while True:
-            with self.lock:
-                while (not self.stopping and not box.superseded and context.is_active()
-                       and (not box.events or box.events[-1].seq <= last)):
-                    box.ready.wait(timeout=1.0)
-                ending = self.stopping or box.superseded or not context.is_active()
+        site, token, after = request.site_id, bytes(request.token), int(request.after_seq)
+        box = self._subscribe(context, site, token, after)
+        if box is None:
+            return
+        wake = asyncio.Event()
+        box.waiters.add(wake)
+        try:
+            last = after
+            while True:
+                await _wait(wake, lambda: (self.stopping or box.superseded or context.done()
+                                           or (box.events and box.events[-1].seq > last)))
+                ending = self.stopping or box.superseded or context.done()
                 pending = box.after(last) if (self.stopping or not ending) else []
-            for e in pending:
-                self.bytes_out += e.ByteSize()
-                yield e
-                last = e.seq
-            if ending:
-                return
+                for e in pending:
+                    self.bytes_out += e.ByteSize()
+                    await context.write(e)
+                    last = e.seq
+                if ending:
+                    return
+        finally:
+            box.waiters.discard(wake)
 
     def _stream_closed(self, site: str, token: bytes) -> None:
-        with self.lock:
-            left = self.streams.get((site, token), 1) - 1
-            if left > 0:  # a newer stream of the same join is still open: the site is still connected
-                self.streams[(site, token)] = left
-                return
-            self.streams.pop((site, token), None)
-            try:
-                self.dispatch(self._session_call(lambda: self.session.unsubscribed(site, token, self.clock())))
-            except Exception:
-                pass  # already logged; the coordinator is stopping
+        left = self.streams.get((site, token), 1) - 1
+        if left > 0:  # a newer stream of the same join is still open: the site is still connected
+            self.streams[(site, token)] = left
+            return
+        self.streams.pop((site, token), None)
+        try:
+            self.dispatch(self._session_call(lambda: self.session.unsubscribed(site, token, self.clock())))
+        except Exception:
+            pass  # already logged; the coordinator is stopping
 
     # ------------------------------------------------------------------ submissions
 
     def _step(self, kind: str, site: str, m):
-        """The session step of one site message as a callable for :meth:`_session_call` (caller holds
-        ``lock``): ``setup``, ``input`` and ``round`` submissions and ``report``s, the same for the unary
-        calls and the Connect stream.  Rejected for an unknown round purpose or report kind."""
+        """The session step of one site message as a callable for :meth:`_session_call`: ``setup``,
+        ``input`` and ``round`` submissions and ``report``s, the same for the unary calls and the Connect
+        stream.  Rejected for an unknown round purpose or report kind."""
         s, now = self.session, self.clock()
         if kind == "setup":
             return lambda: s.submit_setup(site, bytes(m.secagg), now)
@@ -407,163 +488,156 @@ class FederationService(pbg.FederationServicer):
     def _submit(self, context, kind: str, request) -> pb.SubmitResponse:
         self._admit(context)
         self.bytes_in += request.ByteSize()
-        with self.lock:
-            self._auth(context, request.site_id, request.token)
-            try:
-                outs = self._session_call(self._step(kind, request.site_id, request))
-            except (Rejected, WireError) as e:
-                return pb.SubmitResponse(accepted=False, detail=str(e))
-            self.dispatch(outs)
+        self._auth(context, request.site_id, request.token)
+        try:
+            outs = self._session_call(self._step(kind, request.site_id, request))
+        except (Rejected, WireError) as e:
+            return pb.SubmitResponse(accepted=False, detail=str(e))
+        self.dispatch(outs)
         return pb.SubmitResponse(accepted=True)
 
-    def SubmitSetup(self, request, context):
+    @_rpc
+    async def SubmitSetup(self, request, context):
         return self._submit(context, "setup", request)
 
-    def SubmitMaskedInput(self, request, context):
+    @_rpc
+    async def SubmitMaskedInput(self, request, context):
         resp = self._submit(context, "input", request)
         if resp.accepted:
             testhooks.coordinator_input(int(request.tree))  # TEST-ONLY kill point (off by default)
         return resp
 
-    def SubmitRound(self, request, context):
+    @_rpc
+    async def SubmitRound(self, request, context):
         return self._submit(context, "round", request)
 
-    def Report(self, request, context):
+    @_rpc
+    async def Report(self, request, context):
         self._admit(context)
-        with self.lock:
-            self._auth(context, request.site_id, request.token)
-            try:
-                step = self._step("report", request.site_id, request)
-            except Rejected as e:
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-            self.dispatch(self._session_call(step))
+        self._auth(context, request.site_id, request.token)
+        try:
+            step = self._step("report", request.site_id, request)
+        except Rejected as e:
+            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
+        self.dispatch(self._session_call(step))
         return pb.ReportResponse()
 
     # ------------------------------------------------------------------ the bidirectional stream
 
-    def Connect(self, request_iterator, context):
+    @_rpc
+    async def Connect(self, request_iterator, context):
         """Subscribe + Submit* + Report on one stream; see the module docstring and the proto."""
         name = self._admit(context)  # before waiting for anything the peer sends
         if not self._open_stream(context, name):
             return
-        first = self._first_message(request_iterator, context, name)
+        first = await self._first_message(context, name)
         if first is None:
             return
         if first.WhichOneof("kind") != "subscribe":
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a Connect stream starts with a subscribe message")
-        site, token = first.subscribe.site_id, bytes(first.subscribe.token)
-        with self.lock:
-            self._auth(context, site, token)
-            box = self.outboxes.get(site)
-            if box is None or box.token != token:
-                context.abort(grpc.StatusCode.UNAUTHENTICATED, "this subscription belongs to an earlier join")
-            after = int(first.subscribe.after_seq)
-            if after + 1 < box.floor:
-                context.abort(grpc.StatusCode.OUT_OF_RANGE,
-                              f"events after {after} are no longer held (oldest is {box.floor}); join again")
-            if not context.add_callback(lambda: self._stream_closed(site, token)):
-                return  # the call already ended
-            self.streams[(site, token)] = self.streams.get((site, token), 0) + 1
-            self.dispatch(self._session_call(lambda: self.session.subscribed(site, token, self.clock())))
+            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, "a Connect stream starts with a subscribe message")
+        site, token, after = first.subscribe.site_id, bytes(first.subscribe.token), int(first.subscribe.after_seq)
+        box = self._subscribe(context, site, token, after)
+        if box is None:
+            return
         conn = _Connection()
-        threading.Thread(target=self._read_connection, args=(request_iterator, site, token, box, conn),
-                         name=f"connect-{site}", daemon=True).start()
-        last, told = after, 0
-        while True:
-            with self.lock:
-                while (not self.stopping and not box.superseded and context.is_active() and conn.failure is None
-                       and (not box.events or box.events[-1].seq <= last) and not conn.rejected
-                       and not (conn.urgent and conn.processed > told)):
-                    box.ready.wait(timeout=1.0)
+        box.waiters.add(conn.wake)
+        reader = asyncio.ensure_future(self._read_connection(context, site, token, box, conn))
+        try:
+            last, told = after, 0
+            while True:
+                await _wait(conn.wake, lambda: (
+                    self.stopping or box.superseded or context.done() or conn.failure is not None
+                    or (box.events and box.events[-1].seq > last) or conn.rejected
+                    or (conn.urgent and conn.processed > told)))
                 failure = conn.failure
-                ending = self.stopping or box.superseded or not context.is_active() or failure is not None
+                ending = self.stopping or box.superseded or context.done() or failure is not None
                 pending = box.after(last) if (self.stopping or not ending) else []
                 rejected, conn.rejected, conn.urgent = conn.rejected, [], False
                 processed = conn.processed
-            if failure is not None:
-                context.abort(*failure)
-            if pending or rejected or processed > told:
-                for batch in _batches(pending, processed, rejected):
-                    self.bytes_out += batch.ByteSize()
-                    yield batch
-                if pending:
-                    last = pending[-1].seq
-                told = processed
-            if ending:
-                return
+                if failure is not None:
+                    raise _Abort(*failure)
+                if pending or rejected or processed > told:
+                    for batch in _batches(pending, processed, rejected):
+                        self.bytes_out += batch.ByteSize()
+                        await context.write(batch)
+                    if pending:
+                        last = pending[-1].seq
+                    told = processed
+                if ending:
+                    return
+        finally:
+            box.waiters.discard(conn.wake)
+            reader.cancel()
 
-    def _read_connection(self, requests, site: str, token: bytes, box: "Outbox", conn: "_Connection") -> None:
-        """Apply a Connect stream's site messages in order (its own thread; ends with the stream)."""
+    async def _read_connection(self, context, site: str, token: bytes, box: Outbox, conn: "_Connection") -> None:
+        """Apply a Connect stream's site messages in order (a task beside the handler; ends with the stream)."""
         try:
-            for m in requests:
+            while True:
+                m = await context.read()
+                if m is grpc.aio.EOF:
+                    return
+                if m is UNDECODABLE:
+                    e = _undecodable_message()
+                    conn.failure = (e.code, e.detail)
+                    conn.wake.set()
+                    return
                 self.bytes_in += m.ByteSize()
+                if box.superseded or self.stopping:
+                    return
                 tree = None
-                with self.lock:
-                    if box.superseded or self.stopping:
-                        return
-                    try:
-                        urgent, tree = self._site_message(site, token, m)
-                    except (Rejected, WireError) as e:
-                        conn.rejected.append(str(e)[:2000])
-                        urgent = True
-                    except _StreamFailure as e:
-                        conn.failure = (e.code, e.detail)
-                        box.ready.notify_all()
-                        return
-                    conn.processed += 1
-                    if urgent:  # a report or a refusal: tell the site now; other messages are counted in the
-                        conn.urgent = True  # next batch of events (a reply is always followed by one)
-                        box.ready.notify_all()
+                try:
+                    urgent, tree = self._site_message(site, token, m)
+                except (Rejected, WireError) as e:
+                    conn.rejected.append(str(e)[:2000])
+                    urgent = True
+                except _Abort as e:
+                    conn.failure = (e.code, e.detail)
+                    conn.wake.set()
+                    return
+                conn.processed += 1
+                if urgent:  # a report or a refusal: tell the site now; other messages are counted in the
+                    conn.urgent = True  # next batch of events (a reply is always followed by one)
+                    conn.wake.set()
                 if tree is not None:
                     testhooks.coordinator_input(tree)  # TEST-ONLY kill point (off by default)
         except Exception:  # the stream ended (cancelled, broken) or the session stopped on a fatal error
-            with self.lock:
-                box.ready.notify_all()
+            conn.wake.set()
 
     def _site_message(self, site: str, token: bytes, m) -> tuple[bool, int | None]:
-        """One SiteMessage, exactly as the unary call of the same name (caller holds ``lock``).
+        """One SiteMessage, exactly as the unary call of the same name.
 
         Returns (urgent: the site waits for its acknowledgement, the tree of an accepted masked input)."""
         kind = m.WhichOneof("kind")
         if kind is None or kind == "subscribe":
-            raise _StreamFailure(grpc.StatusCode.INVALID_ARGUMENT,
-                                 f"unexpected {kind or 'empty'} message on a Connect stream")
+            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"unexpected {kind or 'empty'} message on a Connect stream")
         sub = getattr(m, kind)
         if sub.site_id != site:
-            raise _StreamFailure(grpc.StatusCode.PERMISSION_DENIED,
-                                 f"a message for site {sub.site_id!r} on the stream of site {site!r}")
+            raise _Abort(grpc.StatusCode.PERMISSION_DENIED,
+                         f"a message for site {sub.site_id!r} on the stream of site {site!r}")
         if bytes(sub.token) != token:
-            raise _StreamFailure(grpc.StatusCode.UNAUTHENTICATED, "a message with another session token")
+            raise _Abort(grpc.StatusCode.UNAUTHENTICATED, "a message with another session token")
         try:
             self.session.authenticate(site, token)
         except Rejected as e:
-            raise _StreamFailure(grpc.StatusCode.UNAUTHENTICATED, str(e)) from None
+            raise _Abort(grpc.StatusCode.UNAUTHENTICATED, str(e)) from None
         self.dispatch(self._session_call(self._step(kind, site, sub)))
         return kind == "report", (int(sub.tree) if kind == "input" else None)
 
     def stop_streams(self) -> None:
-        with self.lock:
-            self.stopping = True
-            for box in self.outboxes.values():
-                box.ready.notify_all()
-
-
-class _StreamFailure(Exception):
-    """A Connect stream carried something that ends it (wrong identity, token, message order)."""
-
-    def __init__(self, code, detail: str) -> None:
-        super().__init__(detail)
-        self.code, self.detail = code, detail
+        self.stopping = True
+        for box in self.outboxes.values():
+            box.notify()
 
 
 @dataclass
 class _Connection:
-    """Shared between a Connect stream's writer (the handler) and its reader thread, under the service lock."""
+    """Shared between a Connect stream's writer (the handler) and its reader task."""
 
     processed: int = 0  # site messages applied (after the subscribe message)
     rejected: list = field(default_factory=list)  # details of refused submissions, not yet sent
     urgent: bool = False  # the site waits for the count (a report)
     failure: tuple | None = None  # (status code, detail): end the stream
+    wake: asyncio.Event = field(default_factory=asyncio.Event)  # set when any of the above or the outbox changes
 
 
 def _batches(events: list, processed: int, rejected: list):
@@ -583,36 +657,53 @@ def _batches(events: list, processed: int, rejected: list):
 
 
 class CoordinatorServer:
-    """A running gRPC server for one session, with its ticker thread."""
+    """A running gRPC server for one session: an asyncio gRPC server and the session's ticker on one event
+    loop in a thread of their own, behind a blocking interface (start, wait, stop)."""
 
     def __init__(self, session: Session, listen: str, credentials=None) -> None:
-        import os
-
         self.session = session
         self.service = FederationService(session, tls=credentials is not None)
         self.service.incarnation = os.urandom(16)
-        workers = worker_threads(session.plan.n)
-        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rpc"),
-                                  options=list(SERVER_OPTIONS), maximum_concurrent_rpcs=2 * workers)
-        pbg.add_FederationServicer_to_server(self.service, self.server)
-        if credentials is not None:
-            self.port = self.server.add_secure_port(listen, credentials)
-        else:
-            self.port = self.server.add_insecure_port(listen)
-        if not self.port:
-            raise OSError(f"cannot listen on {listen}")
-        host = listen.rsplit(":", 1)[0]
-        self.address = f"{host}:{self.port}"
         self._stop = threading.Event()
         self.service.on_fatal = self._stop.set
-        self._ticker = threading.Thread(target=self._tick_loop, name="session-ticker", daemon=True)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="grpc-loop", daemon=True)
+        self._thread.start()
+        self._ticker: asyncio.Future | None = None
+        try:
+            self.server, self.port = self._run(self._listen(listen, credentials))
+        except BaseException:
+            self._close_loop()
+            raise
+        host = listen.rsplit(":", 1)[0]
+        self.address = f"{host}:{self.port}"
+
+    def _run(self, coro, timeout: float | None = None):
+        """Run a coroutine on the server's loop and wait for its result."""
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    async def _listen(self, listen: str, credentials):
+        server = grpc.aio.server(options=list(SERVER_OPTIONS),
+                                 maximum_concurrent_rpcs=max_concurrent_rpcs(self.session.plan.n))
+        add_service(self.service, server)
+        if credentials is not None:
+            port = server.add_secure_port(listen, credentials)
+        else:
+            port = server.add_insecure_port(listen)
+        if not port:
+            raise OSError(f"cannot listen on {listen}")
+        return server, port
 
     def start(self) -> None:
-        self.server.start()
-        self._ticker.start()
+        async def start():
+            await self.server.start()
+            self._ticker = asyncio.ensure_future(self._tick_loop())
 
-    def _tick_loop(self) -> None:
-        while not self._stop.wait(TICK_SECONDS):
+        self._run(start())
+
+    async def _tick_loop(self) -> None:
+        while not self._stop.is_set():
+            await asyncio.sleep(TICK_SECONDS)
             try:
                 self.service.tick()
             except Exception:  # logged by the service, which also stops the server
@@ -630,5 +721,21 @@ class CoordinatorServer:
 
     def stop(self, grace: float = 2.0) -> None:
         self._stop.set()
-        self.service.stop_streams()
-        self.server.stop(grace).wait()
+        if self._loop.is_closed():
+            return
+
+        async def stop():
+            if self._ticker is not None:
+                self._ticker.cancel()
+            self.service.stop_streams()
+            await self.server.stop(grace)
+
+        try:
+            self._run(stop())
+        finally:
+            self._close_loop()
+
+    def _close_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()

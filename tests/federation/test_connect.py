@@ -99,3 +99,27 @@ def test_connect_counts_processed_messages_and_reports_refusals(served):
     st = stub.GetStatus(pb.GetStatusRequest(), timeout=10)
     assert st.trees_released == 0 and server.fatal is None
     ch.close()
+
+
+def test_bytes_that_are_not_a_site_message_end_the_stream_with_invalid_argument(served):
+    """Undecodable bytes, as the first message or after a valid subscribe, end the stream with
+    INVALID_ARGUMENT from the service (not an error inside gRPC's deserializer), and nothing else changes."""
+    plan, ids, server, root = served
+    stub, ch = stub_for(served, "site-b")
+    token = stub.Join(join_req(plan, ids, "site-b"), timeout=10).token
+    raw = ch.stream_stream("/fedsbdt.v1.Federation/Connect", request_serializer=None, response_deserializer=None)
+    garbage = b"\xff\xff\xff\xff"  # field 31, wire type 7: not protobuf
+    for messages in ([garbage], [subscribe("site-b", token).SerializeToString(), garbage]):
+        q: queue.SimpleQueue = queue.SimpleQueue()
+        for m in messages:
+            q.put(m)
+        resp = raw(iter(q.get, None), timeout=20)
+        with pytest.raises(grpc.RpcError) as e:
+            for _ in resp:
+                pass
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (e.value.code(), e.value.details())
+        assert "deserialize" in e.value.details()
+        q.put(None)
+    st = stub.GetStatus(pb.GetStatusRequest(), timeout=10)
+    assert st.trees_released == 0 and server.fatal is None
+    ch.close()
