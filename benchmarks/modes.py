@@ -18,7 +18,8 @@ builds it) from whichever of these are in the results directory:
 
     sarus.json (Sarus central, S-BDT central at Fig. 4)      dpboost.json (DPBoost and S-BDT central at Fig. 2)
     modes_central.json (the cross rows)                      sarus_federated.json (Sarus federated at Fig. 4)
-    dpboost_federated.json (DPBoost federated at Fig. 2)
+    dpboost_federated.json (DPBoost federated at Fig. 2)     modes_federated.json (the other federated cells:
+                                                             benchmarks/modes_federated.py)
 
 A row without its input says "not run".  Writes ``modes.json``, ``modes.md`` (the markdown tables) and
 ``modes.png`` (one panel per setting × dataset; dashed lines federated, black markers the paper).
@@ -67,6 +68,7 @@ ROWS = {
     "dpboost": ("DPBoost, central", False),
     "dpboost_federated": ("DPBoost, federated (3 sites)", True),
     "sbdt": ("S-BDT, central (defaults)", False),
+    "sbdt_federated": ("S-BDT, federated (3 sites, defaults)", True),
 }
 #: the central cross rows this script measures: (setting, mode) → keys beyond ε, δ, seed
 CROSS = {
@@ -78,7 +80,7 @@ PAPER_NOTE = {"fig4": "Sarus Fig. 4 (5 trials)",
               "fig2": "DPBoost Fig. 2: plots only, no numbers in the text"}
 NO_SBDT_FEDERATED = ("S-BDT federated is left out: no results file has it at these settings (federation.json: "
                      "ε = 1 with 1000 trees and the paper's ε = 0.02 setting; greedy_federated.json: greedy trees "
-                     "at ε = 1).")
+                     "at ε = 1); benchmarks/modes_federated.py measures it into modes_federated.json.")
 
 
 # ----------------------------------------------------------------------------------------------- measuring
@@ -158,6 +160,11 @@ def _sarus_federated_in(payload: dict, name: str) -> dict:
     return _from_list(payload["results"][name]["sarus_federated"])
 
 
+def _modes_federated(setting: str, key: str) -> tuple:
+    """A row of modes_federated.py's cells (the layout of modes_central.json)."""
+    return "modes_federated.json", lambda p, n: _from_list(p["settings"][setting][n][key])
+
+
 #: where each row of each setting comes from: (file, extractor) — None: no benchmark measures it
 SOURCES = {
     "fig4": {
@@ -165,16 +172,18 @@ SOURCES = {
         "sarus_rdp": ("sarus.json", lambda p, n: _from_list(p["results"][n]["sarus_rdp"])),
         "sarus_federated": ("sarus_federated.json", _sarus_federated_in),
         "dpboost": ("modes_central.json", lambda p, n: _from_list(p["settings"]["fig4"][n]["dpboost"])),
-        "dpboost_federated": None,
+        "dpboost_federated": _modes_federated("fig4", "dpboost_federated"),
         "sbdt": ("sarus.json", lambda p, n: _from_list(p["results"][n]["sbdt"])),
+        "sbdt_federated": _modes_federated("fig4", "sbdt_federated"),
     },
     "fig2": {
         "sarus_pure": ("modes_central.json", lambda p, n: _from_list(p["settings"]["fig2"][n]["sarus_pure"])),
         "sarus_rdp": ("modes_central.json", lambda p, n: _from_list(p["settings"]["fig2"][n]["sarus_rdp"])),
-        "sarus_federated": None,
+        "sarus_federated": _modes_federated("fig2", "sarus_federated"),
         "dpboost": ("dpboost.json", lambda p, n: _dpboost_central(p, n, "dpboost")),
         "dpboost_federated": ("dpboost_federated.json", _dpboost_federated),
         "sbdt": ("dpboost.json", lambda p, n: _dpboost_central(p, n, "sbdt")),
+        "sbdt_federated": _modes_federated("fig2", "sbdt_federated"),
     },
 }
 
@@ -220,6 +229,8 @@ def build_tables(results_dir: Path) -> dict:
             for key, (label, federated) in ROWS.items():
                 row = {"key": key, "label": label, "federated": federated, "source": None, "note": ""}
                 cells, note = _row_cells(results_dir, setting, key, name)
+                if key == "sbdt_federated" and not cells:
+                    continue  # shown only when measured: NO_SBDT_FEDERATED says why it is absent
                 row["cells"] = {str(e): cells.get(e) for e in EPSILONS}
                 row["note"] = note
                 row["source"] = None if key == "paper" or SOURCES[setting][key] is None else SOURCES[setting][key][0]
@@ -241,7 +252,7 @@ def _row_cells(results_dir: Path, setting: str, key: str, name: str) -> tuple[di
         return {}, "not run: no benchmark measures this row in this setting"
     file, extract = source
     payload = _read(results_dir / file)
-    if payload is None and key == "sarus_federated":  # sarus_federated.py also adds its row to sarus.json
+    if payload is None and file == "sarus_federated.json":  # sarus_federated.py also adds its row to sarus.json
         fallback = _read(results_dir / "sarus.json")
         if fallback is not None and "sarus_federated" in fallback.get("results", {}).get(name, {}):
             return extract(fallback, name), ""
@@ -251,6 +262,11 @@ def _row_cells(results_dir: Path, setting: str, key: str, name: str) -> tuple[di
         return extract(payload, name), ""
     except KeyError:
         return {}, f"not run: {file} has no {key} row for {name}"
+
+
+def has_sbdt_federated(tables: dict) -> bool:
+    return any(r["key"] == "sbdt_federated" for s in tables.values() for t in s["datasets"].values()
+               for r in t["rows"])
 
 
 def format_cell(cell: dict | None, digits: int = 2) -> str:
@@ -286,7 +302,8 @@ def render_markdown(tables: dict) -> str:
                 lines.append(f"| {label} | {row['privacy']} | " +
                              " | ".join(format_cell(row["cells"][str(e)]) for e in setting["epsilons"]) + " |")
             lines += [""] + [f"- {n}" for n in notes] + ([""] if notes else [])
-    lines += [NO_SBDT_FEDERATED, ""]
+    if not has_sbdt_federated(tables):
+        lines += [NO_SBDT_FEDERATED, ""]
     return "\n".join(lines)
 
 
@@ -297,7 +314,7 @@ def plot(tables: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     colours = {"sarus_pure": "C0", "sarus_rdp": "C1", "sarus_federated": "C1", "dpboost": "C2",
-               "dpboost_federated": "C2", "sbdt": "C3"}
+               "dpboost_federated": "C2", "sbdt": "C3", "sbdt_federated": "C3"}
     panels = [(s, n) for s in tables for n in tables[s]["datasets"]]
     fig, axes = plt.subplots(len(tables), len(DATASETS), figsize=(11, 4 * len(tables)), squeeze=False)
     for ax, (setting, name) in zip(axes.flat, panels):
@@ -330,7 +347,7 @@ def write_tables(results_dir: Path, png: bool = True) -> dict:
     """Build the tables from ``results_dir`` and write modes.json, modes.md and (``png``) modes.png there."""
     tables = build_tables(results_dir)
     (results_dir / "modes.json").write_text(json.dumps(
-        {"tables": tables, "note": NO_SBDT_FEDERATED, "environment": environment()}, indent=2) + "\n")
+        {"tables": tables, "note": "" if has_sbdt_federated(tables) else NO_SBDT_FEDERATED, "environment": environment()}, indent=2) + "\n")
     (results_dir / "modes.md").write_text(render_markdown(tables))
     if png:
         plot(tables, results_dir / "modes.png")

@@ -183,3 +183,40 @@ def test_table_command_writes_json_and_markdown_and_rejects_a_broken_file(modes,
     with pytest.raises(SystemExit) as e:
         modes.main(["--table", "--no-png", "--results-dir", str(tmp_path / "absent")])
     assert e.value.code == 2
+
+
+def test_modes_federated_json_fills_the_missing_federated_rows(modes, tmp_path):
+    """modes_federated.py's cells (modes_central.json's layout) fill federated DPBoost at Fig. 4, federated Sarus
+    at Fig. 2 and an S-BDT federated row, which appears only where measured; Sarus' Fig. 4 federated row inside
+    sarus.json never leaks into Fig. 2."""
+    full_inputs(tmp_path, federated=False)
+    sarus = json.loads((tmp_path / "sarus.json").read_text())
+    sarus["results"]["adult"]["sarus_federated"] = cell_list(30, 5e-8)
+    write(tmp_path / "sarus.json", sarus)
+    t = modes.build_tables(tmp_path)
+    assert all(c is None for c in rows(t, "fig2", "adult")["sarus_federated"]["cells"].values())
+    assert "sbdt_federated" not in rows(t, "fig2", "adult") and "S-BDT federated is left out" in \
+        modes.render_markdown(t)
+
+    one = [{"epsilon": 1.0, "runs": 1, "mean": 50.0, "values": [50.0], "released_delta": 1e-3, "pure": False}]
+    write(tmp_path / "modes_federated.json", {"settings": {
+        "fig4": {"adult": {"dpboost_federated": cell_list(60, 5e-8), "sbdt_federated": one}},
+        "fig2": {"adult": {"sarus_federated": one, "sbdt_federated": cell_list(70, 1e-3)},
+                 "abalone": {"sarus_federated": one}}}})
+    t = modes.build_tables(tmp_path)
+    f4, f2 = rows(t, "fig4", "adult"), rows(t, "fig2", "adult")
+    assert [r["key"] for r in t["fig2"]["datasets"]["adult"]["rows"]][-2:] == ["sbdt", "sbdt_federated"]
+    assert f4["dpboost_federated"]["source"] == "modes_federated.json"
+    assert f4["dpboost_federated"]["cells"]["4.0"]["mean"] == pytest.approx(60.04 + 0.2)
+    assert f4["sbdt_federated"]["cells"]["1.0"] == {"mean": 50.0, "se": None, "runs": 1, "delta": 1e-3}
+    assert f4["sbdt_federated"]["cells"]["4.0"] is None and f4["sbdt_federated"]["federated"]
+    assert f2["sarus_federated"]["cells"]["1.0"]["mean"] == 50.0 and f2["sarus_federated"]["cells"]["2.0"] is None
+    assert f2["sbdt_federated"]["cells"]["10.0"]["runs"] == 3 and f2["sbdt_federated"]["privacy"] == \
+        "(ε, δ = 0.001)"
+    assert rows(t, "fig2", "abalone")["sarus_federated"]["cells"]["1.0"]["mean"] == 50.0
+    assert "sbdt_federated" not in rows(t, "fig2", "abalone") and "sbdt_federated" not in rows(t, "fig4", "abalone")
+    assert rows(t, "fig4", "abalone")["dpboost_federated"]["note"] == \
+        "not run: modes_federated.json has no dpboost_federated row for abalone"
+    md = modes.render_markdown(t)
+    assert "| S-BDT, federated (3 sites, defaults) | (ε, δ = 0.001) | 50.00 (1) | not run |" in md
+    assert "S-BDT federated is left out" not in md
