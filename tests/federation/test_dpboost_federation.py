@@ -22,10 +22,9 @@ from common.federation import dpboost_rounds
 from common.federation.plan import Plan, PlanError, SiteEntry, make_plan
 from common.federation.wire import Purpose
 from common.greedy_levels import level_sums
-from common.randomness import SecureRandomness
 
 from .conftest import EXAMPLES, ROOT, abalone_with_ids
-from .test_greedy_federation import _level_start, adult_with_ids
+from .test_greedy_federation import _level_start, adult_with_ids, assert_shares_sum_to_full_noise, first_tree_released
 from .test_state_machines import SITES, Fed, _counts
 
 
@@ -182,11 +181,7 @@ def test_a_stored_partition_for_other_records_ends_the_session(tmp_path):
 def test_site_refuses_tampered_dpboost_requests_and_charges_nothing(tmp_path, monkeypatch):
     hp = dpboost_hp(trees=4, ensemble_trees=2, depth=3)
     f = Fed(tmp_path, hp).start()
-    m = f.machines["hosp-a"]
-    f.fed.run(until=lambda: len(f.session.trees) == 1 and m.ledger.released_splits(1)[0].size == 3)
-    feats, thr = m.ledger.released_splits(1)
-    grid = f.plan.greedy_grid
-    other = [t for t in grid.candidates.threshold[grid.candidates.feature == feats[0]] if t != thr[0]][0]
+    m, feats, thr, other = first_tree_released(f)
     before = _counts(f, "hosp-a")
     parts_before = f.db("hosp-a").execute("SELECT key FROM meta WHERE key LIKE 'dpboost%'").fetchall()
     calls = []
@@ -285,11 +280,7 @@ def test_summed_leaf_shares_have_the_full_leaf_noise():
     # the sensitivity of a record is h* units on its count and g* units on its gradient sum: multiplier σ/√2
     assert np.sum((np.array([enc.hess.bound_units, enc.grad.bound_units]) / full[[0, L]]) ** 2) == \
         pytest.approx(2 / cal.sigma**2, rel=1e-12)
-    rnd = SecureRandomness()
-    z = np.concatenate([sum(rnd.discrete_gaussian(share) for _ in range(k)) / full for _ in range(200)])
-    n = z.size
-    assert abs(z.mean()) <= 5 / math.sqrt(n)
-    assert abs(z.var() - 1.0) <= 5 * math.sqrt(2.0 / n)
+    assert_shares_sum_to_full_noise(share, full, k, vectors=200)
 
 
 # --------------------------------------------------------------------------- real processes

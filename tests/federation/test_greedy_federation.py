@@ -20,7 +20,8 @@ from common.config import ConfigError, Hyperparameters
 from common.data import load
 from common.engine import calibration_for, train
 from common.federation.plan import PlanError, SiteEntry, make_plan
-from common.federation.wire import (Purpose, RoundStartMsg, TreeMsg, WireError, event_from_proto, event_to_proto)
+from common.federation.wire import (Purpose, RoundMsg, RoundStartMsg, TreeMsg, WireError, event_from_proto,
+                                    event_to_proto)
 from common.randomness import InsecureTestRandomness, SecureRandomness
 from common.schema import Schema
 from common.secagg import RoundStart
@@ -41,6 +42,45 @@ def adult_with_ids(n: int):
     raw = raw[~(raw == "?").any(axis=1)].iloc[:n].reset_index(drop=True)
     raw.insert(0, "rid", np.arange(len(raw)) * 5 + 3)
     return Schema.from_dict(d), raw
+
+
+def assert_shares_sum_to_full_noise(share, full, k: int, vectors: int) -> None:
+    """k exact discrete-Gaussian share vectors (OS randomness) sum to the full noise: 5σ bounds on the mean and
+    the variance of ``vectors`` sums, scaled by ``full`` (k shares of the undivided scale would give variance k)."""
+    rnd = SecureRandomness()
+    z = np.concatenate([sum(rnd.discrete_gaussian(share) for _ in range(k)) / full for _ in range(vectors)])
+    n = z.size
+    assert abs(z.mean()) <= 5 / math.sqrt(n)
+    assert abs(z.var() - 1.0) <= 5 * math.sqrt(2.0 / n)
+
+
+def fail_rounds_after_inputs(f: Fed, rounds: int) -> None:
+    """Fail ``rounds`` rounds after every site sent its masked input (only hosp-a hears what follows them),
+    then let the session finish."""
+    left = {"rounds": rounds}
+
+    def intercept(site, ev):
+        return not (isinstance(ev, RoundMsg) and left["rounds"] > 0 and site != "hosp-a"
+                    and f.session.init is not None)
+
+    f.fed.intercept = intercept
+    while left["rounds"] > 0:
+        before = f.session.rounds_failed
+        f.fed.run(until=lambda: f.session.rounds_failed > before)
+        left["rounds"] -= 1
+    f.fed.intercept = None
+    f.fed.run()
+
+
+def first_tree_released(f: Fed):
+    """Run until hosp-a holds tree 1's three level-1 splits; (hosp-a's machine, features, thresholds, another
+    grid threshold of the first split's feature)."""
+    m = f.machines["hosp-a"]
+    f.fed.run(until=lambda: len(f.session.trees) == 1 and m.ledger.released_splits(1)[0].size == 3)
+    feats, thr = m.ledger.released_splits(1)
+    grid = f.plan.greedy_grid
+    other = [t for t in grid.candidates.threshold[grid.candidates.feature == feats[0]] if t != thr[0]][0]
+    return m, feats, thr, other
 
 
 def greedy_hp(**kw) -> Hyperparameters:
@@ -127,11 +167,7 @@ def test_summed_level_shares_have_the_full_level_noise():
     k = plan.noise_divisor(3)
     full = plan.level_share_scales(0, 1, 1)
     share = plan.level_share_scales(0, 1, k)
-    rnd = SecureRandomness()
-    z = np.concatenate([sum(rnd.discrete_gaussian(share) for _ in range(k)) / full for _ in range(12)])
-    n = z.size
-    assert abs(z.mean()) <= 5 / math.sqrt(n)
-    assert abs(z.var() - 1.0) <= 5 * math.sqrt(2.0 / n)  # k shares of the undivided scale would give var k
+    assert_shares_sum_to_full_noise(share, full, k, vectors=12)
 
 
 def test_coordinator_and_site_restart_mid_tree_resume_at_the_next_level(tmp_path):
@@ -159,24 +195,9 @@ def test_coordinator_and_site_restart_mid_tree_resume_at_the_next_level(tmp_path
 
 
 def test_no_site_sends_level_data_in_more_rounds_than_accounted(tmp_path):
-    from common.federation.wire import RoundMsg
-
     hp = greedy_hp(trees=2, depth=2)
     f = Fed(tmp_path, hp).start()
-    failures = {"left": 4}
-
-    def intercept(site, ev):  # level rounds fail after every site sent its masked input
-        if isinstance(ev, RoundMsg) and failures["left"] > 0 and site != "hosp-a" and f.session.init is not None:
-            return False
-        return True
-
-    f.fed.intercept = intercept
-    while failures["left"] > 0:
-        before = f.session.rounds_failed
-        f.fed.run(until=lambda: f.session.rounds_failed > before)
-        failures["left"] -= 1
-    f.fed.intercept = None
-    f.fed.run()
+    fail_rounds_after_inputs(f, 4)  # level rounds fail after every site sent its masked input
     assert f.session.exit_code == 0 and len(f.session.trees) == 2
     for s in SITES:
         sent = [r[0] for r in f.db(s).execute("SELECT with_data FROM contributions WHERE kind = 'level' "
@@ -204,11 +225,7 @@ def _level_start(f: Fed, site: str, tree: int, level: int, features, thresholds,
 def test_site_refuses_tampered_level_requests_before_computing_anything(tmp_path, monkeypatch):
     hp = greedy_hp(trees=3, depth=3)
     f = Fed(tmp_path, hp).start()
-    m = f.machines["hosp-a"]
-    f.fed.run(until=lambda: len(f.session.trees) == 1 and m.ledger.released_splits(1)[0].size == 3)
-    feats, thr = m.ledger.released_splits(1)
-    grid = f.plan.greedy_grid
-    other = [t for t in grid.candidates.threshold[grid.candidates.feature == feats[0]] if t != thr[0]][0]
+    m, feats, thr, other = first_tree_released(f)
     before = _counts(f, "hosp-a")
     calls = []
     monkeypatch.setattr("client.site.level_sums", lambda *a, **k: calls.append(a))

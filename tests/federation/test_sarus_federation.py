@@ -23,12 +23,12 @@ from common.federation.plan import PlanError, SiteEntry, make_plan
 from common.federation.sarus_rounds import calibrate_federated, split_sigmas, tree_event
 from common.federation.wire import Purpose, RoundStartMsg, event_from_proto, event_to_proto
 from common.greedy_levels import sketch_candidates
-from common.randomness import InsecureTestRandomness, SecureRandomness
+from common.randomness import InsecureTestRandomness
 from common.sarus import clamped_score, leaf_value
 from common.secagg import RoundStart
 
 from .conftest import ROOT, abalone_with_ids
-from .test_greedy_federation import adult_with_ids
+from .test_greedy_federation import adult_with_ids, assert_shares_sum_to_full_noise, fail_rounds_after_inputs
 from .test_state_machines import SEED, SITES, Fed, _counts
 
 
@@ -224,24 +224,9 @@ def test_site_refuses_requests_off_the_released_sketch_and_charges_nothing(tmp_p
 
 
 def test_a_site_sends_each_stage_s_data_once_however_often_the_coordinator_retries(tmp_path):
-    from common.federation.wire import RoundMsg
-
     hp = sarus_hp(trees=2, depth=2)
     f = Fed(tmp_path, hp).start()
-    failures = {"left": 5}
-
-    def intercept(site, ev):  # rounds fail after every site sent its masked input
-        if isinstance(ev, RoundMsg) and failures["left"] > 0 and site != "hosp-a" and f.session.init is not None:
-            return False
-        return True
-
-    f.fed.intercept = intercept
-    while failures["left"] > 0:
-        before = f.session.rounds_failed
-        f.fed.run(until=lambda: f.session.rounds_failed > before)
-        failures["left"] -= 1
-    f.fed.intercept = None
-    f.fed.run()
+    fail_rounds_after_inputs(f, 5)  # rounds fail after every site sent its masked input
     assert f.session.exit_code == 0 and len(f.session.trees) == 2
     for s in SITES:
         rows = f.db(s).execute("SELECT kind, tree, level, SUM(with_data), COUNT(*) FROM contributions "
@@ -361,11 +346,7 @@ def test_summed_sketch_shares_have_the_full_sketch_noise():
     C = grid.count_units  # a record counts C units (fixed point): sensitivity √m·C
     assert full[0] == pytest.approx(C * cal.sigma_sketch * math.sqrt(grid.numeric.size) / math.sqrt(2), rel=1e-12)
     share = grid.sketch_noise_scales(cal.sigma_sketch, k)
-    rnd = SecureRandomness()
-    z = np.concatenate([sum(rnd.discrete_gaussian(share) for _ in range(k)) / full for _ in range(40)])
-    n = z.size
-    assert abs(z.mean()) <= 5 / math.sqrt(n)
-    assert abs(z.var() - 1.0) <= 5 * math.sqrt(2.0 / n)
+    assert_shares_sum_to_full_noise(share, full, k, vectors=40)
 
 
 # --------------------------------------------------------------------------- real processes
