@@ -99,13 +99,9 @@ class SarusSite:
         if start.vector_len != expected:
             return [Refusal(f"round {r}: vector length {start.vector_len}, expected {expected} for "
                             f"{ev.purpose.name}", r)]
-        if m.secagg.round_stage(r) is not None:  # answered before (e.g. before a restart): the stored input
-            with m.ledger.transaction():
-                try:
-                    masked = m.secagg.handle_round_start(start, None)
-                except (ProtocolAbort, InvalidMessage) as e:
-                    return [Refusal(f"round {r}: {e}", r)]
-            return [InputReply(ev.purpose, ev.tree, masked.to_bytes())]
+        replayed = m.replayed_input(ev, start)  # answered before (e.g. before a restart): the stored input
+        if replayed is not None:
+            return replayed
         kind, level = KIND[ev.purpose], (ev.level if ev.purpose == Purpose.LEVEL else None)
         present = self.subsample(ev.tree)
         attempts = m.ledger.attempts(kind, ev.tree, level)

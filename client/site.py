@@ -476,15 +476,9 @@ class SiteMachine:
         if start.vector_len != expected_len:
             return [Refusal(f"round {r}: vector length {start.vector_len}, expected {expected_len} for "
                             f"{ev.purpose.name}", r)]
-        if self.secagg.round_stage(r) is not None:
-            # Started before (e.g. before this process restarted): secagg answers with the stored masked
-            # input (already charged) or refuses a changed request.  Nothing new is computed or charged.
-            with self.ledger.transaction():
-                try:
-                    masked = self.secagg.handle_round_start(start, None)
-                except (ProtocolAbort, InvalidMessage) as e:
-                    return [Refusal(f"round {r}: {e}", r)]
-            return [InputReply(ev.purpose, ev.tree, masked.to_bytes())]
+        replayed = self.replayed_input(ev, start)
+        if replayed is not None:
+            return replayed
 
         c = None
         stored_init = new_retry_noise = None
@@ -593,6 +587,20 @@ class SiteMachine:
                 and np.array_equal(known_t, np.asarray(ev.thresholds[:known_f.size], np.float64))):
             return f"the request rewrites splits of tree {k} that were released before"
         return None
+
+    def replayed_input(self, ev, start) -> list | None:
+        """The answer to a round started before (e.g. before this process restarted): secagg answers with the
+        stored masked input (already charged) or refuses a changed request; nothing new is computed or charged.
+        None for a round this site has not started."""
+        r = start.round_id
+        if self.secagg.round_stage(r) is None:
+            return None
+        with self.ledger.transaction():
+            try:
+                masked = self.secagg.handle_round_start(start, None)
+            except (ProtocolAbort, InvalidMessage) as e:
+                return [Refusal(f"round {r}: {e}", r)]
+        return [InputReply(ev.purpose, ev.tree, masked.to_bytes())]
 
     def _level_input(self, ev: RoundStartMsg, start: RoundStart) -> tuple[np.ndarray, np.ndarray | None, bool]:
         """(level vector, noise share, carries data) for a checked level request (docs/greedy.md).
