@@ -198,6 +198,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
                        secagg_neighbours=args.neighbours if args.neighbours is not None else suggested_neighbours(len(sites)))
     elif args.neighbours is not None:
         raise CliError("--neighbours needs --secagg-graph sparse")
+    if args.secagg_fast_path != "auto":
+        session.update(secagg_fast_path=args.secagg_fast_path)
     if args.insecure_test_randomness is not None:
         session.update(randomness="insecure-test", test_seed=args.insecure_test_randomness,
                        test_noise=args.test_noise)
@@ -207,7 +209,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
                 "epsilon": plan.stated_epsilon, "threshold": plan.threshold, "dropout_slack": plan.dropout_slack,
                 "assumed_colluders": plan.assumed_colluders, "noise": plan.noise, "guarantee": plan.guarantee,
                 "sites": list(plan.site_ids), "seed": plan.hyperparameters.seed, "epsilon_eval": plan.eval_epsilon,
-                "secagg_graph": plan.secagg_graph, "neighbours": plan.secagg_neighbours or None},
+                "secagg_graph": plan.secagg_graph, "neighbours": plan.secagg_neighbours or None,
+                "secagg_fast_path": plan.secagg_fast_path},
          f"wrote {args.out}: {plan.n} sites, t = {plan.threshold}, c = {plan.assumed_colluders}, dropout slack "
          f"{plan.dropout_slack}, noise {plan.noise}, σ = {plan.stated_sigma:.6g}, ε = {plan.stated_epsilon:.6g}"
          + (f"\nfederated evaluation: ε_eval = {plan.eval_epsilon:g} on the sites' held-out files "
@@ -294,6 +297,10 @@ def register(sub) -> None:
                         "k neighbours of a public random graph per epoch, Bell et al.; for large consortia)")
     p.add_argument("--neighbours", type=int, metavar="K",
                    help="with --secagg-graph sparse: k, even and below n − 1 (default 2·⌈2·log2 n⌉)")
+    p.add_argument("--secagg-fast-path", choices=["auto", "always", "never"], default="auto",
+                   help="rounds in one message each way, without the consistency and unmask exchanges: auto "
+                        "(default: when the round tolerates no missing input anyway), always (any missing input "
+                        "fails the round; complete graph only) or never (docs/federation.md §10)")
     p.add_argument("--max-records", type=int, default=1_000_000,
                    help="public upper bound on the records of one site (fixed-point capacity check)")
     p.add_argument("--join-deadline", type=float, default=120.0, help="seconds to wait for the whole roster")

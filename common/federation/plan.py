@@ -19,6 +19,8 @@ A plan is a TOML file every party can read and hash::
     [secure_aggregation]          # optional; omitted = the complete graph (every site masks with every other)
     graph = "sparse"              # Bell et al.: each site masks with k neighbours of a public random graph
     neighbours = 32               # k (even, below n − 1; docs/secagg.md §10 says how to choose it)
+    fast_path = "auto"            # "auto" (default), "always" or "never": rounds without the consistency and
+                                  #   unmask exchanges (docs/federation.md §10 "Messages merged")
 
     [deadlines]                   # seconds
     join = 120                    # wait for the whole roster before starting with ≥ t sites
@@ -72,6 +74,7 @@ FORMAT = "fedsbdt-plan"
 VERSION = 1
 NOISE_MODES = ("distributed", "central")
 RANDOMNESS = ("secure", "insecure-test")
+FAST_PATHS = ("auto", "always", "never")  # [secure_aggregation] fast_path (Plan.fast_round)
 MAX_EPOCH_ROUNDS = 256
 #: Relative tolerance when a party compares the plan's stated σ and ε with its own accountant.
 PRIVACY_RTOL = 1e-6
@@ -178,6 +181,7 @@ class Plan:
     eval_residual_clip: float | None = None  # [evaluation] residual_clip: R of a regression evaluation
     secagg_graph: str = "complete"  # [secure_aggregation] graph: "complete" or "sparse" (common/secagg/graph.py)
     secagg_neighbours: int = 0  # [secure_aggregation] neighbours: k of the sparse graph
+    secagg_fast_path: str = "auto"  # [secure_aggregation] fast_path: "auto", "always" or "never" (FAST_PATHS)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sites", tuple(sorted(self.sites, key=lambda s: s.site_id)))
@@ -222,6 +226,12 @@ class Plan:
         k = self.secagg_neighbours
         if isinstance(k, bool) or not isinstance(k, int) or (self.secagg_graph == "complete" and k != 0):
             raise PlanError(f"secure_aggregation.neighbours = {k!r}: an even integer, and only with graph = \"sparse\"")
+        if self.secagg_fast_path not in FAST_PATHS:
+            raise PlanError(f"secure_aggregation.fast_path = {self.secagg_fast_path!r}: must be one of "
+                            f"{', '.join(FAST_PATHS)}")
+        if self.secagg_fast_path == "always" and self.secagg_graph == "sparse":
+            raise PlanError("secure_aggregation.fast_path = \"always\" needs the complete graph: fast rounds are "
+                            "refused on the sparse graph (use \"auto\" or \"never\")")
         if self.noise not in NOISE_MODES:
             raise PlanError(f"session.noise = {self.noise!r}: must be one of {', '.join(NOISE_MODES)}")
         if not 1 <= self.epoch_rounds <= MAX_EPOCH_ROUNDS:
@@ -361,7 +371,21 @@ class Plan:
                      f"with probability ≤ {lt.failure_bound:.2g}): no site's input is opened, but a coordinator that "
                      "lies about dropouts may unmask sums over parts of a round's survivors, so the σ² noise bound "
                      "holds only against a coordinator that follows the protocol (docs/secagg.md §10).")
+        if self.secagg_fast_path == "always":
+            text += (" Every round takes the fast path (fast_path = \"always\"): a round in which any participant's "
+                     "input is missing releases nothing and is retried.")
         return text
+
+    def fast_round(self, required_survivors: int, participants: int) -> bool:
+        """Whether a round with this many participants, of which ``required_survivors`` must send their input,
+        runs the fast secure-aggregation path (one message each way; docs/federation.md §10).
+
+        "auto": on the complete graph when the round tolerates no missing input anyway; "always": every
+        round (complete graph only); "never": no round.
+        """
+        if self.secagg_fast_path == "never" or self.secagg_graph != "complete":
+            return False
+        return self.secagg_fast_path == "always" or required_survivors >= participants
 
     @property
     def insecure(self) -> bool:
@@ -602,12 +626,17 @@ class Plan:
             "hyperparameters": {k: v for k, v in self.hyperparameters.to_dict().items() if v is not None},
             "schema": self.schema.to_dict(),
             "sites": [s.to_dict() for s in self.sites],
-        } | ({} if self.secagg_graph == "complete" else
-             {"secure_aggregation": {"graph": self.secagg_graph, "neighbours": self.secagg_neighbours}}) | (
+        } | ({} if not self._secagg_section() else {"secure_aggregation": self._secagg_section()}) | (
             {} if self.eval_epsilon is None else
              {"evaluation": {"epsilon": float(self.eval_epsilon), "bins": self.eval_bins}
               | ({} if self.eval_model_sha256 is None else {"model_sha256": self.eval_model_sha256})
               | ({} if self.eval_residual_clip is None else {"residual_clip": float(self.eval_residual_clip)})})
+
+    def _secagg_section(self) -> dict[str, Any]:
+        """[secure_aggregation] without its defaults (a plan that keeps them keeps its hash)."""
+        return ({} if self.secagg_graph == "complete" else {"graph": self.secagg_graph,
+                                                            "neighbours": self.secagg_neighbours}) | (
+            {} if self.secagg_fast_path == "auto" else {"fast_path": self.secagg_fast_path})
 
     def to_toml(self) -> str:
         from .toml_writer import dumps
@@ -702,9 +731,10 @@ class Plan:
             raise PlanError(f"{source}: [evaluation] takes epsilon (required), bins, residual_clip and model_sha256"
                             + (f"; unknown key(s) {', '.join(bad)}" if bad else ""))
         sa = section("secure_aggregation", required=False)
-        bad = sorted(set(sa) - {"graph", "neighbours"})
+        bad = sorted(set(sa) - {"graph", "neighbours", "fast_path"})
         if bad:
-            raise PlanError(f"{source}: [secure_aggregation] takes graph and neighbours; unknown key(s) {', '.join(bad)}")
+            raise PlanError(f"{source}: [secure_aggregation] takes graph, neighbours and fast_path; unknown key(s) "
+                            f"{', '.join(bad)}")
         try:
             return cls(
                 session_id=s["id"], schema=schema, hyperparameters=hp, sites=tuple(sites), threshold=s["threshold"],
@@ -718,6 +748,7 @@ class Plan:
                 eval_epsilon=ev.get("epsilon"), eval_bins=ev.get("bins", 20),
                 eval_model_sha256=ev.get("model_sha256"), eval_residual_clip=ev.get("residual_clip"),
                 secagg_graph=sa.get("graph", "complete"), secagg_neighbours=sa.get("neighbours", 0),
+                secagg_fast_path=sa.get("fast_path", "auto"),
             )
         except PlanError as e:
             raise PlanError(f"{source}: {e}") from None
