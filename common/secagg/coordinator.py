@@ -7,7 +7,9 @@ reused) and creates one state machine per epoch setup and per round:
   CollectingShareKeys → SetupComplete`` (or ``SetupAborted``);
 * :class:`CoordinatorRound` — stages ``CollectingInputs →
   CollectingSignatures → CollectingShares → RoundComplete`` (or
-  ``RoundFailed``).
+  ``RoundFailed``); a fast round is ``CollectingFastInputs → RoundComplete``
+  (one exchange: every participant's masked input and seed shares, finalized
+  only when all of P_r sent; docs/secagg.md §6).
 
 ``receive_*`` methods validate one site message and either record it or
 refuse it with :class:`~common.secagg.errors.InvalidMessage` (the site is then
@@ -28,6 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from itertools import filterfalse
 from operator import itemgetter
+from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -35,7 +38,7 @@ from ..fixedpoint import from_ring
 from . import shamir
 from .config import SessionConfig
 from .encoding import Reader, Writer
-from .errors import InvalidMessage, OutOfOrder, ProtocolAbort, SecAggError, StorageError
+from .errors import ConfigError, InvalidMessage, OutOfOrder, ProtocolAbort, SecAggError, StorageError
 from .messages import (
     CONSISTENCY_DOMAIN,
     KIND_KEY,
@@ -46,6 +49,8 @@ from .messages import (
     EpochAnnounce,
     EpochRoster,
     EpochShares,
+    FastMaskedInput,
+    FastRoundStart,
     MaskedInput,
     Message,
     RoundStart,
@@ -370,6 +375,40 @@ class RoundResult:
     blamed: tuple[str, ...] = ()
 
 
+def remove_masks(
+    masked: Iterable[np.ndarray],
+    vector_len: int,
+    self_seeds: Mapping[str, bytes],
+    dropped: Mapping[str, tuple[bytes, Sequence[tuple[str, bytes]]]],
+    *,
+    digest: bytes,
+    epoch: int,
+    round_id: int,
+) -> np.ndarray:
+    """The exact int64 sum over the survivors, from their masked inputs and the recovered secrets (§2).
+
+    ``Σ_{u∈U3} y_u − Σ_{v∈U3} PRG(k_self,v) − Σ_{w dropped} Σ_{v peers of w} sign(v,w)·PRG(k_vw)``
+    (mod 2^64), read as int64.  ``self_seeds`` maps every survivor v to its seed b_{v,r};
+    ``dropped`` maps each dropped site w to its recovered round mask key and the (site, mask public
+    key) pairs of the survivors it masked with (all of U3 on the complete graph, its surviving
+    neighbours on a sparse one, none in a fast round, where nobody dropped).  Pure: no state, no I/O.
+    """
+    d = vector_len
+    total = np.zeros(d, dtype=np.uint64)
+    for y in masked:
+        total += y
+    for v, seed in self_seeds.items():
+        total -= prg_expand(self_mask_key(seed, digest, epoch, round_id, v, d), d)
+    for w, (key, peers) in dropped.items():
+        for (v, _), s in zip(peers, x25519_agree_many(key, [pk for _, pk in peers])):
+            m = prg_expand(pair_mask_key(s, digest, epoch, round_id, v, w, d), d)
+            if v < w:  # v added +PRG(s_vw)
+                total -= m
+            else:
+                total += m
+    return from_ring(total).copy()
+
+
 class RoundStage:
     name = "round"
 
@@ -479,36 +518,17 @@ class CollectingShares(RoundStage):
         t = rnd.t
         if len(self.responses) < t:
             raise ProtocolAbort(f"round {rnd.round_id}: only {len(self.responses)} unmask responses, threshold is {t}")
-        ep, slot, r, d = rnd.epoch, rnd.slot, rnd.round_id, rnd.vector_len
-        digest = rnd.config.digest
+        ep, slot = rnd.epoch, rnd.slot
         holders = sorted(self.responses, key=rnd.config.x_coordinate)
         blamed: set[str] = set()
         seed_tab = {h: dict(self.responses[h].seed_shares) for h in holders}
         key_tab = {h: dict(self.responses[h].key_shares) for h in holders}
-
-        def seed_ok(dealer: str, secret: bytes) -> bool:
-            return commit_self_mask_seed(secret, digest, ep.epoch, slot, dealer) == ep.share_keys[dealer].commitments.seed_commitments[slot]
-
-        def key_ok(dealer: str, secret: bytes) -> bool:
-            return x25519_public(secret) == ep.mask_keys[dealer][slot]
-
-        seeds = rnd._recover(self.request.survivors, seed_tab, holders, KIND_SEED, seed_ok, blamed)
-        keys = rnd._recover(self.request.dropped, key_tab, holders, KIND_KEY, key_ok, blamed)
-
+        seeds = rnd._recover(self.request.survivors, seed_tab, holders, KIND_SEED, rnd.seed_matches, blamed)
+        keys = rnd._recover(self.request.dropped, key_tab, holders, KIND_KEY, rnd.key_matches, blamed)
         u3 = self.request.survivors
-        total = np.zeros(d, dtype=np.uint64)
-        for u in u3:
-            total += self.inputs[u].masked
-        for v in u3:
-            total -= prg_expand(self_mask_key(seeds[v], digest, ep.epoch, r, v, d), d)
-        for w in self.request.dropped:
-            for v, s in zip(u3, x25519_agree_many(keys[w], [ep.mask_keys[v][slot] for v in u3])):
-                m = prg_expand(pair_mask_key(s, digest, ep.epoch, r, v, w, d), d)
-                if v < w:  # v added +PRG(s_vw)
-                    total -= m
-                else:
-                    total += m
-        return RoundResult(ep.epoch, r, rnd.participants, u3, self.request.dropped, from_ring(total).copy(), tuple(sorted(blamed)))
+        peers = tuple((v, ep.mask_keys[v][slot]) for v in u3)
+        total = rnd.unmask([self.inputs[u].masked for u in u3], seeds, {w: (keys[w], peers) for w in self.request.dropped})
+        return RoundResult(ep.epoch, rnd.round_id, rnd.participants, u3, self.request.dropped, total, tuple(sorted(blamed)))
 
 
 @dataclass
@@ -528,18 +548,11 @@ class CollectingSharesOnGraph(CollectingShares):
     def finalize(self, rnd) -> RoundResult:
         g = rnd.epoch.graph
         tk = g.threshold
-        ep, slot, r, d = rnd.epoch, rnd.slot, rnd.round_id, rnd.vector_len
-        digest = rnd.config.digest
+        ep, slot, r = rnd.epoch, rnd.slot, rnd.round_id
         x = rnd.config.x_coordinate
         blamed: set[str] = set()
         seed_tab = {h: dict(m.seed_shares) for h, m in self.responses.items()}
         key_tab = {h: dict(m.key_shares) for h, m in self.responses.items()}
-
-        def seed_ok(dealer: str, secret: bytes) -> bool:
-            return commit_self_mask_seed(secret, digest, ep.epoch, slot, dealer) == ep.share_keys[dealer].commitments.seed_commitments[slot]
-
-        def key_ok(dealer: str, secret: bytes) -> bool:
-            return x25519_public(secret) == ep.mask_keys[dealer][slot]
 
         def recover(dealers, table, kind, check) -> dict[str, bytes]:
             out: dict[str, bytes] = {}
@@ -561,23 +574,53 @@ class CollectingSharesOnGraph(CollectingShares):
             return out
 
         u3, dropped = self.request.survivors, self.request.dropped
-        seeds = recover(u3, seed_tab, KIND_SEED, seed_ok)
-        keys = recover(dropped, key_tab, KIND_KEY, key_ok)
+        seeds = recover(u3, seed_tab, KIND_SEED, rnd.seed_matches)
+        keys = recover(dropped, key_tab, KIND_KEY, rnd.key_matches)
         alive = set(u3)
-        total = np.zeros(d, dtype=np.uint64)
-        for u in u3:
-            total += self.inputs[u].masked
-        for v in u3:
-            total -= prg_expand(self_mask_key(seeds[v], digest, ep.epoch, r, v, d), d)
-        for w in dropped:
-            peers = [v for v in g.neighbours(w) if v in alive]
-            for v, s in zip(peers, x25519_agree_many(keys[w], [ep.mask_keys[v][slot] for v in peers])):
-                m = prg_expand(pair_mask_key(s, digest, ep.epoch, r, v, w, d), d)
-                if v < w:  # v added +PRG(s_vw)
-                    total -= m
-                else:
-                    total += m
-        return RoundResult(ep.epoch, r, rnd.participants, u3, dropped, from_ring(total).copy(), tuple(sorted(blamed)))
+        total = rnd.unmask(
+            [self.inputs[u].masked for u in u3], seeds,
+            {w: (keys[w], tuple((v, ep.mask_keys[v][slot]) for v in g.neighbours(w) if v in alive)) for w in dropped},
+        )
+        return RoundResult(ep.epoch, r, rnd.participants, u3, dropped, total, tuple(sorted(blamed)))
+
+
+@dataclass
+class CollectingFastInputs(RoundStage):
+    """The only stage of a fast round: each participant's masked input with its seed shares of all of P_r."""
+
+    inputs: dict[str, FastMaskedInput] = field(default_factory=dict)
+    name = "collecting-fast-inputs"
+
+    def receive(self, rnd, msg):
+        if not isinstance(msg, FastMaskedInput):
+            return super().receive(rnd, msg)
+        rnd._check_common(msg)
+        r = rnd.round_id
+        if msg.sender not in rnd.participants:
+            raise InvalidMessage(f"round {r}: fast input from non-participant {msg.sender!r}")
+        if msg.masked.shape[0] != rnd.vector_len:
+            raise InvalidMessage(
+                f"round {r}: masked input of {msg.sender!r} has length {msg.masked.shape[0]}, expected {rnd.vector_len}"
+            )
+        if tuple(map(itemgetter(0), msg.seed_shares)) != rnd.participants:
+            raise InvalidMessage(f"round {r}: {msg.sender!r} must send seed shares for exactly the participants")
+        prev = self.inputs.get(msg.sender)
+        if prev is not None and prev != msg:
+            raise InvalidMessage(f"round {r}: {msg.sender!r} sent two different fast inputs")
+        self.inputs[msg.sender] = msg
+
+    def finalize(self, rnd) -> RoundResult:
+        p, r = rnd.participants, rnd.round_id
+        missing = list(filterfalse(self.inputs.__contains__, p))
+        if missing:  # nobody may drop in a fast round: without their inputs the self-masks would not cancel
+            raise ProtocolAbort(f"round {r}: fast round without the inputs of {missing}; nothing is released "
+                                "(retry in a new round)")
+        holders = sorted(p, key=rnd.config.x_coordinate)
+        blamed: set[str] = set()
+        seed_tab = {h: dict(self.inputs[h].seed_shares) for h in holders}
+        seeds = rnd._recover(p, seed_tab, holders, KIND_SEED, rnd.seed_matches, blamed)
+        total = rnd.unmask([self.inputs[u].masked for u in p], seeds, {})
+        return RoundResult(rnd.epoch.epoch, r, p, p, (), total, tuple(sorted(blamed)))
 
 
 @dataclass
@@ -604,7 +647,12 @@ class CoordinatorRound:
         self.participants = start.participants
         self.slot = epoch.slot(start.round_id)
         self.t = config.threshold
-        self.stage: RoundStage = CollectingInputs()
+        self.stage: RoundStage = CollectingFastInputs() if start.fast else CollectingInputs()
+
+    @property
+    def fast(self) -> bool:
+        """True for a fast round (one exchange; finalize needs every participant's input)."""
+        return self.start.fast
 
     # ---------------------------------------------------------------- incoming
     def receive(self, message: Message | bytes) -> None:
@@ -626,9 +674,13 @@ class CoordinatorRound:
         return self._advance(CollectingSignatures, "close consistency")
 
     def finalize(self) -> RoundResult:
-        """Reconstruct, unmask and return the exact sum over U3 (needs ≥ t unmask responses)."""
+        """Reconstruct, unmask and return the exact sum over U3 (needs ≥ t unmask responses).
+
+        In a fast round: straight from the inputs, the exact sum over P_r; ProtocolAbort naming the
+        missing sites unless every participant sent its input.
+        """
         st = self.stage
-        if not isinstance(st, CollectingShares):
+        if not isinstance(st, (CollectingShares, CollectingFastInputs)):
             raise OutOfOrder(f"cannot finalize in round stage {st.name}")
         try:
             result = st.finalize(self)
@@ -646,7 +698,7 @@ class CoordinatorRound:
     @property
     def survivors(self) -> tuple[str, ...]:
         st = self.stage
-        if isinstance(st, CollectingInputs):
+        if isinstance(st, (CollectingInputs, CollectingFastInputs)):
             return tuple(sorted(st.inputs))
         req = getattr(st, "request", None)
         if isinstance(req, ConsistencyRequest):
@@ -660,7 +712,7 @@ class CoordinatorRound:
     def awaiting(self) -> tuple[str, ...]:
         """Sites whose message the current stage still waits for."""
         st = self.stage  # (filterfalse: called after every message, so O(n) per call stays in C)
-        if isinstance(st, CollectingInputs):
+        if isinstance(st, (CollectingInputs, CollectingFastInputs)):
             return tuple(filterfalse(st.inputs.__contains__, self.participants))
         if isinstance(st, CollectingSignatures):
             return tuple(filterfalse(st.signatures.__contains__, st.request.survivors))
@@ -679,6 +731,21 @@ class CoordinatorRound:
             self.stage = RoundFailed(str(exc))
             raise
         return out
+
+    def seed_matches(self, dealer: str, secret: bytes) -> bool:
+        """Does ``secret`` open the dealer's signed commitment to its self-mask seed of this round?"""
+        ep, slot = self.epoch, self.slot
+        return commit_self_mask_seed(secret, self.config.digest, ep.epoch, slot, dealer) == \
+            ep.share_keys[dealer].commitments.seed_commitments[slot]
+
+    def key_matches(self, dealer: str, secret: bytes) -> bool:
+        """Is ``secret`` the private key of the dealer's advertised mask key of this round?"""
+        return x25519_public(secret) == self.epoch.mask_keys[dealer][self.slot]
+
+    def unmask(self, masked, self_seeds, dropped) -> np.ndarray:
+        """:func:`remove_masks` with this round's context."""
+        return remove_masks(masked, self.vector_len, self_seeds, dropped,
+                            digest=self.config.digest, epoch=self.epoch.epoch, round_id=self.round_id)
 
     def _check_common(self, msg) -> None:
         _check_digest(self.config, msg)
@@ -822,15 +889,19 @@ class SecAggCoordinator:
 
     # ---------------------------------------------------------------- rounds
     def begin_round(
-        self, vector_len: int, participants: tuple[str, ...] | list[str] | None = None
+        self, vector_len: int, participants: tuple[str, ...] | list[str] | None = None, *, fast: bool = False
     ) -> tuple[CoordinatorRound, RoundStart]:
         """Allocate the next round id (next free slot of the earliest ready epoch) and start a round.
 
         ``participants`` defaults to the epoch's dealers (A2) minus excluded sites.
         A round that fails is retried by calling this again: it gets a new id.
+        ``fast=True`` starts a fast round (a :class:`FastRoundStart`: one exchange, every participant's
+        input needed; docs/secagg.md §6); refused with ConfigError on a sparse graph.
         """
         if not 1 <= vector_len <= self.config.max_vector_len:
             raise SecAggError(f"vector_len must be in [1, {self.config.max_vector_len}]")
+        if fast and self.config.sparse:
+            raise ConfigError("fast rounds are not allowed on a sparse graph (docs/secagg.md §10); use fast=False")
         nxt = self._meta.next_round
         candidates = [ep for ep in self._epochs.values() if ep.announce.last_round >= nxt]
         if not candidates:
@@ -852,7 +923,7 @@ class SecAggCoordinator:
             del self._epochs[e]
             if self._storage is not None:
                 self._storage.delete(f"coordinator/epoch/{e:020d}")
-        start = RoundStart(self.config.digest, ep.epoch, round_id, vector_len, participants)
+        start = (FastRoundStart if fast else RoundStart)(self.config.digest, ep.epoch, round_id, vector_len, participants)
         return CoordinatorRound(self.config, ep, start), start
 
     def _set_meta(self, meta: _Meta) -> None:

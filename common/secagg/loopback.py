@@ -118,14 +118,22 @@ class LoopbackFederation:
         drop_before_consistency: Iterable[str] = (),
         drop_before_unmask: Iterable[str] = (),
         noise: Mapping[str, np.ndarray] | None = None,
+        fast: bool = False,
     ) -> RoundResult:
-        """One round; returns the coordinator's result (raises ProtocolAbort if < t remain)."""
-        rnd, start = self.coordinator.begin_round(vector_len, None if participants is None else tuple(participants))
+        """One round; returns the coordinator's result (raises ProtocolAbort if < t remain).
+
+        ``fast=True`` runs a fast round (one exchange): it raises ProtocolAbort if any participant is in
+        ``drop_before_input``; the later drop sets do not apply (there are no later stages).
+        """
+        rnd, start = self.coordinator.begin_round(
+            vector_len, None if participants is None else tuple(participants), fast=fast)
         self.last_round = rnd
         gone = set(drop_before_input)
         for s in start.participants:
             if s not in gone:
                 rnd.receive(self.to_site(s, start, inputs[s], None if noise is None else noise.get(s)))
+        if fast:
+            return rnd.finalize()
         creq = rnd.close_inputs()
         gone |= set(drop_before_consistency)
         for s in creq.survivors:

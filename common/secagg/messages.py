@@ -24,6 +24,9 @@ Message flow (C = coordinator, S = site); one epoch prepares ``E`` rounds::
     S→C  ConsistencySignature signed (session, epoch, round, d, P_r, U3)
     C→S  UnmaskRequest        U3, dropped = P_r \\ U3, ≥ t signatures on U3
     S→C  UnmaskResponse       shares of b_v for v ∈ U3, of mask keys of v ∈ dropped
+    --- or, a fast round (nobody may drop; docs/secagg.md §6 "Fast rounds") ---
+    C→S  FastRoundStart       a RoundStart marked fast (its own type tag)
+    S→C  FastMaskedInput      y_u and the sender's shares of b_v for every v ∈ P_r
 """
 from __future__ import annotations
 
@@ -531,6 +534,8 @@ class RoundStart(Message):
     """C→S: run round ``round_id`` (a slot of ``epoch``) over ``participants`` with vectors of ``vector_len``."""
 
     TAG: ClassVar[int] = 6
+    #: True for :class:`FastRoundStart` (one exchange: inputs and seed shares together, nothing signed)
+    fast: ClassVar[bool] = False
     session_digest: bytes
     epoch: int
     round_id: int
@@ -552,6 +557,16 @@ class RoundStart(Message):
         return cls(r.raw(KEY_SIZE, "session digest"), r.u64("epoch"), r.u64("round"), r.u32("vector length"), r.ids("participants"))
 
 
+def _frozen_ring(m: object) -> np.ndarray:
+    """A read-only copy of a masked vector after checking it is a 1-D uint64 vector of allowed length."""
+    if not isinstance(m, np.ndarray) or m.dtype != np.uint64 or m.ndim != 1:
+        raise InvalidMessage("masked input must be a 1-D numpy uint64 vector")
+    check_int(m.shape[0], 1, MAX_VECTOR_LEN, "masked vector length")
+    m = m.copy()
+    m.setflags(write=False)
+    return m
+
+
 @dataclass(frozen=True, eq=False)
 class MaskedInput(Message):
     """S→C: the masked vector ``y_u`` (ring elements, uint64)."""
@@ -568,13 +583,7 @@ class MaskedInput(Message):
         _id(self.epoch, "epoch id")
         _id(self.round_id, "round id")
         check_site_id(self.sender, "sender")
-        m = self.masked
-        if not isinstance(m, np.ndarray) or m.dtype != np.uint64 or m.ndim != 1:
-            raise InvalidMessage("masked input must be a 1-D numpy uint64 vector")
-        check_int(m.shape[0], 1, MAX_VECTOR_LEN, "masked vector length")
-        m = m.copy()
-        m.setflags(write=False)
-        object.__setattr__(self, "masked", m)
+        object.__setattr__(self, "masked", _frozen_ring(self.masked))
 
     def _write(self, w: Writer) -> None:
         w.raw(self.session_digest).u64(self.epoch).u64(self.round_id).text(self.sender).ring(self.masked)
@@ -721,6 +730,18 @@ def _check_shares(entries: tuple, what: str) -> tuple:
 _PRIME_BYTES = PRIME.to_bytes(SHARE_SIZE, "big")
 
 
+def _write_shares(w: Writer, entries: tuple[tuple[str, bytes], ...]) -> None:
+    """A count-prefixed list of (dealer, 33-byte share) pairs (UnmaskResponse, FastMaskedInput)."""
+    w.u32(len(entries))
+    for d, s in entries:
+        w.text(d).raw(s)
+
+
+def _read_shares(r: Reader, what: str) -> tuple[tuple[str, bytes], ...]:
+    """Inverse of :func:`_write_shares`: count checked against MAX_SITES, pairs read in bulk."""
+    return r.id_fields(r.count(what, MAX_SITES), "dealer", SHARE_SIZE, "share")
+
+
 @dataclass(frozen=True, eq=False)
 class UnmaskResponse(Message):
     """S→C: the sender's shares of b_{v,r} for survivors and of the mask key of dropped sites."""
@@ -746,21 +767,63 @@ class UnmaskResponse(Message):
 
     def _write(self, w: Writer) -> None:
         w.raw(self.session_digest).u64(self.epoch).u64(self.round_id).text(self.sender)
-        for entries in (self.seed_shares, self.key_shares):
-            w.u32(len(entries))
-            for d, s in entries:
-                w.text(d).raw(s)
+        _write_shares(w, self.seed_shares)
+        _write_shares(w, self.key_shares)
 
     @classmethod
     def _read(cls, r: Reader) -> "UnmaskResponse":
         digest = r.raw(KEY_SIZE, "session digest")
         epoch, rnd = r.u64("epoch"), r.u64("round")
         sender = r.site_id("sender")
-        lists = []
-        for what in ("seed shares", "mask-key shares"):
-            n = r.count(what, MAX_SITES)
-            lists.append(r.id_fields(n, "dealer", SHARE_SIZE, "share"))
-        return cls(digest, epoch, rnd, sender, lists[0], lists[1])
+        return cls(digest, epoch, rnd, sender, _read_shares(r, "seed shares"), _read_shares(r, "mask-key shares"))
+
+
+# =========================================================================== fast rounds
+
+@dataclass(frozen=True, eq=False)
+class FastRoundStart(RoundStart):
+    """C→S: a :class:`RoundStart` marked fast (its own type tag, so slow rounds keep their encodings).
+
+    Each participant answers with one :class:`FastMaskedInput` (its masked input *and* its shares of the
+    self-mask seeds of all of P_r) and from then on refuses the round's consistency and unmask requests;
+    the coordinator can unmask only if every participant's input arrives (docs/secagg.md §6).
+    """
+
+    TAG: ClassVar[int] = 12
+    fast: ClassVar[bool] = True
+
+
+@dataclass(frozen=True, eq=False)
+class FastMaskedInput(Message):
+    """S→C: the answer to a :class:`FastRoundStart`: ``y_u`` and the sender's shares of b_{v,r} for every
+    v ∈ P_r (itself included), sorted by dealer.  No mask-key share is ever part of it."""
+
+    TAG: ClassVar[int] = 13
+    session_digest: bytes
+    epoch: int
+    round_id: int
+    sender: str
+    masked: np.ndarray
+    seed_shares: tuple[tuple[str, bytes], ...]
+
+    def __post_init__(self) -> None:
+        _digest(self.session_digest, "session digest")
+        _id(self.epoch, "epoch id")
+        _id(self.round_id, "round id")
+        check_site_id(self.sender, "sender")
+        object.__setattr__(self, "masked", _frozen_ring(self.masked))
+        object.__setattr__(self, "seed_shares", _check_shares(self.seed_shares, "seed shares"))
+
+    def _write(self, w: Writer) -> None:
+        w.raw(self.session_digest).u64(self.epoch).u64(self.round_id).text(self.sender).ring(self.masked)
+        _write_shares(w, self.seed_shares)
+
+    @classmethod
+    def _read(cls, r: Reader) -> "FastMaskedInput":
+        digest = r.raw(KEY_SIZE, "session digest")
+        epoch, rnd = r.u64("epoch"), r.u64("round")
+        sender = r.site_id("sender")
+        return cls(digest, epoch, rnd, sender, r.ring("masked vector"), _read_shares(r, "seed shares"))
 
 
 __all__ = [
@@ -774,6 +837,8 @@ __all__ = [
     "EpochAnnounce",
     "EpochRoster",
     "EpochShares",
+    "FastMaskedInput",
+    "FastRoundStart",
     "MaskedInput",
     "Message",
     "RoundStart",

@@ -11,7 +11,9 @@ key                      content
 ``epoch/<e>/shared``     the EpochRoster answered, the ShareKeys sent, this site's
                          shares of its own secrets
 ``epoch/<e>/ready``      the dealers A2 and every share received from them
-``round/<r>/input``      the RoundStart accepted and the MaskedInput sent
+``round/<r>/input``      the RoundStart accepted and the MaskedInput sent; in a fast
+                         round the FastRoundStart and the FastMaskedInput (seed shares
+                         included): this one write is also "round r was answered fast"
 ``round/<r>/signed``     the ConsistencyRequest accepted and the signature sent
 ``round/<r>/revealed``   the UnmaskRequest accepted and the UnmaskResponse sent
 =======================  ==========================================================
@@ -32,6 +34,7 @@ from .messages import (
     ConsistencySignature,
     EpochAnnounce,
     EpochRoster,
+    FastMaskedInput,
     MaskedInput,
     RoundStart,
     ShareKeys,
@@ -181,7 +184,8 @@ class EpochReadyRecord:
         return _decode(cls, "epoch ready", data)
 
 
-def _pair_record(first_cls, second_cls, what: str):
+def _pair_record(first_cls, second_cls, what: str, check=None):
+    """A record of one request and the reply sent; ``check(request, response)`` may refuse a pairing."""
     @dataclass(frozen=True)
     class _Pair:
         request: first_cls  # type: ignore[valid-type]
@@ -192,7 +196,10 @@ def _pair_record(first_cls, second_cls, what: str):
 
         @classmethod
         def _read(cls, r: Reader):
-            return cls(_msg(r, first_cls, "request"), _msg(r, second_cls, "response"))
+            out = cls(_msg(r, first_cls, "request"), _msg(r, second_cls, "response"))
+            if check is not None and not check(out.request, out.response):
+                raise InvalidMessage(f"{what}: the stored reply does not answer the stored request")
+            return out
 
         @classmethod
         def from_bytes(cls, data: bytes):
@@ -202,6 +209,13 @@ def _pair_record(first_cls, second_cls, what: str):
     return _Pair
 
 
-RoundInputRecord = _pair_record(RoundStart, MaskedInput, "round input")
+def _answers(start: RoundStart, sent) -> bool:
+    """A fast RoundStart is answered by a FastMaskedInput, any other by a MaskedInput."""
+    return start.fast == isinstance(sent, FastMaskedInput)
+
+
+#: ``response`` is a FastMaskedInput exactly when ``request.fast``: the record then also says
+#: "round r was answered fast" (same write, so no crash can separate the two facts).
+RoundInputRecord = _pair_record(RoundStart, (MaskedInput, FastMaskedInput), "round input", _answers)
 RoundSignedRecord = _pair_record(ConsistencyRequest, ConsistencySignature, "round signed")
 RoundRevealedRecord = _pair_record(UnmaskRequest, UnmaskResponse, "round revealed")

@@ -3,7 +3,8 @@
 A :class:`SecAggSite` is the object a site daemon owns for one session.  It
 holds one state machine per epoch and one per round; each machine is a small
 stage object (``EpochAdvertised → EpochSharesSent → EpochReady``;
-``RoundInputSent → RoundSigned → RoundRevealed``, plus ``…Aborted``).  Stage
+``RoundInputSent → RoundSigned → RoundRevealed``, or in a fast round the
+single ``RoundAnsweredFast``, plus ``…Aborted``).  Stage
 methods validate an incoming message completely and return the next stage,
 the outgoing message and the record to persist; the facade writes the record
 to storage *before* switching stage and handing the message back.  So:
@@ -46,6 +47,8 @@ from .messages import (
     EpochAnnounce,
     EpochRoster,
     EpochShares,
+    FastMaskedInput,
+    FastRoundStart,
     MaskedInput,
     Message,
     RoundStart,
@@ -107,6 +110,8 @@ class SiteContext:
     #: optional caller policy: the smallest survivor set |U3| this site signs in a round, as a pure
     #: function of the round's RoundStart (e.g. the federation's k_r + c noise rule); never below t
     min_survivors: Callable[[RoundStart], int] | None = None
+    #: whether this site answers a fast RoundStart (one exchange, nothing signed; docs/secagg.md §6)
+    allow_fast: bool = True
 
     @property
     def digest(self) -> bytes:
@@ -386,6 +391,13 @@ class EpochReady(EpochStage):
                 acc -= m
         return MaskedInput(digest, epoch, r, me, acc)
 
+    def fast_input(self, ctx: SiteContext, start: RoundStart, value: np.ndarray) -> FastMaskedInput:
+        """The answer to a fast RoundStart: y_u as in :meth:`masked_input` plus this site's shares of the
+        self-mask seeds b_{v,r} of every v ∈ P_r (never a mask-key share)."""
+        y = self.masked_input(ctx, start, value)
+        seeds, _ = self.reveal(start.round_id, start.participants, ())
+        return FastMaskedInput(y.session_digest, y.epoch, y.round_id, y.sender, y.masked, seeds)
+
     def reveal(self, round_id: int, survivors: tuple[str, ...], dropped: tuple[str, ...]):
         """This site's shares: seed shares of survivors, mask-key shares of dropped sites — never both."""
         if set(survivors) & set(dropped):
@@ -568,6 +580,29 @@ class RoundRevealed(RoundStage):
 
 
 @dataclass
+class RoundAnsweredFast(RoundStage):
+    """Terminal: the round was answered fast (masked input and seed shares of all of P_r in one message).
+
+    The site signs nothing and reveals nothing more for this round: any ConsistencyRequest or
+    UnmaskRequest is evidence of a coordinator mixing the two paths, and aborts the round here.
+    """
+
+    start: RoundStart
+    sent: FastMaskedInput
+    name = "answered-fast"
+
+    def _refuse(self, what: str):
+        raise ProtocolAbort(f"round {self.start.round_id} was answered fast: refusing a {what} for it "
+                            "(the fast path signs nothing and reveals no mask-key share)")
+
+    def on_consistency(self, ctx, epoch, msg):
+        self._refuse("ConsistencyRequest")
+
+    def on_unmask(self, ctx, epoch, msg):
+        self._refuse("UnmaskRequest")
+
+
+@dataclass
 class RoundAborted(RoundStage):
     """Terminal: this site reveals nothing more for the round."""
 
@@ -594,8 +629,11 @@ class SecAggSite:
         storage: durable storage (see ``storage.py``); state is restored from it on construction.
         randbytes: source of secure randomness; ``os.urandom`` unless testing.
         min_survivors: optional policy ``RoundStart -> int``: the site refuses (ProtocolAbort, the
-            round is aborted at this site) to sign a survivor set smaller than this.  It must be a pure
+            round is aborted at this site) to sign a survivor set smaller than this, and to answer a
+            fast RoundStart whose participant set P_r is smaller than this.  It must be a pure
             function of public data so that a restarted site applies the same rule.
+        allow_fast: whether to answer a :class:`FastRoundStart`; with False it is refused
+            (ProtocolAbort) and the coordinator retries the round on the signed path.
 
     Each ``handle_*`` method validates one incoming message and returns the
     reply to send (or ``None``).  Replies are persisted before they are
@@ -610,13 +648,14 @@ class SecAggSite:
         storage: Storage,
         randbytes: Callable[[int], bytes] = os.urandom,
         min_survivors: Callable[[RoundStart], int] | None = None,
+        allow_fast: bool = True,
     ) -> None:
         if not config.in_roster(site_id):
             raise SecAggError(f"site {site_id!r} is not in the session roster")
         pinned = config.roster[config.x_coordinate(site_id) - 1].public_key
         if ed25519_public(identity_key) != pinned:
             raise SecAggError(f"identity key of {site_id!r} does not match the pinned key in the roster")
-        self.ctx = SiteContext(config, site_id, identity_key, randbytes, min_survivors)
+        self.ctx = SiteContext(config, site_id, identity_key, randbytes, min_survivors, bool(allow_fast))
         self._storage = storage
         self._epochs: dict[int, EpochStage] = {}
         self._rounds: dict[int, RoundStage] = {}
@@ -638,7 +677,7 @@ class SecAggSite:
         return st.name if st else None
 
     def round_stage(self, round_id: int) -> str | None:
-        """Stage name of a round (``input-sent``, ``signed``, ``revealed``, ``aborted``) or None."""
+        """Stage name of a round (``input-sent``, ``signed``, ``revealed``, ``answered-fast``, ``aborted``) or None."""
         st = self._rounds.get(round_id)
         return st.name if st else None
 
@@ -730,8 +769,13 @@ class SecAggSite:
     # ------------------------------------------------------------------ rounds
     def handle_round_start(
         self, msg: RoundStart, value: np.ndarray | None, noise: np.ndarray | None = None
-    ) -> MaskedInput:
+    ) -> MaskedInput | FastMaskedInput:
         """Mask ``value`` (+ ``noise``) for round ``msg.round_id`` and return the MaskedInput.
+
+        A fast RoundStart (``msg.fast``) is answered with a FastMaskedInput that also carries this site's
+        shares of the self-mask seeds of all of P_r; the round is then closed at this site (it signs and
+        reveals nothing more for it).  It is refused (ProtocolAbort, persisted) when ``allow_fast`` is
+        off, on a sparse graph, or when |P_r| is below ``min_survivors(msg)``.
 
         ``value`` and ``noise`` are int64 vectors of length ``msg.vector_len``
         (fixed-point units); floats are refused.  If this round was already
@@ -770,6 +814,8 @@ class SecAggSite:
         elif epoch.graph is not None and len(epoch.in_view(ctx.site_id, p)) < epoch.graph.threshold:
             problem = (f"round {r}: only {len(epoch.in_view(ctx.site_id, p))} participants in this site's neighbourhood, "
                        f"local threshold is {epoch.graph.threshold}: its secrets could not be recovered")
+        elif msg.fast:
+            problem = self._fast_problem(msg, epoch)
         if problem is not None:
             self._abort_round(r, problem)
             raise ProtocolAbort(problem)
@@ -777,10 +823,11 @@ class SecAggSite:
         ring = to_ring(x).copy()
         if noise is not None:
             ring += to_ring(self._check_value(noise, msg.vector_len, "noise"))
-        sent = epoch.masked_input(ctx, msg, ring)
+        sent = (epoch.fast_input if msg.fast else epoch.masked_input)(ctx, msg, ring)
+        # one write: the input record of a fast round is also the persisted "answered fast"
         self._put(round_key(r, "input"), RoundInputRecord(msg, sent).to_bytes())
         self._set_watermark(Watermark(self._wm.max_epoch, self._wm.max_last_round, r))
-        self._rounds[r] = RoundInputSent(msg, sent)
+        self._rounds[r] = RoundAnsweredFast(msg, sent) if msg.fast else RoundInputSent(msg, sent)
         self._prune(r)
         return sent
 
@@ -791,6 +838,20 @@ class SecAggSite:
     def handle_unmask_request(self, msg: UnmaskRequest) -> UnmaskResponse:
         """Check ≥ t signatures on the signed U3; reveal seed shares (U3) or key shares (dropped)."""
         return self._round_step(msg, "on_unmask", "revealed")
+
+    def _fast_problem(self, msg: RoundStart, epoch: EpochReady) -> str | None:
+        """Why this site will not answer the fast RoundStart ``msg`` (None: it will)."""
+        ctx, r = self.ctx, msg.round_id
+        if not ctx.allow_fast:
+            return f"round {r}: fast rounds are disabled by this site's plan"
+        if epoch.graph is not None:
+            return f"round {r}: fast rounds are not allowed on a sparse graph (docs/secagg.md §10)"
+        if ctx.min_survivors is not None:
+            need = int(ctx.min_survivors(msg))
+            if len(msg.participants) < need:
+                return (f"round {r}: a fast round over {len(msg.participants)} participants; this site releases "
+                        f"only sums over at least {need} sites here")
+        return None
 
     # ------------------------------------------------------------------ internals
     def _round_step(self, msg, method: str, part: str):
@@ -909,7 +970,11 @@ class SecAggSite:
                 raise StorageError(f"stored round {r} has no input record")
             inp = RoundInputRecord.from_bytes(parts["input"])
             rstage: RoundStage = RoundInputSent(inp.request, inp.response)
-            if "signed" in parts:
+            if inp.request.fast:
+                if "signed" in parts or "revealed" in parts:
+                    raise StorageError(f"stored round {r} was answered fast but also has signed/revealed records")
+                rstage = RoundAnsweredFast(inp.request, inp.response)
+            elif "signed" in parts:
                 sig = RoundSignedRecord.from_bytes(parts["signed"])
                 rstage = RoundSigned(inp.request, inp.response, sig.request, sig.response)
                 if "revealed" in parts:
