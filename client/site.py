@@ -287,7 +287,8 @@ class SiteMachine:
         self.ledger.ensure_records(ds.ids)
         self.local.spent = self.ledger.spent_for(ds.ids)
         self.secagg = SecAggSite(plan.secagg_config(), self.site_id, self.identity_key, self.ledger.storage,
-                                 min_survivors=self._min_survivors if plan.noise == "distributed" else None)
+                                 min_survivors=self._min_survivors if plan.noise == "distributed" else None,
+                                 allow_fast=plan.secagg_fast_path != "never" and plan.secagg_graph == "complete")
         self.randomness = randomness
         self.cal = cal
         self.table = filter_for(hp, cal)

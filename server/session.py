@@ -14,7 +14,13 @@ Stages (one class each, explicit transitions)::
     Running has two sub-machines that run side by side:
     epochs:   NoSetup ──▶ Advertising ──▶ Sharing ──▶ NoSetup      (prepare epoch k+1 while k runs)
     rounds:   Between ──▶ CollectingInputs ──▶ CollectingSignatures ──▶ CollectingShares ──▶ Between
-                               (any stage: < t left, ProtocolAbort) ──▶ Between (retry in a new slot)
+                               │   (any stage: < t left, ProtocolAbort) ──▶ Between (retry in a new slot)
+                               └──(fast round: every input, with its seed shares, arrived)──▶ Between
+
+A round is *fast* (plan ``[secure_aggregation] fast_path``, :meth:`Plan.fast_round`) when it tolerates
+no missing input anyway: each site's one reply carries its masked input and its self-mask seed
+shares, and the inputs stage closes straight into the release (2n messages instead of 6n); a
+missing participant fails the round like any other failed round (docs/federation.md §7, §10).
 
 Work items, in order: the initial-score round (if ``init_share > 0``), then
 trees 0 … T_regular + T_extra − 1, then (plan ``[evaluation]``) one evaluation
@@ -47,6 +53,7 @@ from common.multiclass import init_vector_len, round_vector_len
 from common.secagg import (
     AdvertiseKeys,
     ConsistencySignature,
+    FastMaskedInput,
     MaskedInput,
     ProtocolAbort,
     SecAggCoordinator,
@@ -334,7 +341,7 @@ class Session:
             detail = f"epochs: {self.pipeline.name}; round: {self.phase.name}"
             w = getattr(self.phase, "work", None)
             if w is not None:
-                detail += f" ({w}, round {self.phase.rnd.round_id})"
+                detail += f" ({w}, round {self.phase.rnd.round_id}{', fast' if self.phase.rnd.fast else ''})"
         return {
             "stage": st.name, "plan_sha256": self.plan.sha256, "trees_released": len(self.trees),
             "trees_total": self.total_trees, "rounds_failed": self.rounds_failed,
@@ -459,8 +466,9 @@ class Session:
         return self._advance(now)
 
     def submit_input(self, site_id: str, purpose: Purpose, tree: int, data: bytes, now: float) -> list[Outgoing]:
-        msg = self._decode(site_id, data, (MaskedInput,))
         ph = self.phase
+        fast = isinstance(ph, CollectingInputs) and ph.rnd.fast  # the reply carries the seed shares too
+        msg = self._decode(site_id, data, (FastMaskedInput,) if fast else (MaskedInput,))
         if not isinstance(ph, CollectingInputs) or (purpose, tree if purpose != Purpose.INIT_SCORE else 0) != \
                 (ph.work.purpose, ph.work.tree):
             raise Rejected(f"no round for {Work(purpose, tree)} is collecting inputs now")
@@ -668,7 +676,7 @@ class Session:
         if log.isEnabledFor(logging.DEBUG):
             log.debug(f"round {ph.rnd.round_id}: closing {ph.name}", extra={"event": "stage_closed", "at": now})
         try:
-            if isinstance(ph, CollectingInputs):
+            if isinstance(ph, CollectingInputs) and not ph.rnd.fast:
                 need = self._min_survivors(ph)
                 got = len(ph.rnd.survivors)
                 if got < need:  # every honest site would refuse to sign U3: do not ask, retry in a new slot
@@ -689,7 +697,7 @@ class Session:
                 for s, _ in req.signatures:
                     out.append((s, msg))
                 self.phase = CollectingShares(ph.rnd, ph.work, req, now + self.plan.deadlines.stage)
-            else:
+            else:  # the shares, or a fast round's inputs (they carry the seed shares; any missing: ProtocolAbort)
                 result = ph.rnd.finalize()
                 for s in result.blamed:
                     self._suspend(s, f"revealed shares that fail their commitments in round {result.round_id}")
@@ -706,9 +714,13 @@ class Session:
 
         Distributed noise, tree and evaluation rounds: k_r + c with k_r = max(t, |P_r| − s) − c.  Otherwise t.
         """
-        if self.plan.noise != "distributed" or ph.work.purpose == Purpose.INIT_SCORE:
+        return self._required_survivors(ph.work, len(ph.request.participants))
+
+    def _required_survivors(self, work: Work, participants: int) -> int:
+        """:meth:`_min_survivors` for a round of ``work`` with this many participants (before it starts)."""
+        if self.plan.noise != "distributed" or work.purpose == Purpose.INIT_SCORE:
             return self.t
-        return self.plan.min_survivors(len(ph.request.participants))
+        return self.plan.min_survivors(participants)
 
     def _maybe_begin(self, ph: Between, now: float, out: list[Outgoing]) -> bool:
         work = self.next_work()
@@ -745,8 +757,9 @@ class Session:
         else:
             d = (init_vector_len(self.plan.schema) if work.purpose == Purpose.INIT_SCORE
                  else round_vector_len(self.plan.schema, self.hp))
+        fast = self.plan.fast_round(self._required_survivors(work, len(participants)), len(participants))
         try:
-            rnd, start = self.coord.begin_round(d, participants)
+            rnd, start = self.coord.begin_round(d, participants, fast=fast)
         except SecAggError as e:  # pragma: no cover - eligibility is checked above
             self._fail(f"cannot start a round: {e}", out)
             return True
@@ -758,7 +771,7 @@ class Session:
             k = self.plan.noise_divisor(len(start.participants)) if work.purpose != Purpose.INIT_SCORE else None
             log.debug(f"round {start.round_id} ({work}) started with {list(start.participants)}, noise divisor {k}",
                       extra={"event": "round_started", "round_id": start.round_id, "work": str(work), "at": now,
-                             "noise_divisor": k})
+                             "noise_divisor": k, "fast": fast})
         return True
 
     def _round_start_msg(self, work: Work, start) -> RoundStartMsg:

@@ -56,7 +56,8 @@ def assert_shares_sum_to_full_noise(share, full, k: int, vectors: int) -> None:
 
 def fail_rounds_after_inputs(f: Fed, rounds: int) -> None:
     """Fail ``rounds`` rounds after every site sent its masked input (only hosp-a hears what follows them),
-    then let the session finish."""
+    then let the session finish.  Slow rounds only (plan fast_path = "never"): a fast round that has every
+    input is released."""
     left = {"rounds": rounds}
 
     def intercept(site, ev):
@@ -196,7 +197,7 @@ def test_coordinator_and_site_restart_mid_tree_resume_at_the_next_level(tmp_path
 
 def test_no_site_sends_level_data_in_more_rounds_than_accounted(tmp_path):
     hp = greedy_hp(trees=2, depth=2)
-    f = Fed(tmp_path, hp).start()
+    f = Fed(tmp_path, hp, secagg_fast_path="never").start()
     fail_rounds_after_inputs(f, 4)  # level rounds fail after every site sent its masked input
     assert f.session.exit_code == 0 and len(f.session.trees) == 2
     for s in SITES:

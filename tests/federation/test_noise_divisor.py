@@ -42,7 +42,7 @@ def _record_takes(f: Fed) -> dict[str, list[int]]:
 def test_a_site_signs_a_survivor_set_only_if_it_carries_sigma2(tmp_path, slack, signs):
     """P_r = all three sites.  s = 0: shares of σ²/3, so a forged U3 of two sites (2σ²/3) is refused and the
     round is aborted at the site; s = n − t = 1: shares of σ²/2, two survivors carry σ², the site signs."""
-    f = Fed(tmp_path, tree_hp(trees=4), dropout_slack=slack).start()
+    f = Fed(tmp_path, tree_hp(trees=4), dropout_slack=slack, secagg_fast_path="never").start()  # U3 is asked for
     f.fed.run(until=lambda: len(f.session.trees) == 1)
     caught: dict = {}
 
