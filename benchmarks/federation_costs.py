@@ -14,11 +14,19 @@ machine load.  Per run it records:
   the coordinator and of every site process;
 * the median time between tree releases.
 
+``--fast-path {auto,never,both}`` sets the plan's ``[secure_aggregation]
+fast_path`` for this tree (default auto: tree rounds take the fast path, one
+message each way per site; never: the six-message rounds); ``both`` runs the
+two plans alternately in the same run and reports each median and the ratio
+never / auto.  A ``--baseline`` ref runs the default plan only (it may not
+know the option).  The JSON notes the load average before and after.
+
 Optionally (``--profile FILE``) the working tree's first coordinator runs
 under ``py-spy record`` (``pip install py-spy`` into the venv): a flame
 graph (``.svg``) or collapsed stacks (``.txt``) in FILE.
 
 Run:  python benchmarks/federation_costs.py [--baseline REF] [--trees 1000] [--repeats 2] [--profile F.svg]
+                                              [--fast-path auto|never|both] [--out NAME]
 Writes ``benchmarks/results/federation_costs.json``.
 """
 from __future__ import annotations
@@ -86,10 +94,12 @@ class PeakMemory:
         return {k: round(v, 1) for k, v in self.peak.items()}
 
 
-def run_federation(code: Path, hp: dict, sites: int, profile: Path | None = None, stagger: float = 0.0) -> dict:
+def run_federation(code: Path, hp: dict, sites: int, profile: Path | None = None, stagger: float = 0.0,
+                   fast_path: str = "auto") -> dict:
     """One federation with the code under ``code``; returns CPU and memory figures.
 
     ``stagger``: seconds between site starts (many sites: their start-up children must not all overlap).
+    ``fast_path``: the plan's [secure_aggregation] fast_path ("auto" is left out of the plan).
     """
     from common.federation.plan import Deadlines
     env = dict(os.environ, PYTHONPATH=str(code))
@@ -103,7 +113,7 @@ def run_federation(code: Path, hp: dict, sites: int, profile: Path | None = None
         deadlines = Deadlines(join=60.0 + (stagger + 20.0) * sites, stage=max(10.0, 1.5 * sites), quorum=600.0,
                               finish=max(10.0, 1.0 * sites))  # the demo's deadlines for 3 sites
         plan, rows = prepare(layout, sites, "adult", hp, ["localhost", "127.0.0.1"], epoch_rounds=128,
-                             deadlines=deadlines)
+                             deadlines=deadlines, **({} if fast_path == "auto" else {"secagg_fast_path": fast_path}))
         layout.logs.mkdir(parents=True, exist_ok=True)
         mem = PeakMemory()
         procs: list[subprocess.Popen] = []
@@ -217,29 +227,39 @@ def main() -> None:
     ap.add_argument("--stagger", type=float, default=0.0, help="seconds between site starts (many sites)")
     ap.add_argument("--profile", metavar="FILE",
                     help="py-spy the coordinator of this tree's first run: flame graph (.svg) or raw stacks (.txt)")
+    ap.add_argument("--fast-path", choices=["auto", "never", "both"], default="auto",
+                    help="this tree's plan [secure_aggregation] fast_path; both: auto and never alternately")
     ap.add_argument("--out", default="federation_costs")
     args = ap.parse_args()
     hp = {"epsilon": 1.0, "trees": args.trees, "depth": args.depth, "seed": 1}
-    versions = {"this_tree": ROOT}
+    modes = ["auto", "never"] if args.fast_path == "both" else [args.fast_path]
+    versions = {f"this_tree (fast_path = {m})" if len(modes) > 1 else "this_tree": (ROOT, m) for m in modes}
     tmp = Path(tempfile.gettempdir()) / "fedsbdt-baselines"
     if args.baseline:
-        versions = {f"baseline ({args.baseline})": export_tree(args.baseline, tmp), **versions}
+        versions = {f"baseline ({args.baseline})": (export_tree(args.baseline, tmp), "auto"), **versions}
     runs: dict[str, list[dict]] = {k: [] for k in versions}
     profile = Path(args.profile) if args.profile else None
+    load_before = os.getloadavg()
     for rep in range(args.repeats):
-        for name, code in versions.items():
-            prof = profile if (profile is not None and name == "this_tree" and rep == 0) else None
+        for name, (code, mode) in versions.items():
+            prof = profile if (profile is not None and name.startswith("this_tree") and rep == 0) else None
             print(f"run {rep + 1}/{args.repeats}: {name} ...", flush=True)
-            r = run_federation(code, hp, args.sites, prof, args.stagger)
+            r = run_federation(code, hp, args.sites, prof, args.stagger, mode)
             print("  " + json.dumps(r), flush=True)
             runs[name].append(r)
     summary = {k: summarise(v) for k, v in runs.items()}
+    if len(modes) > 1:
+        slow, fast = (summary[f"this_tree (fast_path = {m})"]["coordinator_cpu_ms_per_round_median"]
+                      for m in ("never", "auto"))
+        summary["coordinator_cpu_ratio_never_over_auto"] = round(slow / fast, 3)
     print(json.dumps(summary, indent=2))
     path = save(args.out, {
         "description": f"{args.sites}-site federation on Adult over gRPC/mTLS on loopback: coordinator CPU per round, "
                        "site CPU per round, peak RSS per process (VmHWM); versions alternated in one run",
         "setting": {"dataset": "adult", "sites": args.sites, **hp, "noise": "distributed", "epoch_rounds": 128,
-                    "repeats": args.repeats},
+                    "repeats": args.repeats, "fast_path": args.fast_path},
+        "load_average_1_5_15": {"before": [round(x, 2) for x in load_before],
+                                "after": [round(x, 2) for x in os.getloadavg()], "cpus": os.cpu_count()},
         "summary": summary, "runs": runs,
     })
     print(f"saved {path}")

@@ -142,6 +142,28 @@ def test_a_silent_site_fails_the_fast_round_which_is_retried_without_it(tmp_path
         assert m.stage.model_path.read_bytes() == f.session.model_json
 
 
+def test_always_fails_a_round_the_slow_path_would_have_survived(tmp_path):
+    """The initial score needs only t = 2 of 3 inputs, but under "always" its round is fast: hosp-c's silence
+    fails it (nothing released), and the retry without hosp-c releases the score."""
+    f, log = federation(tmp_path, tree_hp(trees=2), secagg_fast_path="always")
+    dropped = {}
+
+    def intercept(site, ev):
+        if site == "hosp-c" and isinstance(ev, RoundStartMsg) and not dropped:
+            dropped["round"] = decode_message(ev.secagg).round_id
+            return False
+        return True
+
+    f.fed.intercept = intercept
+    f.start().fed.run(until=lambda: f.session.init is not None)
+    assert f.session.rounds_failed == 1 and f.session.init.round_id != dropped["round"]
+    assert f.session.init.sites == ("hosp-a", "hosp-b")
+    assert log.out[dropped["round"]] == Counter({"RoundStart": 3, "input": 2})
+    f.fed.intercept = None
+    f.fed.run()
+    assert f.session.exit_code == 0
+
+
 def test_a_site_refuses_consistency_and_unmask_requests_for_a_fast_round(tmp_path):
     """The coordinator may not take the slow path too after a fast start: the site that sent its seed shares
     signs no survivor set and reveals nothing more for that round (docs/secagg.md §6)."""

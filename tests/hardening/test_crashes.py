@@ -28,7 +28,8 @@ SCHEDULE = {
 
 def test_kill_every_stage_at_sites_and_coordinator_within_one_training(tmp_path, ca_dir, federation):
     hp = Hyperparameters(trees=16, extra_trees=6, filter=True, depth=2, seed=11, epsilon=1.0, subsample=0.5)
-    st = make_setup(tmp_path, ca_dir, hp, n_rows=450, epoch_rounds=5, deadlines=DEADLINES)
+    st = make_setup(tmp_path, ca_dir, hp, n_rows=450, epoch_rounds=5, deadlines=DEADLINES,
+                    secagg_fast_path="never")  # every stage: the consistency and unmask exchanges too
     fed = federation(st.plan_path)
     for s in SITES:
         fed.configure_site(s, st.data[s])
