@@ -298,7 +298,12 @@ def test_a_site_with_fast_rounds_disabled_refuses_them_and_still_runs_slow_round
 # --------------------------------------------------------------------------- bad shares
 
 def _tamper(reply: FastMaskedInput, dealer: str) -> FastMaskedInput:
-    shares = tuple((d, (int.from_bytes(s, "big") ^ 1).to_bytes(33, "big") if d == dealer else s)
+    """Shift the sender's share of ``dealer``'s seed by a sender-specific amount (equal shifts of several
+    holders could cancel in the Lagrange sum and leave the secret right, which is harmless but not a test)."""
+    from common.secagg.shamir import PRIME
+
+    delta = 7 ** (1 + int(reply.sender.split("-")[1]))
+    shares = tuple((d, ((int.from_bytes(s, "big") + delta) % PRIME).to_bytes(33, "big") if d == dealer else s)
                    for d, s in reply.seed_shares)
     return FastMaskedInput(reply.session_digest, reply.epoch, reply.round_id, reply.sender, reply.masked, shares)
 
