@@ -188,12 +188,7 @@ class Federation:
         c = cpu() - t0
         inputs = {s: self.rng.integers(-(2**40), 2**40, self.d) for s in start.participants}
         if self.fast:
-            c += self._collect(rnd, start_b, "fast_round", site, inputs)
-            t0 = cpu()
-            res = rnd.finalize()
-            coord["fast_round"] = c + cpu() - t0
-            if not np.array_equal(res.total, np.sum(np.stack(list(inputs.values())), axis=0)):
-                raise AssertionError(f"n = {self.n}: the fast round produced a wrong sum")
+            coord["fast_round"] = self._finalize(rnd, c + self._collect(rnd, start_b, "fast_round", site, inputs), inputs)
             return site, coord
         c += self._collect(rnd, start_b, "masked_input", site, inputs)
         t0 = cpu()
@@ -203,13 +198,17 @@ class Federation:
         t0 = cpu()
         ureq_b = rnd.close_consistency().to_bytes()
         coord["consistency"] = c + cpu() - t0
-        c = self._collect(rnd, ureq_b, "unmask", site)
+        coord["unmask"] = self._finalize(rnd, self._collect(rnd, ureq_b, "unmask", site), inputs)
+        return site, coord
+
+    def _finalize(self, rnd, c: float, inputs) -> float:
+        """Finalize, check the sum; returns ``c`` plus the coordinator's CPU for it."""
         t0 = cpu()
         res = rnd.finalize()
-        coord["unmask"] = c + cpu() - t0
+        c += cpu() - t0
         if not np.array_equal(res.total, np.sum(np.stack(list(inputs.values())), axis=0)):
             raise AssertionError(f"n = {self.n}: the round produced a wrong sum")
-        return site, coord
+        return c
 
 
 def measure(n: int, d: int, epoch_rounds: int, graph: str = "complete", neighbours: int | None = None,
