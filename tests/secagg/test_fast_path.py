@@ -482,3 +482,20 @@ def test_mixed_fast_and_signed_paths_never_open_a_site_at_the_collusion_bound(n,
             opened += got["x"]
         if k == c + 1:
             assert opened > 0, "negative control: one colluder above the bound must open the victim's input"
+
+
+def test_an_input_record_pairing_a_slow_start_with_a_fast_reply_is_refused_as_corrupt():
+    from common.secagg import SecAggSite, StorageError
+    from common.secagg.records import RoundInputRecord, round_key
+
+    fed = ready(3, 2)
+    rng = np.random.default_rng(20)
+    xs = random_inputs(fed.config.site_ids, DIM, rng)
+    _, start = fed.coordinator.begin_round(DIM, fast=True)
+    reply = fed.sites["site-00"].handle_round_start(start, xs["site-00"])
+    store = fed.storages["site-00"]
+    assert RoundInputRecord.from_bytes(store.get(round_key(start.round_id, "input"))).response == reply
+    slow = M.RoundStart(start.session_digest, start.epoch, start.round_id, start.vector_len, start.participants)
+    store.put(round_key(start.round_id, "input"), RoundInputRecord(slow, reply).to_bytes())
+    with pytest.raises(StorageError, match="does not answer"):
+        SecAggSite(fed.config, "site-00", fed.identities["site-00"], store)
