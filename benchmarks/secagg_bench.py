@@ -17,7 +17,11 @@ A scenario with one site dropping before MaskedInput in every round is also
 timed (the coordinator then recovers that site's mask key and removes t pair
 masks).  Prints a table and writes ``benchmarks/results/secagg.json``.
 
-Run:  python benchmarks/secagg_bench.py [--rounds R] [--epoch-rounds E] [--sizes 3,10,50]
+``--fast`` measures, in the same run, slow rounds and fast rounds (docs/secagg.md
+§6: one exchange, FastRoundStart → FastMaskedInput) with nobody dropping, prints
+the ratios and writes ``benchmarks/results/secagg_fast.json``.
+
+Run:  python benchmarks/secagg_bench.py [--rounds R] [--epoch-rounds E] [--sizes 3,10,50] [--fast]
 """
 from __future__ import annotations
 
@@ -56,7 +60,7 @@ def _site_call(site: SecAggSite, data: bytes, value=None):
     return out, cpu() - t0
 
 
-def run(n: int, rounds: int, epoch_rounds: int, d: int, drop_one: bool, seed: int = 0) -> dict:
+def run(n: int, rounds: int, epoch_rounds: int, d: int, drop_one: bool, seed: int = 0, fast: bool = False) -> dict:
     t = n // 2 + 1
     ids = [f"site-{i:03d}" for i in range(n)]
     keys = {s: Ed25519PrivateKey.generate() for s in ids}
@@ -118,7 +122,7 @@ def run(n: int, rounds: int, epoch_rounds: int, d: int, drop_one: bool, seed: in
         dropped = {ids[r % n]} if drop_one else set()
         c = 0.0
         t0 = cpu()
-        rnd, start = coord.begin_round(d)
+        rnd, start = coord.begin_round(d, fast=fast)
         start_b = start.to_bytes()
         c += cpu() - t0
         per_cpu = {s: 0.0 for s in ids}
@@ -137,28 +141,19 @@ def run(n: int, rounds: int, epoch_rounds: int, d: int, drop_one: bool, seed: in
             t0 = cpu()
             rnd.receive(b)
             c += cpu() - t0
-        t0 = cpu()
-        creq_b = rnd.close_inputs().to_bytes()
-        c += cpu() - t0
-        for s in inputs:
-            per_recv[s] += len(creq_b)
-            b, dt = _site_call(sites[s], creq_b)
-            per_cpu[s] += dt
-            per_sent[s] += len(b)
+        # the signed path's two further exchanges (a fast round has none)
+        for close in () if fast else (rnd.close_inputs, rnd.close_consistency):
             t0 = cpu()
-            rnd.receive(b)
+            req_b = close().to_bytes()
             c += cpu() - t0
-        t0 = cpu()
-        ureq_b = rnd.close_consistency().to_bytes()
-        c += cpu() - t0
-        for s in inputs:
-            per_recv[s] += len(ureq_b)
-            b, dt = _site_call(sites[s], ureq_b)
-            per_cpu[s] += dt
-            per_sent[s] += len(b)
-            t0 = cpu()
-            rnd.receive(b)
-            c += cpu() - t0
+            for s in inputs:
+                per_recv[s] += len(req_b)
+                b, dt = _site_call(sites[s], req_b)
+                per_cpu[s] += dt
+                per_sent[s] += len(b)
+                t0 = cpu()
+                rnd.receive(b)
+                c += cpu() - t0
         t0 = cpu()
         res = rnd.finalize()
         c += cpu() - t0
@@ -179,6 +174,7 @@ def run(n: int, rounds: int, epoch_rounds: int, d: int, drop_one: bool, seed: in
         "epoch_rounds": epoch_rounds,
         "rounds": rounds,
         "dropouts_per_round": 1 if drop_one else 0,
+        "fast": fast,
         "site_cpu_ms_median": 1e3 * statistics.median(site_cpu),
         "site_cpu_ms_p90": 1e3 * float(np.quantile(site_cpu, 0.9)),
         "coordinator_cpu_ms_median": 1e3 * statistics.median(coord_cpu),
@@ -199,14 +195,18 @@ def main() -> None:
     ap.add_argument("--epoch-rounds", type=int, default=32)
     ap.add_argument("--vector-len", type=int, default=128)
     ap.add_argument("--sizes", default="3,10,50")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "secagg.json"))
+    ap.add_argument("--fast", action="store_true",
+                    help="slow and fast rounds (nobody drops) in the same run; default --out secagg_fast.json")
+    ap.add_argument("--out", default=None, help="default benchmarks/results/secagg.json (secagg_fast.json with --fast)")
     args = ap.parse_args()
+    args.out = args.out or str(ROOT / "benchmarks" / "results" / ("secagg_fast.json" if args.fast else "secagg.json"))
     rows = []
+    scenarios = ((False, False), (False, True)) if args.fast else ((False, False), (True, False))  # (drop, fast)
     for n in [int(x) for x in args.sizes.split(",")]:
-        for drop in (False, True):
-            rows.append(run(n, args.rounds, args.epoch_rounds, args.vector_len, drop))
+        for drop, fast in scenarios:
+            rows.append(run(n, args.rounds, args.epoch_rounds, args.vector_len, drop, fast=fast))
     hdr = (
-        f"{'n':>3} {'t':>3} {'drop':>4} | {'site ms':>8} {'p90':>6} {'coord ms':>9} {'sent B':>8} {'recv B':>8} | "
+        f"{'n':>3} {'t':>3} {'drop':>4} {'fast':>4} | {'site ms':>8} {'p90':>6} {'coord ms':>9} {'sent B':>8} {'recv B':>8} | "
         f"{'setup site ms':>13} {'setup sent B':>12} {'setup coord ms':>14} | {'site total ms':>13}"
     )
     print(f"secure aggregation, d={args.vector_len}, E={args.epoch_rounds} rounds/epoch, {args.rounds} rounds; per round:")
@@ -214,11 +214,19 @@ def main() -> None:
     print("-" * len(hdr))
     for r in rows:
         print(
-            f"{r['n']:>3} {r['t']:>3} {r['dropouts_per_round']:>4} | {r['site_cpu_ms_median']:>8.2f} {r['site_cpu_ms_p90']:>6.2f} "
+            f"{r['n']:>3} {r['t']:>3} {r['dropouts_per_round']:>4} {'yes' if r['fast'] else 'no':>4} | {r['site_cpu_ms_median']:>8.2f} {r['site_cpu_ms_p90']:>6.2f} "
             f"{r['coordinator_cpu_ms_median']:>9.2f} {r['site_bytes_sent_per_round']:>8.0f} {r['site_bytes_received_per_round']:>8.0f} | "
             f"{r['setup_site_cpu_ms_per_round']:>13.2f} {r['setup_site_bytes_sent_per_round']:>12.0f} "
             f"{r['setup_coordinator_cpu_ms_per_round']:>14.2f} | {r['site_total_cpu_ms_per_round']:>13.2f}"
         )
+    ratios = {}
+    if args.fast:
+        for slow, fast in zip(rows[::2], rows[1::2]):
+            ratios[str(slow["n"])] = {k: fast[k] / slow[k] for k in
+                                      ("site_cpu_ms_median", "coordinator_cpu_ms_median", "site_bytes_sent_per_round")}
+            print(f"n = {slow['n']}: fast / slow  site CPU {ratios[str(slow['n'])]['site_cpu_ms_median']:.2f}, "
+                  f"coordinator CPU {ratios[str(slow['n'])]['coordinator_cpu_ms_median']:.2f}, "
+                  f"site bytes sent {ratios[str(slow['n'])]['site_bytes_sent_per_round']:.2f}")
     out = {
         "description": "secure aggregation per-round cost (CPU = process time; medians)",
         "machine": {"python": platform.python_version(), "platform": platform.platform(), "cpus": os.cpu_count()},
@@ -226,6 +234,7 @@ def main() -> None:
         "epoch_rounds": args.epoch_rounds,
         "goal": "site CPU per round < 5 ms at n = 10",
         "results": rows,
+        **({"fast_over_slow_same_run": ratios} if args.fast else {}),
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=2) + "\n")

@@ -42,7 +42,13 @@ puts its totals beside the complete-graph curve read from
 (default 50, 100) are measured on the complete graph in the same run, so the
 ratio at those sizes is not a comparison across machine loads.
 
-Run:  python benchmarks/secagg_scale.py [--sizes 3,5,10,20,35,50,75,100,200] [--quick] [--graph sparse]
+``--fast`` runs fast rounds (docs/secagg.md §6: one exchange, FastRoundStart →
+FastMaskedInput, every site's input and seed shares of all sites in one
+message); the round stages are then the single ``fast_round`` (sites: mask and
+share; coordinator: collect, reconstruct n seeds, unmask).  It writes
+``secagg_scale_fast.{json,png}``; not with ``--graph sparse`` (refused there).
+
+Run:  python benchmarks/secagg_scale.py [--sizes 3,5,10,20,35,50,75,100,200] [--quick] [--graph sparse] [--fast]
 """
 from __future__ import annotations
 
@@ -76,9 +82,8 @@ from common.secagg import (  # noqa: E402
 cpu = time.process_time
 
 SITE_SETUP = ("advertise", "share_keys", "epoch_shares")
-SITE_ROUND = ("masked_input", "consistency", "unmask")
+ROUND_STAGES = ("masked_input", "consistency", "unmask")
 COORD_SETUP = ("advertise", "share_keys")
-COORD_ROUND = ("masked_input", "consistency", "unmask")
 SLOTS = (1, 8)  # the two epoch sizes set up per repeat (per-epoch and per-slot setup cost)
 
 
@@ -94,8 +99,11 @@ def repeats_for(n: int) -> tuple[int, int]:
 class Federation:
     """n sites and a coordinator in memory; each party's CPU per stage is accumulated."""
 
-    def __init__(self, n: int, d: int, graph: str = "complete", neighbours: int | None = None) -> None:
+    def __init__(self, n: int, d: int, graph: str = "complete", neighbours: int | None = None,
+                 fast: bool = False) -> None:
         self.n, self.d, self.t = n, d, n // 2 + 1
+        self.fast = fast
+        self.round_stages = ("fast_round",) if fast else ROUND_STAGES
         self.ids = [f"site-{i:04d}" for i in range(n)]
         keys = {s: Ed25519PrivateKey.generate() for s in self.ids}
         roster = tuple(SiteIdentity(s, keys[s].public_key().public_bytes_raw()) for s in self.ids)
@@ -172,13 +180,16 @@ class Federation:
 
     def round(self) -> tuple[dict[str, list[float]], dict[str, float]]:
         """One round with every site taking part; checks the sum."""
-        site = {k: [] for k in SITE_ROUND}
+        site = {k: [] for k in self.round_stages}
         coord = {}
         t0 = cpu()
-        rnd, start = self.coord.begin_round(self.d)
+        rnd, start = self.coord.begin_round(self.d, fast=self.fast)
         start_b = start.to_bytes()
         c = cpu() - t0
         inputs = {s: self.rng.integers(-(2**40), 2**40, self.d) for s in start.participants}
+        if self.fast:
+            coord["fast_round"] = self._finalize(rnd, c + self._collect(rnd, start_b, "fast_round", site, inputs), inputs)
+            return site, coord
         c += self._collect(rnd, start_b, "masked_input", site, inputs)
         t0 = cpu()
         creq_b = rnd.close_inputs().to_bytes()
@@ -187,22 +198,27 @@ class Federation:
         t0 = cpu()
         ureq_b = rnd.close_consistency().to_bytes()
         coord["consistency"] = c + cpu() - t0
-        c = self._collect(rnd, ureq_b, "unmask", site)
-        t0 = cpu()
-        res = rnd.finalize()
-        coord["unmask"] = c + cpu() - t0
-        if not np.array_equal(res.total, np.sum(np.stack(list(inputs.values())), axis=0)):
-            raise AssertionError(f"n = {self.n}: the round produced a wrong sum")
+        coord["unmask"] = self._finalize(rnd, self._collect(rnd, ureq_b, "unmask", site), inputs)
         return site, coord
 
+    def _finalize(self, rnd, c: float, inputs) -> float:
+        """Finalize, check the sum; returns ``c`` plus the coordinator's CPU for it."""
+        t0 = cpu()
+        res = rnd.finalize()
+        c += cpu() - t0
+        if not np.array_equal(res.total, np.sum(np.stack(list(inputs.values())), axis=0)):
+            raise AssertionError(f"n = {self.n}: the round produced a wrong sum")
+        return c
 
-def measure(n: int, d: int, epoch_rounds: int, graph: str = "complete", neighbours: int | None = None) -> dict:
+
+def measure(n: int, d: int, epoch_rounds: int, graph: str = "complete", neighbours: int | None = None,
+            fast: bool = False) -> dict:
     reps, rounds = repeats_for(n)
-    fed = Federation(n, d, graph, neighbours)
+    fed = Federation(n, d, graph, neighbours, fast)
     setup_site = {E: {k: [] for k in SITE_SETUP} for E in SLOTS}
     setup_coord = {E: {k: [] for k in COORD_SETUP} for E in SLOTS}
-    round_site = {k: [] for k in SITE_ROUND}
-    round_coord = {k: [] for k in COORD_ROUND}
+    round_site = {k: [] for k in fed.round_stages}
+    round_coord = {k: [] for k in fed.round_stages}
     done_rounds = 0
     t_wall = time.perf_counter()
     for _ in range(reps):
@@ -216,9 +232,8 @@ def measure(n: int, d: int, epoch_rounds: int, graph: str = "complete", neighbou
         while fed.coord.slots_remaining() > sum(SLOTS) - rounds:
             site, coord = fed.round()
             done_rounds += 1
-            for k in SITE_ROUND:
+            for k in fed.round_stages:
                 round_site[k].extend(site[k])
-            for k in COORD_ROUND:
                 round_coord[k].append(coord[k])
         while fed.coord.slots_remaining():  # leftover slots: burn them so the next repeat starts clean
             rnd, _ = fed.coord.begin_round(d)
@@ -242,7 +257,7 @@ def measure(n: int, d: int, epoch_rounds: int, graph: str = "complete", neighbou
             parts[f"{party}_{k}"] = {"per_epoch_ms": 1e3 * pe, "per_slot_ms": 1e3 * ps}
     slots = reps * sum(SLOTS)
     return {
-        "n": n, "t": fed.t, "graph": fed.graph, "neighbours": fed.k,
+        "n": n, "t": fed.t, "graph": fed.graph, "neighbours": fed.k, "fast": fast,
         "local_threshold": fed.cfg.local_threshold.threshold if fed.cfg.sparse else fed.t,
         "repeats": reps, "rounds": done_rounds,
         "site_ms_per_round": site_ms, "site_total_ms_per_round": sum(site_ms.values()),
@@ -431,14 +446,18 @@ def main() -> None:
     ap.add_argument("--neighbours", type=int, default=None, help="k of the sparse graph (default 2·⌈2·log2 n⌉)")
     ap.add_argument("--reference-complete", default="50,100",
                     help="with --graph sparse: also measure the complete graph at these sizes in the same run")
+    ap.add_argument("--fast", action="store_true", help="fast rounds (one exchange; docs/secagg.md §6)")
     args = ap.parse_args()
-    args.out = args.out or ("secagg_scale" if args.graph == "complete" else "secagg_scale_sparse")
+    if args.fast and args.graph == "sparse":
+        ap.error("fast rounds are not allowed on a sparse graph (docs/secagg.md §10)")
+    args.out = args.out or ("secagg_scale" if args.graph == "complete" else "secagg_scale_sparse") + (
+        "_fast" if args.fast else "")
     sizes = [3, 10, 30] if args.quick else [int(x) for x in args.sizes.split(",")]
     project = [int(x) for x in args.project.split(",")]
     rows = []
     t0 = time.perf_counter()
     for n in sizes:
-        r = measure(n, args.vector_len, args.epoch_rounds, args.graph, args.neighbours)
+        r = measure(n, args.vector_len, args.epoch_rounds, args.graph, args.neighbours, args.fast)
         rows.append(r)
         s, c = r["site_ms_per_round"], r["coordinator_ms_per_round"]
         graph = "complete" if r["graph"] == "complete" else f"k={r['neighbours']} t_k={r['local_threshold']}"
@@ -487,7 +506,7 @@ def main() -> None:
                        "CPU = process time, medians over sites and repeats; setup amortised per round",
         "setting": {"vector_len": args.vector_len, "epoch_rounds_for_amortisation": args.epoch_rounds,
                     "threshold": "n // 2 + 1", "setup_epoch_sizes": list(SLOTS), "all_sites_take_part": True,
-                    "graph": args.graph,
+                    "graph": args.graph, "fast_rounds": args.fast,
                     **({"neighbours": args.neighbours or "min(2·⌈2·log2 n⌉, largest even ≤ n − 2)",
                         "assumed_colluders": "2t − n − 1"} if args.graph == "sparse" else {})},
         "results": rows, "fit": fit, "wall_seconds": time.perf_counter() - t0,

@@ -409,6 +409,20 @@ def remove_masks(
     return from_ring(total).copy()
 
 
+def _check_input(rnd: "CoordinatorRound", inputs: dict, msg, what: str) -> None:
+    """Checks shared by a MaskedInput and a FastMaskedInput: round, sender ∈ P_r, length, no second version."""
+    rnd._check_common(msg)
+    if msg.sender not in rnd.participants:
+        raise InvalidMessage(f"round {rnd.round_id}: {what} from non-participant {msg.sender!r}")
+    if msg.masked.shape[0] != rnd.vector_len:
+        raise InvalidMessage(
+            f"round {rnd.round_id}: masked input of {msg.sender!r} has length {msg.masked.shape[0]}, expected {rnd.vector_len}"
+        )
+    prev = inputs.get(msg.sender)
+    if prev is not None and prev != msg:
+        raise InvalidMessage(f"round {rnd.round_id}: {msg.sender!r} sent two different {what}s")
+
+
 class RoundStage:
     name = "round"
 
@@ -424,16 +438,7 @@ class CollectingInputs(RoundStage):
     def receive(self, rnd, msg):
         if not isinstance(msg, MaskedInput):
             return super().receive(rnd, msg)
-        rnd._check_common(msg)
-        if msg.sender not in rnd.participants:
-            raise InvalidMessage(f"round {rnd.round_id}: masked input from non-participant {msg.sender!r}")
-        if msg.masked.shape[0] != rnd.vector_len:
-            raise InvalidMessage(
-                f"round {rnd.round_id}: masked input of {msg.sender!r} has length {msg.masked.shape[0]}, expected {rnd.vector_len}"
-            )
-        prev = self.inputs.get(msg.sender)
-        if prev is not None and prev != msg:
-            raise InvalidMessage(f"round {rnd.round_id}: {msg.sender!r} sent two different masked inputs")
+        _check_input(rnd, self.inputs, msg, "masked input")
         self.inputs[msg.sender] = msg
 
     def close(self, rnd):
@@ -594,19 +599,9 @@ class CollectingFastInputs(RoundStage):
     def receive(self, rnd, msg):
         if not isinstance(msg, FastMaskedInput):
             return super().receive(rnd, msg)
-        rnd._check_common(msg)
-        r = rnd.round_id
-        if msg.sender not in rnd.participants:
-            raise InvalidMessage(f"round {r}: fast input from non-participant {msg.sender!r}")
-        if msg.masked.shape[0] != rnd.vector_len:
-            raise InvalidMessage(
-                f"round {r}: masked input of {msg.sender!r} has length {msg.masked.shape[0]}, expected {rnd.vector_len}"
-            )
+        _check_input(rnd, self.inputs, msg, "fast input")
         if tuple(map(itemgetter(0), msg.seed_shares)) != rnd.participants:
-            raise InvalidMessage(f"round {r}: {msg.sender!r} must send seed shares for exactly the participants")
-        prev = self.inputs.get(msg.sender)
-        if prev is not None and prev != msg:
-            raise InvalidMessage(f"round {r}: {msg.sender!r} sent two different fast inputs")
+            raise InvalidMessage(f"round {rnd.round_id}: {msg.sender!r} must send seed shares for exactly the participants")
         self.inputs[msg.sender] = msg
 
     def finalize(self, rnd) -> RoundResult:

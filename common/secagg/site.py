@@ -48,7 +48,6 @@ from .messages import (
     EpochRoster,
     EpochShares,
     FastMaskedInput,
-    FastRoundStart,
     MaskedInput,
     Message,
     RoundStart,

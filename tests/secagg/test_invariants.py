@@ -87,6 +87,53 @@ def test_invariant_audit_50_rounds_with_random_dropouts():
             assert "site-06" not in dict(m.seed_shares) and "site-06" not in dict(m.key_shares)
 
 
+def test_invariant_audit_50_rounds_mixing_fast_and_signed_rounds():
+    """Rounds choose the fast or the signed path at random, with random dropouts: a fast round completes iff
+    nobody dropped before the input; the coordinator never sees both kinds of share of one site in one
+    round (a fast reply's seed shares count as seed reveals); each round id has one RoundStart, of one kind."""
+    n, t, e, d = 6, 4, 10, 5
+    fed = make_federation(n, t)
+    rng = np.random.default_rng(4048)
+    done = {True: 0, False: 0}
+    failed_fast = 0
+    for r in range(ROUNDS):
+        if fed.coordinator.slots_remaining() == 0:
+            fed.run_epoch(e)
+        fast = bool(rng.random() < 0.5)
+        stage_drop = [{s for s in fed.config.site_ids if rng.random() < 0.06} for _ in range(3)]
+        xs = random_inputs(fed.config.site_ids, d, rng)
+        try:
+            res = fed.run_round(xs, d, None, *stage_drop, fast=fast)
+        except ProtocolAbort:
+            if fast:
+                assert stage_drop[0], "a fast round failed although every participant sent its input"
+                failed_fast += 1
+            continue
+        assert not (fast and stage_drop[0]), "a fast round completed without every participant's input"
+        done[fast] += 1
+        assert np.array_equal(res.total, plain_sum(xs, res.survivors))
+    assert min(done.values()) >= 10 and failed_fast >= 1, (done, failed_fast)
+
+    revealed: dict[tuple[int, str], set[int]] = {}
+    starts: dict[int, set[bytes]] = {}
+    for hop in fed.transcript:
+        m = hop.message
+        if isinstance(m, (M.UnmaskResponse, M.FastMaskedInput)):
+            for dealer, _ in m.seed_shares:
+                revealed.setdefault((m.round_id, dealer), set()).add(M.KIND_SEED)
+        if isinstance(m, M.UnmaskResponse):
+            for dealer, _ in m.key_shares:
+                revealed.setdefault((m.round_id, dealer), set()).add(M.KIND_KEY)
+        elif isinstance(m, M.RoundStart):
+            starts.setdefault(m.round_id, set()).add(hop.data)
+        assert not (isinstance(m, (M.ConsistencyRequest, M.UnmaskRequest)) and M.decode_message(
+            next(iter(starts[m.round_id]))).fast), "a fast round reached the signed path"
+    both = [k for k, kinds in revealed.items() if len(kinds) > 1]
+    assert not both, both
+    assert {M.KIND_SEED, M.KIND_KEY} <= set().union(*revealed.values())
+    assert all(len(v) == 1 for v in starts.values())
+
+
 def test_self_mask_seeds_are_independent_fresh_draws():
     """b_{u,r} is drawn fresh for every slot (never derived from one master seed)."""
     cfg = make_config(3)

@@ -18,12 +18,14 @@ def transcript():
     fed.run_epoch(2)
     rng = np.random.default_rng(1)
     fed.run_round(random_inputs(fed.config.site_ids, 5, rng), 5, drop_before_input=["site-01"])
+    fed.run_round(random_inputs(fed.config.site_ids, 5, rng), 5, fast=True)
     return [hop.data for hop in fed.transcript]
 
 
 ALL_TYPES = {
     M.EpochAnnounce, M.AdvertiseKeys, M.EpochRoster, M.ShareKeys, M.EpochShares, M.RoundStart,
     M.MaskedInput, M.ConsistencyRequest, M.ConsistencySignature, M.UnmaskRequest, M.UnmaskResponse,
+    M.FastRoundStart, M.FastMaskedInput,
 }
 
 
@@ -42,6 +44,24 @@ def test_from_bytes_checks_the_type(transcript):
     data = next(d for d in transcript if isinstance(M.decode_message(d), M.RoundStart))
     with pytest.raises(InvalidMessage, match="expected a MaskedInput"):
         M.MaskedInput.from_bytes(data)
+    fast = next(d for d in transcript if type(M.decode_message(d)) is M.FastRoundStart)
+    assert M.RoundStart.from_bytes(fast).fast  # a FastRoundStart is a RoundStart marked fast
+    with pytest.raises(InvalidMessage, match="expected a FastRoundStart"):
+        M.FastRoundStart.from_bytes(data)
+    with pytest.raises(InvalidMessage, match="expected a MaskedInput"):
+        M.MaskedInput.from_bytes(next(d for d in transcript if isinstance(M.decode_message(d), M.FastMaskedInput)))
+
+
+def test_every_registered_type_is_in_the_transcript():
+    assert set(M._REGISTRY.values()) == ALL_TYPES
+
+
+def test_fast_round_start_differs_from_round_start_only_in_the_tag(transcript):
+    fast = next(M.decode_message(d) for d in transcript if type(M.decode_message(d)) is M.FastRoundStart)
+    slow = M.RoundStart(fast.session_digest, fast.epoch, fast.round_id, fast.vector_len, fast.participants)
+    a, b = fast.to_bytes(), slow.to_bytes()
+    assert a[:4] == b[:4] and a[5:] == b[5:] and (a[4], b[4]) == (M.FastRoundStart.TAG, M.RoundStart.TAG)
+    assert fast != slow and not slow.fast and fast.fast
 
 
 def test_truncation_and_trailing_bytes_refused(transcript):
@@ -123,6 +143,17 @@ def test_structural_validation_on_construction():
         M.RoundStart(D, -1, 0, 4, ("a",))
     with pytest.raises(InvalidMessage, match="integer"):
         M.RoundStart(D, 0, 2**63, 4, ("a",))
+    y = np.zeros(3, dtype=np.uint64)
+    with pytest.raises(InvalidMessage, match="uint64"):
+        M.FastMaskedInput(D, 0, 0, "a", np.zeros(3, dtype=np.int64), ())
+    with pytest.raises(InvalidMessage, match="33 bytes"):
+        M.FastMaskedInput(D, 0, 0, "a", y, (("b", b"\x00" * 32),))
+    with pytest.raises(InvalidMessage, match="field element"):
+        M.FastMaskedInput(D, 0, 0, "a", y, (("b", b"\xff" * 33),))
+    with pytest.raises(InvalidMessage, match="strictly sorted"):
+        M.FastMaskedInput(D, 0, 0, "a", y, (("b", b"\x00" * 33), ("a", b"\x00" * 33)))
+    with pytest.raises(InvalidMessage, match="strictly sorted"):
+        M.FastRoundStart(D, 0, 0, 4, ("b", "a"))
 
 
 def test_masked_input_is_immutable_and_equal_by_encoding():
