@@ -46,6 +46,12 @@ docs/federation.md):
   participant set, and the site signs the survivor set U3 only if
   |U3| − c ≥ k_r (otherwise the round is aborted at this site).
 
+* fast rounds (plan ``[secure_aggregation] fast_path``, docs/federation.md §10): a
+  site answers a FastRoundStart with one reply (its masked input and its seed
+  shares of every participant), charged exactly as a masked input, unless the
+  pinned plan says ``"never"`` or uses the sparse graph (then it refuses it);
+  secure aggregation then refuses that round's consistency and unmask requests.
+
 * federated evaluation (plan ``[evaluation]``): after every tree is applied,
   the site sends the histogram of the model's predictions on its held-out
   file plus a full discrete-Gaussian share at ε_eval, drawn once and resent
