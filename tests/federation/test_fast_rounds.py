@@ -106,6 +106,20 @@ def test_always_makes_the_initial_score_round_fast_too(tmp_path):
 # --------------------------------------------------------------------------- a missing input
 
 
+def silence_the_next_round_start(f: Fed, site: str) -> dict:
+    """``site`` stays connected but never sees the next RoundStart; the returned dict gets its round id."""
+    dropped: dict = {}
+
+    def intercept(s, ev):
+        if s == site and isinstance(ev, RoundStartMsg) and not dropped:
+            dropped["round"] = decode_message(ev.secagg).round_id
+            return False
+        return True
+
+    f.fed.intercept = intercept
+    return dropped
+
+
 def test_a_silent_site_fails_the_fast_round_which_is_retried_without_it(tmp_path):
     """hosp-c stays connected but never answers tree 1's RoundStart: at the stage deadline the fast round
     fails (nothing released), hosp-c is suspended, and the retry with hosp-a and hosp-b completes.  The
@@ -113,15 +127,7 @@ def test_a_silent_site_fails_the_fast_round_which_is_retried_without_it(tmp_path
     f, log = federation(tmp_path, tree_hp(trees=3))
     f.start()
     f.fed.run(until=lambda: len(f.session.trees) == 1)
-    dropped = {}
-
-    def intercept(site, ev):
-        if site == "hosp-c" and isinstance(ev, RoundStartMsg) and not dropped:
-            dropped["round"] = decode_message(ev.secagg).round_id
-            return False
-        return True
-
-    f.fed.intercept = intercept
+    dropped = silence_the_next_round_start(f, "hosp-c")
     f.fed.run(until=lambda: f.session.rounds_failed == 1)
     assert len(f.session.trees) == 1  # nothing released from the failed round
     assert f.session.sites["hosp-c"].suspended_from_epoch is not None
@@ -146,15 +152,7 @@ def test_always_fails_a_round_the_slow_path_would_have_survived(tmp_path):
     """The initial score needs only t = 2 of 3 inputs, but under "always" its round is fast: hosp-c's silence
     fails it (nothing released), and the retry without hosp-c releases the score."""
     f, log = federation(tmp_path, tree_hp(trees=2), secagg_fast_path="always")
-    dropped = {}
-
-    def intercept(site, ev):
-        if site == "hosp-c" and isinstance(ev, RoundStartMsg) and not dropped:
-            dropped["round"] = decode_message(ev.secagg).round_id
-            return False
-        return True
-
-    f.fed.intercept = intercept
+    dropped = silence_the_next_round_start(f, "hosp-c")
     f.start().fed.run(until=lambda: f.session.init is not None)
     assert f.session.rounds_failed == 1 and f.session.init.round_id != dropped["round"]
     assert f.session.init.sites == ("hosp-a", "hosp-b")
