@@ -188,12 +188,13 @@ def _instrument(session: Session, record: bool):
         return moved
 
     def rounds(*a, **k):  # a round stepped inside submit_setup is not setup
+        if not inside[0]:
+            return step_rounds(*a, **k)
         t0 = time.process_time()
         try:
             return step_rounds(*a, **k)
         finally:
-            if inside[0]:
-                setup[0] -= time.process_time() - t0
+            setup[0] -= time.process_time() - t0
 
     session._step_pipeline, session._step_rounds = pipeline, rounds
     release = session._release
