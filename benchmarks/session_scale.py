@@ -6,7 +6,14 @@ event and reply crosses as the service would hand it over, no network, no
 threads) on an Abalone sample dealt to n sites, and times only the
 coordinator's session calls (``submit_*``, ``tick``, ``subscribed``…) with
 the process clock.  Per round = CPU between the second and the last tree
-release / rounds (the epoch setup before them is not counted).  Compared
+release / rounds (the epoch setup before them is not counted).  The epoch
+setup is timed on its own (``setup_cpu_ms_per_epoch``: the coordinator's
+``submit_setup`` calls — decoding and checking AdvertiseKeys and ShareKeys,
+closing the stages, encoding the roster and every EpochShares, the epoch's
+commit — and setup transitions taken elsewhere, minus rounds begun inside
+them) and amortised over ``epoch_rounds`` (``setup_cpu_ms_per_round``).
+``--checkpoint`` gives the coordinator its SQLite database (one durable
+commit per round, the epoch stored), as ``fedsbdt coordinator`` has.  Compared
 with ``benchmarks/federation_costs.py`` (the same coordinator over gRPC with
 mutual TLS), the difference is what the transport costs.
 
@@ -22,7 +29,8 @@ with ``git archive``) and this tree alternately, each size in a fresh process,
 ``--repeats`` times each, so old and new are measured under the same load.
 
 Run:  python benchmarks/session_scale.py [--sites 3 10 20 50] [--trees 60 30 20 12] [--baseline REF] [--repeats 2]
-Writes ``benchmarks/results/session_scale.json``.
+          [--epoch-rounds 128] [--checkpoint] [--out session_scale]
+Writes ``benchmarks/results/session_scale.json`` (or ``--out``).
 """
 from __future__ import annotations
 
@@ -54,14 +62,16 @@ from common.config import Hyperparameters  # noqa: E402
 from common.federation.plan import Deadlines, SiteEntry, make_plan  # noqa: E402
 from federation.conftest import abalone_with_ids, write_splits  # noqa: E402
 from federation.inproc import Clock, InProcess  # noqa: E402
+from server.checkpoint import CoordinatorStore  # noqa: E402
 from server.session import Session  # noqa: E402
 
 TIMED = ("submit_setup", "submit_input", "submit_round", "tick", "report_progress", "report_refusal",
          "report_finished", "subscribed", "unsubscribed", "join")
 
 
-def run(n: int, trees: int, rows_per_site: int = 40) -> dict:
-    """One in-process session of ``trees`` depth-6 trees over n sites; the coordinator's CPU per round."""
+def run(n: int, trees: int, rows_per_site: int = 40, epoch_rounds: int = 128, checkpoint: bool = False) -> dict:
+    """One in-process session of ``trees`` depth-6 trees over n sites; the coordinator's CPU per round and per
+    epoch setup (with its SQLite checkpoint if ``checkpoint``)."""
     with tempfile.TemporaryDirectory(prefix="fedsbdt-session-scale-") as tmp:
         tmp = Path(tmp)
         sites = [f"site-{i:03d}" for i in range(n)]
@@ -71,17 +81,20 @@ def run(n: int, trees: int, rows_per_site: int = 40) -> dict:
         hp = Hyperparameters(trees=trees, depth=6, seed=3, epsilon=1.0)
         plan = make_plan(schema, hp, [SiteEntry(s, keys[s].public_key().public_bytes_raw()) for s in sites],
                          randomness="insecure-test", test_seed=1, test_noise=True, max_records_per_site=10_000,
-                         deadlines=Deadlines(join=30, stage=10, quorum=10_000, finish=30), epoch_rounds=128)
+                         deadlines=Deadlines(join=30, stage=10, quorum=10_000, finish=30), epoch_rounds=epoch_rounds)
         clock = Clock()
         start = clock.now
-        session = Session(plan, plan.make_randomness(True), start, None, randbytes=_counter_bytes())
+        def store(name):
+            return CoordinatorStore(tmp / name, plan.sha256) if checkpoint else None
+
+        session = Session(plan, plan.make_randomness(True), start, store("coordinator"), randbytes=_counter_bytes())
         opts = SiteOptions(expected_plan_sha256=plan.sha256, allow_insecure_test_randomness=True,
                            policy=SitePolicy(allow_central_noise=True))
         machines = {}
         for s in sites:
             machines[s] = SiteMachine(s, keys[s], paths[s], tmp / f"state-{s}", opts)
             machines[s].accept_plan(plan.canonical_json, plan.sha256)
-        spent, marks, calls = _instrument(session, record=True)
+        spent, marks, calls, setup = _instrument(session, record=True)
         fed = InProcess(session, machines, clock)
         for s in sites:
             fed.join(s)
@@ -92,8 +105,8 @@ def run(n: int, trees: int, rows_per_site: int = 40) -> dict:
         if session.exit_code != 0:
             raise RuntimeError(f"the session failed: {session.stage}")
         # The same coordinator calls again, into a fresh Session, without the sites' work in between.
-        replay = Session(plan, plan.make_randomness(True), start, None, randbytes=_counter_bytes())
-        spent2, marks2, _ = _instrument(replay, record=False)
+        replay = Session(plan, plan.make_randomness(True), start, store("replay"), randbytes=_counter_bytes())
+        spent2, marks2, _, setup2 = _instrument(replay, record=False)
         for name, a, k, outcome in calls:
             try:
                 got = type(getattr(replay, name)(*a, **k)).__name__
@@ -103,12 +116,23 @@ def run(n: int, trees: int, rows_per_site: int = 40) -> dict:
                 raise RuntimeError(f"the replay diverged at {name}: {got} instead of {outcome}")
         if replay.model_json is None or replay.model_json != session.model_json:
             raise RuntimeError("the replayed coordinator released a different model")
+        for s in (session, replay):
+            if s.checkpoint is not None:
+                s.checkpoint.close()
         (k0, c0), (k1, c1) = marks[1], marks[-1]  # marks[0] is the initial score, after the epoch setup
         (r0, d0), (r1, d1) = marks2[1], marks2[-1]
-        return {"sites": n, "trees": trees, "rounds_timed": k1 - k0,
+        epochs = session.next_epoch_id  # epochs set up (ids are never reused)
+        if any(c0 < t < c1 for t in setup[1]):
+            raise RuntimeError("an epoch setup fell between the timed releases: time fewer trees or more epoch rounds")
+        return {"sites": n, "trees": trees, "rounds_timed": k1 - k0, "epoch_rounds": epoch_rounds,
+                "checkpoint": checkpoint, "epochs": epochs,
                 "coordinator_cpu_ms_per_round": round((c1 - c0) / (k1 - k0) * 1e3, 3),
                 "coordinator_cpu_s_total": round(spent[0], 3),
-                "replayed_cpu_ms_per_round": round((d1 - d0) / (r1 - r0) * 1e3, 3)}
+                "replayed_cpu_ms_per_round": round((d1 - d0) / (r1 - r0) * 1e3, 3),
+                "setup_cpu_ms_per_epoch": round(setup[0] / epochs * 1e3, 3),
+                "setup_cpu_ms_per_round": round(setup[0] / epochs / epoch_rounds * 1e3, 4),
+                "replayed_setup_cpu_ms_per_epoch": round(setup2[0] / epochs * 1e3, 3),
+                "replayed_setup_cpu_ms_per_round": round(setup2[0] / epochs / epoch_rounds * 1e3, 4)}
 
 
 def _counter_bytes():
@@ -120,10 +144,14 @@ def _counter_bytes():
 def _instrument(session: Session, record: bool):
     """Time the coordinator's entry points with the process clock; mark the CPU spent at every release.
 
-    Returns (spent, marks, calls): ``spent[0]`` the CPU so far, ``marks`` (trees released, CPU) after each
-    release, ``calls`` every timed call (name, args, kwargs, what it returned or raised) if ``record``.
+    Returns (spent, marks, calls, setup): ``spent[0]`` the CPU so far, ``marks`` (trees released, CPU) after
+    each release, ``calls`` every timed call (name, args, kwargs, what it returned or raised) if ``record``,
+    ``setup`` = [CPU of the epoch setups, the values of ``spent[0]`` after each setup step].  Setup is every
+    ``submit_setup`` call (decode, checks, stage closes and their commit) minus rounds stepped inside it,
+    plus setup transitions (announce, a close on a deadline) taken inside other calls.
     """
     spent, marks, calls = [0.0], [], []
+    setup, inside = [0.0, []], [False]
 
     def timed(name, fn):
         def call(*a, **k):
@@ -137,13 +165,38 @@ def _instrument(session: Session, record: bool):
                 outcome = type(exc).__name__
                 raise
             finally:
-                spent[0] += time.process_time() - t0
+                dt = time.process_time() - t0
+                spent[0] += dt
+                if name == "submit_setup":
+                    setup[0] += dt
+                    setup[1].append(spent[0])
                 if record:
                     calls.append((name, a, k, outcome))
         return call
 
     for name in TIMED:
-        setattr(session, name, timed(name, getattr(session, name)))
+        fn = timed(name, getattr(session, name))
+        setattr(session, name, _flagged(fn, inside) if name == "submit_setup" else fn)
+    step_pipeline, step_rounds = session._step_pipeline, session._step_rounds
+
+    def pipeline(*a, **k):  # a setup transition outside submit_setup counts as setup
+        t0 = time.process_time()
+        moved = step_pipeline(*a, **k)
+        if moved and not inside[0]:
+            setup[0] += time.process_time() - t0
+            setup[1].append(spent[0])
+        return moved
+
+    def rounds(*a, **k):  # a round stepped inside submit_setup is not setup
+        if not inside[0]:
+            return step_rounds(*a, **k)
+        t0 = time.process_time()
+        try:
+            return step_rounds(*a, **k)
+        finally:
+            setup[0] -= time.process_time() - t0
+
+    session._step_pipeline, session._step_rounds = pipeline, rounds
     release = session._release
 
     def on_release(*a, **k):
@@ -152,12 +205,24 @@ def _instrument(session: Session, record: bool):
         return out
 
     session._release = on_release
-    return spent, marks, calls
+    return spent, marks, calls, setup
 
 
-def run_in(code: Path, n: int, trees: int) -> dict:
+def _flagged(fn, flag: list):
+    """``fn`` with ``flag[0]`` True while it runs."""
+    def call(*a, **k):
+        flag[0] = True
+        try:
+            return fn(*a, **k)
+        finally:
+            flag[0] = False
+    return call
+
+
+def run_in(code: Path, n: int, trees: int, epoch_rounds: int, checkpoint: bool) -> dict:
     """:func:`run` of this harness driving the code of checkout ``code``, in a fresh Python process."""
-    prog = f"import json, runpy; print(json.dumps(runpy.run_path({__file__!r})['run']({n}, {trees})))"
+    prog = (f"import json, runpy; print(json.dumps(runpy.run_path({__file__!r})['run']"
+            f"({n}, {trees}, epoch_rounds={epoch_rounds}, checkpoint={checkpoint})))")
     out = subprocess.run([sys.executable, "-c", prog], cwd=code, capture_output=True, text=True, check=True,
                          env={**os.environ, "SESSION_SCALE_CODE": str(code)}).stdout
     return json.loads(out.strip().splitlines()[-1])
@@ -169,6 +234,10 @@ def main() -> None:
     ap.add_argument("--trees", type=int, nargs="+", default=[60, 30, 20, 12], help="trees per size (one per --sites)")
     ap.add_argument("--baseline", help="git ref to compare against, alternated with this tree (e.g. main)")
     ap.add_argument("--repeats", type=int, default=1, help="runs per size and version")
+    ap.add_argument("--epoch-rounds", type=int, default=128, help="round slots per epoch (setup amortised over them)")
+    ap.add_argument("--checkpoint", action="store_true",
+                    help="give the coordinator its SQLite database (a durable commit per round), as in a deployment")
+    ap.add_argument("--out", default="session_scale", help="results file name in benchmarks/results/ (no .json)")
     args = ap.parse_args()
     if len(args.trees) != len(args.sites):
         ap.error("give one --trees value per --sites value")
@@ -183,13 +252,15 @@ def main() -> None:
     for n, trees in zip(args.sites, args.trees):
         for _ in range(args.repeats):
             for name, code in versions.items():
-                r = run_in(code, n, trees) if args.baseline else run(n, trees)
+                r = (run_in(code, n, trees, args.epoch_rounds, args.checkpoint) if args.baseline
+                     else run(n, trees, epoch_rounds=args.epoch_rounds, checkpoint=args.checkpoint))
                 print(name, r, flush=True)
                 runs[name].append(r)
     summary = {}
     for n in args.sites:
         row = {}
-        for metric in ("coordinator_cpu_ms_per_round", "replayed_cpu_ms_per_round"):
+        for metric in ("coordinator_cpu_ms_per_round", "replayed_cpu_ms_per_round", "setup_cpu_ms_per_epoch",
+                       "setup_cpu_ms_per_round", "replayed_setup_cpu_ms_per_epoch", "replayed_setup_cpu_ms_per_round"):
             med = {k: round(statistics.median(r[metric] for r in v if r["sites"] == n), 3) for k, v in runs.items()}
             if args.baseline:
                 med["ratio_this_tree_to_baseline"] = round(med["this_tree"] / med["baseline"], 3)
@@ -197,12 +268,12 @@ def main() -> None:
         summary[str(n)] = row
         print(f"n = {n}: medians {row}", flush=True)
     meta = {"baseline_ref": args.baseline, "baseline_commit": versions["baseline"].name} if args.baseline else {}
-    path = save("session_scale", {
+    path = save(args.out, {
         "description": "coordinator Session + secure aggregation CPU per tree round, driven in one process without "
                        "gRPC (tests/federation/inproc.py), depth 6, t = n/2 + 1, distributed noise"
                        + ("; baseline and this tree alternated in one run, each size in a fresh process"
                           if args.baseline else ""),
-        **meta, "repeats": args.repeats,
+        **meta, "repeats": args.repeats, "epoch_rounds": args.epoch_rounds, "checkpoint": args.checkpoint,
         "summary_medians": summary, "runs": runs})
     print(f"saved {path}")
 

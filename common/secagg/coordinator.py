@@ -165,6 +165,7 @@ class SetupStage:
 @dataclass
 class CollectingAdverts(SetupStage):
     adverts: dict[str, AdvertiseKeys] = field(default_factory=dict)
+    used: set[bytes] = field(default_factory=set)  # every public key of the accepted adverts (O(E) per advert)
     name = "collecting-adverts"
 
     def receive_advertise(self, setup, msg):
@@ -183,10 +184,11 @@ class CollectingAdverts(SetupStage):
             raise InvalidMessage(f"{msg.sender!r} already advertised different keys for epoch {ann.epoch}")
         if not ed25519_verify(cfg.identity_key(msg.sender), AdvertiseKeys.SIGN_DOMAIN, msg.signing_bytes(), msg.signature):
             raise InvalidMessage(f"advertisement of {msg.sender!r} has an invalid signature")
-        used = {k for a in self.adverts.values() for k in (a.encryption_key, *a.mask_keys)}
-        if used & {msg.encryption_key, *msg.mask_keys}:
+        keys = {msg.encryption_key, *msg.mask_keys}
+        if not self.used.isdisjoint(keys):
             raise InvalidMessage(f"advertisement of {msg.sender!r} repeats a public key of another site")
         self.adverts[msg.sender] = msg
+        self.used |= keys
 
     def close(self, setup):
         n = len(self.adverts)
