@@ -19,10 +19,7 @@ import numpy as np
 from common import kernels
 from common.boosting import TASK_CODE
 from common.federation.sarus_rounds import SarusRequestError, SarusTree
-from common.federation.wire import InputReply, Purpose, Refusal
-from common.fixedpoint import FixedPointError
-from common.secagg import ProtocolAbort
-from common.secagg.errors import InvalidMessage
+from common.federation.wire import Purpose, Refusal
 
 KIND = {Purpose.SKETCH: "sketch", Purpose.LEVEL: "level", Purpose.TREE: "tree"}
 
@@ -114,18 +111,14 @@ class SarusSite:
             noise = m.randomness.discrete_gaussian(scales(plan.noise_divisor(p)))
         elif plan.noise == "central" and attempts > 0:  # a retry: a full, fresh share
             noise = m.randomness.discrete_gaussian(scales(1))
-        with m.ledger.transaction():
-            try:
-                masked = m.secagg.handle_round_start(start, x, noise)
-            except ProtocolAbort as e:
-                return [Refusal(f"round {r}: {e}", r)]
-            except (InvalidMessage, FixedPointError, TypeError, ValueError) as e:
-                return [Refusal(f"round {r}: {e}", r)]
+
+        def record() -> None:
             m.ledger.log_contribution(r, kind, ev.tree, with_data, None, int(present.sum()), level)
             if state is not None:
                 m.ledger.remember_sketch(ev.tree, state.sketch)
                 m.ledger.remember_splits(ev.tree, ev.features, ev.thresholds)
-        return [InputReply(ev.purpose, ev.tree, masked.to_bytes())]
+
+        return m.masked_input(ev, start, x, noise, record)
 
     def _vector(self, ev, state, present: np.ndarray) -> np.ndarray:
         """This site's sums for a checked request on its subsample ``present``."""

@@ -534,14 +534,7 @@ class SiteMachine:
             elif plan.noise == "central" and self.ledger.tree_attempts(k) > 0:
                 noise = self.randomness.discrete_gaussian(self.retry_scales[0])  # a retry: a full, fresh share
 
-        with self.ledger.transaction():
-            try:
-                masked = self.secagg.handle_round_start(start, x, noise)
-            except ProtocolAbort as e:  # e.g. participant set without this site or smaller than t
-                log.warning(f"{self.site_id}: round {r} refused: {e}", extra={"event": "secagg_abort"})
-                return [Refusal(f"round {r}: {e}", r)]
-            except (InvalidMessage, FixedPointError, TypeError, ValueError) as e:
-                return [Refusal(f"round {r}: {e}", r)]
+        def record() -> None:
             if c is not None and c.new_spent is not None:
                 self.ledger.charge(local.ids, local.spent, c.new_spent)
             self.ledger.log_contribution(r, kind, tree, with_data, None if c is None else c.active,
@@ -552,12 +545,36 @@ class SiteMachine:
                 self.ledger.set_init_vector(x, noise)
             if new_retry_noise is not None:
                 self.ledger.set_init_retry_noise(new_retry_noise)
+
+        replies = self.masked_input(ev, start, x, noise, record)
+        if isinstance(replies[0], Refusal):
+            return replies
         if kind == "tree" and with_data:
             self._sent_with_data = self._tree_contributions() + 1
         # Durable: only now does the masked vector leave this function.
         if c is not None:
             local.commit(c)
             self._leaf_cache = {tree: c.leaf}
+        return replies
+
+    def masked_input(self, ev: RoundStartMsg, start: RoundStart, x: np.ndarray | None, noise: np.ndarray | None = None,
+                     record=None) -> list[Reply]:
+        """The reply to round ``start`` for every round kind: secagg masks ``x`` (+ ``noise``) in one ledger
+        transaction with ``record()`` (the caller's bookkeeping, run only if secagg accepted the round).  A round
+        secagg refuses (ProtocolAbort: e.g. a participant set without this site or smaller than t; a malformed
+        or replayed request; a bad vector) becomes a Refusal and records nothing.  ``x`` None: the stored
+        masked input of a round started before (see :meth:`replayed_input`)."""
+        r = start.round_id
+        with self.ledger.transaction():
+            try:
+                masked = self.secagg.handle_round_start(start, x, noise)
+            except ProtocolAbort as e:  # persisted by secagg (commits with this transaction)
+                log.warning(f"{self.site_id}: round {r} refused: {e}", extra={"event": "secagg_abort"})
+                return [Refusal(f"round {r}: {e}", r)]
+            except (InvalidMessage, FixedPointError, TypeError, ValueError) as e:
+                return [Refusal(f"round {r}: {e}", r)]
+            if record is not None:
+                record()
         return [InputReply(ev.purpose, ev.tree, masked.to_bytes())]
 
     # ------------------------------------------------------------------ greedy trees
@@ -599,15 +616,9 @@ class SiteMachine:
         """The answer to a round started before (e.g. before this process restarted): secagg answers with the
         stored masked input (already charged) or refuses a changed request; nothing new is computed or charged.
         None for a round this site has not started."""
-        r = start.round_id
-        if self.secagg.round_stage(r) is None:
+        if self.secagg.round_stage(start.round_id) is None:
             return None
-        with self.ledger.transaction():
-            try:
-                masked = self.secagg.handle_round_start(start, None)
-            except (ProtocolAbort, InvalidMessage) as e:
-                return [Refusal(f"round {r}: {e}", r)]
-        return [InputReply(ev.purpose, ev.tree, masked.to_bytes())]
+        return self.masked_input(ev, start, None)
 
     def _level_input(self, ev: RoundStartMsg, start: RoundStart) -> tuple[np.ndarray, np.ndarray | None, bool]:
         """(level vector, noise share, carries data) for a checked level request (docs/greedy.md).
@@ -672,19 +683,14 @@ class SiteMachine:
         else:
             x, noise, charge = eval_input(self.plan, build_model(self.plan, self.init, self.trees), self.held_out,
                                           self.randomness)
-        with self.ledger.transaction():
-            try:
-                masked = self.secagg.handle_round_start(start, x, noise)
-            except ProtocolAbort as e:
-                return [Refusal(f"round {r}: {e}", r)]
-            except (InvalidMessage, FixedPointError, TypeError, ValueError) as e:
-                return [Refusal(f"round {r}: {e}", r)]
-            if charge is not None:
-                self.ledger.set_eval_vector(x, noise, charge | {"round_id": r})
+        replies = self.masked_input(ev, start, x, noise, None if charge is None else
+                                    lambda: self.ledger.set_eval_vector(x, noise, charge | {"round_id": r}))
+        if isinstance(replies[0], Refusal):
+            return replies
         log.info(f"{self.site_id}: evaluation input sent (round {r}, ε_eval = {self.plan.eval_epsilon:g}"
                  f"{', a retry: the stored vector' if charge is None else ''})",
                  extra={"event": "eval_sent", "site": self.site_id, "round_id": r})
-        return [InputReply(ev.purpose, ev.tree, masked.to_bytes())]
+        return replies
 
     # ------------------------------------------------------------------ releases
 

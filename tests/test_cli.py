@@ -17,19 +17,23 @@ def run(*args, ok=True):
 
 
 @pytest.fixture(scope="module")
-def abalone_model(tmp_path_factory):
-    """A small model trained by ``fedsbdt train`` on Abalone (3 trees), for the tests that only need a model."""
+def trained(tmp_path_factory):
+    """``fedsbdt train --json`` on Abalone (30 trees, ε = 1), run once for the module: (model file, stdout)."""
     model = tmp_path_factory.mktemp("abalone-model") / "m.json"
-    run("train", "--data", str(ABALONE), "--schema", str(EXAMPLES / "abalone/schema.toml"), "--out", str(model),
-        "--trees", "3", "--quiet")
-    return model
-
-
-def test_train_evaluate_predict_account_json(tmp_path):
-    model = tmp_path / "m.json"
     p = run("train", "--data", str(ABALONE), "--schema", str(EXAMPLES / "abalone/schema.toml"),
             "--out", str(model), "--epsilon", "1", "--trees", "30", "--depth", "2", "--json")
-    out = json.loads(p.stdout)  # exactly one JSON object on stdout
+    return model, p.stdout
+
+
+@pytest.fixture
+def abalone_model(trained):
+    """The module's Abalone model, for the tests that only need a model."""
+    return trained[0]
+
+
+def test_train_evaluate_predict_account_json(tmp_path, trained):
+    model, stdout = trained
+    out = json.loads(stdout)  # exactly one JSON object on stdout
     assert {"epsilon", "delta", "sigma", "alpha", "trees", "seconds"} <= set(out)
     assert out["trees"] == 30 and out["epsilon"] <= 1.0
     ev = json.loads(run("evaluate", "--model", str(model), "--data", str(ABALONE),

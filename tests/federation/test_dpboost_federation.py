@@ -290,16 +290,14 @@ def test_three_site_processes_train_dpboost_export_and_account(tmp_path, ca_dir,
     from common.data import load
     from common.federation.toml_writer import dumps
 
-    from .test_processes import SITES as PSITES, models_identical, setup_federation
+    from .conftest import SITES as PSITES, models_identical, tls_session_files
 
     hp = dpboost_hp(trees=4, ensemble_trees=2, depth=2, seed=21)
-    plan, schema, raw, data = setup_federation(tmp_path, ca_dir, hp, n_rows=600)
+    schema, raw = abalone_with_ids(600)
+    files = tls_session_files(tmp_path, ca_dir, schema, raw, hp, PSITES)
+    plan = files.plan
     c = cluster_factory(tmp_path / "plan.toml")
-    coord = c.coordinator()
-    sites = {s: c.site(s, data[s]) for s in PSITES}
-    assert coord.wait(timeout=300) == 0, coord.errors
-    for s, p in sites.items():
-        assert p.wait() == 0, p.errors
+    c.run(files.data, timeout=300)
     model = json.loads(models_identical(tmp_path, PSITES))
     levels = [e for e in c.events if e.get("_proc") == "coordinator" and e.get("event") == "level"]
     assert sorted((e["tree"], e["tree_level"]) for e in levels) == [(k, e) for k in range(4) for e in range(2)]

@@ -353,16 +353,13 @@ def test_summed_sketch_shares_have_the_full_sketch_noise():
 
 
 def test_three_site_processes_train_sarus_and_account(tmp_path, ca_dir, cluster_factory):
-    from .test_processes import SITES as PSITES, models_identical, setup_federation
+    from .conftest import SITES as PSITES, models_identical, tls_session_files
 
     hp = sarus_hp(trees=2, depth=2, seed=21)
-    plan, schema, raw, data = setup_federation(tmp_path, ca_dir, hp, n_rows=600)
+    files = tls_session_files(tmp_path, ca_dir, *abalone_with_ids(600), hp, PSITES)
+    plan = files.plan
     c = cluster_factory(tmp_path / "plan.toml")
-    coord = c.coordinator()
-    sites = {s: c.site(s, data[s]) for s in PSITES}
-    assert coord.wait(timeout=300) == 0, coord.errors
-    for s, p in sites.items():
-        assert p.wait() == 0, p.errors
+    c.run(files.data, timeout=300)
     model = json.loads(models_identical(tmp_path, PSITES))
     mine = [e for e in c.events if e.get("_proc") == "coordinator" and e.get("event") in ("sketch", "level")]
     assert sorted((e["tree"], e["event"], e["tree_level"]) for e in mine if e["event"] == "level") == \

@@ -20,14 +20,24 @@ SITES = [f"hosp-{i}" for i in range(8)]
 HP = Hyperparameters(trees=4, depth=2, seed=5, epsilon=1.0)
 
 
-def federation(tmp_path, **session) -> tuple[Plan, InProcess]:
-    """Eight sites on a 320-row Abalone sample, insecure test randomness without noise (exact sums)."""
-    schema, raw = abalone_with_ids(320)
-    paths = write_splits(raw, SITES, tmp_path / "data")
-    keys = {s: Ed25519PrivateKey.from_private_bytes(bytes([i + 1]) * 32) for i, s in enumerate(SITES)}
-    plan = make_plan(schema, HP, [SiteEntry(s, keys[s].public_key().public_bytes_raw()) for s in SITES],
+def site_keys() -> dict[str, Ed25519PrivateKey]:
+    return {s: Ed25519PrivateKey.from_private_bytes(bytes([i + 1]) * 32) for i, s in enumerate(SITES)}
+
+
+def sites_plan(schema, **session) -> Plan:
+    """The eight sites' plan: insecure test randomness without noise (exact sums)."""
+    keys = site_keys()
+    return make_plan(schema, HP, [SiteEntry(s, keys[s].public_key().public_bytes_raw()) for s in SITES],
                      randomness="insecure-test", test_seed=3, test_noise=False, max_records_per_site=10_000,
                      deadlines=Deadlines(join=30, stage=10, quorum=10_000, finish=30), **session)
+
+
+def federation(tmp_path, **session) -> tuple[Plan, InProcess]:
+    """Eight sites on a 320-row Abalone sample, joined to a session of :func:`sites_plan`."""
+    schema, raw = abalone_with_ids(320)
+    paths = write_splits(raw, SITES, tmp_path / "data")
+    keys = site_keys()
+    plan = sites_plan(schema, **session)
     clock = Clock()
     machines = {}
     for s in SITES:
@@ -81,12 +91,13 @@ def test_a_site_that_crashes_mid_session_is_survived_on_the_sparse_graph(tmp_pat
     assert fed.session.exit_code == 0 and len(trees(fed)) == HP.total_rounds
 
 
-def test_the_plan_option_round_trips_and_is_validated(tmp_path):
-    plan, _ = federation(tmp_path, secagg_graph="sparse", secagg_neighbours=4)
+def test_the_plan_option_round_trips_and_is_validated():
+    schema, _ = abalone_with_ids(320)  # a plan only: no site joins (the tests above run the sessions)
+    plan = sites_plan(schema, secagg_graph="sparse", secagg_neighbours=4)
     again = Plan.from_toml(plan.to_toml())
     assert again.sha256 == plan.sha256 and again.secagg_neighbours == 4
     assert plan.to_dict()["secure_aggregation"] == {"graph": "sparse", "neighbours": 4}
-    complete, _ = federation(tmp_path / "c")
+    complete = sites_plan(schema)
     assert "secure_aggregation" not in complete.to_dict()  # complete-graph plans (and their hashes) are unchanged
     d = plan.to_dict()
     for bad, match in (({"graph": "sparse", "neighbours": 3}, "even"),
