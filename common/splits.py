@@ -7,10 +7,14 @@ interactions", Nori et al.) and a threshold uniform over the feature's
 categorical nodes pick one public level.  The randomness is public and
 reproducible: tree *r* is a function of ``(seed, r)`` only, so every party can
 recompute (and check) what the coordinator broadcasts.
+
+The ``N`` candidates are float32 numbers (:func:`grid_threshold`), so the
+XGBoost export compares records exactly like our trees do (docs/xgboost-export.md).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from fractions import Fraction
 
 import numpy as np
 
@@ -45,12 +49,34 @@ def random_splits(schema: Schema, depth: int, seed: int, round_id: int, cyclical
     lo, hi, levels = _feature_table(schema)
     lo, hi, levels = lo[features], hi[features], levels[features]
     if split_candidates > 0:
-        numeric = lo + (hi - lo) * (cand + 1) / (split_candidates + 1)
+        numeric = np.array([grid_threshold(a, b, int(j) + 1, split_candidates) for a, b, j in zip(lo, hi, cand)])
     else:
         numeric = lo + (hi - lo) * u
     categorical = np.minimum(np.floor(u * levels), levels - 1)
     thresholds = np.where(levels > 0, categorical, numeric)
     return Splits(features, thresholds, missing_directions(schema, seed, round_id, n_inner))
+
+
+def grid_threshold(lo: float, hi: float, i: int, n: int) -> float:
+    """The ``i``-th (1 … n) of ``n`` equidistant candidate thresholds inside the public range ``[lo, hi]``:
+    the exact point ``g = lo + (hi − lo)·i/(n + 1)``, computed in rationals from the decimals ``lo`` and
+    ``hi`` print as, rounded *down* to a float32 ``t ≤ g`` (beyond the float32 range: g in float64).
+
+    Why: grid points are "round" numbers that discrete data take (0.45 on a 0 … 1 grid of 19).  A float64
+    threshold one step from the record's float64 value sends it one way here (``x < t``) and the other
+    way in XGBoost, which rounds ``x`` to float32 first.  With ``t`` a float32 the export writes ``t``
+    itself, and every record ``x ≥ t`` — the float32 inputs, and every float64 on or just above a grid
+    point, since ``float64(g) ≥ t`` — goes right in both; only a float64 ``x`` within half a float32
+    ulp *below* ``t`` can still differ (unavoidable: XGBoost rounds it up to ``t``)."""
+    a, b = Fraction(repr(float(lo))), Fraction(repr(float(hi)))
+    g = a + (b - a) * int(i) / (int(n) + 1)
+    with np.errstate(over="ignore"):
+        t = np.float32(float(g))
+    if not np.isfinite(t):
+        return float(g)
+    if Fraction(float(t)) > g:
+        t = np.nextafter(t, np.float32(-np.inf))
+    return float(t)
 
 
 #: spawn key of the default-direction stream: independent of the split stream of the same ``(seed, round)``
