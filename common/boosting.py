@@ -24,7 +24,7 @@ from .config import Hyperparameters
 from .fixedpoint import FixedPointCodec
 from .model import scale_labels
 from .rdp_filter import FilterTable
-from .splits import Splits, grid_threshold
+from .splits import Splits, grid_thresholds
 
 TASK_CODE = {"regression": kernels.REGRESSION, "binary": kernels.BINARY}
 
@@ -130,7 +130,8 @@ def split_edges(schema, split_candidates: int) -> list | None:
     if not 0 < split_candidates <= 255:
         return None
     return [None if f.is_categorical else
-            np.array([grid_threshold(f.lo, f.hi, j + 1, split_candidates) for j in range(split_candidates)])
+            grid_thresholds(np.full(split_candidates, f.lo), np.full(split_candidates, f.hi),
+                            np.arange(1, split_candidates + 1), split_candidates)
             for f in schema.features]
 
 

@@ -48,12 +48,12 @@ def random_splits(schema: Schema, depth: int, seed: int, round_id: int, cyclical
     cand = rng.integers(0, max(split_candidates, 1), size=n_inner)
     lo, hi, levels = _feature_table(schema)
     lo, hi, levels = lo[features], hi[features], levels[features]
+    thresholds = np.minimum(np.floor(u * levels), levels - 1)  # categorical nodes: a public level
+    num = levels == 0
     if split_candidates > 0:
-        numeric = np.array([grid_threshold(a, b, int(j) + 1, split_candidates) for a, b, j in zip(lo, hi, cand)])
+        thresholds[num] = grid_thresholds(lo[num], hi[num], cand[num] + 1, split_candidates)
     else:
-        numeric = lo + (hi - lo) * u
-    categorical = np.minimum(np.floor(u * levels), levels - 1)
-    thresholds = np.where(levels > 0, categorical, numeric)
+        thresholds[num] = (lo + (hi - lo) * u)[num]
     return Splits(features, thresholds, missing_directions(schema, seed, round_id, n_inner))
 
 
@@ -77,6 +77,28 @@ def grid_threshold(lo: float, hi: float, i: int, n: int) -> float:
     if Fraction(float(t)) > g:
         t = np.nextafter(t, np.float32(-np.inf))
     return float(t)
+
+
+def grid_thresholds(lo, hi, i, n: int) -> np.ndarray:
+    """:func:`grid_threshold` for arrays ``lo``, ``hi``, ``i`` (same results, bit for bit), vectorised.
+
+    The float32 nearest the float64 point ``g ≈ lo + (hi − lo)·i/(n + 1)`` is the answer or one float32 above
+    it; which one only the exact point can tell when that float32 lies within the float64 error of ``g``
+    (a few ulps: a grid point on a float32, such as 0.5), and there the exact :func:`grid_threshold` decides.
+    """
+    lo, hi = np.asarray(lo, dtype=np.float64), np.asarray(hi, dtype=np.float64)
+    i = np.asarray(i, dtype=np.int64)
+    g = lo + (hi - lo) * i / (int(n) + 1)
+    with np.errstate(over="ignore", invalid="ignore"):
+        t = g.astype(np.float32)
+        below = np.nextafter(t, np.float32(-np.inf)).astype(np.float64)
+        t64 = t.astype(np.float64)
+        tol = 16 * np.spacing(np.maximum(np.maximum(np.abs(lo), np.abs(hi)), np.abs(g)))
+        out = np.where(t64 > g, below, t64)
+        exact = ~np.isfinite(t) | (np.abs(t64 - g) <= tol)
+    for k in np.flatnonzero(exact):
+        out[k] = grid_threshold(float(lo.flat[k]), float(hi.flat[k]), int(i.flat[k]), n)
+    return out
 
 
 #: spawn key of the default-direction stream: independent of the split stream of the same ``(seed, round)``

@@ -77,3 +77,21 @@ def test_abalone_float64_rows_predict_alike(abalone, builder, tmp_path):
     theirs = xgb.Booster(model_file=str(tmp_path / "m.json")).predict(xgb.DMatrix(abalone.X))
     lo, hi = model.schema.label_range
     assert np.abs(theirs - model.predict(abalone.X)).max() <= 1e-6 * (hi - lo)
+
+
+def test_vectorised_grid_thresholds_equal_the_exact_ones():
+    """grid_thresholds (float64 with an exact fallback) equals grid_threshold (exact fractions) everywhere:
+    random ranges, decimal ranges whose grid points fall on float32 numbers (0.5, 0.25, …), huge ranges."""
+    from common.splits import grid_thresholds
+    rng = np.random.default_rng(7)
+    cases = [(0.0, 1.0, n) for n in (1, 3, 7, 9, 15, 19, 31, 32, 63, 255)]
+    cases += [(-4.0, 4.0, 15), (0.0, 1000.0, 99), (-3.3, 0.0, 32), (2.5, 7.5, 9), (0.0, 1e300, 3), (-1e39, 1e39, 5)]
+    cases += [(float(a), float(a + w), int(n)) for a, w, n in
+              zip(rng.normal(0, 50, 300), rng.exponential(20, 300), rng.integers(1, 256, 300))]
+    cases += [(round(float(a), 2), round(float(a), 2) + round(float(w), 1) + 0.1, int(n)) for a, w, n in
+              zip(rng.uniform(-10, 10, 200), rng.uniform(0, 20, 200), rng.integers(1, 64, 200))]
+    for lo, hi, n in cases:
+        i = np.arange(1, n + 1)
+        fast = grid_thresholds(np.full(n, lo), np.full(n, hi), i, n)
+        exact = np.array([grid_threshold(lo, hi, int(k), n) for k in i])
+        assert np.array_equal(fast, exact), (lo, hi, n, np.flatnonzero(fast != exact))
