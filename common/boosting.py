@@ -24,7 +24,7 @@ from .config import Hyperparameters
 from .fixedpoint import FixedPointCodec
 from .model import scale_labels
 from .rdp_filter import FilterTable
-from .splits import Splits
+from .splits import Splits, grid_thresholds
 
 TASK_CODE = {"regression": kernels.REGRESSION, "binary": kernels.BINARY}
 
@@ -129,8 +129,9 @@ def split_edges(schema, split_candidates: int) -> list | None:
     """
     if not 0 < split_candidates <= 255:
         return None
-    j = np.arange(split_candidates, dtype=np.int64)
-    return [None if f.is_categorical else f.lo + (f.hi - f.lo) * (j + 1) / (split_candidates + 1)
+    return [None if f.is_categorical else
+            grid_thresholds(np.full(split_candidates, f.lo), np.full(split_candidates, f.hi),
+                            np.arange(1, split_candidates + 1), split_candidates)
             for f in schema.features]
 
 

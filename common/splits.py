@@ -7,10 +7,14 @@ interactions", Nori et al.) and a threshold uniform over the feature's
 categorical nodes pick one public level.  The randomness is public and
 reproducible: tree *r* is a function of ``(seed, r)`` only, so every party can
 recompute (and check) what the coordinator broadcasts.
+
+The ``N`` candidates are float32 numbers (:func:`grid_threshold`), so the
+XGBoost export compares records exactly like our trees do (docs/xgboost-export.md).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from fractions import Fraction
 
 import numpy as np
 
@@ -44,13 +48,57 @@ def random_splits(schema: Schema, depth: int, seed: int, round_id: int, cyclical
     cand = rng.integers(0, max(split_candidates, 1), size=n_inner)
     lo, hi, levels = _feature_table(schema)
     lo, hi, levels = lo[features], hi[features], levels[features]
+    thresholds = np.minimum(np.floor(u * levels), levels - 1)  # categorical nodes: a public level
+    num = levels == 0
     if split_candidates > 0:
-        numeric = lo + (hi - lo) * (cand + 1) / (split_candidates + 1)
+        thresholds[num] = grid_thresholds(lo[num], hi[num], cand[num] + 1, split_candidates)
     else:
-        numeric = lo + (hi - lo) * u
-    categorical = np.minimum(np.floor(u * levels), levels - 1)
-    thresholds = np.where(levels > 0, categorical, numeric)
+        thresholds[num] = (lo + (hi - lo) * u)[num]
     return Splits(features, thresholds, missing_directions(schema, seed, round_id, n_inner))
+
+
+def grid_threshold(lo: float, hi: float, i: int, n: int) -> float:
+    """The ``i``-th (1 … n) of ``n`` equidistant candidate thresholds inside the public range ``[lo, hi]``:
+    the exact point ``g = lo + (hi − lo)·i/(n + 1)``, computed in rationals from the decimals ``lo`` and
+    ``hi`` print as, rounded *down* to a float32 ``t ≤ g`` (beyond the float32 range: g in float64).
+
+    Why: grid points are "round" numbers that discrete data take (0.45 on a 0 … 1 grid of 19).  A float64
+    threshold one step from the record's float64 value sends it one way here (``x < t``) and the other
+    way in XGBoost, which rounds ``x`` to float32 first.  With ``t`` a float32 the export writes ``t``
+    itself, and every record ``x ≥ t`` — the float32 inputs, and every float64 on or just above a grid
+    point, since ``float64(g) ≥ t`` — goes right in both; only a float64 ``x`` within half a float32
+    ulp *below* ``t`` can still differ (unavoidable: XGBoost rounds it up to ``t``)."""
+    a, b = Fraction(repr(float(lo))), Fraction(repr(float(hi)))
+    g = a + (b - a) * int(i) / (int(n) + 1)
+    with np.errstate(over="ignore"):
+        t = np.float32(float(g))
+    if not np.isfinite(t):
+        return float(g)
+    if Fraction(float(t)) > g:
+        t = np.nextafter(t, np.float32(-np.inf))
+    return float(t)
+
+
+def grid_thresholds(lo, hi, i, n: int) -> np.ndarray:
+    """:func:`grid_threshold` for arrays ``lo``, ``hi``, ``i`` (same results, bit for bit), vectorised.
+
+    The float32 nearest the float64 point ``g ≈ lo + (hi − lo)·i/(n + 1)`` is the answer or one float32 above
+    it; which one only the exact point can tell when that float32 lies within the float64 error of ``g``
+    (a few ulps: a grid point on a float32, such as 0.5), and there the exact :func:`grid_threshold` decides.
+    """
+    lo, hi = np.asarray(lo, dtype=np.float64), np.asarray(hi, dtype=np.float64)
+    i = np.asarray(i, dtype=np.int64)
+    g = lo + (hi - lo) * i / (int(n) + 1)
+    with np.errstate(over="ignore", invalid="ignore"):
+        t = g.astype(np.float32)
+        below = np.nextafter(t, np.float32(-np.inf)).astype(np.float64)
+        t64 = t.astype(np.float64)
+        tol = 16 * np.spacing(np.maximum(np.maximum(np.abs(lo), np.abs(hi)), np.abs(g)))
+        out = np.where(t64 > g, below, t64)
+        exact = ~np.isfinite(t) | (np.abs(t64 - g) <= tol)
+    for k in np.flatnonzero(exact):
+        out[k] = grid_threshold(float(lo.flat[k]), float(hi.flat[k]), int(i.flat[k]), n)
+    return out
 
 
 #: spawn key of the default-direction stream: independent of the split stream of the same ``(seed, round)``

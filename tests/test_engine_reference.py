@@ -1,5 +1,6 @@
 """With noise off (test-only source) the engine equals a tiny brute-force S-BDT written here."""
 import math
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -170,7 +171,15 @@ def test_random_splits_follow_the_per_node_definition(cyclical, candidates):
             if f.is_categorical:
                 want = float(min(int(u[k] * len(f.levels)), len(f.levels) - 1))
             elif candidates:
-                want = f.lo + (f.hi - f.lo) * (cand[k] + 1) / (candidates + 1)
+                # the largest float32 ≤ the exact grid point of the decimal range (docs/xgboost-export.md)
+                g = Fraction(repr(f.lo)) + (Fraction(repr(f.hi)) - Fraction(repr(f.lo))) * int(cand[k] + 1) \
+                    / (candidates + 1)
+                want = np.float32(float(g))
+                while Fraction(float(want)) > g:
+                    want = np.nextafter(want, np.float32(-np.inf))
+                while Fraction(float(np.nextafter(want, np.float32(np.inf)))) <= g:
+                    want = np.nextafter(want, np.float32(np.inf))
+                want = float(want)
             else:
                 want = f.lo + (f.hi - f.lo) * u[k]
             assert s.features[k] == feats[k] and s.thresholds[k] == want, (r, k)

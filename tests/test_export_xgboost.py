@@ -28,8 +28,8 @@ def models(abalone, adult):
 
 
 def test_default_split_candidates_match_on_float32_inputs(abalone, tmp_path):
-    """Equidistant candidates can equal round data values (Abalone Diameter 0.45): float64 rows may then
-    change sides in XGBoost (docs/xgboost-export.md); on float32 inputs both agree to float32 rounding."""
+    """Equidistant candidates (float32 grid points, Abalone Diameter 0.45 among them): on float32 inputs
+    both agree to float32 rounding, bit for bit in the margins (float64 rows: tests/test_export_grid.py)."""
     model = train(abalone, Hyperparameters(epsilon=1.0, trees=100, depth=4)).model
     assert model.hyperparameters.split_candidates > 0
     X32 = abalone.X.astype(np.float32).astype(np.float64)
