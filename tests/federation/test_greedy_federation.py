@@ -20,14 +20,14 @@ from common.config import ConfigError, Hyperparameters
 from common.data import load
 from common.engine import calibration_for, train
 from common.federation.plan import PlanError, SiteEntry, make_plan
-from common.federation.wire import (Purpose, RoundMsg, RoundStartMsg, TreeMsg, WireError, event_from_proto,
+from common.federation.wire import (Purpose, RoundStartMsg, TreeMsg, WireError, event_from_proto,
                                     event_to_proto)
 from common.randomness import InsecureTestRandomness, SecureRandomness
 from common.schema import Schema
 from common.secagg import RoundStart
 
 from .conftest import EXAMPLES, ROOT, abalone_with_ids
-from .test_state_machines import SEED, SITES, Fed, _counts
+from .test_state_machines import SEED, SITES, Fed, _counts, fail_rounds_after_inputs
 
 
 def adult_with_ids(n: int):
@@ -52,25 +52,6 @@ def assert_shares_sum_to_full_noise(share, full, k: int, vectors: int) -> None:
     n = z.size
     assert abs(z.mean()) <= 5 / math.sqrt(n)
     assert abs(z.var() - 1.0) <= 5 * math.sqrt(2.0 / n)
-
-
-def fail_rounds_after_inputs(f: Fed, rounds: int) -> None:
-    """Fail ``rounds`` rounds after every site sent its masked input (only hosp-a hears what follows them),
-    then let the session finish.  Slow rounds only (plan fast_path = "never"): a fast round that has every
-    input is released."""
-    left = {"rounds": rounds}
-
-    def intercept(site, ev):
-        return not (isinstance(ev, RoundMsg) and left["rounds"] > 0 and site != "hosp-a"
-                    and f.session.init is not None)
-
-    f.fed.intercept = intercept
-    while left["rounds"] > 0:
-        before = f.session.rounds_failed
-        f.fed.run(until=lambda: f.session.rounds_failed > before)
-        left["rounds"] -= 1
-    f.fed.intercept = None
-    f.fed.run()
 
 
 def first_tree_released(f: Fed):
@@ -257,15 +238,19 @@ def test_site_refuses_tampered_level_requests_before_computing_anything(tmp_path
         m.handle(fake)
 
 
-def test_a_random_plan_site_refuses_level_rounds(tmp_path):
+def random_plan_site_answer(tmp_path, purpose: Purpose, *fields) -> str:
+    """What a site of a random-tree plan answers to a ``purpose`` round for tree 0 (the reply's detail)."""
     f = Fed(tmp_path, Hyperparameters(trees=2, depth=2, seed=5, epsilon=1.0)).start()
     f.fed.run(until=lambda: f.session.init is not None)
     m = f.machines["hosp-a"]
     ep = f.session.coord.epoch(min(f.session.coord.ready_epochs()))
     r = (m.secagg._wm.max_round or 0) + 1
     start = RoundStart(f.session.coord.config.digest, ep.epoch, r, 8, tuple(SITES))
-    out = m.handle(RoundStartMsg(Purpose.LEVEL, 0, start.to_bytes(), 0))
-    assert "level rounds are for greedy trees" in out[0].detail
+    return m.handle(RoundStartMsg(purpose, 0, start.to_bytes(), *fields))[0].detail
+
+
+def test_a_random_plan_site_refuses_level_rounds(tmp_path):
+    assert "level rounds are for greedy trees" in random_plan_site_answer(tmp_path, Purpose.LEVEL, 0)
 
 
 def test_federated_greedy_refuses_what_central_greedy_refuses(tmp_path):

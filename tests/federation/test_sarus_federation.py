@@ -28,8 +28,8 @@ from common.sarus import clamped_score, leaf_value
 from common.secagg import RoundStart
 
 from .conftest import ROOT, abalone_with_ids
-from .test_greedy_federation import adult_with_ids, assert_shares_sum_to_full_noise, fail_rounds_after_inputs
-from .test_state_machines import SEED, SITES, Fed, _counts
+from .test_greedy_federation import adult_with_ids, assert_shares_sum_to_full_noise, random_plan_site_answer
+from .test_state_machines import SEED, SITES, Fed, _counts, fail_rounds_after_inputs
 
 
 def sarus_hp(**kw) -> Hyperparameters:
@@ -237,14 +237,7 @@ def test_a_site_sends_each_stage_s_data_once_however_often_the_coordinator_retri
 
 
 def test_a_random_plan_site_refuses_sketch_rounds(tmp_path):
-    f = Fed(tmp_path, Hyperparameters(trees=2, depth=2, seed=5, epsilon=1.0)).start()
-    f.fed.run(until=lambda: f.session.init is not None)
-    m = f.machines["hosp-a"]
-    ep = f.session.coord.epoch(min(f.session.coord.ready_epochs()))
-    r = (m.secagg._wm.max_round or 0) + 1
-    start = RoundStart(f.session.coord.config.digest, ep.epoch, r, 8, tuple(SITES))
-    out = m.handle(RoundStartMsg(Purpose.SKETCH, 0, start.to_bytes()))
-    assert "sketch rounds are for Sarus trees" in out[0].detail
+    assert "sketch rounds are for Sarus trees" in random_plan_site_answer(tmp_path, Purpose.SKETCH)
 
 
 def test_round_start_carries_the_sketch_on_the_wire():

@@ -106,6 +106,25 @@ class Fed:
         return json.loads(self.session.model_json)
 
 
+def fail_rounds_after_inputs(f: Fed, rounds: int) -> None:
+    """Fail ``rounds`` rounds after every site sent its masked input (only hosp-a hears what follows them),
+    then let the session finish.  Slow rounds only (plan fast_path = "never"): a fast round that has every
+    input is released."""
+    left = {"rounds": rounds}
+
+    def intercept(site, ev):
+        return not (isinstance(ev, RoundMsg) and left["rounds"] > 0 and site != "hosp-a"
+                    and f.session.init is not None)
+
+    f.fed.intercept = intercept
+    while left["rounds"] > 0:
+        before = f.session.rounds_failed
+        f.fed.run(until=lambda: f.session.rounds_failed > before)
+        left["rounds"] -= 1
+    f.fed.intercept = None
+    f.fed.run()
+
+
 def tree_hp(**kw) -> Hyperparameters:
     base = dict(trees=6, depth=2, seed=5, epsilon=1.0)
     base.update(kw)
@@ -245,23 +264,7 @@ def test_initial_score_is_contributed_once_a_retry_resends_the_same_vector(tmp_p
 def test_without_the_filter_no_site_sends_data_in_more_rounds_than_accounted(tmp_path):
     hp = tree_hp(trees=2)
     f = Fed(tmp_path, hp, secagg_fast_path="never").start()  # rounds that fail after every input was sent
-    failures = {"left": 3}
-
-    def intercept(site, ev):  # the first three tree rounds fail after every site sent its masked input
-        if isinstance(ev, RoundMsg) and failures["left"] > 0 and site != "hosp-a" and f.session.init is not None:
-            return False
-        return True
-
-    def on_fail():
-        return f.session.rounds_failed
-
-    f.fed.intercept = intercept
-    while failures["left"] > 0:
-        before = on_fail()
-        f.fed.run(until=lambda: on_fail() > before)
-        failures["left"] -= 1
-    f.fed.intercept = None
-    f.fed.run()
+    fail_rounds_after_inputs(f, 3)  # the first three tree rounds
     assert f.session.exit_code == 0 and len(f.session.trees) == 2
     for s in SITES:
         rows = f.db(s).execute("SELECT with_data FROM contributions WHERE kind = 'tree' ORDER BY round_id").fetchall()
@@ -289,20 +292,7 @@ def test_with_the_filter_no_record_exceeds_its_budget_despite_retries(tmp_path):
     f.start()
     for s, m in f.machines.items():
         charges[s] = []  # forget the discarded warm-up contribution of accept_plan (never charged)
-    left = {"n": 2}
-
-    def intercept(site, ev):
-        if isinstance(ev, RoundMsg) and left["n"] > 0 and site != "hosp-a" and f.session.init is not None:
-            return False
-        return True
-
-    f.fed.intercept = intercept
-    while left["n"] > 0:
-        before = f.session.rounds_failed
-        f.fed.run(until=lambda: f.session.rounds_failed > before)
-        left["n"] -= 1
-    f.fed.intercept = None
-    f.fed.run()
+    fail_rounds_after_inputs(f, 2)
     assert f.session.exit_code == 0
     budget = filter_for(hp, calibration_for(hp)).budget_units
     assert budget == hp.trees * UNITS_PER_ROUND
