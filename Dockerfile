@@ -41,7 +41,7 @@ COPY client ./client
 COPY protos ./protos
 COPY examples ./examples
 RUN pip install --no-index --no-deps --no-build-isolation -e . && mkdir -p /var/cache/fedsbdt/numba \
-    && python -c "import common.cli, server.cli, client.cli, fedsbdt.v1.federation_pb2_grpc"
+    && python -c "import fedsbdt.common.cli, fedsbdt.server.cli, fedsbdt.client.cli, fedsbdt.proto.v1.federation_pb2_grpc"
 
 # The coordinator's port (mutual TLS).
 EXPOSE 7443

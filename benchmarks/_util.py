@@ -15,11 +15,11 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from common.config import Hyperparameters  # noqa: E402
-from common.data import Dataset, load  # noqa: E402
-from common.engine import train  # noqa: E402
-from common.metrics import auc, rmse  # noqa: E402
-from common.schema import Schema  # noqa: E402
+from fedsbdt.common.config import Hyperparameters  # noqa: E402
+from fedsbdt.common.data import Dataset, load  # noqa: E402
+from fedsbdt.common.engine import train  # noqa: E402
+from fedsbdt.common.metrics import auc, rmse  # noqa: E402
+from fedsbdt.common.schema import Schema  # noqa: E402
 
 DATASETS = Path(os.environ.get("FEDSBDT_DATASETS", ROOT.parent / "shared" / "datasets"))
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -17,7 +17,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common import kernels  # noqa: E402
+from fedsbdt.common import kernels  # noqa: E402
 from tests.kernel_cases import random_case  # noqa: E402
 
 
@@ -150,7 +150,7 @@ def check_subsample_stream():
     import os
     from unittest import mock
 
-    from common import randomness
+    from fedsbdt.common import randomness
 
     for n in (1, 7, 1000, 30_001):
         key = os.urandom(32)

@@ -35,9 +35,9 @@ import sys
 import numpy as np
 from _util import FOLDS, SETTINGS, fmt_pm, load_dataset, metric_of, run_cv, save, summary  # noqa: E402
 
-from common.config import Hyperparameters  # noqa: E402
-from common.data import Dataset  # noqa: E402
-from common.schema import Schema  # noqa: E402
+from fedsbdt.common.config import Hyperparameters  # noqa: E402
+from fedsbdt.common.data import Dataset  # noqa: E402
+from fedsbdt.common.schema import Schema  # noqa: E402
 
 #: the candidate defaults: (cyclical, split_candidates)
 CANDIDATES = {

@@ -27,14 +27,14 @@ import time
 import numpy as np
 
 from _util import DATASETS, ROOT, data_file, save, summary  # noqa: E402  (puts the repo on sys.path)
-from common.config import Hyperparameters
-from common.data import Dataset, load
-from common.dpboost import calibrate_dpboost
-from common.engine import train
-from common.metrics import accuracy, rmse
-from common.model import Ensemble
-from common.randomness import InsecureTestRandomness
-from common.schema import Schema
+from fedsbdt.common.config import Hyperparameters
+from fedsbdt.common.data import Dataset, load
+from fedsbdt.common.dpboost import calibrate_dpboost
+from fedsbdt.common.engine import train
+from fedsbdt.common.metrics import accuracy, rmse
+from fedsbdt.common.model import Ensemble
+from fedsbdt.common.randomness import InsecureTestRandomness
+from fedsbdt.common.schema import Schema
 
 EPSILONS = (1.0, 2.0, 4.0, 6.0, 8.0, 10.0)
 FIG2 = {"tree_builder": "dpboost", "trees": 50, "ensemble_trees": 50, "depth": 6, "l2": 0.1, "grad_clip": 1.0,

@@ -18,8 +18,8 @@ import sys
 import time
 
 from _util import DATASETS, RESULTS, ROOT, save  # noqa: E402  (puts the repo on sys.path)
-from common.federation.plan import federated_calibration
-from common.config import Hyperparameters, builder_defaults
+from fedsbdt.common.federation.plan import federated_calibration
+from fedsbdt.common.config import Hyperparameters, builder_defaults
 from dpboost import FIG2, datasets, error, fit  # noqa: E402
 from greedy_federated import federation  # noqa: E402
 
@@ -30,8 +30,8 @@ def train_lines(name: str, tr) -> list[str]:
     """The raw lines of the training rows ``tr`` (the rows ``load`` keeps, in file order, subset like ``tr``)."""
     import numpy as np
 
-    from common.data import load
-    from common.schema import Schema
+    from fedsbdt.common.data import load
+    from fedsbdt.common.schema import Schema
     from _util import data_file
 
     path = data_file(name)

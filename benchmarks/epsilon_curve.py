@@ -17,8 +17,8 @@ import numpy as np
 
 from _util import FOLDS, RESULTS, SETTINGS, load_dataset, metric_of, run_cv, save  # noqa: E402
 
-from common.config import Hyperparameters  # noqa: E402
-from common.engine import calibration_for  # noqa: E402
+from fedsbdt.common.config import Hyperparameters  # noqa: E402
+from fedsbdt.common.engine import calibration_for  # noqa: E402
 
 
 def plot(out: dict, path) -> None:

@@ -20,12 +20,12 @@ from _util import ROOT, save
 
 sys.path.insert(0, str(ROOT))
 
-from common.config import Hyperparameters  # noqa: E402
-from common.data import load  # noqa: E402
-from common.engine import train  # noqa: E402
-from common.fed_eval import EvalSpec, exact_metrics  # noqa: E402
-from common.randomness import SecureRandomness  # noqa: E402
-from common.schema import Schema  # noqa: E402
+from fedsbdt.common.config import Hyperparameters  # noqa: E402
+from fedsbdt.common.data import load  # noqa: E402
+from fedsbdt.common.engine import train  # noqa: E402
+from fedsbdt.common.fed_eval import EvalSpec, exact_metrics  # noqa: E402
+from fedsbdt.common.randomness import SecureRandomness  # noqa: E402
+from fedsbdt.common.schema import Schema  # noqa: E402
 
 EPSILONS = (0.05, 0.1, 0.3, 1.0, 3.0)
 SITES = 3

@@ -6,7 +6,7 @@ depth 6.  Measures the total wall time (coordinator start → model verified by
 every site), the per-round latency (time between consecutive tree releases,
 from the coordinator's monotonic clock; median and p99), the bytes each site
 sent and received (protobuf payloads, without HTTP/2 and TLS framing), and
-compares with ``common.engine.train`` on the union of the data with the same
+compares with ``fedsbdt.common.engine.train`` on the union of the data with the same
 hyperparameters.  The same is repeated in central noise mode (sites add no
 noise) to separate the transport + secure-aggregation cost from the cost of
 every site drawing its own noise share.
@@ -38,13 +38,13 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from common.cli import evaluate_model  # noqa: E402
-from common.config import Hyperparameters  # noqa: E402
-from common.data import load  # noqa: E402
-from common.engine import train  # noqa: E402
-from common.model import Ensemble  # noqa: E402
-from common.schema import Schema  # noqa: E402
-from server.demo import EXAMPLES, Layout, Processes, follow_log, prepare, start_coordinator, start_site  # noqa: E402
+from fedsbdt.common.cli import evaluate_model  # noqa: E402
+from fedsbdt.common.config import Hyperparameters  # noqa: E402
+from fedsbdt.common.data import load  # noqa: E402
+from fedsbdt.common.engine import train  # noqa: E402
+from fedsbdt.common.model import Ensemble  # noqa: E402
+from fedsbdt.common.schema import Schema  # noqa: E402
+from fedsbdt.server.demo import EXAMPLES, Layout, Processes, follow_log, prepare, start_coordinator, start_site  # noqa: E402
 
 SCHEMA = Schema.load(EXAMPLES / "adult" / "schema.toml")
 PAPER_ADULT = dict(epsilon=0.02, trees=200, depth=5, subsample=0.005, r1=0.1, grad_clip=0.5, hess_clip=0.1)

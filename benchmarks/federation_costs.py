@@ -49,7 +49,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from _util import RESULTS, save  # noqa: E402
-from server.demo import Layout, follow_log, prepare  # noqa: E402
+from fedsbdt.server.demo import Layout, follow_log, prepare  # noqa: E402
 
 
 def export_tree(ref: str, dest: Path) -> Path:
@@ -101,12 +101,12 @@ def run_federation(code: Path, hp: dict, sites: int, profile: Path | None = None
     ``stagger``: seconds between site starts (many sites: their start-up children must not all overlap).
     ``fast_path``: the plan's [secure_aggregation] fast_path ("auto" is left out of the plan).
     """
-    from common.federation.plan import Deadlines
+    from fedsbdt.common.federation.plan import Deadlines
     env = dict(os.environ, PYTHONPATH=str(code))
     env.setdefault("NUMBA_CACHE_DIR", str(code / ".numba-cache"))
 
     def cli(*args: str) -> list[str]:
-        return [sys.executable, "-m", "common.cli", "--log-format", "json", *args]
+        return [sys.executable, "-m", "fedsbdt.common.cli", "--log-format", "json", *args]
 
     with tempfile.TemporaryDirectory(prefix="fedsbdt-costs-") as tmp:
         layout = Layout(Path(tmp))

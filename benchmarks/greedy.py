@@ -30,12 +30,12 @@ import time
 import numpy as np
 from _util import RESULTS, ROOT, save, summary  # noqa: E402
 
-from common.config import Hyperparameters  # noqa: E402
-from common.data import Dataset, load  # noqa: E402
-from common.engine import train  # noqa: E402
-from common.metrics import auc  # noqa: E402
-from common.schema import Schema  # noqa: E402
-from common.simulate import interaction_problem  # noqa: E402
+from fedsbdt.common.config import Hyperparameters  # noqa: E402
+from fedsbdt.common.data import Dataset, load  # noqa: E402
+from fedsbdt.common.engine import train  # noqa: E402
+from fedsbdt.common.metrics import auc  # noqa: E402
+from fedsbdt.common.schema import Schema  # noqa: E402
+from fedsbdt.common.simulate import interaction_problem  # noqa: E402
 
 METHODS = {  # name -> hyperparameters beyond the common ones (paper Table 4 names in brackets)
     "random": {"tree_builder": "random", "split_candidates": 32},  # TR
@@ -119,9 +119,9 @@ def adult(runs: int, grid) -> dict:
 
 def cost(repeats: int = 5) -> dict:
     """Vector length per level (Adult, 32 candidates) vs a random round, and a site's ms per level vector."""
-    from common import kernels
-    from common.builders import Candidates
-    from common.greedy_levels import level_layout, level_sums
+    from fedsbdt.common import kernels
+    from fedsbdt.common.builders import Candidates
+    from fedsbdt.common.greedy_levels import level_layout, level_sums
 
     ds = load(ROOT / "examples" / "adult" / "adult.data", Schema.load(ROOT / "examples" / "adult" / "schema.toml"))
     site = ds.subset(np.arange(0, ds.n, 3))  # one of three sites

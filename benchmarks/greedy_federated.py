@@ -26,12 +26,12 @@ from pathlib import Path
 import numpy as np
 from _util import ROOT, save, summary  # noqa: E402
 
-from common.data import load  # noqa: E402
-from common.metrics import auc  # noqa: E402
-from common.model import Ensemble  # noqa: E402
-from common.schema import Schema  # noqa: E402
+from fedsbdt.common.data import load  # noqa: E402
+from fedsbdt.common.metrics import auc  # noqa: E402
+from fedsbdt.common.model import Ensemble  # noqa: E402
+from fedsbdt.common.schema import Schema  # noqa: E402
 from greedy import PAPER_ADULT, split_70_30  # noqa: E402
-from server.demo import Layout, Processes, follow_log, prepare, start_coordinator, start_site  # noqa: E402
+from fedsbdt.server.demo import Layout, Processes, follow_log, prepare, start_coordinator, start_site  # noqa: E402
 
 SITES = 3
 ADULT = ROOT / "examples" / "adult"

@@ -26,11 +26,11 @@ import time
 import numpy as np
 from _util import DATASETS, ROOT, fmt_pm, save, summary  # noqa: E402
 
-from common.config import GREEDY_DEFAULTS, Hyperparameters  # noqa: E402
-from common.data import load  # noqa: E402
-from common.engine import train  # noqa: E402
-from common.metrics import auc  # noqa: E402
-from common.schema import Schema  # noqa: E402
+from fedsbdt.common.config import GREEDY_DEFAULTS, Hyperparameters  # noqa: E402
+from fedsbdt.common.data import load  # noqa: E402
+from fedsbdt.common.engine import train  # noqa: E402
+from fedsbdt.common.metrics import auc  # noqa: E402
+from fedsbdt.common.schema import Schema  # noqa: E402
 
 EPSILONS = (0.1, 1.0)
 METHODS = {

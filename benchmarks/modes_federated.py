@@ -38,7 +38,7 @@ from _util import RESULTS, environment, summary  # noqa: E402  (puts the repo on
 import dpboost  # noqa: E402
 import modes  # noqa: E402
 import sarus  # noqa: E402
-from common.config import builder_defaults  # noqa: E402
+from fedsbdt.common.config import builder_defaults  # noqa: E402
 from dpboost_federated import train_lines  # noqa: E402
 from greedy_federated import SITES, federation  # noqa: E402
 from sarus_federated import train_test  # noqa: E402

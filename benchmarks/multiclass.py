@@ -25,11 +25,11 @@ import time
 import numpy as np
 from _util import ROOT, cv_runs, save, summary  # noqa: E402
 
-from common import multiclass  # noqa: E402
-from common.config import Hyperparameters  # noqa: E402
-from common.data import Dataset, load  # noqa: E402
-from common.engine import train  # noqa: E402
-from common.schema import Schema  # noqa: E402
+from fedsbdt.common import multiclass  # noqa: E402
+from fedsbdt.common.config import Hyperparameters  # noqa: E402
+from fedsbdt.common.data import Dataset, load  # noqa: E402
+from fedsbdt.common.engine import train  # noqa: E402
+from fedsbdt.common.schema import Schema  # noqa: E402
 
 EPSILONS = (0.5, 1.0, 3.0, 10.0)
 SETTINGS = {  # fixed before the run: small data wants few, shallow trees on a large sample

@@ -36,7 +36,7 @@ SCALES = {"gaussian": [2.0**10, 2.0**24], "laplace": [2.0**10, 2.0**24]}
 def child_noise(spec: dict) -> dict:
     import numpy as np
 
-    from common.randomness import SecureRandomness
+    from fedsbdt.common.randomness import SecureRandomness
 
     rnd = SecureRandomness(sampler=spec["sampler"])
     out = {}
@@ -53,9 +53,9 @@ def child_noise(spec: dict) -> dict:
 
 
 def child_sbdt(spec: dict) -> dict:
-    from common.config import Hyperparameters
-    from common.engine import train
-    from common.randomness import SecureRandomness
+    from fedsbdt.common.config import Hyperparameters
+    from fedsbdt.common.engine import train
+    from fedsbdt.common.randomness import SecureRandomness
 
     ds = adult(False)
     hp = Hyperparameters(**CONFIGS["paper"], trees=spec["trees"], seed=7, filter=spec["filter"],

@@ -26,11 +26,11 @@ import time
 import numpy as np
 from _util import ROOT, data_file, save, summary  # noqa: E402
 
-from common.config import Hyperparameters  # noqa: E402
-from common.data import load  # noqa: E402
-from common.engine import train  # noqa: E402
-from common.metrics import accuracy, rmse  # noqa: E402
-from common.schema import Schema  # noqa: E402
+from fedsbdt.common.config import Hyperparameters  # noqa: E402
+from fedsbdt.common.data import load  # noqa: E402
+from fedsbdt.common.engine import train  # noqa: E402
+from fedsbdt.common.metrics import accuracy, rmse  # noqa: E402
+from fedsbdt.common.schema import Schema  # noqa: E402
 
 EPSILONS = (1.0, 2.0, 4.0, 6.0, 8.0, 10.0)
 PAPER = {"adult": (24, 18, 19, 19, 18, 18), "abalone": (6, 5.5, 3.2, 2.7, 2.6, 2.4)}

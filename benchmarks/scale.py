@@ -44,8 +44,8 @@ def rss_now() -> int:
 def make(n: int, m: int, seed: int):
     import numpy as np
 
-    from common.data import Dataset
-    from common.schema import Schema
+    from fedsbdt.common.data import Dataset
+    from fedsbdt.common.schema import Schema
 
     schema = Schema.from_dict({
         "name": f"synthetic-{n}x{m}", "task": "binary", "target": "y", "format": {"header": True},
@@ -62,9 +62,9 @@ def make(n: int, m: int, seed: int):
 
 
 def child(spec: dict) -> dict:
-    from common.config import Hyperparameters
-    from common.engine import train
-    from common.metrics import auc
+    from fedsbdt.common.config import Hyperparameters
+    from fedsbdt.common.engine import train
+    from fedsbdt.common.metrics import auc
 
     rss_start = rss_now()
     t = time.perf_counter()

@@ -40,7 +40,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from common.secagg import (  # noqa: E402
+from fedsbdt.common.secagg import (  # noqa: E402
     MemoryStorage,
     SecAggCoordinator,
     SecAggSite,

@@ -68,8 +68,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from _util import RESULTS, save  # noqa: E402
-from common.secagg.graph import check_sparse_parameters, suggested_neighbours  # noqa: E402
-from common.secagg import (  # noqa: E402
+from fedsbdt.common.secagg.graph import check_sparse_parameters, suggested_neighbours  # noqa: E402
+from fedsbdt.common.secagg import (  # noqa: E402
     ConfigError,
     MemoryStorage,
     SecAggCoordinator,

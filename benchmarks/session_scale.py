@@ -1,6 +1,6 @@
 """The coordinator's CPU per round without gRPC: Session and secure aggregation driven in one process (a script).
 
-Runs ``server.session.Session`` and n ``client.site.SiteMachine`` s through
+Runs ``fedsbdt.server.session.Session`` and n ``fedsbdt.client.site.SiteMachine`` s through
 the in-process transport of the tests (``tests/federation/inproc.py``: every
 event and reply crosses as the service would hand it over, no network, no
 threads) on an Abalone sample dealt to n sites, and times only the
@@ -56,14 +56,14 @@ sys.path.insert(0, str(CODE / "tests"))
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey  # noqa: E402
 
 from _util import save  # noqa: E402
-from client.policy import SitePolicy  # noqa: E402
-from client.site import SiteMachine, SiteOptions  # noqa: E402
-from common.config import Hyperparameters  # noqa: E402
-from common.federation.plan import Deadlines, SiteEntry, make_plan  # noqa: E402
+from fedsbdt.client.policy import SitePolicy  # noqa: E402
+from fedsbdt.client.site import SiteMachine, SiteOptions  # noqa: E402
+from fedsbdt.common.config import Hyperparameters  # noqa: E402
+from fedsbdt.common.federation.plan import Deadlines, SiteEntry, make_plan  # noqa: E402
 from federation.conftest import abalone_with_ids, write_splits  # noqa: E402
 from federation.inproc import Clock, InProcess  # noqa: E402
-from server.checkpoint import CoordinatorStore  # noqa: E402
-from server.session import Session  # noqa: E402
+from fedsbdt.server.checkpoint import CoordinatorStore  # noqa: E402
+from fedsbdt.server.session import Session  # noqa: E402
 
 TIMED = ("submit_setup", "submit_input", "submit_round", "tick", "report_progress", "report_refusal",
          "report_finished", "subscribed", "unsubscribed", "join")

@@ -34,9 +34,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from common.config import Hyperparameters  # noqa: E402
-from common.federation.pki import ca_init  # noqa: E402
-from common.federation.plan import Deadlines  # noqa: E402
+from fedsbdt.common.config import Hyperparameters  # noqa: E402
+from fedsbdt.common.federation.pki import ca_init  # noqa: E402
+from fedsbdt.common.federation.plan import Deadlines  # noqa: E402
 
 from hardening.conftest import make_setup  # noqa: E402
 from hardening.harness import Federation, check_outcome, run_with_random_kills  # noqa: E402

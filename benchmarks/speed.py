@@ -67,8 +67,8 @@ def cpu_seconds() -> float:
 
 
 def adult(drop_missing: bool):
-    from common.data import load
-    from common.schema import Schema
+    from fedsbdt.common.data import load
+    from fedsbdt.common.schema import Schema
 
     raw = tomllib.loads((ROOT / "examples" / "adult" / "schema.toml").read_text())
     if not drop_missing:
@@ -86,7 +86,7 @@ class ZeroNoise:
     insecure = False
 
     def __init__(self):
-        from common.randomness import SecureRandomness
+        from fedsbdt.common.randomness import SecureRandomness
 
         self._r = SecureRandomness()
 
@@ -109,9 +109,9 @@ class ZeroNoise:
 
 
 def child_sbdt(spec: dict) -> dict:
-    from common.config import Hyperparameters
-    from common.engine import train
-    from common.randomness import SecureRandomness
+    from fedsbdt.common.config import Hyperparameters
+    from fedsbdt.common.engine import train
+    from fedsbdt.common.randomness import SecureRandomness
 
     ds = adult(spec["drop_missing"])
     hp = Hyperparameters(**CONFIGS[spec["config"]], trees=spec["trees"], seed=7,
@@ -136,10 +136,10 @@ def child_noise(spec: dict) -> dict:
     """Per-sample cost of the exact sampler (one thread) and the 2-thread prefetch throughput."""
     import numpy as np
 
-    from common.boosting import Encoding, leaf_noise_scales
-    from common.config import Hyperparameters
-    from common.engine import calibration_for
-    from common.randomness import SecureRandomness, prefetched_gaussian
+    from fedsbdt.common.boosting import Encoding, leaf_noise_scales
+    from fedsbdt.common.config import Hyperparameters
+    from fedsbdt.common.engine import calibration_for
+    from fedsbdt.common.randomness import SecureRandomness, prefetched_gaussian
 
     hp = Hyperparameters(**CONFIGS["paper"], trees=spec["trees"])
     scales = leaf_noise_scales(hp, Encoding.for_task(hp, "binary"), calibration_for(hp).sigma)
@@ -160,9 +160,9 @@ def child_compile(spec: dict) -> dict:
     """First minus second run of a 3-tree training: kernel loading/compilation (calibration and sampler set-up excluded)."""
     import numpy as np
 
-    from common.config import Hyperparameters
-    from common.engine import calibration_for, filter_for, train
-    from common.randomness import SecureRandomness
+    from fedsbdt.common.config import Hyperparameters
+    from fedsbdt.common.engine import calibration_for, filter_for, train
+    from fedsbdt.common.randomness import SecureRandomness
 
     ds = adult(spec["drop_missing"])
     SecureRandomness().discrete_gaussian(np.ones(4))  # loads the sampler kernels

@@ -24,8 +24,8 @@ import sys
 
 from _util import FOLDS, PUBLISHED, SETTINGS, fmt_pm, load_dataset, metric_of, run_cv, save  # noqa: E402
 
-from common.config import Hyperparameters  # noqa: E402
-from common.engine import calibration_for  # noqa: E402
+from fedsbdt.common.config import Hyperparameters  # noqa: E402
+from fedsbdt.common.engine import calibration_for  # noqa: E402
 
 
 def main(argv=None) -> int:

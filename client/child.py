@@ -3,11 +3,11 @@
 A site daemon keeps its memory small by doing heavy one-off work (parsing its
 data file with pandas, drawing exact noise with numba) in a child process
 that imports what that work needs, writes its result as an ``.npz`` stream to
-stdout and exits (:mod:`client.dataload`, :mod:`client.isolated_noise`).
+stdout and exits (:mod:`fedsbdt.client.dataload`, :mod:`fedsbdt.client.isolated_noise`).
 
-Child protocol: ``python -P -c <code> PACKAGE_ROOT ARGS...`` runs
-``module.function(*ARGS)`` of this very package (``-P`` and the explicit
-path: never a ``client`` package in the working directory) with the request
+Child protocol: ``python -P -c <code> ARGS...`` runs ``module.function(*ARGS)``
+of the installed ``fedsbdt`` package (``-P``: nothing from the working
+directory shadows it) with the request
 on stdin; the function returns the exit status.  Exit 0 with the arrays on
 stdout (:func:`write_arrays`); a dedicated exit status with a one-line
 message on stderr for a rejected request (a user's error); anything else is
@@ -18,14 +18,11 @@ from __future__ import annotations
 import io
 import subprocess
 import sys
-from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
-_PACKAGE_ROOT = str(Path(__file__).resolve().parents[1])
-_CODE = ("import sys; sys.path.insert(0, sys.argv[1]); from {module} import {function}; "
-         "sys.exit({function}(*sys.argv[2:]))")
+_CODE = "import sys; from {module} import {function}; sys.exit({function}(*sys.argv[1:]))"
 
 
 def run_child(module: str, function: str, args: Sequence[str], stdin: bytes, *, rejected_exit: int,
@@ -36,7 +33,7 @@ def run_child(module: str, function: str, args: Sequence[str], stdin: bytes, *, 
     failure raises :class:`RuntimeError` naming ``what`` with the exit status and the last lines of stderr.
     """
     code = _CODE.format(module=module, function=function)
-    proc = subprocess.run([sys.executable, "-P", "-c", code, _PACKAGE_ROOT, *args], input=stdin,
+    proc = subprocess.run([sys.executable, "-P", "-c", code, *args], input=stdin,
                           capture_output=True, check=False)
     if proc.returncode == rejected_exit:
         raise rejected(proc.stderr.decode("utf-8", "replace").strip())

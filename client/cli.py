@@ -1,4 +1,4 @@
-"""``fedsbdt client`` (one per hospital) and ``fedsbdt keygen``, registered by :mod:`common.cli`.
+"""``fedsbdt client`` (one per hospital) and ``fedsbdt keygen``, registered by :mod:`fedsbdt.common.cli`.
 
     fedsbdt keygen --site ID --out DIR
     fedsbdt client --coordinator ADDR --site ID --data F (--plan P | --plan-hash H) [--state DIR]
@@ -26,7 +26,7 @@ import resource
 import time
 from pathlib import Path
 
-from common.cli import CliError, emit
+from fedsbdt.common.cli import CliError, emit
 
 from .policy import MIN_COLLUDERS, MIN_SITES, MIN_THRESHOLD
 
@@ -43,7 +43,7 @@ def add_tls_flags(p: argparse.ArgumentParser, default_dir: str) -> None:
 
 
 def cmd_keygen(args: argparse.Namespace) -> int:
-    from common.federation.pki import PkiError
+    from fedsbdt.common.federation.pki import PkiError
 
     from .keys import keygen
 
@@ -59,9 +59,9 @@ def cmd_keygen(args: argparse.Namespace) -> int:
 
 
 def cmd_client(args: argparse.Namespace) -> int:
-    from common.schema import Schema
-    from common.federation.pki import PkiError, TlsFiles
-    from common.federation.plan import Plan
+    from fedsbdt.common.schema import Schema
+    from fedsbdt.common.federation.pki import PkiError, TlsFiles
+    from fedsbdt.common.federation.plan import Plan
 
     from .daemon import Daemon, DaemonError, DaemonOptions
     from .keys import IDENTITY_KEY, load_identity
@@ -111,7 +111,7 @@ def cmd_client(args: argparse.Namespace) -> int:
                     DaemonOptions(reconnect_timeout=args.reconnect_timeout))
     import sqlite3
 
-    from common.secagg.errors import StorageError
+    from fedsbdt.common.secagg.errors import StorageError
 
     try:
         done = daemon.run()

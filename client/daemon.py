@@ -1,4 +1,4 @@
-"""The site daemon: a gRPC client loop around :class:`client.site.SiteMachine`.
+"""The site daemon: a gRPC client loop around :class:`fedsbdt.client.site.SiteMachine`.
 
     GetPlan ─▶ accept_plan (all of the site's checks) ─▶ Join (signed) ─▶ GetTrees (catch up)
         ─▶ Report(progress) ─▶ Connect ─▶ for each event: handle ─▶ replies on the same stream / Report
@@ -31,11 +31,11 @@ from dataclasses import dataclass
 
 import grpc
 
-from common import testhooks
-from fedsbdt.v1 import federation_pb2 as pb
-from fedsbdt.v1 import federation_pb2_grpc as pbg
-from common.federation.pki import TlsFiles, channel_credentials, tls_probe
-from common.federation.wire import (
+from fedsbdt.common import testhooks
+from fedsbdt.proto.v1 import federation_pb2 as pb
+from fedsbdt.proto.v1 import federation_pb2_grpc as pbg
+from fedsbdt.common.federation.pki import TlsFiles, channel_credentials, tls_probe
+from fedsbdt.common.federation.wire import (
     GRPC_OPTIONS,
     MAX_TREES_PER_PAGE,
     Done,

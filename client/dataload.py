@@ -3,12 +3,12 @@
 The site daemon runs for the whole session; parsing a CSV/Parquet file needs
 pandas and pyarrow (about 90 MB once imported, plus the parser's garbage,
 which the allocator does not hand back).  :func:`load_isolated` runs
-:func:`common.data.load` in a child Python process instead and receives only
+:func:`fedsbdt.common.data.load` in a child Python process instead and receives only
 the validated arrays (an ``.npz`` stream on the child's stdout), so the
 daemon process never imports pandas.  The result and every
-:class:`~common.data.DataError` message are exactly those of ``load``.
+:class:`~fedsbdt.common.data.DataError` message are exactly those of ``load``.
 
-Child protocol (:mod:`client.child`): :func:`_child` (``PATH``) with the schema as JSON
+Child protocol (:mod:`fedsbdt.client.child`): :func:`_child` (``PATH``) with the schema as JSON
 (``Schema.to_dict``) on stdin; exit 0 with the arrays on stdout, or exit 2
 with the DataError message on stderr.
 """
@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from common.data import DataError, Dataset
-from common.schema import Schema
+from fedsbdt.common.data import DataError, Dataset
+from fedsbdt.common.schema import Schema
 
 from .child import run_child, write_arrays
 
@@ -29,16 +29,16 @@ EXIT_DATA_ERROR = 2
 
 
 def load_isolated(path: str | Path, schema: Schema) -> Dataset:
-    """``common.data.load(path, schema)``, parsed in a child process (see the module docstring)."""
+    """``fedsbdt.common.data.load(path, schema)``, parsed in a child process (see the module docstring)."""
     spec = json.dumps({"schema": schema.to_dict(), "digest": schema.digest()}).encode()
-    z = run_child("client.dataload", "_child", (str(path),), spec, rejected_exit=EXIT_DATA_ERROR,
+    z = run_child("fedsbdt.client.dataload", "_child", (str(path),), spec, rejected_exit=EXIT_DATA_ERROR,
                   rejected=DataError, what=f"the data loader for {path}")
     arrival = z["arrival"] if bool(z["has_arrival"]) else None
     return Dataset(z["X"], z["y"], z["ids"], schema, str(z["source"]), int(z["dropped"]), arrival)
 
 
 def _child(path: str) -> int:
-    from common.data import load
+    from fedsbdt.common.data import load
 
     spec = json.loads(sys.stdin.buffer.read())
     schema = Schema.from_dict(spec["schema"])

@@ -1,6 +1,6 @@
 """A site's part of the federated evaluation (docs/federated-evaluation.md): checks and its noisy vector.
 
-The math is in :mod:`common.fed_eval`; this module is the glue the site
+The math is in :mod:`fedsbdt.common.fed_eval`; this module is the glue the site
 machine calls:
 
 * :func:`load_held_out` — at plan acceptance: the held-out file must match the
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common.data import DataError, Dataset
+from fedsbdt.common.data import DataError, Dataset
 
 from .dataload import load_isolated
 

@@ -1,9 +1,9 @@
 """A site's exact DP noise, drawn in short-lived child processes so that the daemon never loads numba.
 
-Our exact samplers (:mod:`common.exact_noise`) are numba kernels; loading
+Our exact samplers (:mod:`fedsbdt.common.exact_noise`) are numba kernels; loading
 numba and its compiled code costs a process about 150 MB for as long as it
 lives.  A site needs noise in bulk (one leaf-noise share per round, drawn
-ahead by :class:`client.noise.NoiseShares`) and a few single vectors (the
+ahead by :class:`fedsbdt.client.noise.NoiseShares`) and a few single vectors (the
 initial-score share, central-mode retries), so :class:`IsolatedSampler`
 draws them in a child Python process that imports the sampler, draws every
 requested vector from its own OS-keyed CSPRNG stream, writes the int64
@@ -17,10 +17,10 @@ more often than once per :data:`SINGLE_DRAW_INTERVAL` seconds are drawn in
 the daemon instead, from then on (with a warning: the sampler then costs the
 daemon its ~150 MB): a round that needs fresh noise every few seconds must
 not wait for a child process each time.  Shares drawn ahead in blocks
-(:meth:`IsolatedSampler.draw`, :func:`client.noise.isolated_shares`) always
+(:meth:`IsolatedSampler.draw`, :func:`fedsbdt.client.noise.isolated_shares`) always
 come from children.
 
-Child protocol (:mod:`client.child`, :func:`_child`): an ``.npz`` on stdin with ``sampler`` and,
+Child protocol (:mod:`fedsbdt.client.child`, :func:`_child`): an ``.npz`` on stdin with ``sampler`` and,
 per request i, ``kind_i`` ("gaussian" or "laplace") and ``scales_i``
 (float64, exact binary values); exit 0 with an ``.npz`` of ``noise_i``
 (int64, the shape of ``scales_i``) on stdout, exit 2 with a bad parameter's
@@ -35,7 +35,7 @@ import time
 
 import numpy as np
 
-from common.randomness import SecureRandomness
+from fedsbdt.common.randomness import SecureRandomness
 
 from .child import run_child, write_arrays
 
@@ -48,7 +48,7 @@ KINDS = ("gaussian", "laplace")
 
 
 class IsolatedSampler:
-    """:class:`~common.randomness.SecureRandomness` whose noise samplers run in a child process per call.
+    """:class:`~fedsbdt.common.randomness.SecureRandomness` whose noise samplers run in a child process per call.
 
     Same interface as the randomness it wraps (``discrete_gaussian``, ``discrete_laplace``,
     ``subsample``, ``describe``); :meth:`draw` draws several vectors in one child.
@@ -75,7 +75,7 @@ class IsolatedSampler:
             arrays[f"scales_{i}"] = np.asarray(scales, dtype=np.float64)
         np.savez(buf, **arrays)
         self.children += 1
-        z = run_child("client.isolated_noise", "_child", (), buf.getvalue(), rejected_exit=EXIT_BAD_PARAMETER,
+        z = run_child("fedsbdt.client.isolated_noise", "_child", (), buf.getvalue(), rejected_exit=EXIT_BAD_PARAMETER,
                       rejected=ValueError, what="the noise sampler process")
         out = [z[f"noise_{i}"] for i in range(len(requests))]
         for (_, scales), noise in zip(requests, out):

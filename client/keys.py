@@ -18,14 +18,14 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from common.federation.pki import TLS_CSR, TLS_KEY, PkiError, _read, make_csr, write_private, write_public
+from fedsbdt.common.federation.pki import TLS_CSR, TLS_KEY, PkiError, _read, make_csr, write_private, write_public
 
 IDENTITY_KEY, IDENTITY_PUB = "identity.key", "identity.pub"
 
 
 def keygen(site_id: str, out: Path) -> dict[str, str]:
-    from common.secagg.encoding import check_site_id
-    from common.secagg.errors import InvalidMessage
+    from fedsbdt.common.secagg.encoding import check_site_id
+    from fedsbdt.common.secagg.errors import InvalidMessage
 
     try:
         check_site_id(site_id)

@@ -40,8 +40,8 @@ from pathlib import Path
 
 import numpy as np
 
-from common.secagg.errors import StorageError
-from common.secagg.storage import check_key
+from fedsbdt.common.secagg.errors import StorageError
+from fedsbdt.common.secagg.storage import check_key
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value BLOB NOT NULL);
@@ -316,7 +316,7 @@ class SiteLedger:
 
 
 class SqliteStorage:
-    """common.secagg ``Storage`` in the site database: a ``put`` joins the open transaction or commits its own."""
+    """fedsbdt.common.secagg ``Storage`` in the site database: a ``put`` joins the open transaction or commits its own."""
 
     def __init__(self, ledger: SiteLedger) -> None:
         self._l = ledger

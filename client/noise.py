@@ -17,7 +17,7 @@ inline the first time it is needed (after a dropout).
 ``chunk`` vectors are drawn at a time, whenever fewer than ``low`` (default
 ``ahead·chunk``) of the expected divisor's are ready; ``initial`` maps
 divisors to vectors drawn beforehand (e.g. by the same child process as the
-initial-score share, :mod:`client.isolated_noise`).
+initial-score share, :mod:`fedsbdt.client.isolated_noise`).
 """
 from __future__ import annotations
 
@@ -121,7 +121,7 @@ SPARE_SHARES = 4
 def isolated_shares(randomness, scales: dict, expect, rounds: int, init_scales=None):
     """:class:`NoiseShares` for the isolated sampler, and the initial-score noise share drawn ahead (or None).
 
-    ``randomness`` is a :class:`client.isolated_noise.IsolatedSampler`: shares are drawn in blocks of up
+    ``randomness`` is a :class:`fedsbdt.client.isolated_noise.IsolatedSampler`: shares are drawn in blocks of up
     to :data:`ISOLATED_BLOCK_BYTES` (at most ``rounds`` + 8 vectors; one child process per block), the
     next block when an eighth of one is left (8 vectors if one block covers all ``rounds``: only retries
     need more), and the first block in the same child as the initial-score share (so a session starts

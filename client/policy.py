@@ -12,10 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from common.config import ConfigError
+from fedsbdt.common.config import ConfigError
 
 if TYPE_CHECKING:
-    from common.federation.plan import Plan
+    from fedsbdt.common.federation.plan import Plan
 
 #: Defaults of ``--min-sites``, ``--min-threshold``, ``--min-colluders``.  Two sites is a site alone with one
 #: other party, which may be a sybil; t ≥ 2 and c ≥ 0 are what every valid plan has already.

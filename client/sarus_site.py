@@ -16,16 +16,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from common import kernels
-from common.boosting import TASK_CODE
-from common.federation.sarus_rounds import SarusRequestError, SarusTree
-from common.federation.wire import Purpose, Refusal
+from fedsbdt.common import kernels
+from fedsbdt.common.boosting import TASK_CODE
+from fedsbdt.common.federation.sarus_rounds import SarusRequestError, SarusTree
+from fedsbdt.common.federation.wire import Purpose, Refusal
 
 KIND = {Purpose.SKETCH: "sketch", Purpose.LEVEL: "level", Purpose.TREE: "tree"}
 
 
 class SarusSite:
-    """The Sarus part of a :class:`client.site.SiteMachine` (its plan, data, ledger and randomness)."""
+    """The Sarus part of a :class:`fedsbdt.client.site.SiteMachine` (its plan, data, ledger and randomness)."""
 
     def __init__(self, machine) -> None:
         self.m = machine
@@ -139,7 +139,7 @@ class SarusSite:
     def released_splits(self, t):
         """A released Sarus tree's splits, checked against the candidates of its released sketch (if this site
         saw it) and the splits the requests carried; a :class:`SarusRequestError` says why not."""
-        from common.splits import Splits
+        from fedsbdt.common.splits import Splits
 
         hp = self.plan.hyperparameters
         if t.features.size != hp.leaves - 1:

@@ -74,26 +74,26 @@ from pathlib import Path
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from common import kernels, kernels_numpy
-from common.boosting import TASK_CODE, split_edges
-from common.multiclass import init_vector_len, round_vector_len
-from common.multiclass_boosting import local_data_for
-from common.config import ConfigError
-from common.data import DataError
-from common.engine import filter_for
-from common.fixedpoint import FixedPointError
-from common.schema import Schema
-from common.secagg import ProtocolAbort, RoundStart, SecAggSite, decode_message
-from common.secagg.errors import InvalidMessage
-from common.secagg.primitives import ed25519_public
-from common.splits import Splits, random_splits
-from common.federation.dpboost_rounds import DPBoostRequestError, SitePartition, check_tree
-from common.federation.greedy_rounds import GreedyRequestError
-from common.federation.sarus_rounds import SarusRequestError
-from common.federation.plan import Plan, PlanError
-from common.greedy_levels import level_sums
-from common.federation.release import build_model, model_bytes
-from common.federation.wire import (
+from fedsbdt.common import kernels, kernels_numpy
+from fedsbdt.common.boosting import TASK_CODE, split_edges
+from fedsbdt.common.multiclass import init_vector_len, round_vector_len
+from fedsbdt.common.multiclass_boosting import local_data_for
+from fedsbdt.common.config import ConfigError
+from fedsbdt.common.data import DataError
+from fedsbdt.common.engine import filter_for
+from fedsbdt.common.fixedpoint import FixedPointError
+from fedsbdt.common.schema import Schema
+from fedsbdt.common.secagg import ProtocolAbort, RoundStart, SecAggSite, decode_message
+from fedsbdt.common.secagg.errors import InvalidMessage
+from fedsbdt.common.secagg.primitives import ed25519_public
+from fedsbdt.common.splits import Splits, random_splits
+from fedsbdt.common.federation.dpboost_rounds import DPBoostRequestError, SitePartition, check_tree
+from fedsbdt.common.federation.greedy_rounds import GreedyRequestError
+from fedsbdt.common.federation.sarus_rounds import SarusRequestError
+from fedsbdt.common.federation.plan import Plan, PlanError
+from fedsbdt.common.greedy_levels import level_sums
+from fedsbdt.common.federation.release import build_model, model_bytes
+from fedsbdt.common.federation.wire import (
     NONCE_BYTES,
     AbortedMsg,
     Done,

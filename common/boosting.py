@@ -62,7 +62,7 @@ def leaf_noise_scales(hp: Hyperparameters, enc: Encoding, sigma: float, shares: 
     Hessian sums: ``h*·σ/√(2·r1)``; gradient sums: ``g*·σ/√(2·r2)`` — with the
     sensitivities h*, g* taken as the integer clip bounds.  With ``shares = t``
     each of t parties adds a share of variance 1/t of that (distributed mode).
-    Multi-class: :func:`common.multiclass.leaf_noise_scales`.
+    Multi-class: :func:`fedsbdt.common.multiclass.leaf_noise_scales`.
     """
     if enc.classes > 1:
         return multiclass.leaf_noise_scales(hp, enc, sigma, shares)
@@ -122,7 +122,7 @@ class Contribution:
 def split_edges(schema, split_candidates: int) -> list | None:
     """Public candidate thresholds per feature (None for categorical ones), or None without candidates.
 
-    Mirrors the candidate formula of :func:`common.splits.random_splits`.
+    Mirrors the candidate formula of :func:`fedsbdt.common.splits.random_splits`.
     They only let :class:`LocalData` walk trees on one-byte codes; if they
     ever disagree with the splits, the affected trees silently take the
     float path (:func:`kernels.code_bounds`), so results never change.
@@ -141,7 +141,7 @@ class LocalData:
     ``edges`` (optional, public): candidate thresholds per feature, see
     :func:`split_edges`; with them trees are walked on one-byte codes of the
     records (same leaves, less memory traffic).  ``backend``: the kernel module
-    (:mod:`common.kernels`, numba, by default; :mod:`common.kernels_numpy` gives
+    (:mod:`fedsbdt.common.kernels`, numba, by default; :mod:`fedsbdt.common.kernels_numpy` gives
     the same results without loading numba, for a long-running site daemon).
     """
 

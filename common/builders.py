@@ -1,7 +1,7 @@
 """Tree builders: where the inner nodes of a round's tree come from (docs/greedy.md).
 
 * :class:`RandomTrees` — S-BDT: public, data-independent random splits
-  (:func:`common.splits.random_splits`); they cost no privacy.
+  (:func:`fedsbdt.common.splits.random_splits`); they cost no privacy.
 * :class:`GreedyTrees` — DP-XGB of "Revisiting DP-XGBoost" (§4, Alg. 1/3):
   level by level, every node picks a (feature, candidate threshold) from the
   public grid with the exponential mechanism over the gain
@@ -10,7 +10,7 @@
   ``Δ = 3·g*²`` (Li et al. 2022, Lemma 2; :func:`score_sensitivity`).  The
   nodes of a level hold disjoint records, so one level is one ε_select
   bounded-range release (parallel composition), charged by the accountant
-  with Thm. 1 (:func:`common.accountant.greedy_tree_event`).  The cyclical
+  with Thm. 1 (:func:`fedsbdt.common.accountant.greedy_tree_event`).  The cyclical
   variant (XGB_cyc) lets tree r choose only among feature ``r mod m``.
 
 Missing values (docs/missing-values.md): random trees take public default
@@ -18,7 +18,7 @@ directions from the split seed; greedy trees choose (split, direction) pairs in
 the exponential mechanism (same sensitivity), or send missing values right
 with noisy level histograms (their last bin, counted right by every candidate).
 
-Both return a :class:`~common.splits.Splits` (complete tree, heap order), so
+Both return a :class:`~fedsbdt.common.splits.Splits` (complete tree, heap order), so
 leaf release, model, exports and the federation see the same kind of tree.
 """
 from __future__ import annotations
@@ -152,7 +152,7 @@ class GreedyTrees:
 
     ``hp.selection = "exponential"``: the exponential mechanism on the exact gains with ε ``select``;
     ``"histogram"``: the arg max of the gains of noisy level histograms with noise σ_s = ``select``
-    (:mod:`common.greedy_levels`, the federation's rule)."""
+    (:mod:`fedsbdt.common.greedy_levels`, the federation's rule)."""
 
     schema: Schema
     hp: Hyperparameters
@@ -265,7 +265,7 @@ class GreedyTrees:
 
 @dataclass
 class SarusTrees:
-    """Sarus DP-XGBoost trees (:mod:`common.sarus`, docs/sarus.md): on a Poisson subsample, a Laplace Hessian
+    """Sarus DP-XGBoost trees (:mod:`fedsbdt.common.sarus`, docs/sarus.md): on a Poisson subsample, a Laplace Hessian
     sketch chooses ``hp.split_candidates`` thresholds per numeric feature among a fine equal-width grid, the
     noisy count of each node decides whether it may split, the exponential mechanism picks its (feature,
     candidate), and the leaves are released with Laplace noise.  It releases whole trees

@@ -15,6 +15,8 @@ import time
 from typing import Any
 
 
+from fedsbdt import __version__
+
 from .config import SAMPLERS, SELECTIONS, TREE_BUILDERS, ConfigError, Hyperparameters, builder_defaults
 
 EXIT_USAGE = 2
@@ -322,6 +324,7 @@ def _account_plan(args: argparse.Namespace):
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fedsbdt", description=(
         "Federated, differentially private gradient-boosted decision trees (S-BDT)."))
+    p.add_argument("--version", action="version", version=f"fedsbdt {__version__}")
     p.add_argument("--log-format", choices=["text", "json"], default="text",
                    help="stderr log lines as text or as JSON objects (ts, level, logger, msg, fields)")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="info",
@@ -374,7 +377,7 @@ def _register_optional(sub) -> None:
     """Further commands live next to their code and register themselves when present."""
     import importlib
 
-    for mod in ("common.cli_tools", "server.cli", "client.cli"):
+    for mod in ("fedsbdt.common.cli_tools", "fedsbdt.server.cli", "fedsbdt.client.cli"):
         try:
             m = importlib.import_module(mod)
         except ModuleNotFoundError as e:
@@ -412,8 +415,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # Run the main() of the importable module common.cli, not of this __main__ copy: command modules
-    # (common.cli_tools, server.cli, …) raise common.cli.CliError, which must be the class main() catches.
-    from common.cli import main as _main
+    # Run the main() of the importable module fedsbdt.common.cli, not of this __main__ copy: command modules
+    # (fedsbdt.common.cli_tools, fedsbdt.server.cli, …) raise fedsbdt.common.cli.CliError, which must be the class main() catches.
+    from fedsbdt.common.cli import main as _main
 
     sys.exit(_main())

@@ -8,7 +8,7 @@ Notation of ``../shared/papers/dpboost-aaai20.txt``:
   [−1, 1], and the bound of the logistic loss's ``|y − σ(ŷ)|`` for binary
   labels).  Filtered records are left out of that tree, not clipped.
 * Lemma 1 / Cor. 1: the gain ``G_L²/(n_L+λ) + G_R²/(n_R+λ)`` (eq. 3) has
-  sensitivity ``ΔG = 3·g*_l²`` (:func:`common.builders.score_sensitivity`).
+  sensitivity ``ΔG = 3·g*_l²`` (:func:`fedsbdt.common.builders.score_sensitivity`).
 * Lemma 2 / Cor. 1: the leaf value ``V = Σg/(n+λ)`` (eq. 4, gradient
   boosting: counts, not Hessians) has sensitivity ``ΔV = g*_l/(1+λ)``.
 * Geometric leaf clipping (GLC, §3.1, Thm. 6): the t-th tree's leaf values are
@@ -36,7 +36,7 @@ Where we depart from the paper (each a privacy fix or a tighter bound):
 * Leaf values are released on the fixed-point grid ``2^-k`` with exact
   discrete Laplace noise (floor encoding: ``|⌊a⌋−⌊b⌋| ≤ ⌈|a−b|⌉``, so the
   integer sensitivity is ``⌈ΔV_t·2^k⌉``), never with floating-point Laplace.
-* Accounting: every release is an event of :mod:`common.accountant`
+* Accounting: every release is an event of :mod:`fedsbdt.common.accountant`
   (exponential mechanism: bounded range, Thm. 1 of "Revisiting"; Laplace: the
   RDP of any pure ε-DP mechanism; an ensemble: a :class:`ParallelEvent`), and
   the guarantee is the better of the RDP ledger at δ and the paper's pure

@@ -1,7 +1,7 @@
 """Centralised S-BDT training (paper Alg. 2): one party, the full noise.
 
 The federation runs the very same steps with the sums of many
-:class:`~common.boosting.LocalData` instead of one; see ``server/`` and
+:class:`~fedsbdt.common.boosting.LocalData` instead of one; see ``server/`` and
 ``client/``.
 """
 from __future__ import annotations
@@ -30,7 +30,7 @@ Progress = Callable[[int, int], None]
 
 
 def calibration_for(hp: Hyperparameters) -> PrivacyCalibration:
-    """Alg. 6 for these hyperparameters (cached); greedy trees: :func:`~common.accountant.calibrate_greedy`."""
+    """Alg. 6 for these hyperparameters (cached); greedy trees: :func:`~fedsbdt.common.accountant.calibrate_greedy`."""
     if hp.tree_builder == "dpboost":
         from .dpboost import calibrate_dpboost
 

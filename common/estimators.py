@@ -1,9 +1,9 @@
 """scikit-learn estimators around the centralised S-BDT engine (docs/sklearn.md).
 
 :class:`SBDTRegressor` and :class:`SBDTClassifier` (binary) train a
-differentially private model with :func:`common.engine.train`.  Every S-BDT
+differentially private model with :func:`fedsbdt.common.engine.train`.  Every S-BDT
 hyperparameter is a constructor parameter with the name it has in
-:class:`~common.config.Hyperparameters` (``epsilon``, ``trees``, ``depth``, …).
+:class:`~fedsbdt.common.config.Hyperparameters` (``epsilon``, ``trees``, ``depth``, …).
 
 **Public bounds are required.**  S-BDT draws split thresholds from public
 feature ranges and scales regression labels by a public label range; taking
@@ -267,7 +267,7 @@ def _encode_column(values: np.ndarray, levels: tuple[Any, ...], schema_mode: boo
     """Categorical values → float level codes; unknown values are refused, naming the column.
 
     Explicit levels (``categorical={col: levels}``): a value is matched to the level with the same
-    canonical text.  Schema levels (as :func:`common.data.Dataset.from_arrays`): strings are level
+    canonical text.  Schema levels (as :func:`fedsbdt.common.data.Dataset.from_arrays`): strings are level
     names, numbers are level codes ``0 … k−1``.
     """
     k = len(levels)
@@ -432,9 +432,9 @@ class _SBDTBase(BaseEstimator):
 class SBDTRegressor(RegressorMixin, _SBDTBase):
     """Differentially private gradient-boosted trees for regression (S-BDT, central noise).
 
-    Parameters: every S-BDT hyperparameter under its :class:`~common.config.Hyperparameters`
+    Parameters: every S-BDT hyperparameter under its :class:`~fedsbdt.common.config.Hyperparameters`
     name (``epsilon``, ``delta``, ``trees``, ``depth``, ``subsample``, ``learning_rate``, …) plus the
-    public bounds: ``schema`` (a :class:`~common.schema.Schema` or TOML path) *or* ``feature_ranges``,
+    public bounds: ``schema`` (a :class:`~fedsbdt.common.schema.Schema` or TOML path) *or* ``feature_ranges``,
     ``categorical`` and ``label_range``; ``out_of_range`` (``"error"``/``"clip"``, default: the schema's
     setting, else ``"error"``).  ``fit`` without public bounds raises :class:`PublicBoundsError`.
     ``allow_missing=True``: NaN (or None) in ``X`` is a missing value in every column, sent at every
@@ -444,7 +444,7 @@ class SBDTRegressor(RegressorMixin, _SBDTBase):
     ``split_candidates`` left at their defaults then take the greedy ones (1 and 32).
     ``tree_builder="dpboost"`` trains DPBoost (docs/dpboost.md; ``ensemble_trees`` = T_e).
 
-    Fitted attributes: ``model_`` (:class:`~common.model.Ensemble`), ``privacy_`` (the privacy receipt),
+    Fitted attributes: ``model_`` (:class:`~fedsbdt.common.model.Ensemble`), ``privacy_`` (the privacy receipt),
     ``schema_``, ``n_features_in_`` (and ``feature_names_in_`` for DataFrames).
 
     scikit-learn estimator checks expected to fail because of DP (see docs/sklearn.md):

@@ -1,7 +1,7 @@
 """scikit-learn estimator for K ≥ 3 public classes (docs/multiclass.md, docs/sklearn.md).
 
 :class:`SBDTMulticlassClassifier` takes every parameter of
-:class:`~common.estimators.SBDTClassifier`; ``classes`` is the list of the
+:class:`~fedsbdt.common.estimators.SBDTClassifier`; ``classes`` is the list of the
 K ≥ 3 public class labels (from the schema's ``classes`` when a schema is
 given; read from ``y`` otherwise, which treats the label vocabulary as
 public).  ``predict_proba`` has K columns in the order of ``classes_``.

@@ -35,7 +35,7 @@ Range: outputs are int64.  The Laplace proposal X = U + t·V is kept below
 2^62 by rejection, so the samplers draw *exactly* from the target
 distribution conditioned on |X| < 2^62 (total variation ≤ 2·exp(−2^62/t) for
 Laplace, ≤ 2·exp(−2^123/σ²) for the Gaussian; the parameter checks in
-:mod:`common.exact_noise` keep both below 2^-(2^20)).
+:mod:`fedsbdt.common.exact_noise` keep both below 2^-(2^20)).
 """
 from __future__ import annotations
 

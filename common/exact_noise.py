@@ -1,8 +1,8 @@
 """Exact discrete Gaussian and discrete Laplace noise (Canonne–Kamath–Steinke 2020, Alg. 1–3).
 
-A small numpy API over the numba kernels of :mod:`common.exact_kernels`,
+A small numpy API over the numba kernels of :mod:`fedsbdt.common.exact_kernels`,
 fed in big blocks by a stream of uniformly random 64-bit words — in
-production the AES-256-CTR keystream of :func:`common.randomness.csprng_fill`
+production the AES-256-CTR keystream of :func:`fedsbdt.common.randomness.csprng_fill`
 (fresh ``os.urandom`` key per block).
 
 Parameters are exact rationals (``int``, :class:`fractions.Fraction`, or a
@@ -21,7 +21,7 @@ Parameters are exact rationals (``int``, :class:`fractions.Fraction`, or a
 The draws are exact for the (rounded-up) parameter, conditioned on the
 Laplace proposal staying below 2^62 (int64 outputs): a total-variation
 change below exp(−2^22) for either sampler within these ranges
-(:mod:`common.exact_kernels`).
+(:mod:`fedsbdt.common.exact_kernels`).
 """
 from __future__ import annotations
 

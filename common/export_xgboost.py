@@ -1,7 +1,7 @@
 """Export a fedsbdt model to XGBoost's JSON model format (docs/xgboost-export.md).
 
 ``xgboost.Booster(model_file=F).predict(xgboost.DMatrix(X))`` then returns
-what :meth:`common.model.Ensemble.predict` returns for the same matrix ``X``
+what :meth:`fedsbdt.common.model.Ensemble.predict` returns for the same matrix ``X``
 (categorical columns as level codes 0, 1, …), up to float32 arithmetic.
 
 The mapping, in brief:

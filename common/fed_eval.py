@@ -39,8 +39,8 @@ release is a Gaussian mechanism with noise multiplier σ (discrete Gaussian:
 Canonne–Kamath–Steinke 2020, Thm. 8/Prop. 14, the same RDP ``α/(2σ²)``).
 
 **Calibration.**  σ is the smallest noise multiplier whose RDP curve
-``α/(2σ²)``, converted by Cor. 6 of the S-BDT paper (``common.accountant``),
-gives ε ≤ ε_eval at the plan's δ: one :class:`~common.accountant.GaussianEvent`.
+``α/(2σ²)``, converted by Cor. 6 of the S-BDT paper (``fedsbdt.common.accountant``),
+gives ε ≤ ε_eval at the plan's δ: one :class:`~fedsbdt.common.accountant.GaussianEvent`.
 """
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ class EvalError(ValueError):
 @lru_cache(maxsize=64)
 def eval_sigma(epsilon: float, delta: float) -> float:
     """Smallest noise multiplier σ of one Gaussian release with (ε_eval, δ) by the RDP accountant (Cor. 6)."""
-    from common.accountant import GaussianEvent, _bisect_sigma, default_alpha_max, event_epsilon_rdp
+    from fedsbdt.common.accountant import GaussianEvent, _bisect_sigma, default_alpha_max, event_epsilon_rdp
 
     if not (math.isfinite(epsilon) and epsilon > 0) or not 0 < delta < 1:
         raise EvalError(f"ε_eval must be > 0 and δ in (0, 1), got ε_eval = {epsilon!r}, δ = {delta!r}")
@@ -331,7 +331,7 @@ def describe(metrics: dict) -> str:
 
 def exact_metrics(spec: EvalSpec, y: np.ndarray, pred: np.ndarray) -> dict:
     """The pooled metrics on all records at once, with the same public clipping (the oracle for tests)."""
-    from common.metrics import accuracy, auc
+    from fedsbdt.common.metrics import accuracy, auc
 
     y = np.asarray(y, dtype=np.float64)
     pred = np.asarray(pred, dtype=np.float64)

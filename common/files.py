@@ -34,7 +34,7 @@ def check_output_path(path: str | Path, what: str = "output file") -> Path:
 
 def write_atomic(path: str | Path, data: str | bytes, what: str = "output file") -> Path:
     """Write ``data`` (text as UTF-8) to ``path`` atomically; returns the path.  The file gets the usual
-    permissions (0666 minus the umask); secrets are written elsewhere (``common.federation.pki.write_private``)."""
+    permissions (0666 minus the umask); secrets are written elsewhere (``fedsbdt.common.federation.pki.write_private``)."""
     p = check_output_path(path, what)
     raw = data.encode("utf-8") if isinstance(data, str) else data
     tmp = p.with_name(f".{p.name}.{secrets.token_hex(6)}.tmp")

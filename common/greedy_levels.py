@@ -16,7 +16,7 @@ so one record changes ``F`` gradient entries by ≤ g* and ``F`` count entries
 by 1.  With per-entry noise ``g*·σ_s·√F/√(2·r_g)`` on gradient entries and
 ``σ_s·√F/√(2·(1−r_g))`` on counts the level is a Gaussian mechanism of
 noise multiplier ``σ_s/√2`` — the form of S-BDT's leaf release
-(:func:`common.accountant.greedy_tree_event` with ``selection="histogram"``).
+(:func:`fedsbdt.common.accountant.greedy_tree_event` with ``selection="histogram"``).
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The per-round kernels of a site in plain numpy (no numba), equal to :mod:`common.kernels`.
+"""The per-round kernels of a site in plain numpy (no numba), equal to :mod:`fedsbdt.common.kernels`.
 
 A site daemon runs for the whole session and needs only a handful of
 kernels per round: the records' one-byte codes (once), the leaf of every
@@ -31,7 +31,7 @@ _EXACT_FLOAT_SUM = 2**53
 
 
 def bin_codes(X: np.ndarray, edges: list, is_cat: np.ndarray, column_major: bool = False) -> np.ndarray:
-    """``(n, m)`` uint8 codes of the records (see :func:`common.kernels.bin_codes`)."""
+    """``(n, m)`` uint8 codes of the records (see :func:`fedsbdt.common.kernels.bin_codes`)."""
     X = np.asarray(X, dtype=np.float64)
     is_cat = np.asarray(is_cat, np.bool_)
     out = np.zeros(X.shape, dtype=np.uint8, order="F" if column_major else "C")
@@ -48,7 +48,7 @@ def bin_codes(X: np.ndarray, edges: list, is_cat: np.ndarray, column_major: bool
 
 def code_bounds(features: np.ndarray, thresholds: np.ndarray, is_cat: np.ndarray,
                 packed: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray] | None:
-    """Integer ``(lo, hi)`` per node for :func:`leaf_index_codes`, or None (see :func:`common.kernels.code_bounds`)."""
+    """Integer ``(lo, hi)`` per node for :func:`leaf_index_codes`, or None (see :func:`fedsbdt.common.kernels.code_bounds`)."""
     E, counts = packed
     features = np.asarray(features, np.int64)
     thresholds = np.asarray(thresholds, np.float64)
@@ -90,7 +90,7 @@ def _walk(M: np.ndarray, features: np.ndarray, lo: np.ndarray, hi: np.ndarray, d
 def leaf_index(X: np.ndarray, features: np.ndarray, thresholds: np.ndarray, is_cat: np.ndarray,
                depth: int, default_left: np.ndarray | None = None) -> np.ndarray:
     """Leaf (0 … 2^d−1) of every row of ``X`` in one tree; NaN goes left at node k iff ``default_left[k]``
-    (None: right everywhere), as :func:`common.kernels.leaf_index`."""
+    (None: right everywhere), as :func:`fedsbdt.common.kernels.leaf_index`."""
     X = np.asarray(X, dtype=np.float64)
     lo, hi = node_bounds(features, thresholds, is_cat)
     dl = None if default_left is None else np.asarray(default_left, np.bool_)
@@ -113,7 +113,7 @@ def grad_hess_units(pred: np.ndarray, y: np.ndarray, task: int, scale: float, g_
                     h_units: int) -> tuple[np.ndarray, np.ndarray]:
     """Clipped negative gradients and Hessians in fixed-point units (Alg. 5 lines 2 and 4).
 
-    As :func:`common.kernels.grad_hess_units`: regression g = y − ŷ, h = 1;
+    As :func:`fedsbdt.common.kernels.grad_hess_units`: regression g = y − ŷ, h = 1;
     binary g = y − σ(ŷ), h = σ(ŷ)(1 − σ(ŷ)) with σ(ŷ) = 1/(1 + exp(−ŷ)) and the C library's exp;
     ``g`` clipped to [−g*, g*] and ``h`` to [0, h*] in integer units.
     """
@@ -150,7 +150,7 @@ def _leaf_sums(leaf: np.ndarray, gq: np.ndarray, hq: np.ndarray, n_leaves: int, 
 def round_sums(leaf: np.ndarray, pred: np.ndarray, y: np.ndarray, task: int, scale: float, g_units: int,
                h_units: int, sampled: np.ndarray, available: np.ndarray | None, n_leaves: int,
                filter_args: tuple | None = None) -> tuple[np.ndarray, np.ndarray | None, int, int]:
-    """One round of a site: gradients, filter, subsample and leaf sums (see :func:`common.kernels.round_sums`).
+    """One round of a site: gradients, filter, subsample and leaf sums (see :func:`fedsbdt.common.kernels.round_sums`).
 
     Returns ``(sums, new_spent or None, #active, #active-and-sampled)``; without the filter only the
     subsampled available records' gradients are computed.

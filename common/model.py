@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from fedsbdt import __version__
+
 from . import kernels
 from .config import Hyperparameters
 from .files import write_atomic
@@ -71,6 +73,7 @@ class Ensemble:
     trees: list[Tree] = field(default_factory=list)
     privacy: dict[str, Any] = field(default_factory=dict)  # the privacy receipt
     training: dict[str, Any] = field(default_factory=dict)  # public per-round facts (sites alive, …)
+    software: str = __version__  # the fedsbdt release that wrote the model
 
     @property
     def task(self) -> str:
@@ -127,6 +130,7 @@ class Ensemble:
         return {
             "format": FORMAT,
             "version": VERSION,
+            "fedsbdt_version": self.software,
             "schema": self.schema.to_dict(),
             "hyperparameters": self.hyperparameters.to_dict(),
             "privacy": self.privacy,
@@ -176,7 +180,8 @@ class Ensemble:
                 init = float(d["init_score"])
             if not all(math.isfinite(x) for x in np.atleast_1d(init)):
                 raise ModelError(f"{source}: non-finite initial score")
-            return cls(schema, hp, init, trees, dict(d.get("privacy", {})), dict(d.get("training", {})))
+            return cls(schema, hp, init, trees, dict(d.get("privacy", {})), dict(d.get("training", {})),
+                       str(d.get("fedsbdt_version", "unknown")))
         except KeyError as e:
             raise ModelError(f"{source}: missing field {e}") from None
         except (TypeError, ValueError) as e:

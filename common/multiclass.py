@@ -5,14 +5,14 @@ class index y ∈ {0 … K−1}.  The model keeps one margin per class,
 ``F_k(x) = init_k + η·Σ_r v_{r,k}(x)``, and predicts ``softmax(F(x))``.
 
 Every round releases K trees that share the round's *public random splits*
-(:func:`common.splits.random_splits` of (seed, round)): the splits are
+(:func:`fedsbdt.common.splits.random_splits` of (seed, round)): the splits are
 data-independent, so sharing them costs no privacy, a record reaches the same
 leaf in all K trees (one tree walk per round instead of K), and the
 sensitivity argument below does not depend on the choice.
 
 **Round vector** (length 2·K·L, class-major): block k is the binary/regression
 layout ``[w_{k,0} … w_{k,L−1}, u_{k,0} … u_{k,L−1}]`` of class k's clipped
-Hessian and gradient sums, so :func:`common.boosting.leaf_values` turns each
+Hessian and gradient sums, so :func:`fedsbdt.common.boosting.leaf_values` turns each
 block into class k's leaves.
 
 **Gradients** of the softmax loss −log p_y on the margins, negated as in the

@@ -1,6 +1,6 @@
 """One party's multi-class training state: K margins per record, K class trees per round (common/multiclass.py).
 
-:class:`MulticlassLocalData` is :class:`~common.boosting.LocalData` with a
+:class:`MulticlassLocalData` is :class:`~fedsbdt.common.boosting.LocalData` with a
 ``(n, K)`` margin matrix; the round's public splits, the subsample and the
 leaf of every record are shared by the K class trees.
 """
@@ -52,7 +52,7 @@ class MulticlassLocalData(LocalData):
 
 def local_data_for(schema, X, y, ids, hp, arrival=None, edges=None, backend=None) -> LocalData:
     """The per-party state for ``schema``'s task (multiclass: :class:`MulticlassLocalData`); ``backend``: the
-    kernel module (see :class:`~common.boosting.LocalData`)."""
+    kernel module (see :class:`~fedsbdt.common.boosting.LocalData`)."""
     is_cat = np.array([f.is_categorical for f in schema.features])
     if schema.task == "multiclass":
         return MulticlassLocalData(X, y, ids, schema.task, hp, schema.label_range, arrival, is_cat, edges=edges,

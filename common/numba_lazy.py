@@ -3,7 +3,7 @@
 Importing numba costs a process about 80 MB and half a second; loading the
 first compiled kernel another 60 MB.  Many modules import a kernel module
 only for a constant or for a code path a given process never runs (a site
-daemon runs its per-round kernels in numpy, :mod:`common.kernels_numpy`).
+daemon runs its per-round kernels in numpy, :mod:`fedsbdt.common.kernels_numpy`).
 With ``from .numba_lazy import njit`` such modules stay cheap to import.
 
 On the first call (or attribute access) of any lazy kernel of a module, every

@@ -2,7 +2,7 @@
 
 * :class:`SecureRandomness` — the only source allowed outside tests.  DP noise
   comes from exact discrete Gaussian and discrete Laplace samplers (integer,
-  fixed-point units): by default our own (:mod:`common.exact_noise`,
+  fixed-point units): by default our own (:mod:`fedsbdt.common.exact_noise`,
   Canonne–Kamath–Steinke 2020, integer arithmetic only, numba), or OpenDP's
   (``sampler="opendp"``, ~30× slower, the oracle of the tests).  Their
   random bits, and the Poisson subsample's, come from a CSPRNG stream

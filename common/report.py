@@ -24,6 +24,8 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from fedsbdt import __version__
+
 from . import svgplot
 from .files import write_atomic
 from .model import Ensemble
@@ -41,7 +43,7 @@ def exhausted_share(spent: np.ndarray, budget_units: int) -> float:
     """Share of records that have reached their budget: they cannot afford one more worst-case round.
 
     ``spent`` holds each record's spent RDP in integer ledger units (see
-    :mod:`common.rdp_filter`); ``budget_units`` is the per-record budget
+    :mod:`fedsbdt.common.rdp_filter`); ``budget_units`` is the per-record budget
     ρ(α̂) in the same units (``T_regular · UNITS_PER_ROUND``).  This is the
     site's own statistic of private data; it is never sent anywhere.
     """
@@ -169,7 +171,7 @@ def epsilon_curve(privacy: dict[str, Any], points: int = 40, depth: int = 0) -> 
     """ε after r accounted trees (RDP accountant at the model's σ), for a grid of r up to the total.
 
     Greedy trees (``depth`` levels of exponential mechanism each) are charged by the same event ledger as
-    in training (:func:`common.accountant.greedy_training_event`)."""
+    in training (:func:`fedsbdt.common.accountant.greedy_training_event`)."""
     from .accountant import epsilon_rdp, event_epsilon_rdp, greedy_training_event
 
     if privacy.get("tree_builder") == "sarus":
@@ -582,6 +584,7 @@ def build_report(model: Ensemble, ledger: LedgerSummary | None = None, model_nam
     ident = [("model", model_name, "file this report describes"),
              ("SHA-256", model_sha256 or "—", "fingerprint of the model file"),
              ("task", model.task, ""), ("trees", len(model.trees), "released trees"),
+             ("software", f"fedsbdt {model.software}", f"wrote the model (this report: fedsbdt {__version__})"),
              ("generated", generated.strftime("%Y-%m-%d %H:%M UTC"), "")]
     sections = [
         _section("summary", "Model", _table(ident, head=("", "", ""))),

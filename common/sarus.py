@@ -119,7 +119,7 @@ def may_split(noisy_count: float, min_child_weight: int) -> bool:
 
 def leaf_value(G: np.ndarray, n: np.ndarray, min_child_weight: int, l2: float, weight: float = 1.0) -> np.ndarray:
     """The exact leaf value ``G/(h·max(n, N) + λ)`` (Sarus eq. 4 with the clamp; G sums *negative* gradients, as
-    :func:`common.kernels.grad_hess_units` returns them) before noise."""
+    :func:`fedsbdt.common.kernels.grad_hess_units` returns them) before noise."""
     n = np.maximum(np.asarray(n, np.float64), float(min_child_weight))
     return np.asarray(G, np.float64) / (weight * n + l2)
 
@@ -219,7 +219,7 @@ def calibrate_sarus(epsilon: float, delta: float, rounds: int, depth: int, gamma
     """The largest per-tree ε_t whose whole release (:func:`training_event`) meets the target.
 
     ``accountant="pure"``: the paper's composition (:func:`paper_epsilon`) gives ε exactly — a pure ε-DP
-    guarantee (δ = 0).  ``"rdp"``: our RDP ledger (:func:`common.accountant.event_rdp`: each tree the tight
+    guarantee (δ = 0).  ``"rdp"``: our RDP ledger (:func:`fedsbdt.common.accountant.event_rdp`: each tree the tight
     RDP of a subsampled ε_t-DP mechanism, the initial score randomized response's) and Cor. 6 at δ,
     bisected on ε_t.  Either way both numbers are reported: ``eps_paper`` and ``eps_rdp``."""
     if not (epsilon > 0 and math.isfinite(epsilon)):

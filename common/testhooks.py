@@ -103,8 +103,8 @@ def reached(stage: str, tree: int, when: str = "before") -> None:
 
 
 def _secagg_kind(data: bytes) -> str | None:
-    from common.secagg import decode_message
-    from common.secagg.errors import InvalidMessage
+    from fedsbdt.common.secagg import decode_message
+    from fedsbdt.common.secagg.errors import InvalidMessage
 
     try:
         return type(decode_message(bytes(data))).__name__
@@ -117,10 +117,10 @@ _COORD_ROUND = {"ConsistencyRequest": "consistency", "UnmaskRequest": "unmask"}
 
 
 def site_reply(reply, trees_applied: int, when: str) -> None:
-    """Site: a reply (common.federation.wire.*Reply) is about to be sent (``before``) or was accepted (``after``)."""
+    """Site: a reply (fedsbdt.common.federation.wire.*Reply) is about to be sent (``before``) or was accepted (``after``)."""
     if not ACTIVE:
         return
-    from common.federation.wire import InputReply, Purpose, RoundReply, SetupReply
+    from fedsbdt.common.federation.wire import InputReply, Purpose, RoundReply, SetupReply
 
     if isinstance(reply, SetupReply):
         reached("epoch_setup", trees_applied, when)
@@ -139,7 +139,7 @@ def site_event(event) -> None:
     """Site: an event was handled (a released tree applied)."""
     if not ACTIVE:
         return
-    from common.federation.wire import TreeMsg
+    from fedsbdt.common.federation.wire import TreeMsg
 
     if isinstance(event, TreeMsg):
         reached("tree_release", int(event.index), "before")
@@ -150,7 +150,7 @@ def coordinator_dispatch(outs, trees_released: int, when: str) -> None:
     """Coordinator: the session committed a step whose events are about to be (or were just) queued."""
     if not ACTIVE:
         return
-    from common.federation.wire import InitScoreMsg, Purpose, RoundMsg, RoundStartMsg, SetupMsg, TreeMsg
+    from fedsbdt.common.federation.wire import InitScoreMsg, Purpose, RoundMsg, RoundStartMsg, SetupMsg, TreeMsg
 
     seen = set()
     for _, ev in outs:

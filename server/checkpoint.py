@@ -28,10 +28,10 @@ from pathlib import Path
 
 import numpy as np
 
-from common.secagg.errors import StorageError
-from common.secagg.storage import check_key
+from fedsbdt.common.secagg.errors import StorageError
+from fedsbdt.common.secagg.storage import check_key
 
-from common.federation.wire import InitScoreMsg, TreeMsg
+from fedsbdt.common.federation.wire import InitScoreMsg, TreeMsg
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS log (seq INTEGER PRIMARY KEY, kind TEXT NOT NULL, body TEXT NOT NULL);
@@ -221,7 +221,7 @@ class CoordinatorStore:
 
 
 class _SecAggStorage:
-    """common.secagg ``Storage`` in the coordinator database (a put joins the open transaction)."""
+    """fedsbdt.common.secagg ``Storage`` in the coordinator database (a put joins the open transaction)."""
 
     def __init__(self, store: CoordinatorStore) -> None:
         self._s = store

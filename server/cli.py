@@ -1,4 +1,4 @@
-"""``fedsbdt coordinator``, ``fedsbdt plan``, ``fedsbdt ca`` and ``fedsbdt demo``, registered by :mod:`common.cli`.
+"""``fedsbdt coordinator``, ``fedsbdt plan``, ``fedsbdt ca`` and ``fedsbdt demo``, registered by :mod:`fedsbdt.common.cli`.
 
     fedsbdt coordinator --plan P [--listen ADDR] [--state DIR] [--tls-cert F --tls-key F --tls-ca F | --insecure]
     fedsbdt plan --schema S --site ID=identity.pub ... --out P [--threshold T] [--dropout-slack S] [hyperparameter flags]
@@ -16,8 +16,8 @@ import signal
 import time
 from pathlib import Path
 
-from common.cli import CliError, add_hyperparameter_flags, emit, hyperparameters_from_args
-from common.config import SAMPLERS
+from fedsbdt.common.cli import CliError, add_hyperparameter_flags, emit, hyperparameters_from_args
+from fedsbdt.common.config import SAMPLERS
 
 log = logging.getLogger("fedsbdt.coordinator")
 
@@ -26,11 +26,11 @@ log = logging.getLogger("fedsbdt.coordinator")
 
 
 def cmd_coordinator(args: argparse.Namespace) -> int:
-    from client.cli import sha256_file
+    from fedsbdt.client.cli import sha256_file
 
     from .checkpoint import CheckpointError, CoordinatorStore
-    from common.federation.pki import PkiError, TlsFiles, server_credentials
-    from common.federation.plan import Plan
+    from fedsbdt.common.federation.pki import PkiError, TlsFiles, server_credentials
+    from fedsbdt.common.federation.plan import Plan
     from .service import CoordinatorServer
     from .session import Session
 
@@ -121,9 +121,9 @@ def existing_model(plan, path: str | None):
         return None
     if path is None:
         raise CliError("this plan evaluates an existing model: pass it with --model FILE")
-    from client.cli import sha256_file
-    from common.federation.release import released_from_model
-    from common.model import Ensemble
+    from fedsbdt.client.cli import sha256_file
+    from fedsbdt.common.federation.release import released_from_model
+    from fedsbdt.common.model import Ensemble
 
     try:
         return released_from_model(plan, Ensemble.load(path), sha256_file(Path(path)))
@@ -135,8 +135,8 @@ def write_evaluation(state: Path, receipt: dict, model_sha256: str) -> tuple[dic
     """Write the evaluation receipt (``STATE/evaluation.json``); returns it and one line for people."""
     import json
 
-    from common.fed_eval import describe
-    from common.files import write_atomic
+    from fedsbdt.common.fed_eval import describe
+    from fedsbdt.common.files import write_atomic
 
     receipt = receipt | {"model_sha256": model_sha256}
     path = write_atomic(state / "evaluation.json", json.dumps(receipt, sort_keys=True, indent=1), "evaluation")
@@ -151,14 +151,14 @@ def write_evaluation(state: Path, receipt: dict, model_sha256: str) -> tuple[dic
 
 
 def _site_arg(text: str) -> tuple[str, bytes]:
-    from client.keys import read_identity_pub
+    from fedsbdt.client.keys import read_identity_pub
 
     if "=" not in text:
         raise CliError(f"--site {text!r}: expected ID=identity.pub (or ID=<64 hex digits>)")
     sid, val = text.split("=", 1)
     if len(val) == 64 and all(c in "0123456789abcdefABCDEF" for c in val):
         return sid, bytes.fromhex(val)
-    from common.federation.pki import PkiError
+    from fedsbdt.common.federation.pki import PkiError
 
     try:
         return sid, read_identity_pub(Path(val))
@@ -167,9 +167,9 @@ def _site_arg(text: str) -> tuple[str, bytes]:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from common.schema import Schema
+    from fedsbdt.common.schema import Schema
 
-    from common.federation.plan import Deadlines, SiteEntry, make_plan
+    from fedsbdt.common.federation.plan import Deadlines, SiteEntry, make_plan
 
     evaluation = {}
     if args.eval_epsilon is not None:
@@ -192,7 +192,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
                                        quorum=args.quorum_deadline, finish=args.finish_deadline),
                    sampler=args.sampler, **evaluation)
     if args.secagg_graph == "sparse":  # Bell et al.'s sparse graph (docs/secagg.md §10)
-        from common.secagg.graph import suggested_neighbours
+        from fedsbdt.common.secagg.graph import suggested_neighbours
 
         session.update(secagg_graph="sparse",
                        secagg_neighbours=args.neighbours if args.neighbours is not None else suggested_neighbours(len(sites)))
@@ -221,8 +221,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def model_for_evaluation(args: argparse.Namespace):
     """(schema, hyperparameters, SHA-256) of ``--evaluate-model``: the plan evaluates it, trains nothing."""
-    from client.cli import sha256_file
-    from common.model import Ensemble
+    from fedsbdt.client.cli import sha256_file
+    from fedsbdt.common.model import Ensemble
 
     if args.eval_epsilon is None:
         raise CliError("--evaluate-model needs --eval-epsilon (the evaluation's privacy budget)")
@@ -235,7 +235,7 @@ def model_for_evaluation(args: argparse.Namespace):
 
 
 def cmd_ca(args: argparse.Namespace) -> int:
-    from common.federation.pki import PkiError, ca_init, ca_server, ca_sign
+    from fedsbdt.common.federation.pki import PkiError, ca_init, ca_server, ca_sign
 
     try:
         if args.ca_command == "init":
@@ -256,7 +256,7 @@ def cmd_ca(args: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
-    from client.cli import add_tls_flags
+    from fedsbdt.client.cli import add_tls_flags
 
     c = sub.add_parser("coordinator", help="run the coordinator of a federated training session")
     c.add_argument("--plan", required=True, help="the plan (TOML)")

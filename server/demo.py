@@ -44,7 +44,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from common.cli import CliError, Progress, emit
+from fedsbdt.common.cli import CliError, Progress, emit
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 DATASETS = ("abalone", "adult")
@@ -120,7 +120,7 @@ def split_data(dataset: str, n: int, layout: Layout) -> int:
 
 def training_rows(layout: Layout, sites: list[str], schema) -> tuple[int, int]:
     """(records the sites train on, rows dropped for a missing value) — as each site will load its file."""
-    from common.data import load
+    from fedsbdt.common.data import load
 
     used = dropped = 0
     for sid in sites:
@@ -135,8 +135,8 @@ def warm_up_kernels(schema, hp, quiet: bool = False, notice_after: float = 1.0) 
     longer than ``notice_after`` seconds, say why.  Returns the seconds it took."""
     import numpy as np
 
-    from common.data import Dataset
-    from common.engine import train
+    from fedsbdt.common.data import Dataset
+    from fedsbdt.common.engine import train
 
     X = np.array([[0.0 if f.is_categorical else f.lo for f in schema.features]] * 8)
     y = np.full(8, schema.label_range[0] if schema.task == "regression" else 0.0)
@@ -163,12 +163,12 @@ def warm_up_kernels(schema, hp, quiet: bool = False, notice_after: float = 1.0) 
 def prepare(layout: Layout, n: int, dataset: str, hp_changes: dict, hosts: list[str],
             max_epsilon: float | None = None, **session) -> tuple[object, int]:
     """CA, coordinator certificate, site keys and certificates, data splits and the plan."""
-    from client.keys import IDENTITY_PUB, keygen, read_identity_pub
-    from common.config import Hyperparameters
-    from common.schema import Schema
+    from fedsbdt.client.keys import IDENTITY_PUB, keygen, read_identity_pub
+    from fedsbdt.common.config import Hyperparameters
+    from fedsbdt.common.schema import Schema
 
-    from common.federation.pki import ca_init, ca_server, ca_sign
-    from common.federation.plan import Deadlines, SiteEntry, make_plan
+    from fedsbdt.common.federation.pki import ca_init, ca_server, ca_sign
+    from fedsbdt.common.federation.plan import Deadlines, SiteEntry, make_plan
 
     ca_init(layout.ca, name="fedsbdt demo CA", days=30)
     ca_server(layout.ca, layout.coordinator, hosts, days=30)
@@ -210,7 +210,7 @@ class Processes:
 
 
 def _cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "common.cli", "--log-format", "json", *args]
+    return [sys.executable, "-m", "fedsbdt.common.cli", "--log-format", "json", *args]
 
 
 def free_port() -> int:
@@ -252,7 +252,7 @@ def start_coordinator(layout: Layout, procs: Processes, extra: list[str] = ()) -
 def site_flags(plan) -> list[str]:
     """What a site of this demo passes besides its files: the plan's hash (pinned) and a policy that accepts
     the demo's own plan (a two-site demo, central noise when asked for)."""
-    from client.policy import MIN_SITES
+    from fedsbdt.client.policy import MIN_SITES
 
     flags = ["--plan-hash", plan.sha256, "--min-sites", str(min(plan.n, MIN_SITES))]
     return flags + (["--allow-central-noise"] if plan.noise == "central" else [])
@@ -308,9 +308,9 @@ def follow_log(stream, on_event, keep: list[str], tee: Path | None = None) -> th
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from common.cli import evaluate_model
-    from common.data import load
-    from common.model import Ensemble
+    from fedsbdt.common.cli import evaluate_model
+    from fedsbdt.common.data import load
+    from fedsbdt.common.model import Ensemble
 
     if not 2 <= args.sites <= 20:
         raise CliError("--sites must be between 2 and 20 for a demo on one machine")
@@ -412,7 +412,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def federated_text(receipt: dict) -> str:
     """The federated held-out metric, as the coordinator released it."""
-    from common.fed_eval import describe
+    from fedsbdt.common.fed_eval import describe
 
     if "metrics" not in receipt:
         return f"federated held-out evaluation: not released ({receipt.get('failed', 'no evaluation')})"
@@ -421,7 +421,7 @@ def federated_text(receipt: dict) -> str:
 
 
 def _rows_text(rows: int, dropped: int) -> str:
-    from common.data import rows as plural
+    from fedsbdt.common.data import rows as plural
 
     return f"{rows} training records" + (f" ({plural(dropped)} with a missing value dropped)" if dropped else "")
 

@@ -49,12 +49,12 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from common import testhooks
-from fedsbdt.v1 import federation_pb2 as pb
-from fedsbdt.v1 import federation_pb2_grpc as pbg
+from fedsbdt.common import testhooks
+from fedsbdt.proto.v1 import federation_pb2 as pb
+from fedsbdt.proto.v1 import federation_pb2_grpc as pbg
 
 from .session import Rejected, Session
-from common.federation.wire import (
+from fedsbdt.common.federation.wire import (
     MAX_MESSAGE_BYTES,
     MAX_TREES_PER_PAGE,
     SERVER_OPTIONS,

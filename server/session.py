@@ -48,9 +48,9 @@ from typing import Callable
 
 import numpy as np
 
-from common.boosting import init_noise_scales, init_score, leaf_noise_scales, leaf_values
-from common.multiclass import init_vector_len, round_vector_len
-from common.secagg import (
+from fedsbdt.common.boosting import init_noise_scales, init_score, leaf_noise_scales, leaf_values
+from fedsbdt.common.multiclass import init_vector_len, round_vector_len
+from fedsbdt.common.secagg import (
     AdvertiseKeys,
     ConsistencySignature,
     FastMaskedInput,
@@ -61,16 +61,16 @@ from common.secagg import (
     UnmaskResponse,
     decode_message,
 )
-from common.secagg.errors import InvalidMessage, SecAggError
-from client.noise import NoiseShares
-from common.splits import Splits, random_splits
+from fedsbdt.common.secagg.errors import InvalidMessage, SecAggError
+from fedsbdt.client.noise import NoiseShares
+from fedsbdt.common.splits import Splits, random_splits
 
 from .checkpoint import CoordinatorStore, Restored
-from common.federation import dpboost_rounds
-from common.federation.plan import Plan
-from common.federation.release import build_model, evaluation_receipt, model_bytes, model_sha256
-from common.federation.sarus_rounds import SarusTree
-from common.federation.wire import (
+from fedsbdt.common.federation import dpboost_rounds
+from fedsbdt.common.federation.plan import Plan
+from fedsbdt.common.federation.release import build_model, evaluation_receipt, model_bytes, model_sha256
+from fedsbdt.common.federation.sarus_rounds import SarusTree
+from fedsbdt.common.federation.wire import (
     AbortedMsg,
     Event,
     FinishedMsg,
@@ -247,7 +247,7 @@ class Session:
             step's events are returned.  ``None`` keeps everything in memory (tests).
         randbytes: source of session tokens.
         released: an evaluation-only plan (``evaluation.model_sha256``): the existing model's initial score
-            and trees (:func:`~common.federation.release.released_from_model`), released from the start.
+            and trees (:func:`~fedsbdt.common.federation.release.released_from_model`), released from the start.
     """
 
     def __init__(self, plan: Plan, randomness, now: float, store: CoordinatorStore | None = None,
@@ -265,7 +265,7 @@ class Session:
         self.central_noise = None
         self.init: InitScoreMsg | None = restored.init
         self.has_init = restored.has_init
-        if self.hp.init_share == 0:  # no initial-score round: the score is 0 (as in common.engine)
+        if self.hp.init_share == 0:  # no initial-score round: the score is 0 (as in fedsbdt.common.engine)
             self.init, self.has_init = InitScoreMsg(0.0, None, ()), True
         self.trees: list[TreeMsg] = restored.trees
         self.levels: list[tuple[np.ndarray, np.ndarray]] = restored.levels  # greedy: splits of the next tree

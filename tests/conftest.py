@@ -12,21 +12,21 @@ ADULT_TEST = EXAMPLES / "adult" / "adult.test"
 
 @pytest.fixture(scope="session")
 def abalone():
-    from common.data import load
-    from common.schema import Schema
+    from fedsbdt.common.data import load
+    from fedsbdt.common.schema import Schema
 
     return load(ABALONE, Schema.load(EXAMPLES / "abalone" / "schema.toml"))
 
 
 @pytest.fixture(scope="session")
 def adult():
-    from common.data import load
-    from common.schema import Schema
+    from fedsbdt.common.data import load
+    from fedsbdt.common.schema import Schema
 
     return load(ADULT, Schema.load(EXAMPLES / "adult" / "schema.toml"))
 
 
 def insecure(seed=0, noise=True):
-    from common.randomness import InsecureTestRandomness
+    from fedsbdt.common.randomness import InsecureTestRandomness
 
     return InsecureTestRandomness(seed=seed, noise=noise, i_understand_this_is_insecure=True)

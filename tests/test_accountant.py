@@ -6,7 +6,7 @@ import pytest
 from dp_accounting import PoissonSampledDpEvent, GaussianDpEvent, SelfComposedDpEvent
 from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib
 
-from common import accountant as A
+from fedsbdt.common import accountant as A
 
 GRID_GAMMA = [0.005, 0.05, 0.1, 0.3, 0.9]
 GRID_SIGMA = [0.8, 2.0, 10.0, 60.0]

@@ -8,11 +8,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from common.config import ConfigError, Hyperparameters
-from common.data import load
-from common.engine import train
-from common.model import Ensemble
-from common.schema import Schema
+from fedsbdt.common.config import ConfigError, Hyperparameters
+from fedsbdt.common.data import load
+from fedsbdt.common.engine import train
+from fedsbdt.common.model import Ensemble
+from fedsbdt.common.schema import Schema
 from conftest import ADULT_TEST, EXAMPLES, insecure
 
 
@@ -46,8 +46,8 @@ def test_multiclass_xgboost_export_and_estimator_agree_on_missing_values(tmp_pat
     rows with missing values; the scikit-learn estimator with allow_missing=True routes them the same way."""
     import xgboost as xgb
 
-    from common.estimators_multiclass import SBDTMulticlassClassifier
-    from common.export_xgboost import export_xgboost
+    from fedsbdt.common.estimators_multiclass import SBDTMulticlassClassifier
+    from fedsbdt.common.export_xgboost import export_xgboost
 
     ds = wine_with_holes(tmp_path)
     X32 = ds.X.astype(np.float32).astype(np.float64)  # XGBoost compares float32 inputs (docs/xgboost-export.md)
@@ -98,7 +98,7 @@ def test_binary_builders_with_missing_values_predict_what_training_applied(kw, d
 def test_account_prints_only_the_lines_that_apply(capsys, flags, shown, hidden):
     """Sarus trees have no Gaussian leaf noise (σ = 0, ρ = 0 mean nothing there), the pure and PLD accountants
     no RDP order; the --json object keeps every key for scripts."""
-    from common.cli import main
+    from fedsbdt.common.cli import main
 
     assert main(["account", *flags]) == 0
     lines = capsys.readouterr().out.splitlines()
@@ -116,7 +116,7 @@ def test_account_prints_only_the_lines_that_apply(capsys, flags, shown, hidden):
 def test_the_report_shows_sigma_and_rho_only_where_they_apply(tmp_path, kw, sigma_row, rho_row):
     """σ_leaf is the Gaussian leaf noise (DPBoost and Sarus have Laplace leaves); ρ(α̂) the trees' RDP budget
     (DPBoost's exponential and Laplace releases have one, Sarus composes its pure-DP trees separately)."""
-    from common.report import write_report
+    from fedsbdt.common.report import write_report
 
     d = tomllib.loads((EXAMPLES / "adult" / "schema.toml").read_text())
     ds = load(ADULT_TEST, Schema.from_dict(d))

@@ -3,8 +3,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from common.data import DataError, Dataset, load
-from common.schema import Schema, SchemaError
+from fedsbdt.common.data import DataError, Dataset, load
+from fedsbdt.common.schema import Schema, SchemaError
 
 from conftest import ADULT_TEST, EXAMPLES
 

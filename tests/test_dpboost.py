@@ -14,17 +14,17 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from common import dpboost
-from common.accountant import (ComposedEvent, default_alpha_max, ExponentialEvent, LaplaceEvent, ParallelEvent, event_epsilon_rdp,
+from fedsbdt.common import dpboost
+from fedsbdt.common.accountant import (ComposedEvent, default_alpha_max, ExponentialEvent, LaplaceEvent, ParallelEvent, event_epsilon_rdp,
                                event_pld, event_rdp)
-from common.boosting import LocalData, split_edges
-from common.builders import score_sensitivity, tree_builder_for
-from common.cli import main
-from common.config import ConfigError, Hyperparameters
-from common.dpboost_trees import DPBoostTrees, negative_gradient
-from common.engine import calibration_for, train
-from common.model import Ensemble
-from common.splits import random_splits
+from fedsbdt.common.boosting import LocalData, split_edges
+from fedsbdt.common.builders import score_sensitivity, tree_builder_for
+from fedsbdt.common.cli import main
+from fedsbdt.common.config import ConfigError, Hyperparameters
+from fedsbdt.common.dpboost_trees import DPBoostTrees, negative_gradient
+from fedsbdt.common.engine import calibration_for, train
+from fedsbdt.common.model import Ensemble
+from fedsbdt.common.splits import random_splits
 from conftest import EXAMPLES, insecure
 from test_exact_noise import bins_for, counts, fits, laplace_cdf
 
@@ -183,7 +183,7 @@ def test_partition_shares_follow_alg2_line8():
     shares = dpboost.tree_shares(10, 0.3)
     want = 0.3 * 0.7 ** np.arange(10) / (1 - 0.7**10)
     assert np.allclose(shares, want) and shares.sum() == pytest.approx(1.0)
-    from common.randomness import csprng_uint64
+    from fedsbdt.common.randomness import csprng_uint64
 
     n = 200_000
     parts = dpboost.draw_partition(shares, csprng_uint64(n))
@@ -196,7 +196,7 @@ def test_partition_shares_follow_alg2_line8():
 
 
 def _schema():
-    from common.schema import Schema
+    from fedsbdt.common.schema import Schema
 
     return Schema.load(EXAMPLES / "abalone" / "schema.toml")
 
@@ -261,7 +261,7 @@ def test_laplace_leaf_noise_has_the_calibrated_scale(abalone):
     splits = random_splits(abalone.schema, hp.depth, 5, 0, False, 32)
     r, t = 3, 4
     _, clean = b.release_leaves(r, local, splits, insecure(noise=False))
-    from common.randomness import SecureRandomness
+    from fedsbdt.common.randomness import SecureRandomness
 
     rnd = SecureRandomness()
     noise = np.concatenate([np.rint((b.release_leaves(r, local, splits, rnd)[1] - clean) * 2**12)
@@ -324,8 +324,8 @@ def test_cli_dpboost_train_evaluate_account_report_export(tmp_path, capsys):
     capsys.readouterr()
     import xgboost as xgb
 
-    from common.data import load
-    from common.schema import Schema
+    from fedsbdt.common.data import load
+    from fedsbdt.common.schema import Schema
 
     ds = load(data, Schema.load(schema))
     booster = xgb.Booster(model_file=str(tmp_path / "x.json"))
@@ -340,8 +340,8 @@ def test_cli_dpboost_train_evaluate_account_report_export(tmp_path, capsys):
 
 
 def test_adult_dpboost_learns_and_estimator_takes_the_mode(adult):
-    from common.estimators import SBDTClassifier
-    from common.metrics import auc
+    from fedsbdt.common.estimators import SBDTClassifier
+    from fedsbdt.common.metrics import auc
 
     rows = np.arange(0, adult.n, 4)
     X, y = adult.X[rows], adult.y[rows]
@@ -358,7 +358,7 @@ def test_adult_dpboost_learns_and_estimator_takes_the_mode(adult):
 def test_federated_plan_accepts_dpboost_with_the_gaussian_ledger(adult):
     """A federated DPBoost plan is accounted with Gaussian levels and leaves (docs/dpboost.md "Federation";
     tests/federation/test_dpboost_federation.py runs it); the PLD accountant is refused."""
-    from common.federation.plan import PlanError, SiteEntry, make_plan
+    from fedsbdt.common.federation.plan import PlanError, SiteEntry, make_plan
 
     sites = [SiteEntry(f"s{i}", bytes([i]) * 32) for i in range(3)]
     plan = make_plan(adult.schema, Hyperparameters.from_dict({"tree_builder": "dpboost"}), sites)

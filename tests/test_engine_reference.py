@@ -5,12 +5,12 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from common.config import Hyperparameters
-from common.data import Dataset
-from common.engine import calibration_for, train
-from common.rdp_filter import filter_table
-from common.schema import Schema
-from common.splits import random_splits
+from fedsbdt.common.config import Hyperparameters
+from fedsbdt.common.data import Dataset
+from fedsbdt.common.engine import calibration_for, train
+from fedsbdt.common.rdp_filter import filter_table
+from fedsbdt.common.schema import Schema
+from fedsbdt.common.splits import random_splits
 
 from conftest import insecure
 

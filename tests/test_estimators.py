@@ -12,11 +12,11 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import FunctionTransformer
 from sklearn.utils.estimator_checks import check_estimator
 
-from common.config import Hyperparameters, hyperparameter_names
-from common.data import Dataset
-from common.engine import train
-from common.estimators import PublicBoundsError, SBDTClassifier, SBDTRegressor, expected_failed_checks
-from common.schema import Schema
+from fedsbdt.common.config import Hyperparameters, hyperparameter_names
+from fedsbdt.common.data import Dataset
+from fedsbdt.common.engine import train
+from fedsbdt.common.estimators import PublicBoundsError, SBDTClassifier, SBDTRegressor, expected_failed_checks
+from fedsbdt.common.schema import Schema
 
 from conftest import ABALONE, ADULT, EXAMPLES, insecure
 
@@ -179,7 +179,7 @@ def test_pipeline_cross_validation_and_pickle():
 
 
 def test_save_model_feeds_the_cli(tmp_path):
-    from common.model import Ensemble
+    from fedsbdt.common.model import Ensemble
 
     X = np.random.default_rng(2).random((100, 2))
     est = SBDTRegressor(feature_ranges=(0, 1), label_range=(0, 2), trees=5).fit(X, X.sum(axis=1))

@@ -23,9 +23,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from common import exact_kernels as K
-from common import exact_noise as E
-from common.randomness import SecureRandomness
+from fedsbdt.common import exact_kernels as K
+from fedsbdt.common import exact_noise as E
+from fedsbdt.common.randomness import SecureRandomness
 
 ROOT = Path(__file__).resolve().parents[1]
 P = 1e-6
@@ -117,7 +117,7 @@ def test_enumeration_catches_a_wrong_probability():
                                       (False, 2**40 - 3, 2**40)])
 def test_bernoulli_exp_frequency(wide, n, d):
     """10^6 draws from the CSPRNG: the count of ones is within the binomial p = 1e-6 bounds of exp(−n/d)."""
-    from common.randomness import csprng_fill
+    from fedsbdt.common.randomness import csprng_fill
 
     N = 1_000_000
     words = np.empty(40 * N, dtype=np.uint64)
@@ -322,7 +322,7 @@ from fractions import Fraction
 import numpy as np
 from numba.core import types
 from numba.core.registry import CPUDispatcher
-from common import exact_kernels as K, exact_noise as E
+from fedsbdt.common import exact_kernels as K, exact_noise as E
 
 E.discrete_gaussian(Fraction(5, 3), 50)
 E.discrete_laplace(Fraction(7, 2), 50)
@@ -383,7 +383,7 @@ def test_no_float_in_the_sampling_path(tmp_path):
 def test_train_cli_sampler_flag(tmp_path, sampler, described):
     ex = ROOT / "examples" / "abalone"
     out = tmp_path / "model.json"
-    p = subprocess.run([sys.executable, "-m", "common.cli", "train", "--data", str(ex / "abalone.data"), "--schema",
+    p = subprocess.run([sys.executable, "-m", "fedsbdt.common.cli", "train", "--data", str(ex / "abalone.data"), "--schema",
                         str(ex / "schema.toml"), "--out", str(out), "--trees", "3", "--depth", "2", "--sampler",
                         sampler, "--json"], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert p.returncode == 0, p.stderr
@@ -391,14 +391,14 @@ def test_train_cli_sampler_flag(tmp_path, sampler, described):
 
 
 def test_train_cli_refuses_an_unknown_sampler(tmp_path):
-    p = subprocess.run([sys.executable, "-m", "common.cli", "train", "--data", "x.csv", "--schema", "s.toml",
+    p = subprocess.run([sys.executable, "-m", "fedsbdt.common.cli", "train", "--data", "x.csv", "--schema", "s.toml",
                         "--out", str(tmp_path / "m.json"), "--sampler", "numpy"], capture_output=True, text=True,
                        cwd=ROOT, timeout=120)
     assert p.returncode == 2 and "--sampler" in p.stderr and not (tmp_path / "m.json").exists()
 
 
 def test_csprng_pool_hands_out_each_word_once_and_not_across_fork():
-    from common.randomness import csprng_fill
+    from fedsbdt.common.randomness import csprng_fill
 
     a, b = np.empty(300, np.uint64), np.empty(300, np.uint64)
     csprng_fill(a)

@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 import xgboost as xgb
 
-from common.boosting import split_edges
-from common.config import Hyperparameters
-from common.engine import train
-from common.export_xgboost import export_xgboost
-from common.model import Ensemble, Tree
-from common.schema import Schema
-from common.splits import grid_threshold, random_splits
+from fedsbdt.common.boosting import split_edges
+from fedsbdt.common.config import Hyperparameters
+from fedsbdt.common.engine import train
+from fedsbdt.common.export_xgboost import export_xgboost
+from fedsbdt.common.model import Ensemble, Tree
+from fedsbdt.common.schema import Schema
+from fedsbdt.common.splits import grid_threshold, random_splits
 
 RANGES = [(0, 1, 19), (0, 1, 9), (-1, 1, 39), (0.1, 0.9, 15), (0, 1000, 99), (2.5, 7.5, 9), (-3.3, 0, 32)]
 
@@ -82,7 +82,7 @@ def test_abalone_float64_rows_predict_alike(abalone, builder, tmp_path):
 def test_vectorised_grid_thresholds_equal_the_exact_ones():
     """grid_thresholds (float64 with an exact fallback) equals grid_threshold (exact fractions) everywhere:
     random ranges, decimal ranges whose grid points fall on float32 numbers (0.5, 0.25, …), huge ranges."""
-    from common.splits import grid_thresholds
+    from fedsbdt.common.splits import grid_thresholds
     rng = np.random.default_rng(7)
     cases = [(0.0, 1.0, n) for n in (1, 3, 7, 9, 15, 19, 31, 32, 63, 255)]
     cases += [(-4.0, 4.0, 15), (0.0, 1000.0, 99), (-3.3, 0.0, 32), (2.5, 7.5, 9), (0.0, 1e300, 3), (-1e39, 1e39, 5)]

@@ -6,14 +6,14 @@ import pytest
 import scipy.sparse as sp
 import xgboost as xgb
 
-from common import kernels
-from common.cli import main
-from common.config import Hyperparameters
-from common.engine import train
-from common.export_xgboost import ExportError, ceil_float32, export_xgboost, folded_values, to_xgboost_dict
-from common.model import Ensemble, Tree
-from common.schema import Schema
-from common.splits import random_splits
+from fedsbdt.common import kernels
+from fedsbdt.common.cli import main
+from fedsbdt.common.config import Hyperparameters
+from fedsbdt.common.engine import train
+from fedsbdt.common.export_xgboost import ExportError, ceil_float32, export_xgboost, folded_values, to_xgboost_dict
+from fedsbdt.common.model import Ensemble, Tree
+from fedsbdt.common.schema import Schema
+from fedsbdt.common.splits import random_splits
 
 
 @pytest.fixture(scope="module")

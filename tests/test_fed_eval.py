@@ -1,6 +1,6 @@
 """Federated evaluation math (common/fed_eval.py): histograms, sensitivity, calibration, noise, metrics.
 
-Oracles: the exact pooled metrics (common.metrics, the same public clipping), dp-accounting's RDP accountant
+Oracles: the exact pooled metrics (fedsbdt.common.metrics, the same public clipping), dp-accounting's RDP accountant
 and the exact privacy curve of the Gaussian mechanism, χ² bounds at p = 1e-6 for the noise.
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from common.fed_eval import (
+from fedsbdt.common.fed_eval import (
     DEFAULT_EPSILON,
     LOGLOSS_CLIP,
     SUM_UNITS,
@@ -20,7 +20,7 @@ from common.fed_eval import (
     eval_sigma,
     exact_metrics,
 )
-from common.randomness import SecureRandomness
+from fedsbdt.common.randomness import SecureRandomness
 
 P = 1e-6
 DELTA = 5e-8
@@ -127,7 +127,7 @@ def test_eval_sigma_against_dp_accounting_and_the_exact_gaussian_curve(eps, delt
     from dp_accounting import GaussianDpEvent
     from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib
 
-    from common.accountant import alpha_grid, default_alpha_max
+    from fedsbdt.common.accountant import alpha_grid, default_alpha_max
 
     sigma = eval_sigma(eps, delta)
     orders = [float(a) for a in alpha_grid(default_alpha_max(eps, delta))]
@@ -185,10 +185,10 @@ def test_site_noise_has_the_stated_scale(task):
 
 
 def test_the_sites_code_path_draws_that_noise():
-    """client.evaluation.eval_input with the secure source: standardised noise has variance 1 (χ², p = 1e-6)."""
+    """fedsbdt.client.evaluation.eval_input with the secure source: standardised noise has variance 1 (χ², p = 1e-6)."""
     from types import SimpleNamespace
 
-    from client.evaluation import eval_input
+    from fedsbdt.client.evaluation import eval_input
 
     spec = EvalSpec("binary", 0.5, DELTA, 20)
     plan = SimpleNamespace(eval_spec=spec)
@@ -254,11 +254,11 @@ WINE_CLASSES = ("class_0", "class_1", "class_2")
 
 def wine_predictions():
     """(spec-free) wine held-out labels and a small trained multi-class model's (n, 3) probabilities."""
-    from common.config import Hyperparameters
-    from common.data import load
-    from common.engine import train
-    from common.randomness import InsecureTestRandomness
-    from common.schema import Schema
+    from fedsbdt.common.config import Hyperparameters
+    from fedsbdt.common.data import load
+    from fedsbdt.common.engine import train
+    from fedsbdt.common.randomness import InsecureTestRandomness
+    from fedsbdt.common.schema import Schema
     from conftest import EXAMPLES
 
     schema = Schema.load(EXAMPLES / "wine" / "schema.toml")

@@ -3,9 +3,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from common import kernels
-from common.accountant import calibrate, subsampled_rdp
-from common.rdp_filter import UNITS_PER_ROUND, filter_table
+from fedsbdt.common import kernels
+from fedsbdt.common.accountant import calibrate, subsampled_rdp
+from fedsbdt.common.rdp_filter import UNITS_PER_ROUND, filter_table
 
 G_UNITS, H_UNITS = 524288, 26214  # g* = 0.5, h* = 0.025 at 2^20
 
@@ -86,11 +86,11 @@ def test_the_production_round_path_never_lets_a_record_exceed_its_budget(labels,
     rounds.  The released leaf sums must contain exactly the records the ledger charged — each adds h* to
     its leaf's Hessian sum — and every record's exact RDP (its true g, h, not the rounded-up grid) stays
     within ρ(α̂)."""
-    from common.boosting import Encoding, LocalData
-    from common.config import Hyperparameters
-    from common.engine import calibration_for, filter_for
-    from common.randomness import InsecureTestRandomness
-    from common.splits import Splits
+    from fedsbdt.common.boosting import Encoding, LocalData
+    from fedsbdt.common.config import Hyperparameters
+    from fedsbdt.common.engine import calibration_for, filter_for
+    from fedsbdt.common.randomness import InsecureTestRandomness
+    from fedsbdt.common.splits import Splits
 
     hp = Hyperparameters(trees=4, extra_trees=extra, filter=True, subsample=gamma, depth=1, seed=1,
                          init_share=0.0, grad_clip=0.5, epsilon=1.0)

@@ -37,7 +37,7 @@ def test_ci_runs_the_readme_command_in_a_clone_with_nothing_beside_it():
 
 def test_eta_extrapolates_from_the_first_round_not_from_start_up():
     """The first demo waited ~15 s (processes, kernels) before tree 1, then showed 'eta 138.8s' for 20 s."""
-    from common.cli import Progress
+    from fedsbdt.common.cli import Progress
 
     times = iter([0.0, 15.0, 15.1, 15.2, 15.3, 15.4])
     p = Progress("demo", 50, clock=lambda: next(times))
@@ -51,8 +51,8 @@ def test_eta_extrapolates_from_the_first_round_not_from_start_up():
 
 def test_demo_counts_the_records_the_sites_train_on(tmp_path):
     """Adult: 32,561 lines, of which 2,399 hold a missing value and are dropped by the sites."""
-    from common.schema import Schema
-    from server.demo import Layout, _rows_text, site_ids, split_data, training_rows
+    from fedsbdt.common.schema import Schema
+    from fedsbdt.server.demo import Layout, _rows_text, site_ids, split_data, training_rows
 
     layout = Layout(tmp_path)
     assert split_data("adult", 3, layout) == 32561  # lines dealt to the sites
@@ -65,9 +65,9 @@ def test_demo_counts_the_records_the_sites_train_on(tmp_path):
 def test_first_run_says_that_kernels_are_compiling(caplog):
     import logging
 
-    from common.config import Hyperparameters
-    from common.schema import Schema
-    from server.demo import warm_up_kernels
+    from fedsbdt.common.config import Hyperparameters
+    from fedsbdt.common.schema import Schema
+    from fedsbdt.server.demo import warm_up_kernels
 
     schema = Schema.load(ROOT / "examples/abalone/schema.toml")
     logger = logging.getLogger("fedsbdt.demo")  # a CLI test may have made "fedsbdt" stop propagating
@@ -124,7 +124,7 @@ def test_split_defaults_are_what_the_benchmark_chose():
     import importlib.util
     import json
 
-    from common.config import Hyperparameters
+    from fedsbdt.common.config import Hyperparameters
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
@@ -150,7 +150,7 @@ def test_every_flag_has_one_help_text_with_at_most_one_default():
     """evaluate/predict flags had no help; --hess-clip said '(default 1 …) (default: None)'."""
     import argparse
 
-    from common.cli import build_parser
+    from fedsbdt.common.cli import build_parser
 
     problems = []
 

@@ -12,19 +12,19 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from common.accountant import (AccountingError, ComposedEvent, ExponentialEvent, GaussianEvent, LaplaceEvent,
+from fedsbdt.common.accountant import (AccountingError, ComposedEvent, ExponentialEvent, GaussianEvent, LaplaceEvent,
                                PoissonSampledEvent, alpha_grid, bounded_range_rdp, calibrate_greedy, compose,
                                epsilon_pld, event_epsilon_rdp, event_pld, event_rdp, exponential_zcdp_rdp,
                                greedy_budget, greedy_training_event, pure_dp_rdp, rdp_to_dp, total_rdp)
-from common.builders import Candidates, GreedyTrees, gains, score_sensitivity
-from common.boosting import LocalData
-from common.cli import main
-from common.config import ConfigError, Hyperparameters
-from common.data import load
-from common.engine import train
-from common.model import Ensemble
-from common.randomness import SecureRandomness
-from common.schema import Schema
+from fedsbdt.common.builders import Candidates, GreedyTrees, gains, score_sensitivity
+from fedsbdt.common.boosting import LocalData
+from fedsbdt.common.cli import main
+from fedsbdt.common.config import ConfigError, Hyperparameters
+from fedsbdt.common.data import load
+from fedsbdt.common.engine import train
+from fedsbdt.common.model import Ensemble
+from fedsbdt.common.randomness import SecureRandomness
+from fedsbdt.common.schema import Schema
 from conftest import EXAMPLES, insecure
 
 ORDERS = np.arange(2, 41)
@@ -192,8 +192,8 @@ def adult_small():
 
 def brute_force_splits(ds, hp, local, cand, round_id=0):
     """The noise-free greedy tree computed record by record (no histograms, no codes)."""
-    from common import kernels
-    from common.boosting import TASK_CODE
+    from fedsbdt.common import kernels
+    from fedsbdt.common.boosting import TASK_CODE
 
     enc = local.enc
     gq, _ = kernels.grad_hess_units(local.pred, local.y, TASK_CODE[local.task], enc.scale, enc.grad.bound_units,
@@ -259,8 +259,8 @@ def test_candidates_are_the_public_grid(adult_small):
 def test_interaction_problem_greedy_beats_random_with_few_trees():
     """Paper §6.1 problem 1 (labels from interactions only), noise off: 5 greedy trees find the
     interactions that 5 random trees miss (the paper's Fig. 2 at the left end)."""
-    from common.metrics import auc
-    from common.simulate import interaction_problem
+    from fedsbdt.common.metrics import auc
+    from fedsbdt.common.simulate import interaction_problem
 
     ds = interaction_problem(np.random.default_rng(3), 6000, problem=1)
     tr, te = ds.subset(np.arange(4200)), ds.subset(np.arange(4200, 6000))
@@ -328,7 +328,7 @@ def greedy_adult(adult_small):
 def test_greedy_model_round_trips_and_exports_to_xgboost(greedy_adult, adult_small, tmp_path):
     import xgboost as xgb
 
-    from common.export_xgboost import export_xgboost
+    from fedsbdt.common.export_xgboost import export_xgboost
 
     path = tmp_path / "g.json"
     greedy_adult.save(path)
@@ -341,7 +341,7 @@ def test_greedy_model_round_trips_and_exports_to_xgboost(greedy_adult, adult_sma
 
 
 def test_report_draws_the_greedy_trees(greedy_adult, tmp_path):
-    from common.report import build_report, draws_trees
+    from fedsbdt.common.report import build_report, draws_trees
 
     html = build_report(greedy_adult, plots=False)
     assert draws_trees(greedy_adult) and html.count("<svg") == len(greedy_adult.trees)
@@ -355,7 +355,7 @@ def test_report_draws_the_greedy_trees(greedy_adult, tmp_path):
 
 
 def test_report_epsilon_curve_of_a_greedy_model_ends_at_its_epsilon(greedy_adult):
-    from common.report import epsilon_curve
+    from fedsbdt.common.report import epsilon_curve
 
     rs, eps = epsilon_curve(greedy_adult.privacy, depth=greedy_adult.depth)
     assert rs[-1] == len(greedy_adult.trees) and math.isclose(eps[-1], greedy_adult.privacy["epsilon"], rel_tol=1e-9)
@@ -363,7 +363,7 @@ def test_report_epsilon_curve_of_a_greedy_model_ends_at_its_epsilon(greedy_adult
 
 
 def test_estimator_with_greedy_trees(adult_small):
-    from common.estimators import SBDTClassifier
+    from fedsbdt.common.estimators import SBDTClassifier
 
     est = SBDTClassifier(schema=adult_small.schema, tree_builder="greedy", trees=3, depth=2)
     hp = est._hyperparameters()
@@ -376,7 +376,7 @@ def test_estimator_with_greedy_trees(adult_small):
 
 
 def test_federated_plan_needs_histogram_selection(adult_small):
-    from common.federation.plan import PlanError, SiteEntry, make_plan
+    from fedsbdt.common.federation.plan import PlanError, SiteEntry, make_plan
 
     sites = [SiteEntry(f"s{i}", bytes([i]) * 32) for i in range(3)]
     with pytest.raises(PlanError, match="set selection = \"histogram\""):
@@ -390,8 +390,8 @@ def test_federated_plan_needs_histogram_selection(adult_small):
 
 def test_site_level_vectors_add_up_to_the_central_one(adult_small):
     """Three sites' level vectors sum exactly (int64) to the vector of all their records."""
-    from common import kernels
-    from common.greedy_levels import level_layout, level_sums
+    from fedsbdt.common import kernels
+    from fedsbdt.common.greedy_levels import level_layout, level_sums
 
     ds = adult_small
     cand, edges = Candidates.grid(ds.schema, 16)
@@ -426,7 +426,7 @@ def test_histogram_selection_without_noise_is_the_argmax_of_the_gains(adult_smal
 
 def test_level_noise_makes_a_gaussian_of_multiplier_sigma_over_sqrt2():
     """Worst-case record: F gradient entries of g* and F counts of 1; Σ (Δ_i/s_i)² = 2/σ_s²."""
-    from common.greedy_levels import LevelLayout, level_noise_scales
+    from fedsbdt.common.greedy_levels import LevelLayout, level_noise_scales
 
     F, units, sigma_s = 5, 2**19, 7.0
     layout = LevelLayout(2, np.arange(F), np.full(F, 9), np.zeros(F, bool))
@@ -460,7 +460,7 @@ def test_cli_trains_with_histogram_selection(tmp_path, capsys):
 
 
 def test_report_curve_charges_histogram_levels(tmp_path):
-    from common.report import epsilon_curve
+    from fedsbdt.common.report import epsilon_curve
 
     schema, data = EXAMPLES / "abalone" / "schema.toml", EXAMPLES / "abalone" / "abalone.data"
     ds = load(data, Schema.load(schema))
@@ -473,7 +473,7 @@ def test_report_curve_charges_histogram_levels(tmp_path):
 def test_select_splits_ignores_sides_that_only_noise_fills():
     """One node, one numeric feature with 4 bins: a split leaving one record alone has the largest noisy gain
     (its gradient noise squared over λ) but is skipped when its side is below min_count."""
-    from common.greedy_levels import LevelLayout, select_splits
+    from fedsbdt.common.greedy_levels import LevelLayout, select_splits
 
     layout = LevelLayout(1, np.array([0]), np.array([4]), np.array([False]))
     grad = np.array([40.0, -300.0, 310.0, 5.0])  # bin 0 holds one record with a noisy gradient sum
@@ -488,7 +488,7 @@ def test_select_splits_ignores_sides_that_only_noise_fills():
 
 
 def test_level_sums_are_exact_for_large_weights():
-    from common.greedy_levels import LevelLayout, level_sums
+    from fedsbdt.common.greedy_levels import LevelLayout, level_sums
 
     layout = LevelLayout(1, np.array([0]), np.array([2]), np.array([False]))
     codes = np.zeros((4, 1), np.uint8)
@@ -501,7 +501,7 @@ def test_level_sums_are_exact_for_large_weights():
 
 
 def test_sketch_candidates_follow_the_hessian_mass():
-    from common.greedy_levels import sketch_candidates
+    from fedsbdt.common.greedy_levels import sketch_candidates
 
     mass = np.zeros(129)
     mass[100:110] = 50.0  # all Hessian weight in bins 100..109
@@ -527,7 +527,7 @@ def test_sketch_calibration_charges_a_gaussian_per_tree():
 
 
 def test_sketch_noise_makes_a_gaussian_of_multiplier_sigma_over_sqrt2():
-    from common.greedy_levels import sketch_noise_scale
+    from fedsbdt.common.greedy_levels import sketch_noise_scale
 
     F, units, sk = 6, 2**18, 11.0
     s = sketch_noise_scale(F, units, sk)
@@ -535,7 +535,7 @@ def test_sketch_noise_makes_a_gaussian_of_multiplier_sigma_over_sqrt2():
 
 
 def test_greedy_with_sketch_chooses_among_the_sketched_candidates(adult_small):
-    from common.greedy_levels import sketch_candidates, sketch_sums
+    from fedsbdt.common.greedy_levels import sketch_candidates, sketch_sums
 
     ds = adult_small
     hp = Hyperparameters.from_dict({"tree_builder": "greedy", "depth": 3, "split_candidates": 8,
@@ -545,8 +545,8 @@ def test_greedy_with_sketch_chooses_among_the_sketched_candidates(adult_small):
     assert builder.candidates.feature.size > Candidates.grid(ds.schema, 8)[0].feature.size  # fine grid: 32
     sp = builder.splits(0, local, insecure(noise=False))
     # noise off: the kept candidates are the exact Hessian quantiles of every numeric feature
-    from common import kernels
-    from common.boosting import TASK_CODE
+    from fedsbdt.common import kernels
+    from fedsbdt.common.boosting import TASK_CODE
 
     enc = local.enc
     _, hq = kernels.grad_hess_units(local.pred, local.y, TASK_CODE["binary"], enc.scale, enc.grad.bound_units,
@@ -568,7 +568,7 @@ def test_greedy_with_sketch_chooses_among_the_sketched_candidates(adult_small):
 
 
 def test_cli_trains_with_the_sketch_and_the_report_curve_charges_it(tmp_path, capsys):
-    from common.report import epsilon_curve
+    from fedsbdt.common.report import epsilon_curve
 
     schema, data = EXAMPLES / "abalone" / "schema.toml", EXAMPLES / "abalone" / "abalone.data"
     out = tmp_path / "s.json"

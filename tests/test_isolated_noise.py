@@ -13,9 +13,9 @@ import logging
 import numpy as np
 import pytest
 
-from client.isolated_noise import IsolatedSampler
-from client.noise import SPARE_SHARES, isolated_shares
-from common.randomness import InsecureTestRandomness, SecureRandomness
+from fedsbdt.client.isolated_noise import IsolatedSampler
+from fedsbdt.client.noise import SPARE_SHARES, isolated_shares
+from fedsbdt.common.randomness import InsecureTestRandomness, SecureRandomness
 
 
 @pytest.fixture

@@ -10,13 +10,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from common import kernels, kernels_numpy
-from common.accountant import calibrate
-from common.boosting import LocalData
-from common.config import Hyperparameters
-from common.randomness import InsecureTestRandomness
-from common.rdp_filter import filter_table
-from common.splits import Splits
+from fedsbdt.common import kernels, kernels_numpy
+from fedsbdt.common.accountant import calibrate
+from fedsbdt.common.boosting import LocalData
+from fedsbdt.common.config import Hyperparameters
+from fedsbdt.common.randomness import InsecureTestRandomness
+from fedsbdt.common.rdp_filter import filter_table
+from fedsbdt.common.splits import Splits
 from kernel_cases import random_case
 
 

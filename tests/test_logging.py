@@ -6,8 +6,8 @@ import logging
 import numpy as np
 import pytest
 
-from common.cli import main
-from common.logging_setup import configure_logging
+from fedsbdt.common.cli import main
+from fedsbdt.common.logging_setup import configure_logging
 
 from conftest import ABALONE, EXAMPLES
 
@@ -78,7 +78,7 @@ def test_handler_follows_a_replaced_stderr(monkeypatch):
 
 
 def test_progress_without_logging_configured_prints_plain_lines(capsys):
-    from common.cli import Progress
+    from fedsbdt.common.cli import Progress
 
     logger = logging.getLogger("fedsbdt")
     saved = list(logger.handlers)

@@ -4,10 +4,10 @@ import math
 import numpy as np
 import pytest
 
-from common.boosting import Encoding, init_noise_scales, leaf_noise_scales
-from common.config import Hyperparameters
-from common.accountant import calibrate
-from common.randomness import (InsecureRandomnessError, InsecureTestRandomness, SecureRandomness,
+from fedsbdt.common.boosting import Encoding, init_noise_scales, leaf_noise_scales
+from fedsbdt.common.config import Hyperparameters
+from fedsbdt.common.accountant import calibrate
+from fedsbdt.common.randomness import (InsecureRandomnessError, InsecureTestRandomness, SecureRandomness,
                                bernoulli_threshold, csprng_uint64)
 
 

@@ -12,17 +12,17 @@ import pandas as pd
 import pytest
 import xgboost as xgb
 
-from common import kernels
-from common.boosting import LocalData, split_edges
-from common.config import Hyperparameters
-from common.data import DataError, Dataset, load
-from common.engine import train
-from common.estimators import PublicBoundsError, SBDTClassifier
-from common.export_xgboost import export_xgboost
-from common.federation.toml_writer import dumps
-from common.model import Ensemble, ModelError, Tree
-from common.schema import Schema, SchemaError
-from common.splits import missing_directions, random_splits
+from fedsbdt.common import kernels
+from fedsbdt.common.boosting import LocalData, split_edges
+from fedsbdt.common.config import Hyperparameters
+from fedsbdt.common.data import DataError, Dataset, load
+from fedsbdt.common.engine import train
+from fedsbdt.common.estimators import PublicBoundsError, SBDTClassifier
+from fedsbdt.common.export_xgboost import export_xgboost
+from fedsbdt.common.federation.toml_writer import dumps
+from fedsbdt.common.model import Ensemble, ModelError, Tree
+from fedsbdt.common.schema import Schema, SchemaError
+from fedsbdt.common.splits import missing_directions, random_splits
 from conftest import ADULT, ADULT_TEST, EXAMPLES, ROOT, insecure
 
 
@@ -343,7 +343,7 @@ def test_cli_trains_and_evaluates_with_missing_rows_kept(tmp_path, keep_schema):
     model = tmp_path / "m.json"
 
     def run(*args):
-        return subprocess.run([sys.executable, "-m", "common.cli", *args], capture_output=True, text=True,
+        return subprocess.run([sys.executable, "-m", "fedsbdt.common.cli", *args], capture_output=True, text=True,
                               cwd=ROOT, timeout=300)
 
     p = run("train", "--data", str(ADULT), "--schema", str(schema), "--out", str(model), "--trees", "10",
@@ -363,7 +363,7 @@ def test_cli_trains_and_evaluates_with_missing_rows_kept(tmp_path, keep_schema):
 def test_pair_gains_equal_brute_force_and_keep_the_sensitivity():
     """The (split, direction) scores of a node equal eq. 2 computed side by side from the records, and adding
     or removing any one record (missing or not) moves no score by more than 3g*² (Li et al. Lemma 2)."""
-    from common.builders import pair_gains, score_sensitivity
+    from fedsbdt.common.builders import pair_gains, score_sensitivity
     gs, lam = 0.5, 1.0
     edges = np.array([0.2, 0.4, 0.6, 0.8])
     rng = np.random.default_rng(4)

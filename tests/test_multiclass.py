@@ -5,16 +5,16 @@ import math
 import numpy as np
 import pytest
 
-from common import multiclass
-from common.accountant import event_pld, event_rdp, tree_rdp
-from common.boosting import Encoding, leaf_noise_scales
-from common.cli import main
-from common.config import ConfigError, Hyperparameters
-from common.data import DataError, load
-from common.engine import calibration_for, train
-from common.model import Ensemble
-from common.multiclass_boosting import MulticlassLocalData
-from common.schema import Schema, SchemaError
+from fedsbdt.common import multiclass
+from fedsbdt.common.accountant import event_pld, event_rdp, tree_rdp
+from fedsbdt.common.boosting import Encoding, leaf_noise_scales
+from fedsbdt.common.cli import main
+from fedsbdt.common.config import ConfigError, Hyperparameters
+from fedsbdt.common.data import DataError, load
+from fedsbdt.common.engine import calibration_for, train
+from fedsbdt.common.model import Ensemble
+from fedsbdt.common.multiclass_boosting import MulticlassLocalData
+from fedsbdt.common.schema import Schema, SchemaError
 
 from conftest import EXAMPLES, insecure
 
@@ -173,7 +173,7 @@ def test_the_accountant_charges_one_gaussian_event_per_round():
 def test_the_receipt_epsilon_is_the_composition_of_the_round_events():
     """Initial score (two Laplace events) + T multiclass rounds, composed by the event ledger, is the
     calibrated ε of a multiclass model's receipt."""
-    from common.accountant import compose, event_epsilon_rdp, init_score_events
+    from fedsbdt.common.accountant import compose, event_epsilon_rdp, init_score_events
 
     schema = Schema.load(WINE_SCHEMA)
     tr = load(WINE / "wine_train.csv", schema)
@@ -256,7 +256,7 @@ def test_central_training_learns_wine_and_releases_k_trees_per_round():
     assert m.privacy["joint_sensitivity"]["gradient_l2"] == pytest.approx(math.sqrt(3) / 2, rel=1e-8)
     again = Ensemble.from_dict(json.loads(m.to_json()))
     assert np.array_equal(again.predict(te.X), prob)
-    from common.report import build_report
+    from fedsbdt.common.report import build_report
 
     html = build_report(m, plots=False)
     assert "public classes: class_0, class_1, class_2" in html and "joint sensitivity" in html
@@ -316,7 +316,7 @@ def _wine_frame():
 def test_sklearn_estimator_has_k_probability_columns_and_public_classes():
     from sklearn.base import clone
 
-    from common.estimators_multiclass import SBDTMulticlassClassifier
+    from fedsbdt.common.estimators_multiclass import SBDTMulticlassClassifier
 
     schema, X, y, Xt, yt = _wine_frame()
     est = SBDTMulticlassClassifier(schema=str(WINE_SCHEMA), epsilon=10.0, trees=30, subsample=0.5,
@@ -340,7 +340,7 @@ def test_sklearn_estimator_has_k_probability_columns_and_public_classes():
 
 def test_xgboost_loading_the_export_gives_our_probabilities(tmp_path):
     import xgboost as xgb
-    from common.export_xgboost import export_xgboost
+    from fedsbdt.common.export_xgboost import export_xgboost
 
     schema = Schema.load(WINE_SCHEMA)
     tr, te = load(WINE / "wine_train.csv", schema), load(WINE / "wine_test.csv", schema)
@@ -363,7 +363,7 @@ def test_xgboost_loading_the_export_gives_our_probabilities(tmp_path):
 def test_the_k_tree_leaf_noise_has_the_variances_of_the_joint_sensitivity():
     """The engine's noise stream for a 4-class round: Hessian sums (√(4/27)·S)²σ²/(2r1), gradient sums
     (√3·g*·S)²σ²/(2r2) for g* = ½, h* = ¼ (closed forms), every class block, χ² at p = 1e−6."""
-    from common.randomness import SecureRandomness, prefetched_gaussian
+    from fedsbdt.common.randomness import SecureRandomness, prefetched_gaussian
     from test_mechanisms import chi2_variance_test
 
     hp = Hyperparameters(epsilon=1.0, trees=50, depth=2, init_share=0.0)

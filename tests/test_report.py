@@ -9,13 +9,13 @@ from html.parser import HTMLParser
 import numpy as np
 import pytest
 
-from common.cli import main
-from common.config import Hyperparameters
-from common.engine import train
-from common.model import Ensemble
-from common.rdp_filter import UNITS_PER_ROUND, filter_table
-from common.rdp_filter import exhausted_share as filter_exhausted_share
-from common.report import (ReportError, build_report, exhausted_share, ledger_plan, load_ledger, one_in,
+from fedsbdt.common.cli import main
+from fedsbdt.common.config import Hyperparameters
+from fedsbdt.common.engine import train
+from fedsbdt.common.model import Ensemble
+from fedsbdt.common.rdp_filter import UNITS_PER_ROUND, filter_table
+from fedsbdt.common.rdp_filter import exhausted_share as filter_exhausted_share
+from fedsbdt.common.report import (ReportError, build_report, exhausted_share, ledger_plan, load_ledger, one_in,
                            posterior_bound, round_groups, summarise_ledger, write_report)
 
 from conftest import ROOT, insecure
@@ -128,7 +128,7 @@ def test_report_needs_no_plotting_library(model, tmp_path):
     m = tmp_path / "m.json"
     model.save(m)
     code = ("import sys; sys.modules['matplotlib'] = None\n"  # any import of matplotlib now fails
-            "from common.cli import main\n"
+            "from fedsbdt.common.cli import main\n"
             f"sys.exit(main(['report', '--model', {str(m)!r}, '--out', {str(tmp_path / 'r.html')!r}]))")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert p.returncode == 0, p.stderr
@@ -137,7 +137,7 @@ def test_report_needs_no_plotting_library(model, tmp_path):
 
 
 def test_svg_charts_scale_their_data_into_the_frame():
-    from common import svgplot
+    from fedsbdt.common import svgplot
 
     assert svgplot.nice_ticks(0, 1) == [0, 0.2, 0.4, 0.6, 0.8, 1.0]
     assert svgplot.nice_ticks(0, 7, integer=True) == [0, 2, 4, 6]
@@ -271,10 +271,10 @@ def test_cli_report(model, tmp_path, capsys):
 
 
 def test_python_m_cli_reports_command_module_errors_cleanly(model, tmp_path):
-    """CliError raised by common.cli_tools is caught when the CLI runs as ``python -m common.cli``."""
+    """CliError raised by fedsbdt.common.cli_tools is caught when the CLI runs as ``python -m fedsbdt.common.cli``."""
     src = tmp_path / "m.json"
     model.save(src)
-    p = subprocess.run([sys.executable, "-m", "common.cli", "report", "--model", str(src), "--out",
+    p = subprocess.run([sys.executable, "-m", "fedsbdt.common.cli", "report", "--model", str(src), "--out",
                         str(tmp_path / "r.pdf")], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert p.returncode == 2 and "Traceback" not in p.stderr and p.stdout == ""
     assert p.stderr.strip() == f"fedsbdt report: error: {tmp_path / 'r.pdf'}: the report is an HTML page; name it *.html"

@@ -13,18 +13,18 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from common import sarus
-from common.accountant import (ComposedEvent, LaplaceEvent, PoissonSampledEvent, alpha_grid, event_rdp,
+from fedsbdt.common import sarus
+from fedsbdt.common.accountant import (ComposedEvent, LaplaceEvent, PoissonSampledEvent, alpha_grid, event_rdp,
                                pure_dp_rdp, pure_epsilon, rdp_to_dp, subsampled_pure_dp_rdp, subsampled_pure_epsilon)
-from common.boosting import LocalData
-from common.builders import SarusTrees, leaf_regions
-from common.cli import main
-from common.config import ConfigError, Hyperparameters
-from common.data import Dataset, load
-from common.engine import train
-from common.model import Ensemble
-from common.randomness import SecureRandomness
-from common.schema import Schema
+from fedsbdt.common.boosting import LocalData
+from fedsbdt.common.builders import SarusTrees, leaf_regions
+from fedsbdt.common.cli import main
+from fedsbdt.common.config import ConfigError, Hyperparameters
+from fedsbdt.common.data import Dataset, load
+from fedsbdt.common.engine import train
+from fedsbdt.common.model import Ensemble
+from fedsbdt.common.randomness import SecureRandomness
+from fedsbdt.common.schema import Schema
 from conftest import EXAMPLES
 
 Z = stats.norm.isf(0.5e-6)  # two-sided p = 1e-6
@@ -239,7 +239,7 @@ def sarus_hp(**kw) -> Hyperparameters:
 
 
 def builder_and_local(ds: Dataset, hp: Hyperparameters):
-    from common.engine import calibration_for
+    from fedsbdt.common.engine import calibration_for
 
     cal = calibration_for(hp)
     local = LocalData(ds.X, ds.y, ds.ids, ds.schema.task, hp, ds.schema.label_range,
@@ -356,7 +356,7 @@ def test_model_file_and_cli_xgboost_export_predict_alike(sarus_adult, adult_smal
 
 
 def test_report_renders_a_sarus_model_and_its_epsilon_curve(sarus_adult):
-    from common.report import build_report, epsilon_curve
+    from fedsbdt.common.report import build_report, epsilon_curve
 
     html = build_report(sarus_adult, plots=False)
     assert "sarus" in html
@@ -371,7 +371,7 @@ def test_report_renders_a_sarus_model_and_its_epsilon_curve(sarus_adult):
 
 
 def test_estimator_with_sarus_trees(adult_small):
-    from common.estimators import SBDTClassifier
+    from fedsbdt.common.estimators import SBDTClassifier
 
     est = SBDTClassifier(schema=adult_small.schema, tree_builder="sarus", epsilon=4.0, trees=3)
     hp = est._hyperparameters()
@@ -383,7 +383,7 @@ def test_estimator_with_sarus_trees(adult_small):
 def test_federated_plans_run_sarus_with_gaussian_releases_not_pure_dp(adult_small):
     """A federation runs Sarus trees with Gaussian releases (tests/federation/test_sarus_federation.py): its plan
     is calibrated by the RDP ledger, and the paper's pure-DP accounting is refused there."""
-    from common.federation.plan import PlanError, SiteEntry, make_plan
+    from fedsbdt.common.federation.plan import PlanError, SiteEntry, make_plan
 
     sites = [SiteEntry(f"s{i}", bytes([i]) * 32) for i in range(3)]
     plan = make_plan(adult_small.schema, Hyperparameters.from_dict({"tree_builder": "sarus"}), sites)

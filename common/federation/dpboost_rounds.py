@@ -4,7 +4,7 @@ A federated DPBoost tree is a federated greedy tree (``common/federation/greedy_
 rounds of noisy histograms, the coordinator's arg max, then a leaf round) with three DPBoost pieces:
 
 1. **Partition and GDF at the site.**  When an ensemble starts, a site draws every one of its records' tree in
-   the ensemble from the OS CSPRNG (:func:`common.dpboost.draw_partition`, Alg. 2 line 8) and keeps the
+   the ensemble from the OS CSPRNG (:func:`fedsbdt.common.dpboost.draw_partition`, Alg. 2 line 8) and keeps the
    draw in its database (:class:`SitePartition`): a restarted site reuses it, so no record lies in two
    trees of one ensemble.  A tree's level and leaf vectors cover only the records of its part that pass
    gradient-based data filtering (``|g| ≤ g*_l``, the public threshold): :func:`tree_records`.
@@ -16,8 +16,8 @@ rounds of noisy histograms, the coordinator's arg max, then a leaf round) with t
    (:func:`leaf_values`).
 
 Accounting (:func:`calibrate_federated`): a tree is ``depth`` Gaussian levels of noise multiplier σ_s/√2
-and a Gaussian leaf release of multiplier σ/√2 (:func:`common.accountant.greedy_tree_event`, histogram
-selection); an ensemble is the :class:`~common.accountant.ParallelEvent` of its trees; ensembles and the
+and a Gaussian leaf release of multiplier σ/√2 (:func:`fedsbdt.common.accountant.greedy_tree_event`, histogram
+selection); an ensemble is the :class:`~fedsbdt.common.accountant.ParallelEvent` of its trees; ensembles and the
 initial score compose sequentially — one RDP ledger.  Everything here is side-effect free except
 :class:`SitePartition`, which reads and writes the site's store it is given.
 """
@@ -29,13 +29,13 @@ from functools import lru_cache
 
 import numpy as np
 
-from common import dpboost
-from common.accountant import (AccountingError, ParallelEvent, PrivacyCalibration, calibrate_greedy, compose,
+from fedsbdt.common import dpboost
+from fedsbdt.common.accountant import (AccountingError, ParallelEvent, PrivacyCalibration, calibrate_greedy, compose,
                                default_alpha_max, event_epsilon_rdp, event_rdp, greedy_tree_event,
                                init_score_events)
-from common.boosting import TASK_CODE, Contribution
-from common.dpboost_trees import negative_gradient
-from common.randomness import csprng_uint64
+from fedsbdt.common.boosting import TASK_CODE, Contribution
+from fedsbdt.common.dpboost_trees import negative_gradient
+from fedsbdt.common.randomness import csprng_uint64
 
 
 class DPBoostRequestError(ValueError):
@@ -187,7 +187,7 @@ def calibrate_federated(epsilon: float, delta: float, trees: int, ensemble_trees
     """The (σ_s, σ) whose whole release (:func:`training_event`) is (ε, δ)-DP by the RDP ledger.
 
     An ensemble's parallel composition of identical trees costs one tree, so the run costs as much as
-    ``N_e`` sequential greedy trees with histogram selection: :func:`~common.accountant.calibrate_greedy`
+    ``N_e`` sequential greedy trees with histogram selection: :func:`~fedsbdt.common.accountant.calibrate_greedy`
     with ``N_e`` rounds finds the budget (levels : leaves = s : 1 − s of the zCDP cost); the ε reported is
     recomputed from :func:`training_event` itself."""
     if accountant != "rdp":

@@ -6,7 +6,7 @@ candidate per categorical level), the features a level carries (all, or
 feature ``r mod m`` for tree r when cyclical), the layout and length of a
 level's vector, its per-entry noise, the routing of records through the splits
 released so far, and the coordinator's post-processing (noisy histograms →
-one split per node, :func:`common.greedy_levels.select_splits`).
+one split per node, :func:`fedsbdt.common.greedy_levels.select_splits`).
 
 A split travels as ``(feature, threshold)`` exactly as in a released tree; a
 site maps it back to its grid candidate and refuses anything off the grid
@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from common import kernels
-from common.builders import MIN_COUNT_SIGMAS, Candidates
-from common.greedy_levels import LevelLayout, count_noise, level_layout, level_noise_scales, select_splits
+from fedsbdt.common import kernels
+from fedsbdt.common.builders import MIN_COUNT_SIGMAS, Candidates
+from fedsbdt.common.greedy_levels import LevelLayout, count_noise, level_layout, level_noise_scales, select_splits
 
 
 class GreedyRequestError(ValueError):
@@ -32,7 +32,7 @@ class GreedyRequestError(ValueError):
 class GreedyGrid:
     """The plan's public candidate grid and the shape of its level rounds."""
 
-    schema: object  # common.schema.Schema
+    schema: object  # fedsbdt.common.schema.Schema
     depth: int
     cyclical: bool
     candidates: Candidates

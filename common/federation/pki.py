@@ -154,8 +154,8 @@ def make_csr(key, site_id: str) -> x509.CertificateSigningRequest:
 
 def ca_sign(ca_dir: Path, csr_path: Path, out: Path, days: int = 825) -> Path:
     """Issue a site (client) certificate for a CSR made by ``fedsbdt keygen``; also copies ``ca.crt`` next to it."""
-    from common.secagg.encoding import check_site_id
-    from common.secagg.errors import InvalidMessage
+    from fedsbdt.common.secagg.encoding import check_site_id
+    from fedsbdt.common.secagg.errors import InvalidMessage
 
     try:
         csr = x509.load_pem_x509_csr(_read(Path(csr_path), "certificate request"))

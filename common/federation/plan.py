@@ -63,12 +63,12 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from common.accountant import AccountingError, PrivacyCalibration
-from common.guarantee import collusion_guarantee, default_colluders
-from common.config import SAMPLERS, ConfigError, Hyperparameters
-from common.files import write_atomic
-from common.multiclass import init_vector_len, round_vector_len
-from common.schema import Schema, SchemaError
+from fedsbdt.common.accountant import AccountingError, PrivacyCalibration
+from fedsbdt.common.guarantee import collusion_guarantee, default_colluders
+from fedsbdt.common.config import SAMPLERS, ConfigError, Hyperparameters
+from fedsbdt.common.files import write_atomic
+from fedsbdt.common.multiclass import init_vector_len, round_vector_len
+from fedsbdt.common.schema import Schema, SchemaError
 
 FORMAT = "fedsbdt-plan"
 VERSION = 1
@@ -114,8 +114,8 @@ class SiteEntry:
 
 
 def _check_site_id(site_id: object, source: str) -> str:
-    from common.secagg.encoding import check_site_id
-    from common.secagg.errors import InvalidMessage
+    from fedsbdt.common.secagg.encoding import check_site_id
+    from fedsbdt.common.secagg.errors import InvalidMessage
 
     try:
         return check_site_id(site_id)
@@ -208,7 +208,7 @@ class Plan:
             raise PlanError(f"tree_builder = {self.hyperparameters.tree_builder!r} is not available in a "
                             "federation yet; use it with `fedsbdt train`")
         if self.schema.task == "multiclass":
-            from common.multiclass import check_supported
+            from fedsbdt.common.multiclass import check_supported
 
             try:
                 check_supported(self.hyperparameters)
@@ -305,7 +305,7 @@ class Plan:
 
     def leaf_share_scales(self, shares: int):
         """Per-coordinate std (fixed-point units) of one site's leaf-noise share when split into ``shares``."""
-        from common.boosting import leaf_noise_scales
+        from fedsbdt.common.boosting import leaf_noise_scales
 
         if not self.noise_shares <= shares <= self.n:
             raise PlanError(f"leaf noise cannot be split into {shares} shares (t − c = {self.noise_shares}, "
@@ -352,7 +352,7 @@ class Plan:
         """The federated evaluation this plan declares (common/fed_eval.py), or ``None``."""
         if self.eval_epsilon is None:
             return None
-        from common.fed_eval import EvalError, EvalSpec
+        from fedsbdt.common.fed_eval import EvalError, EvalSpec
 
         try:
             return EvalSpec(self.schema.task, self.eval_epsilon, self.hyperparameters.delta, self.eval_bins,
@@ -408,7 +408,7 @@ class Plan:
 
     @cached_property
     def encoding(self):
-        from common.boosting import Encoding
+        from fedsbdt.common.boosting import Encoding
 
         return Encoding.for_schema(self.hyperparameters, self.schema)
 
@@ -439,7 +439,7 @@ class Plan:
         """
         if self.noise != "distributed":
             return None, None
-        from common.boosting import init_noise_scales, leaf_noise_scales
+        from fedsbdt.common.boosting import init_noise_scales, leaf_noise_scales
 
         cal = self.calibration()
         hp, enc = self.hyperparameters, self.encoding
@@ -457,7 +457,7 @@ class Plan:
         """
         if self.noise != "central":
             return None
-        from common.boosting import init_noise_scales, leaf_noise_scales
+        from fedsbdt.common.boosting import init_noise_scales, leaf_noise_scales
 
         cal = self.calibration()
         hp, enc = self.hyperparameters, self.encoding
@@ -479,7 +479,7 @@ class Plan:
         """
         if self.noise != "distributed":
             return math.inf, 0.0
-        from common.boosting import leaf_noise_scales
+        from fedsbdt.common.boosting import leaf_noise_scales
 
         hp, enc = self.hyperparameters, self.encoding
         full = leaf_noise_scales(hp, enc, self.calibration().sigma, shares=1)
@@ -562,8 +562,8 @@ class Plan:
 
     def secagg_config(self):
         """The secure-aggregation session parameters all parties derive from the plan."""
-        from common.secagg import SessionConfig, SiteIdentity
-        from common.secagg.errors import ConfigError as SecAggConfigError
+        from fedsbdt.common.secagg import SessionConfig, SiteIdentity
+        from fedsbdt.common.secagg.errors import ConfigError as SecAggConfigError
 
         try:
             noise = self.noise_sigma_units()
@@ -586,7 +586,7 @@ class Plan:
 
     def make_randomness(self, allow_insecure: bool = False):
         """The plan's source of DP randomness; the test-only source needs an explicit opt-in."""
-        from common.randomness import InsecureTestRandomness, SecureRandomness
+        from fedsbdt.common.randomness import InsecureTestRandomness, SecureRandomness
 
         if not self.insecure:
             return SecureRandomness(sampler=self.sampler)
@@ -598,7 +598,7 @@ class Plan:
 
     def randomness_description(self) -> str:
         if not self.insecure:
-            from common.randomness import describe_secure
+            from fedsbdt.common.randomness import describe_secure
 
             return describe_secure(self.sampler)
         return f"INSECURE-TEST(seed={self.test_seed}, noise={'on' if self.test_noise else 'off'})"
@@ -802,7 +802,7 @@ def federated_calibration(hp: Hyperparameters) -> PrivacyCalibration:
         from .sarus_rounds import plan_calibration as sarus_calibration
 
         return sarus_calibration(hp)
-    from common.engine import calibration_for
+    from fedsbdt.common.engine import calibration_for
 
     return calibration_for(hp)
 

@@ -12,10 +12,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from common.engine import privacy_receipt
-from common.model import Ensemble, Tree
-from common.multiclass import receipt_sensitivity
-from common.splits import missing_directions
+from fedsbdt.common.engine import privacy_receipt
+from fedsbdt.common.model import Ensemble, Tree
+from fedsbdt.common.multiclass import receipt_sensitivity
+from fedsbdt.common.splits import missing_directions
 
 from .plan import Plan
 from .wire import InitScoreMsg, TreeMsg
@@ -104,7 +104,7 @@ def released_from_model(plan: Plan, model: Ensemble, sha256: str) -> tuple[InitS
     Refuses (``ValueError``, one sentence) a model that is not the one the plan pins, or whose schema,
     hyperparameters or splits differ from the plan's (every site checks the splits again when it applies them).
     """
-    from common.splits import random_splits
+    from fedsbdt.common.splits import random_splits
 
     if plan.eval_model_sha256 is None:
         raise ValueError("the plan does not evaluate an existing model (no evaluation.model_sha256)")

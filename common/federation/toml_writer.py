@@ -1,7 +1,7 @@
 """A small TOML writer for the plain data fedsbdt writes (plans): tables, arrays of tables, scalars, lists.
 
 The standard library reads TOML (``tomllib``) but does not write it.  This
-writer covers exactly what :mod:`common.federation.plan` produces — nested dicts of
+writer covers exactly what :mod:`fedsbdt.common.federation.plan` produces — nested dicts of
 strings, integers, finite floats, booleans and lists of those, plus lists of
 dicts as arrays of tables — and refuses anything else, so what it writes
 always reads back to the same values.

@@ -1,7 +1,7 @@
 """The federation's envelope types and their protobuf conversion (shared by coordinator and site).
 
-The state machines (:mod:`server.session`, :mod:`client.site`) speak these
-frozen dataclasses; :mod:`server.service` and :mod:`client.daemon` convert
+The state machines (:mod:`fedsbdt.server.session`, :mod:`fedsbdt.client.site`) speak these
+frozen dataclasses; :mod:`fedsbdt.server.service` and :mod:`fedsbdt.client.daemon` convert
 them to and from the ``fedsbdt.v1`` protobuf messages with the pure
 functions below.  Conversion validates structure (sizes, kinds, finite
 numbers) and raises :class:`WireError`; meaning (stage, membership, replay)
@@ -199,14 +199,14 @@ Reply = Union[SetupReply, InputReply, RoundReply, Refusal, Done]
 
 
 def _pb():
-    from fedsbdt.v1 import federation_pb2
+    from fedsbdt.proto.v1 import federation_pb2
 
     return federation_pb2
 
 
 def _ids(xs) -> tuple[str, ...]:
-    from common.secagg.encoding import check_site_id
-    from common.secagg.errors import InvalidMessage
+    from fedsbdt.common.secagg.encoding import check_site_id
+    from fedsbdt.common.secagg.errors import InvalidMessage
 
     out = []
     for x in xs:
@@ -321,7 +321,7 @@ def join_statement(plan_sha256: str, site_id: str, nonce: bytes) -> bytes:
 
 
 def sign_join(identity_key, plan_sha256: str, site_id: str, nonce: bytes) -> bytes:
-    from common.secagg.primitives import ed25519_sign
+    from fedsbdt.common.secagg.primitives import ed25519_sign
 
     return ed25519_sign(identity_key, b"federation-join", join_statement(plan_sha256, site_id, nonce))
 
@@ -329,7 +329,7 @@ def sign_join(identity_key, plan_sha256: str, site_id: str, nonce: bytes) -> byt
 def verify_join(public_key_raw: bytes, plan_sha256: str, site_id: str, nonce: bytes, signature: bytes) -> bool:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-    from common.secagg.primitives import ed25519_verify
+    from fedsbdt.common.secagg.primitives import ed25519_verify
 
     if len(nonce) != NONCE_BYTES:
         return False

@@ -12,11 +12,11 @@ reused) and creates one state machine per epoch setup and per round:
   only when all of P_r sent; docs/secagg.md §6).
 
 ``receive_*`` methods validate one site message and either record it or
-refuse it with :class:`~common.secagg.errors.InvalidMessage` (the site is then
+refuse it with :class:`~fedsbdt.common.secagg.errors.InvalidMessage` (the site is then
 treated as silent).  ``close_*`` methods are called by the transport when it
 stops waiting (all expected messages in, or a timeout); they move to the next
 stage and return the messages to send, or raise
-:class:`~common.secagg.errors.ProtocolAbort` when fewer than ``t`` sites
+:class:`~fedsbdt.common.secagg.errors.ProtocolAbort` when fewer than ``t`` sites
 remain.  :meth:`CoordinatorRound.finalize` reconstructs the needed secrets,
 checks every one against its commitment (blaming sites whose shares fail) and
 returns the exact int64 sum over the survivor set U3.

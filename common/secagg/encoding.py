@@ -13,7 +13,7 @@ and digests are computed over):
 
 The :class:`Reader` checks every length against both the remaining input and
 an explicit upper bound *before* allocating anything, and raises
-:class:`~common.secagg.errors.InvalidMessage` naming the field that failed.
+:class:`~fedsbdt.common.secagg.errors.InvalidMessage` naming the field that failed.
 Nothing here is specific to a message type; that lives in ``messages.py``.
 """
 from __future__ import annotations

@@ -5,7 +5,7 @@ encoding is deterministic (see ``encoding.py``) and starts with a 5-byte
 header ``b"FSA" ‖ version ‖ type-tag``, so :func:`decode_message` can turn
 any opaque ``bytes`` field carried by a transport back into the right type.
 Construction validates *structure* (sizes, counts, id syntax, sort order,
-duplicates) and raises :class:`~common.secagg.errors.InvalidMessage`;
+duplicates) and raises :class:`~fedsbdt.common.secagg.errors.InvalidMessage`;
 *semantic* checks (membership, signatures, stage, replay) belong to the state
 machines in ``site.py`` and ``coordinator.py``.  Two messages are equal iff
 their encodings are equal.

@@ -13,7 +13,7 @@ Everything is built from the ``cryptography`` package:
   pair, length), so a zero nonce never repeats under one key.
 
 Every derivation binds the *session digest* (SHA-256 of the canonical,
-length-prefixed roster; see :func:`common.secagg.config.session_digest`) and a
+length-prefixed roster; see :func:`fedsbdt.common.secagg.config.session_digest`) and a
 distinct domain label, so no key, signature or commitment from one context can
 be replayed in another.  All functions are side-effect free except that
 :func:`x25519_generate` consumes randomness from the ``randbytes`` callable it

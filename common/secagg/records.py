@@ -20,7 +20,7 @@ key                      content
 
 Epoch and round records are deleted when a later round starts (the watermark
 keeps old ids from being reused).  Decoding failures raise
-:class:`~common.secagg.errors.StorageError`.
+:class:`~fedsbdt.common.secagg.errors.StorageError`.
 """
 from __future__ import annotations
 

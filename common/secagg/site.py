@@ -10,10 +10,10 @@ the outgoing message and the record to persist; the facade writes the record
 to storage *before* switching stage and handing the message back.  So:
 
 * every incoming message is validated, and a refused message
-  (:class:`~common.secagg.errors.InvalidMessage` and subclasses) leaves the
+  (:class:`~fedsbdt.common.secagg.errors.InvalidMessage` and subclasses) leaves the
   state unchanged;
 * evidence that the protocol cannot continue safely raises
-  :class:`~common.secagg.errors.ProtocolAbort` and moves that epoch/round to
+  :class:`~fedsbdt.common.secagg.errors.ProtocolAbort` and moves that epoch/round to
   its aborted stage;
 * a site restarted on the same storage resumes where it was and answers a
   repeated request with the byte-identical message it sent before; a request

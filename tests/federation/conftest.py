@@ -29,7 +29,7 @@ SITES = ["hospital-1", "hospital-2", "hospital-3"]
 
 def abalone_with_ids(n: int | None = None):
     """Abalone rows with an explicit record-id column (so a federated run and a central run see the same ids)."""
-    from common.schema import Schema
+    from fedsbdt.common.schema import Schema
 
     base = Schema.load(EXAMPLES / "abalone" / "schema.toml").to_dict()
     d = dict(base)
@@ -61,21 +61,21 @@ class Identity:
 
     @property
     def key(self):
-        from client.keys import load_identity
+        from fedsbdt.client.keys import load_identity
 
         return load_identity(self.dir / "identity.key")
 
     @property
     def public(self) -> bytes:
-        from client.keys import read_identity_pub
+        from fedsbdt.client.keys import read_identity_pub
 
         return read_identity_pub(self.dir / "identity.pub")
 
 
 def make_identities(root: Path, sites: list[str], ca_dir: Path | None = None) -> dict[str, Identity]:
     """Keys (and, with a CA, certificates) for each site, in ``root/<site>`` (the site's state directory)."""
-    from client.keys import keygen
-    from common.federation.pki import ca_sign
+    from fedsbdt.client.keys import keygen
+    from fedsbdt.common.federation.pki import ca_sign
 
     out = {}
     for s in sites:
@@ -88,8 +88,8 @@ def make_identities(root: Path, sites: list[str], ca_dir: Path | None = None) ->
 
 
 def make_test_plan(schema, ids: dict[str, Identity], hp=None, **session):
-    from common.config import Hyperparameters
-    from common.federation.plan import Deadlines, SiteEntry, make_plan
+    from fedsbdt.common.config import Hyperparameters
+    from fedsbdt.common.federation.plan import Deadlines, SiteEntry, make_plan
 
     hp = hp or Hyperparameters(trees=8, depth=2, seed=7, epsilon=1.0)
     session.setdefault("deadlines", Deadlines(join=30.0, stage=10.0, quorum=120.0, finish=20.0))
@@ -103,7 +103,7 @@ class SessionFiles:
     held-out file)."""
 
     ids: dict[str, Identity]
-    plan: object  # common.federation.plan.Plan
+    plan: object  # fedsbdt.common.federation.plan.Plan
     data: dict[str, Path]
     held: dict[str, Path] | None
 
@@ -115,7 +115,7 @@ def tls_session_files(root: Path, ca_dir: Path, schema, raw: pd.DataFrame, hp, s
     (``root/<site>``), the coordinator's certificate for ``hosts`` (``root/coordinator``), the rows ``raw``
     dealt round-robin into the sites' files (``root/data``; ``held_out`` into ``root/held-out``) and the plan
     (``root/plan.toml``, :func:`make_test_plan` with ``session``)."""
-    from common.federation.pki import ca_server
+    from fedsbdt.common.federation.pki import ca_server
 
     ids = make_identities(root, sites, ca_dir)
     ca_server(ca_dir, root / "coordinator", list(hosts), days=2)
@@ -137,9 +137,9 @@ def models_identical(root: Path, sites) -> bytes:
 def central_training(root: Path, schema, raw: pd.DataFrame, hp, seed: int):
     """The centralised engine on the union of the sites' rows (written to ``root/union.csv`` and parsed as the
     sites parse their files), with the insecure test randomness of ``seed`` and noise off: (dataset, result)."""
-    from common.data import load
-    from common.engine import train
-    from common.randomness import InsecureTestRandomness
+    from fedsbdt.common.data import load
+    from fedsbdt.common.engine import train
+    from fedsbdt.common.randomness import InsecureTestRandomness
 
     union = root / "union.csv"
     raw.to_csv(union, index=False)
@@ -148,7 +148,7 @@ def central_training(root: Path, schema, raw: pd.DataFrame, hp, seed: int):
 
 
 def assert_same_trees(model: dict, ref, default_left: bool = False) -> None:
-    """A released ``model.json`` has exactly the trees of the :class:`~common.model.Ensemble` ``ref`` (their
+    """A released ``model.json`` has exactly the trees of the :class:`~fedsbdt.common.model.Ensemble` ``ref`` (their
     features, thresholds and leaves, and with ``default_left`` the directions of missing values)."""
     for t, r in zip(model["trees"], ref.trees, strict=True):
         if default_left:
@@ -231,7 +231,7 @@ def cluster_factory(tmp_path):
 
 @pytest.fixture(scope="session")
 def ca_dir(tmp_path_factory):
-    from common.federation.pki import ca_init
+    from fedsbdt.common.federation.pki import ca_init
 
     d = tmp_path_factory.mktemp("ca")
     ca_init(d, days=2)

@@ -2,8 +2,8 @@
 
 It delivers every event as the service would — per site, in order — and
 routes every reply to the session method the gRPC servicer would call.
-Tests use it to exercise :class:`server.session.Session` and
-:class:`client.site.SiteMachine` deterministically, including dropouts
+Tests use it to exercise :class:`fedsbdt.server.session.Session` and
+:class:`fedsbdt.client.site.SiteMachine` deterministically, including dropouts
 (a site stops taking part: its stream is closed and nothing more is
 delivered to it) and restarts (a fresh SiteMachine on the same state dir).
 """
@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from client.site import NeedCatchUp, SiteMachine
-from server.session import Rejected, Session
-from common.federation.wire import Done, InputReply, Refusal, RoundReply, SetupReply
+from fedsbdt.client.site import NeedCatchUp, SiteMachine
+from fedsbdt.server.session import Rejected, Session
+from fedsbdt.common.federation.wire import Done, InputReply, Refusal, RoundReply, SetupReply
 
 
 @dataclass

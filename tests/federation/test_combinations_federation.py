@@ -11,11 +11,11 @@ import json
 import numpy as np
 import pytest
 
-from common.config import ConfigError, Hyperparameters
-from common.data import load
-from common.federation.plan import PlanError
-from common.model import Ensemble
-from common.schema import Schema
+from fedsbdt.common.config import ConfigError, Hyperparameters
+from fedsbdt.common.data import load
+from fedsbdt.common.federation.plan import PlanError
+from fedsbdt.common.model import Ensemble
+from fedsbdt.common.schema import Schema
 
 from .conftest import (SITES, assert_same_trees, central_training, make_identities, make_test_plan, models_identical,
                        tls_session_files)

@@ -7,7 +7,7 @@ import queue
 import grpc
 import pytest
 
-from fedsbdt.v1 import federation_pb2 as pb
+from fedsbdt.proto.v1 import federation_pb2 as pb
 
 from .test_service import code_of, join_req, served, stub_for  # noqa: F401, F811  (served: the module fixture)
 

@@ -1,6 +1,6 @@
 """Federated DPBoost (docs/dpboost.md "Federation"): the greedy level rounds with DPBoost's partition, GDF and GLC.
 
-The in-process transport (inproc.py) drives :class:`server.session.Session` and :class:`client.site.SiteMachine`
+The in-process transport (inproc.py) drives :class:`fedsbdt.server.session.Session` and :class:`fedsbdt.client.site.SiteMachine`
 with real secure aggregation and real SQLite; the last test runs real gRPC processes.
 """
 from __future__ import annotations
@@ -14,14 +14,14 @@ import sys
 import numpy as np
 import pytest
 
-from client.ledger import ledger_path
-from client.site import NeedCatchUp, SessionAbort
-from common import dpboost
-from common.config import Hyperparameters, builder_defaults
-from common.federation import dpboost_rounds
-from common.federation.plan import Plan, PlanError, SiteEntry, make_plan
-from common.federation.wire import Purpose
-from common.greedy_levels import level_sums
+from fedsbdt.client.ledger import ledger_path
+from fedsbdt.client.site import NeedCatchUp, SessionAbort
+from fedsbdt.common import dpboost
+from fedsbdt.common.config import Hyperparameters, builder_defaults
+from fedsbdt.common.federation import dpboost_rounds
+from fedsbdt.common.federation.plan import Plan, PlanError, SiteEntry, make_plan
+from fedsbdt.common.federation.wire import Purpose
+from fedsbdt.common.greedy_levels import level_sums
 
 from .conftest import EXAMPLES, ROOT, abalone_with_ids
 from .test_greedy_federation import _level_start, adult_with_ids, assert_shares_sum_to_full_noise, first_tree_released
@@ -185,7 +185,7 @@ def test_site_refuses_tampered_dpboost_requests_and_charges_nothing(tmp_path, mo
     before = _counts(f, "hosp-a")
     parts_before = f.db("hosp-a").execute("SELECT key FROM meta WHERE key LIKE 'dpboost%'").fetchall()
     calls = []
-    monkeypatch.setattr("client.site.level_sums", lambda *a, **k: calls.append(a))
+    monkeypatch.setattr("fedsbdt.client.site.level_sums", lambda *a, **k: calls.append(a))
     monkeypatch.setattr(m.dpboost, "contribution", lambda *a, **k: calls.append(a))
     cases = {
         "not a tree of the plan": (4, 0, [], []),  # ensemble 2 of a plan with 2 ensembles
@@ -215,7 +215,7 @@ def test_account_on_the_plan_equals_the_ledger_and_dp_accounting(tmp_path):
     from dp_accounting import GaussianDpEvent, ComposedDpEvent, SelfComposedDpEvent
     from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib
 
-    from common.accountant import alpha_grid, default_alpha_max
+    from fedsbdt.common.accountant import alpha_grid, default_alpha_max
 
     schema, _ = abalone_with_ids(30)
     sites = [SiteEntry(f"s{i}", bytes([i + 1]) * 32) for i in range(3)]
@@ -225,7 +225,7 @@ def test_account_on_the_plan_equals_the_ledger_and_dp_accounting(tmp_path):
     cal = plan.calibration()
     assert cal.epsilon <= hp.epsilon and cal.epsilon == pytest.approx(hp.epsilon, rel=1e-5)
     assert cal.ensembles == 5 and cal.rounds == 50
-    p = subprocess.run([sys.executable, "-m", "common.cli", "account", "--plan", str(tmp_path / "plan.toml"),
+    p = subprocess.run([sys.executable, "-m", "fedsbdt.common.cli", "account", "--plan", str(tmp_path / "plan.toml"),
                         "--json"], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert p.returncode == 0, p.stderr
     acc = json.loads(p.stdout)
@@ -246,10 +246,10 @@ def test_account_on_the_plan_equals_the_ledger_and_dp_accounting(tmp_path):
     one.compose(tree)
     assert one.get_epsilon(hp.delta / 5) == pytest.approx(cal.eps_ensemble, rel=1e-9)
     # the human output names both
-    p = subprocess.run([sys.executable, "-m", "common.cli", "account", "--plan", str(tmp_path / "plan.toml")],
+    p = subprocess.run([sys.executable, "-m", "fedsbdt.common.cli", "account", "--plan", str(tmp_path / "plan.toml")],
                        capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert p.returncode == 0 and "paper-style" in p.stdout and "federated DPBoost" in p.stdout
-    p = subprocess.run([sys.executable, "-m", "common.cli", "account", "--plan", str(tmp_path / "plan.toml"),
+    p = subprocess.run([sys.executable, "-m", "fedsbdt.common.cli", "account", "--plan", str(tmp_path / "plan.toml"),
                         "--trees", "3"], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert p.returncode == 2 and "drop --trees" in p.stderr and "Traceback" not in p.stderr
 
@@ -273,7 +273,7 @@ def test_summed_leaf_shares_have_the_full_leaf_noise():
     schema, _ = abalone_with_ids(30)
     plan = make_plan(schema, dpboost_hp(), [SiteEntry(f"s{i}", bytes([i + 1]) * 32) for i in range(3)])
     k = plan.noise_divisor(3)
-    from common.boosting import leaf_noise_scales
+    from fedsbdt.common.boosting import leaf_noise_scales
 
     enc, cal, L = plan.encoding, plan.calibration(), plan.hyperparameters.leaves
     full, share = leaf_noise_scales(plan.hyperparameters, enc, cal.sigma), plan.leaf_share_scales(k)
@@ -287,8 +287,8 @@ def test_summed_leaf_shares_have_the_full_leaf_noise():
 
 
 def test_three_site_processes_train_dpboost_export_and_account(tmp_path, ca_dir, cluster_factory):
-    from common.data import load
-    from common.federation.toml_writer import dumps
+    from fedsbdt.common.data import load
+    from fedsbdt.common.federation.toml_writer import dumps
 
     from .conftest import SITES as PSITES, models_identical, tls_session_files
 
@@ -315,7 +315,7 @@ def test_three_site_processes_train_dpboost_export_and_account(tmp_path, ca_dir,
     raw.to_csv(union, index=False)
 
     def cli(*argv):
-        p = subprocess.run([sys.executable, "-m", "common.cli", *argv], capture_output=True, text=True, cwd=ROOT,
+        p = subprocess.run([sys.executable, "-m", "fedsbdt.common.cli", *argv], capture_output=True, text=True, cwd=ROOT,
                            timeout=300)
         assert p.returncode == 0, p.stderr[-2000:]
         return json.loads(p.stdout)
@@ -323,7 +323,7 @@ def test_three_site_processes_train_dpboost_export_and_account(tmp_path, ca_dir,
     cli("export", "--model", str(mpath), "--format", "xgboost", "--out", str(tmp_path / "m.xgb.json"), "--json")
     import xgboost as xgb
 
-    from common.model import Ensemble
+    from fedsbdt.common.model import Ensemble
     (tmp_path / "schema.toml").write_text(dumps(schema.to_dict()))
     X = load(union, schema).X
     ens = Ensemble.load(mpath)

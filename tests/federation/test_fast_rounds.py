@@ -12,9 +12,9 @@ from collections import Counter
 
 import pytest
 
-from common.federation.plan import Plan, PlanError
-from common.federation.wire import InputReply, Purpose, Refusal, RoundMsg, RoundReply, RoundStartMsg
-from common.secagg import RoundStart, decode_message
+from fedsbdt.common.federation.plan import Plan, PlanError
+from fedsbdt.common.federation.wire import InputReply, Purpose, Refusal, RoundMsg, RoundReply, RoundStartMsg
+from fedsbdt.common.secagg import RoundStart, decode_message
 
 from .conftest import EXAMPLES
 from .test_greedy_federation import greedy_hp
@@ -165,7 +165,7 @@ def test_always_fails_a_round_the_slow_path_would_have_survived(tmp_path):
 def test_a_site_refuses_consistency_and_unmask_requests_for_a_fast_round(tmp_path):
     """The coordinator may not take the slow path too after a fast start: the site that sent its seed shares
     signs no survivor set and reveals nothing more for that round (docs/secagg.md §6)."""
-    from common.secagg import ConsistencyRequest
+    from fedsbdt.common.secagg import ConsistencyRequest
 
     f, log = federation(tmp_path, tree_hp(trees=2))
     f.start()
@@ -288,7 +288,7 @@ def test_fast_path_needs_the_complete_graph_and_follows_the_rule():
 
 
 def test_fedsbdt_plan_writes_the_fast_path_option(tmp_path, capsys):
-    from common.cli import main
+    from fedsbdt.common.cli import main
 
     keys = [bytes([i + 1]) * 32 for i in range(8)]
 
@@ -323,8 +323,8 @@ def test_three_site_processes_train_the_central_model_on_either_path(tmp_path, c
     keeps the records of its latest round only)."""
     import sqlite3
 
-    from client.ledger import ledger_path
-    from common.config import Hyperparameters
+    from fedsbdt.client.ledger import ledger_path
+    from fedsbdt.common.config import Hyperparameters
 
     from .conftest import SITES as PROC_SITES, abalone_with_ids, assert_same_trees, central_training, \
         models_identical, tls_session_files

@@ -1,4 +1,4 @@
-"""Federated evaluation in the transport-free state machines (server.session, client.site): the eval round.
+"""Federated evaluation in the transport-free state machines (fedsbdt.server.session, fedsbdt.client.site): the eval round.
 
 The in-process transport of inproc.py; abalone with record ids, three sites, each with a held-out file.
 """
@@ -7,16 +7,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from common.config import Hyperparameters
-from common.data import load
-from common.fed_eval import exact_metrics
-from common.federation.release import build_model, model_sha256, released_from_model
-from server.session import Session
-from client.evaluation import check_request
-from client.site import NeedCatchUp, SiteMachine, SiteRefusal
-from common.federation.plan import make_plan
-from common.federation.wire import InputReply, Purpose, Refusal, RoundStartMsg
-from common.secagg import RoundStart, decode_message
+from fedsbdt.common.config import Hyperparameters
+from fedsbdt.common.data import load
+from fedsbdt.common.fed_eval import exact_metrics
+from fedsbdt.common.federation.release import build_model, model_sha256, released_from_model
+from fedsbdt.server.session import Session
+from fedsbdt.client.evaluation import check_request
+from fedsbdt.client.site import NeedCatchUp, SiteMachine, SiteRefusal
+from fedsbdt.common.federation.plan import make_plan
+from fedsbdt.common.federation.wire import InputReply, Purpose, Refusal, RoundStartMsg
+from fedsbdt.common.secagg import RoundStart, decode_message
 
 from .conftest import abalone_with_ids, write_splits
 from .test_state_machines import SITES, Fed
@@ -141,8 +141,8 @@ def test_a_retried_evaluation_resends_the_stored_vector_and_charges_once(tmp_pat
 
 
 def test_an_existing_model_is_evaluated_without_training(tmp_path):
-    from common.engine import train
-    from common.randomness import InsecureTestRandomness
+    from fedsbdt.common.engine import train
+    from fedsbdt.common.randomness import InsecureTestRandomness
 
     schema, raw = abalone_with_ids(900)
     train_file = tmp_path / "train.csv"
@@ -174,7 +174,7 @@ def _pooled_arrays(g, model):
 def test_the_evaluation_section_of_a_plan():
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-    from common.federation.plan import Plan, PlanError, SiteEntry
+    from fedsbdt.common.federation.plan import Plan, PlanError, SiteEntry
 
     schema, _ = abalone_with_ids(10)
     sites = [SiteEntry(s, Ed25519PrivateKey.generate().public_key().public_bytes_raw()) for s in SITES]

@@ -6,10 +6,10 @@ import math
 
 import numpy as np
 
-from common.config import Hyperparameters
-from common.data import load
-from common.fed_eval import exact_metrics
-from common.model import Ensemble
+from fedsbdt.common.config import Hyperparameters
+from fedsbdt.common.data import load
+from fedsbdt.common.fed_eval import exact_metrics
+from fedsbdt.common.model import Ensemble
 
 from .conftest import tls_session_files, write_splits
 from .test_missing_federation import schema_and_rows
@@ -62,7 +62,7 @@ def test_three_sites_train_then_evaluate_and_release_only_the_aggregate_metrics(
         assert r["evaluation"]["epsilon_eval"] == 0.2 and r["evaluation"]["records"] == 100
         assert r["epsilon"] == out["epsilon"] and r["model_sha256"] == out["model_sha256"]
     # the report shows ε_eval in a section of its own, apart from the training ε, with the released metrics
-    from common.report import ReportError, write_report
+    from fedsbdt.common.report import ReportError, write_report
 
     html = tmp_path / "report.html"
     summary = write_report(tmp_path / "coordinator" / "model.json", html,
@@ -91,7 +91,7 @@ def test_an_existing_model_is_evaluated_federatedly_with_real_noise(tmp_path, ca
     union = tmp_path / "train.csv"
     raw.to_csv(union, index=False)
     schema_file = tmp_path / "schema.toml"
-    from common.federation.toml_writer import dumps
+    from fedsbdt.common.federation.toml_writer import dumps
 
     schema_file.write_text(dumps(schema.to_dict()))
     c = cluster_factory(tmp_path / "eval-plan.toml")
@@ -106,7 +106,7 @@ def test_an_existing_model_is_evaluated_federatedly_with_real_noise(tmp_path, ca
                           "--max-records", "10000", "--out", str(tmp_path / "eval-plan.toml"), "--json"])
     assert mk.wait() == 0, mk.errors
     assert mk.result()["epsilon_eval"] == 1.0
-    from common.federation.plan import Plan
+    from fedsbdt.common.federation.plan import Plan
 
     eplan = Plan.load(tmp_path / "eval-plan.toml")
     coord = c.coordinator("--model", str(model_file))

@@ -1,7 +1,7 @@
 """Federated greedy trees (docs/greedy.md "Federated greedy"): level rounds through the real state machines.
 
-The in-process transport (inproc.py) drives :class:`server.session.Session`
-and :class:`client.site.SiteMachine` with real secure aggregation and real
+The in-process transport (inproc.py) drives :class:`fedsbdt.server.session.Session`
+and :class:`fedsbdt.client.site.SiteMachine` with real secure aggregation and real
 SQLite; the last test runs real gRPC processes.
 """
 from __future__ import annotations
@@ -15,16 +15,16 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from client.site import NeedCatchUp, SessionAbort
-from common.config import ConfigError, Hyperparameters
-from common.data import load
-from common.engine import calibration_for, train
-from common.federation.plan import PlanError, SiteEntry, make_plan
-from common.federation.wire import (Purpose, RoundStartMsg, TreeMsg, WireError, event_from_proto,
+from fedsbdt.client.site import NeedCatchUp, SessionAbort
+from fedsbdt.common.config import ConfigError, Hyperparameters
+from fedsbdt.common.data import load
+from fedsbdt.common.engine import calibration_for, train
+from fedsbdt.common.federation.plan import PlanError, SiteEntry, make_plan
+from fedsbdt.common.federation.wire import (Purpose, RoundStartMsg, TreeMsg, WireError, event_from_proto,
                                     event_to_proto)
-from common.randomness import InsecureTestRandomness, SecureRandomness
-from common.schema import Schema
-from common.secagg import RoundStart
+from fedsbdt.common.randomness import InsecureTestRandomness, SecureRandomness
+from fedsbdt.common.schema import Schema
+from fedsbdt.common.secagg import RoundStart
 
 from .conftest import EXAMPLES, ROOT, abalone_with_ids
 from .test_state_machines import SEED, SITES, Fed, _counts, fail_rounds_after_inputs
@@ -210,7 +210,7 @@ def test_site_refuses_tampered_level_requests_before_computing_anything(tmp_path
     m, feats, thr, other = first_tree_released(f)
     before = _counts(f, "hosp-a")
     calls = []
-    monkeypatch.setattr("client.site.level_sums", lambda *a, **k: calls.append(a))
+    monkeypatch.setattr("fedsbdt.client.site.level_sums", lambda *a, **k: calls.append(a))
     cases = {
         "have depth 3": (1, 3, np.r_[feats, feats, feats[:1]], np.r_[thr, thr, thr[:1]]),  # level ≥ depth
         "rewrites splits": (1, 2, np.r_[feats[0]], np.r_[other]),  # splits so far: node 0 rewritten
@@ -270,7 +270,7 @@ def test_federated_greedy_refuses_what_central_greedy_refuses(tmp_path):
     assert plan.calibration() == calibration_for(plan.hyperparameters)
     assert plan.calibration().sigma_select > 0 and plan.calibration().eps_select == 0
     text = plan.to_toml().replace('selection = "histogram"', 'selection = "exponential"')
-    from common.federation.plan import Plan
+    from fedsbdt.common.federation.plan import Plan
     with pytest.raises(PlanError, match="histogram"):
         Plan.from_toml(text)
 
@@ -325,11 +325,11 @@ def test_three_site_processes_train_greedy_evaluate_and_the_model_exports(tmp_pa
     union = tmp_path / "union.csv"
     raw.to_csv(union, index=False)
     schema_file = tmp_path / "schema.toml"
-    from common.federation.toml_writer import dumps
+    from fedsbdt.common.federation.toml_writer import dumps
     schema_file.write_text(dumps(schema.to_dict()))
 
     def cli(*argv):
-        p = subprocess.run([sys.executable, "-m", "common.cli", *argv], capture_output=True, text=True, cwd=ROOT,
+        p = subprocess.run([sys.executable, "-m", "fedsbdt.common.cli", *argv], capture_output=True, text=True, cwd=ROOT,
                            timeout=300)
         assert p.returncode == 0, p.stderr[-2000:]
         return json.loads(p.stdout)
@@ -338,7 +338,7 @@ def test_three_site_processes_train_greedy_evaluate_and_the_model_exports(tmp_pa
     cli("export", "--model", str(mpath), "--format", "xgboost", "--out", str(tmp_path / "m.xgb.json"), "--json")
     import xgboost as xgb
 
-    from common.model import Ensemble
+    from fedsbdt.common.model import Ensemble
     ens = Ensemble.load(mpath)
     ds = load(union, schema)
     X = ds.X
@@ -382,7 +382,7 @@ def test_coordinator_process_killed_between_levels_resumes_from_its_checkpoint(t
         assert t["features"] == [f for r in levels if r["tree"] == k for f in r["features"]]
     assert not [e for e in c.events if e.get("event") == "refused" and "split" in str(e.get("detail"))]
 
-    from client.ledger import ledger_path
+    from fedsbdt.client.ledger import ledger_path
     for s in PSITES:  # each site sent data in at most T·d level rounds and T leaf rounds
         db = sqlite3.connect(ledger_path(tmp_path / s, plan.sha256))
         n = dict(db.execute("SELECT kind, SUM(with_data) FROM contributions GROUP BY kind").fetchall())
@@ -391,12 +391,12 @@ def test_coordinator_process_killed_between_levels_resumes_from_its_checkpoint(t
 
 def test_fedsbdt_plan_writes_histogram_selection_for_greedy_trees(tmp_path):
     keys = [f"--site=s{i}={bytes([i + 1]).hex() * 32}" for i in range(3)]
-    base = [sys.executable, "-m", "common.cli", "plan", "--schema", str(EXAMPLES / "abalone" / "schema.toml"),
+    base = [sys.executable, "-m", "fedsbdt.common.cli", "plan", "--schema", str(EXAMPLES / "abalone" / "schema.toml"),
             *keys, "--tree-builder", "greedy", "--trees", "4", "--depth", "2"]
     p = subprocess.run([*base, "--out", str(tmp_path / "plan.toml"), "--json"], capture_output=True, text=True,
                        cwd=ROOT, timeout=120)
     assert p.returncode == 0, p.stderr
-    from common.federation.plan import Plan
+    from fedsbdt.common.federation.plan import Plan
     plan = Plan.load(tmp_path / "plan.toml")
     assert plan.hyperparameters.selection == "histogram" and plan.hyperparameters.subsample == 1.0
     assert json.loads(p.stdout)["sigma"] == plan.stated_sigma

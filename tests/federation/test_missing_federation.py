@@ -8,9 +8,9 @@ import json
 
 import numpy as np
 
-from common.config import Hyperparameters
-from common.federation.toml_writer import dumps
-from common.schema import Schema
+from fedsbdt.common.config import Hyperparameters
+from fedsbdt.common.federation.toml_writer import dumps
+from fedsbdt.common.schema import Schema
 
 from .conftest import (SITES, abalone_with_ids, assert_same_trees, central_training, models_identical,
                        tls_session_files)

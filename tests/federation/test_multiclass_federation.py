@@ -8,10 +8,10 @@ import json
 import numpy as np
 import pandas as pd
 
-from common.config import Hyperparameters
-from common.data import load
-from common.model import Ensemble
-from common.schema import Schema
+from fedsbdt.common.config import Hyperparameters
+from fedsbdt.common.data import load
+from fedsbdt.common.model import Ensemble
+from fedsbdt.common.schema import Schema
 
 from .conftest import (EXAMPLES, SITES, assert_same_trees, central_training, make_identities, make_test_plan,
                        models_identical, tls_session_files)
@@ -66,7 +66,7 @@ def test_three_sites_train_a_multiclass_model_equal_to_the_centralised_engine_th
 def test_a_multiclass_plan_refuses_the_filter(tmp_path):
     import pytest
 
-    from common.federation.plan import PlanError
+    from fedsbdt.common.federation.plan import PlanError
 
     schema, _ = wine_with_ids()
     ids = make_identities(tmp_path, SITES)
@@ -80,9 +80,9 @@ def test_a_multiclass_plan_refuses_the_filter(tmp_path):
 def test_class_margins_and_k_leaf_vectors_survive_the_wire_and_the_checkpoint(tmp_path):
     import pytest
 
-    from common.federation.wire import (InitScoreMsg, TreeMsg, WireError, init_from_proto, init_to_proto,
+    from fedsbdt.common.federation.wire import (InitScoreMsg, TreeMsg, WireError, init_from_proto, init_to_proto,
                                         tree_from_proto, tree_to_proto)
-    from server.checkpoint import CoordinatorStore
+    from fedsbdt.server.checkpoint import CoordinatorStore
 
     init = InitScoreMsg(0.0, 4, ("hospital-1", "hospital-2"), (0.25, -0.5, 0.25))
     assert init_from_proto(init_to_proto(init)) == init and init.value == (0.25, -0.5, 0.25)

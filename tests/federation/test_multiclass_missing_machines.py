@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from common.config import Hyperparameters
-from common.data import load
-from common.engine import train
-from common.federation.release import build_model, training_record
-from common.federation.wire import Purpose, RoundStartMsg
-from common.multiclass import init_score, init_sums
-from common.randomness import InsecureTestRandomness
+from fedsbdt.common.config import Hyperparameters
+from fedsbdt.common.data import load
+from fedsbdt.common.engine import train
+from fedsbdt.common.federation.release import build_model, training_record
+from fedsbdt.common.federation.wire import Purpose, RoundStartMsg
+from fedsbdt.common.multiclass import init_score, init_sums
+from fedsbdt.common.randomness import InsecureTestRandomness
 
 from .test_combinations_federation import wine_with_holes
 from .test_fed_eval_machines import EvalFed

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 from scipy.stats import chi2
 
-from client.noise import NoiseShares
-from common.boosting import leaf_noise_scales
-from common.randomness import SecureRandomness
-from common.secagg import ConsistencyRequest, decode_message
-from common.federation.wire import Purpose, Refusal, RoundMsg, RoundReply, RoundStartMsg
+from fedsbdt.client.noise import NoiseShares
+from fedsbdt.common.boosting import leaf_noise_scales
+from fedsbdt.common.randomness import SecureRandomness
+from fedsbdt.common.secagg import ConsistencyRequest, decode_message
+from fedsbdt.common.federation.wire import Purpose, Refusal, RoundMsg, RoundReply, RoundStartMsg
 
 from .test_state_machines import SITES, Fed, tree_hp
 
@@ -82,9 +82,9 @@ def test_the_released_noise_has_variance_sigma2_without_slack(tmp_path, monkeypa
     32 coordinates: mean square ≈ 1 with s = 0 (three shares of σ²/3), ≈ 3/2 with s = n − t (the old rule:
     three shares of σ²/2).  The shares come from the secure sampler (the deterministic test source would
     give every site the same draws); the scales are the ones the sites derive from the plan."""
-    import client.site
+    import fedsbdt.client.site
 
-    monkeypatch.setattr(client.site, "NoiseShares",
+    monkeypatch.setattr(fedsbdt.client.site, "NoiseShares",
                         lambda randomness, scales, **kw: NoiseShares(SecureRandomness(), scales, **kw))
     hp = tree_hp(trees=40, depth=4)
     f = Fed(tmp_path, hp, dropout_slack=slack)
@@ -198,8 +198,8 @@ def test_the_background_sampler_refills_what_is_taken():
 def test_fedsbdt_plan_writes_and_validates_the_dropout_slack(tmp_path, capsys):
     import json
 
-    from common.cli import main
-    from common.federation.plan import Plan
+    from fedsbdt.common.cli import main
+    from fedsbdt.common.federation.plan import Plan
 
     from .conftest import EXAMPLES
 

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from common.config import Hyperparameters
-from common.schema import Schema
-from common.federation.plan import Plan, PlanError, SiteEntry, make_plan
-from common.federation.wire import (
+from fedsbdt.common.config import Hyperparameters
+from fedsbdt.common.schema import Schema
+from fedsbdt.common.federation.plan import Plan, PlanError, SiteEntry, make_plan
+from fedsbdt.common.federation.wire import (
     AbortedMsg,
     FinishedMsg,
     InitScoreMsg,
@@ -117,7 +117,7 @@ def test_the_plan_names_the_exact_sampler_every_party_uses():
 
 
 def test_distributed_noise_shares_sum_to_at_least_the_calibrated_variance():
-    from common.boosting import leaf_noise_scales
+    from fedsbdt.common.boosting import leaf_noise_scales
 
     p = plan(5, assumed_colluders=1, threshold=4)
     leaf, init = p.noise_scales()
@@ -146,7 +146,7 @@ def test_the_default_c_is_the_largest_the_threshold_admits_and_the_guarantee_say
 
 
 def test_plan_command_states_the_guarantee(tmp_path, capsys):
-    from common.cli import main
+    from fedsbdt.common.cli import main
 
     keys = []
     for i in range(4):
@@ -206,8 +206,8 @@ def test_dropout_slack_is_validated_and_part_of_the_plan_hash(tmp_path):
 
 
 def test_message_size_estimate_bounds_real_messages_and_refuses_oversized_plans():
-    from common.secagg.loopback import LoopbackFederation
-    from common.secagg import SessionConfig, SiteIdentity
+    from fedsbdt.common.secagg.loopback import LoopbackFederation
+    from fedsbdt.common.secagg import SessionConfig, SiteIdentity
 
     keys = {f"s{i}": Ed25519PrivateKey.generate() for i in range(5)}
     cfg = SessionConfig(b"size-test", 3, tuple(SiteIdentity(s, k.public_key().public_bytes_raw())
@@ -250,7 +250,7 @@ def test_malformed_events_are_refused(mutate, needle):
     mutate(m)
     with pytest.raises(WireError, match=needle):
         event_from_proto(m)
-    from fedsbdt.v1 import federation_pb2 as pb
+    from fedsbdt.proto.v1 import federation_pb2 as pb
 
     with pytest.raises(WireError):
         event_from_proto(pb.Event(seq=1))  # no kind
@@ -282,15 +282,15 @@ def _without_version_stamps(text: str) -> str:
 def test_generated_stubs_are_current(tmp_path):
     proto_root = ROOT / "protos"
     subprocess.run([sys.executable, "-m", "grpc_tools.protoc", f"-I{proto_root}", f"--python_out={tmp_path}",
-                    f"--grpc_python_out={tmp_path}", f"--pyi_out={tmp_path}", "fedsbdt/v1/federation.proto"],
+                    f"--grpc_python_out={tmp_path}", f"--pyi_out={tmp_path}", "fedsbdt/proto/v1/federation.proto"],
                    check=True, cwd=proto_root)
     for name in ("federation_pb2.py", "federation_pb2_grpc.py", "federation_pb2.pyi"):
-        fresh = (tmp_path / "fedsbdt" / "v1" / name).read_text()
-        committed = (proto_root / "fedsbdt" / "v1" / name).read_text()
+        fresh = (tmp_path / "fedsbdt" / "proto" / "v1" / name).read_text()
+        committed = (proto_root / "fedsbdt" / "proto" / "v1" / name).read_text()
         assert _without_version_stamps(fresh) == _without_version_stamps(committed), \
-            f"protos/fedsbdt/v1/{name} is stale: regenerate it (see docs/federation.md)"
+            f"protos/fedsbdt/proto/v1/{name} is stale: regenerate it (see docs/federation.md)"
     # and the service is the versioned one the code uses
-    from fedsbdt.v1 import federation_pb2
+    from fedsbdt.proto.v1 import federation_pb2
 
     svc = federation_pb2.DESCRIPTOR.services_by_name["Federation"]
     assert svc.full_name == "fedsbdt.v1.Federation"
@@ -300,20 +300,20 @@ def test_generated_stubs_are_current(tmp_path):
 
 def test_the_stub_check_notices_a_changed_proto(tmp_path):
     """The check above can fail: a one-field change to the proto changes the generated code."""
-    src = (ROOT / "protos" / "fedsbdt" / "v1" / "federation.proto").read_text()
-    (tmp_path / "fedsbdt" / "v1").mkdir(parents=True)
-    (tmp_path / "fedsbdt" / "v1" / "federation.proto").write_text(
+    src = (ROOT / "protos" / "fedsbdt" / "proto" / "v1" / "federation.proto").read_text()
+    (tmp_path / "fedsbdt" / "proto" / "v1").mkdir(parents=True)
+    (tmp_path / "fedsbdt" / "proto" / "v1" / "federation.proto").write_text(
         src.replace("message ReportResponse {}", "message ReportResponse { uint32 extra = 1; }"))
     subprocess.run([sys.executable, "-m", "grpc_tools.protoc", f"-I{tmp_path}", f"--python_out={tmp_path}",
-                    "fedsbdt/v1/federation.proto"], check=True, cwd=tmp_path)
-    fresh = (tmp_path / "fedsbdt" / "v1" / "federation_pb2.py").read_text()
-    committed = (ROOT / "protos" / "fedsbdt" / "v1" / "federation_pb2.py").read_text()
+                    "fedsbdt/proto/v1/federation.proto"], check=True, cwd=tmp_path)
+    fresh = (tmp_path / "fedsbdt" / "proto" / "v1" / "federation_pb2.py").read_text()
+    committed = (ROOT / "protos" / "fedsbdt" / "proto" / "v1" / "federation_pb2.py").read_text()
     assert _without_version_stamps(fresh) != _without_version_stamps(committed)
 
 
 def test_fedsbdt_plan_sets_every_deadline(tmp_path, capsys):
-    from common.cli import main
-    from common.federation.plan import Plan
+    from fedsbdt.common.cli import main
+    from fedsbdt.common.federation.plan import Plan
 
     from .conftest import EXAMPLES
 
@@ -333,7 +333,7 @@ def test_fedsbdt_plan_sets_every_deadline(tmp_path, capsys):
 
 
 def test_checkpoint_transactions_begin_at_the_first_write_and_roll_back_on_error(tmp_path):
-    from server.checkpoint import CoordinatorStore
+    from fedsbdt.server.checkpoint import CoordinatorStore
 
     store = CoordinatorStore(tmp_path / "c", "ab" * 32)
     store.load()

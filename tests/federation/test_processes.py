@@ -14,10 +14,10 @@ import sys
 
 import numpy as np
 
-from client.ledger import ledger_path
-from common.config import Hyperparameters
-from common.engine import calibration_for, filter_for
-from common.federation.pki import ca_init, ca_sign
+from fedsbdt.client.ledger import ledger_path
+from fedsbdt.common.config import Hyperparameters
+from fedsbdt.common.engine import calibration_for, filter_for
+from fedsbdt.common.federation.pki import ca_init, ca_sign
 
 from .conftest import (EXAMPLES, ROOT, SITES, abalone_with_ids, make_identities, make_test_plan, models_identical,
                        tls_session_files, tree_event)
@@ -116,8 +116,8 @@ def test_refusals_are_clear_and_nothing_is_released(tmp_path, ca_dir, cluster_fa
 STATUS = """
 import json, sys, grpc
 from pathlib import Path
-from fedsbdt.v1 import federation_pb2 as pb, federation_pb2_grpc as pbg
-from common.federation.pki import TlsFiles, channel_credentials
+from fedsbdt.proto.v1 import federation_pb2 as pb, federation_pb2_grpc as pbg
+from fedsbdt.common.federation.pki import TlsFiles, channel_credentials
 ch = grpc.secure_channel(f"localhost:{sys.argv[1]}", channel_credentials(TlsFiles.in_dir(Path(sys.argv[2]))))
 st = pbg.FederationStub(ch).GetStatus(pb.GetStatusRequest(), timeout=20)
 print(json.dumps({"stage": st.stage, "trees_released": st.trees_released,
@@ -126,7 +126,7 @@ print(json.dumps({"stage": st.stage, "trees_released": st.trees_released,
 
 
 def test_demo_runs_a_whole_federation_and_prints_one_json_object():
-    p = subprocess.run([sys.executable, "-m", "common.cli", "demo", "--sites", "3", "--trees", "6", "--json"],
+    p = subprocess.run([sys.executable, "-m", "fedsbdt.common.cli", "demo", "--sites", "3", "--trees", "6", "--json"],
                        capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     out = json.loads(p.stdout)
@@ -141,7 +141,7 @@ def test_demo_runs_a_whole_federation_and_prints_one_json_object():
 
 
 def test_coordinator_refuses_a_plan_whose_noise_does_not_match_its_claim(tmp_path):
-    from common.federation.plan import Plan
+    from fedsbdt.common.federation.plan import Plan
 
     schema, _ = abalone_with_ids(30)
     ids = make_identities(tmp_path, SITES)
@@ -149,7 +149,7 @@ def test_coordinator_refuses_a_plan_whose_noise_does_not_match_its_claim(tmp_pat
     text = plan.to_toml().replace(f"sigma = {plan.stated_sigma!r}", f"sigma = {plan.stated_sigma / 2!r}")
     assert Plan.from_toml(text).stated_sigma == plan.stated_sigma / 2
     (tmp_path / "plan.toml").write_text(text)
-    p = subprocess.run([sys.executable, "-m", "common.cli", "coordinator", "--plan", str(tmp_path / "plan.toml"),
+    p = subprocess.run([sys.executable, "-m", "fedsbdt.common.cli", "coordinator", "--plan", str(tmp_path / "plan.toml"),
                         "--insecure", "--listen", "127.0.0.1:0", "--state", str(tmp_path / "state")],
                        capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert p.returncode == 2 and "states σ" in p.stderr and "Traceback" not in p.stderr

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from common.fixedpoint import from_ring
-from common.secagg import SecAggCoordinator, decode_message
-from common.federation.wire import InitScoreMsg, InputReply, Purpose, RoundMsg, RoundReply, RoundStartMsg, SetupMsg, SetupReply
+from fedsbdt.common.fixedpoint import from_ring
+from fedsbdt.common.secagg import SecAggCoordinator, decode_message
+from fedsbdt.common.federation.wire import InitScoreMsg, InputReply, Purpose, RoundMsg, RoundReply, RoundStartMsg, SetupMsg, SetupReply
 
 from .test_state_machines import SITES, Fed, tree_hp
 

@@ -13,19 +13,19 @@ import sys
 import numpy as np
 import pytest
 
-from common import kernels
-from common.accountant import GaussianEvent, PoissonSampledEvent, compose, event_epsilon_rdp, event_rdp, tree_rdp
-from common.boosting import TASK_CODE
-from common.builders import Candidates, leaf_regions
-from common.config import ConfigError, Hyperparameters
-from common.data import load
-from common.federation.plan import PlanError, SiteEntry, make_plan
-from common.federation.sarus_rounds import calibrate_federated, split_sigmas, tree_event
-from common.federation.wire import Purpose, RoundStartMsg, event_from_proto, event_to_proto
-from common.greedy_levels import sketch_candidates
-from common.randomness import InsecureTestRandomness
-from common.sarus import clamped_score, leaf_value
-from common.secagg import RoundStart
+from fedsbdt.common import kernels
+from fedsbdt.common.accountant import GaussianEvent, PoissonSampledEvent, compose, event_epsilon_rdp, event_rdp, tree_rdp
+from fedsbdt.common.boosting import TASK_CODE
+from fedsbdt.common.builders import Candidates, leaf_regions
+from fedsbdt.common.config import ConfigError, Hyperparameters
+from fedsbdt.common.data import load
+from fedsbdt.common.federation.plan import PlanError, SiteEntry, make_plan
+from fedsbdt.common.federation.sarus_rounds import calibrate_federated, split_sigmas, tree_event
+from fedsbdt.common.federation.wire import Purpose, RoundStartMsg, event_from_proto, event_to_proto
+from fedsbdt.common.greedy_levels import sketch_candidates
+from fedsbdt.common.randomness import InsecureTestRandomness
+from fedsbdt.common.sarus import clamped_score, leaf_value
+from fedsbdt.common.secagg import RoundStart
 
 from .conftest import ROOT, abalone_with_ids
 from .test_greedy_federation import adult_with_ids, assert_shares_sum_to_full_noise, random_plan_site_answer
@@ -52,7 +52,7 @@ def reference_trees(f: Fed, init_score: float):
     X = np.concatenate([d.X for d in frames])
     y = np.concatenate([d.y for d in frames])
     if schema.task == "regression":  # the engine's label scaling (LocalData)
-        from common.boosting import scale_labels
+        from fedsbdt.common.boosting import scale_labels
 
         y = scale_labels(y, schema.label_range)
     ids = np.concatenate([d.ids for d in frames])
@@ -205,7 +205,7 @@ def test_site_refuses_requests_off_the_released_sketch_and_charges_nothing(tmp_p
     other_sketch[0] += 1000
     before = _counts(f, "hosp-a")
     calls = []
-    monkeypatch.setattr("common.greedy_levels.level_sums", lambda *a, **k: calls.append(a))
+    monkeypatch.setattr("fedsbdt.common.greedy_levels.level_sums", lambda *a, **k: calls.append(a))
     cases = {  # why: (purpose, tree, level, features, thresholds, sketch)
         "not the plan's candidates": (Purpose.LEVEL, 1, 2, np.r_[feats[:2], numeric], np.r_[thr[:2], off], sketch),
         "another sketch": (Purpose.LEVEL, 1, 2, feats, thr, other_sketch),
@@ -297,7 +297,7 @@ def test_account_on_the_plan_agrees_with_the_coordinator_s_ledger(tmp_path):
     model = f.model()
     path = tmp_path / "plan.toml"
     f.plan.save(path)
-    p = subprocess.run([sys.executable, "-m", "common.cli", "account", "--plan", str(path), "--json"],
+    p = subprocess.run([sys.executable, "-m", "fedsbdt.common.cli", "account", "--plan", str(path), "--json"],
                        capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert p.returncode == 0, p.stderr
     acc = json.loads(p.stdout)
@@ -319,7 +319,7 @@ def test_account_on_the_plan_agrees_with_the_coordinator_s_ledger(tmp_path):
     assert calibrate_federated(hp.epsilon, hp.delta, hp.trees, hp.depth, hp.subsample, hp.init_share, hp.eps_ds,
                                "rdp").epsilon == priv["epsilon"]
     assert priv["epsilon"] <= hp.epsilon
-    from common.report import epsilon_curve  # the report's ε curve ends at the ledger's ε
+    from fedsbdt.common.report import epsilon_curve  # the report's ε curve ends at the ledger's ε
 
     rs, eps = epsilon_curve(priv, depth=hp.depth)
     assert rs[-1] == hp.trees and eps[-1] == pytest.approx(priv["epsilon"], rel=1e-12) and np.all(np.diff(eps) > 0)
@@ -360,13 +360,13 @@ def test_three_site_processes_train_sarus_and_account(tmp_path, ca_dir, cluster_
     assert sorted(e["tree"] for e in mine if e["event"] == "sketch") == [0, 1]
     assert {e["vector_len"] for e in mine if e["event"] == "sketch"} == {plan.sarus_grid.sketch_len}
     assert model["privacy"]["tree_builder"] == "sarus" and model["privacy"]["noise_mode"] == "distributed"
-    p = subprocess.run([sys.executable, "-m", "common.cli", "account", "--plan", str(tmp_path / "plan.toml"),
+    p = subprocess.run([sys.executable, "-m", "fedsbdt.common.cli", "account", "--plan", str(tmp_path / "plan.toml"),
                         "--json"], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["epsilon"] == model["privacy"]["epsilon"] <= hp.epsilon
     import sqlite3
 
-    from client.ledger import ledger_path
+    from fedsbdt.client.ledger import ledger_path
     for s in PSITES:  # each site sent data once per stage: T sketches, T·d levels, T leaf rounds
         db = sqlite3.connect(ledger_path(tmp_path / s, plan.sha256))
         n = dict(db.execute("SELECT kind, SUM(with_data) FROM contributions GROUP BY kind").fetchall())

@@ -7,13 +7,13 @@ import time
 import grpc
 import pytest
 
-from common.config import Hyperparameters
-from fedsbdt.v1 import federation_pb2 as pb
-from fedsbdt.v1 import federation_pb2_grpc as pbg
-from common.federation.pki import TlsFiles, ca_init, ca_server, ca_sign, channel_credentials, server_credentials, tls_probe
-from server.service import CoordinatorServer
-from server.session import Session
-from common.federation.wire import GRPC_OPTIONS, sign_join
+from fedsbdt.common.config import Hyperparameters
+from fedsbdt.proto.v1 import federation_pb2 as pb
+from fedsbdt.proto.v1 import federation_pb2_grpc as pbg
+from fedsbdt.common.federation.pki import TlsFiles, ca_init, ca_server, ca_sign, channel_credentials, server_credentials, tls_probe
+from fedsbdt.server.service import CoordinatorServer
+from fedsbdt.server.session import Session
+from fedsbdt.common.federation.wire import GRPC_OPTIONS, sign_join
 
 from .conftest import abalone_with_ids, make_identities, make_test_plan
 

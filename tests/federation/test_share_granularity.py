@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from common.config import Hyperparameters
-from common.schema import Schema
-from common.federation.plan import MAX_SHARE_EXCESS, Plan, PlanError, SiteEntry, make_plan
+from fedsbdt.common.config import Hyperparameters
+from fedsbdt.common.schema import Schema
+from fedsbdt.common.federation.plan import MAX_SHARE_EXCESS, Plan, PlanError, SiteEntry, make_plan
 
 from .conftest import EXAMPLES
 

@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from client.dataload import load_isolated
-from common.data import DataError, load
-from common.schema import Schema
+from fedsbdt.client.dataload import load_isolated
+from fedsbdt.common.data import DataError, load
+from fedsbdt.common.schema import Schema
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -38,27 +38,27 @@ def imported_by(code: str) -> set[str]:
 
 def test_site_daemon_does_not_import_heavy_modules():
     # what `fedsbdt client` imports before it runs: the CLI with every registered command, then the daemon
-    mods = imported_by("import common.cli\ncommon.cli.build_parser()\n"
-                       "import client.cli, client.daemon, client.site, client.dataload")
+    mods = imported_by("import fedsbdt.common.cli\ncommon.cli.build_parser()\n"
+                       "import fedsbdt.client.cli, fedsbdt.client.daemon, fedsbdt.client.site, fedsbdt.client.dataload")
     assert {"client", "grpc", "numpy"} <= mods  # the probe imported the daemon
     assert not (mods & NOT_IN_SITE), f"the site daemon imports {sorted(mods & NOT_IN_SITE)}"
 
 
 def test_the_probe_sees_a_heavy_import():
-    assert "pandas" not in imported_by("import common.data")  # pandas is imported where a file is parsed
-    assert "pandas" in imported_by("import common.estimators")  # which imports it at the top
-    assert "numba" not in imported_by("import common.kernels")  # numba is imported at a kernel's first call
-    assert "numba" in imported_by("import common.kernels, numpy as np\n"
-                                  "common.kernels.apply_leaves(np.zeros(2), np.zeros(2, np.int32), np.ones(1), 1.0)")
+    assert "pandas" not in imported_by("import fedsbdt.common.data")  # pandas is imported where a file is parsed
+    assert "pandas" in imported_by("import fedsbdt.common.estimators")  # which imports it at the top
+    assert "numba" not in imported_by("import fedsbdt.common.kernels")  # numba is imported at a kernel's first call
+    assert "numba" in imported_by("import fedsbdt.common.kernels, numpy as np\n"
+                                  "fedsbdt.common.kernels.apply_leaves(np.zeros(2), np.zeros(2, np.int32), np.ones(1), 1.0)")
 
 
 def test_a_site_round_and_its_noise_run_without_numba():
     """The site's per-round work (numpy kernels) and exact noise (drawn in a child) never load numba."""
     mods = imported_by(
         "import numpy as np\n"
-        "from common import kernels_numpy as K\n"
-        "from common.randomness import SecureRandomness\n"
-        "from client.isolated_noise import IsolatedSampler\n"
+        "from fedsbdt.common import kernels_numpy as K\n"
+        "from fedsbdt.common.randomness import SecureRandomness\n"
+        "from fedsbdt.client.isolated_noise import IsolatedSampler\n"
         "r = IsolatedSampler(SecureRandomness())\n"
         "x = r.draw([('gaussian', np.full(4, 3.0)), ('laplace', np.full(2, 2.0))])\n"
         "assert x[0].shape == (4,) and x[1].shape == (2,)\n"
@@ -110,10 +110,10 @@ def test_records_with_missing_values_are_routed_without_numba():
     """A site whose records miss values walks the trees' default directions with the numpy kernels too."""
     mods = imported_by(
         "import numpy as np\n"
-        "from common import kernels_numpy as K\n"
-        "from common.boosting import LocalData\n"
-        "from common.config import Hyperparameters\n"
-        "from common.splits import Splits\n"
+        "from fedsbdt.common import kernels_numpy as K\n"
+        "from fedsbdt.common.boosting import LocalData\n"
+        "from fedsbdt.common.config import Hyperparameters\n"
+        "from fedsbdt.common.splits import Splits\n"
         "X = np.array([[0.5, np.nan], [np.nan, 2.0], [1.5, 0.0]])\n"
         "hp = Hyperparameters(epsilon=1.0, trees=1, depth=2)\n"
         "local = LocalData(X, np.zeros(3), np.arange(3), 'binary', hp, None, None, np.zeros(2, bool), backend=K)\n"

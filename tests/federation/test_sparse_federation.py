@@ -7,11 +7,11 @@ import json
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from client.policy import SitePolicy
-from client.site import SiteMachine, SiteOptions
-from common.config import Hyperparameters
-from common.federation.plan import Deadlines, Plan, PlanError, SiteEntry, make_plan
-from server.session import Session
+from fedsbdt.client.policy import SitePolicy
+from fedsbdt.client.site import SiteMachine, SiteOptions
+from fedsbdt.common.config import Hyperparameters
+from fedsbdt.common.federation.plan import Deadlines, Plan, PlanError, SiteEntry, make_plan
+from fedsbdt.server.session import Session
 
 from .conftest import abalone_with_ids, write_splits
 from .inproc import Clock, InProcess
@@ -111,7 +111,7 @@ def test_the_plan_option_round_trips_and_is_validated():
 
 
 def test_fedsbdt_plan_writes_the_sparse_graph_option(tmp_path, capsys):
-    from common.cli import main
+    from fedsbdt.common.cli import main
 
     from .conftest import EXAMPLES
 
@@ -138,10 +138,10 @@ def test_fedsbdt_plan_writes_the_sparse_graph_option(tmp_path, capsys):
 def test_six_site_processes_train_on_the_sparse_graph_over_mutual_tls(tmp_path, ca_dir, cluster_factory):
     """Real processes (``fedsbdt coordinator`` + six ``fedsbdt client``), gRPC with mutual TLS, a sparse plan
     (k = 4 of 5 possible neighbours, t_k = 4): every party ends with the model the engine trains centrally."""
-    from common.data import load
-    from common.engine import train
-    from common.randomness import InsecureTestRandomness
-    from common.federation.pki import ca_server
+    from fedsbdt.common.data import load
+    from fedsbdt.common.engine import train
+    from fedsbdt.common.randomness import InsecureTestRandomness
+    from fedsbdt.common.federation.pki import ca_server
 
     from .conftest import make_identities, make_test_plan
 

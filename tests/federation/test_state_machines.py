@@ -1,4 +1,4 @@
-"""The transport-free state machines (server.session.Session, client.site.SiteMachine) without gRPC.
+"""The transport-free state machines (fedsbdt.server.session.Session, fedsbdt.client.site.SiteMachine) without gRPC.
 
 An in-process transport (inproc.py) delivers events in order and routes
 replies as the gRPC service would; a fake clock drives deadlines.
@@ -13,19 +13,19 @@ import numpy as np
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from client.ledger import ledger_path
-from client.policy import SitePolicy
-from client.site import NeedCatchUp, SessionAbort, SiteMachine, SiteOptions, SiteRefusal
-from common.config import ConfigError, Hyperparameters
-from common.data import Dataset
-from common.engine import calibration_for, filter_for, train
-from common.randomness import InsecureTestRandomness
-from common.rdp_filter import UNITS_PER_ROUND
-from common.secagg import RoundStart
-from server.checkpoint import CoordinatorStore
-from common.federation.plan import Deadlines, SiteEntry, make_plan
-from server.session import Rejected, Session
-from common.federation.wire import InputReply, Purpose, Refusal, RoundMsg, RoundStartMsg, TreeMsg
+from fedsbdt.client.ledger import ledger_path
+from fedsbdt.client.policy import SitePolicy
+from fedsbdt.client.site import NeedCatchUp, SessionAbort, SiteMachine, SiteOptions, SiteRefusal
+from fedsbdt.common.config import ConfigError, Hyperparameters
+from fedsbdt.common.data import Dataset
+from fedsbdt.common.engine import calibration_for, filter_for, train
+from fedsbdt.common.randomness import InsecureTestRandomness
+from fedsbdt.common.rdp_filter import UNITS_PER_ROUND
+from fedsbdt.common.secagg import RoundStart
+from fedsbdt.server.checkpoint import CoordinatorStore
+from fedsbdt.common.federation.plan import Deadlines, SiteEntry, make_plan
+from fedsbdt.server.session import Rejected, Session
+from fedsbdt.common.federation.wire import InputReply, Purpose, Refusal, RoundMsg, RoundStartMsg, TreeMsg
 
 from .conftest import abalone_with_ids, write_splits
 from .inproc import Clock, InProcess
@@ -87,7 +87,7 @@ class Fed:
         return train(ds, self.plan.hyperparameters, rnd)
 
     def _arrays(self):
-        from common.data import load
+        from fedsbdt.common.data import load
 
         frames = [load(p, self.schema) for p in self.paths.values()]
         X = np.concatenate([f.X for f in frames])
@@ -256,7 +256,7 @@ def test_initial_score_is_contributed_once_a_retry_resends_the_same_vector(tmp_p
             noise, x = (np.frombuffer(v[0], "<i8") for v in rows)
             assert np.any(noise != 0)
             total += x + noise
-    from common.boosting import init_score
+    from fedsbdt.common.boosting import init_score
 
     assert f.session.init.score == init_score(total, "regression", f.plan.encoding)
 
@@ -359,7 +359,7 @@ def test_ledger_and_secagg_input_are_durable_before_the_masked_vector_leaves(tmp
 
     def route_and_check(site, reply):
         if isinstance(reply, InputReply):
-            from common.secagg import decode_message
+            from fedsbdt.common.secagg import decode_message
 
             r = decode_message(reply.secagg).round_id
             db = f.db(site)  # a separate connection sees only committed data
@@ -397,7 +397,7 @@ def test_a_failed_commit_sends_nothing_and_a_restart_recomputes(tmp_path, monkey
 
 
 def test_a_restarted_site_resends_its_stored_masked_input_without_a_second_charge(tmp_path):
-    from common.secagg import decode_message
+    from fedsbdt.common.secagg import decode_message
 
     f = Fed(tmp_path, tree_hp(trees=4, filter=True, extra_trees=1)).start()
     f.fed.run(until=lambda: len(f.session.trees) == 2)
@@ -485,7 +485,7 @@ def _machine(f: Fed, site="hosp-a", **opts):
 
 
 def test_site_refusals_before_joining(tmp_path):
-    from common.schema import Schema
+    from fedsbdt.common.schema import Schema
 
     f = Fed(tmp_path, tree_hp())
     plan, data = f.plan.canonical_json, f.plan.sha256
@@ -510,7 +510,7 @@ def test_site_refusals_before_joining(tmp_path):
     # a plan whose stated noise does not match its hyperparameters (served consistently hashed)
     d = json.loads(plan)
     d["privacy"]["sigma"] *= 0.5
-    from common.federation.plan import Plan
+    from fedsbdt.common.federation.plan import Plan
 
     lying = Plan.from_dict(d).canonical_json
     import hashlib
@@ -577,7 +577,7 @@ def test_central_mode_adds_the_full_noise_at_the_coordinator_only(tmp_path):
 def test_distributed_mode_each_site_adds_its_share_and_the_sum_is_exact(tmp_path):
     """The released leaves are exactly leaf_values(Σ_sites (leaf sums + noise share)): secure aggregation
     sums exactly and every site added its own share of the scale the plan states."""
-    from common.boosting import leaf_values
+    from fedsbdt.common.boosting import leaf_values
 
     hp = tree_hp(trees=3)
     f = Fed(tmp_path, hp, test_noise=True)
@@ -609,7 +609,7 @@ def test_distributed_mode_each_site_adds_its_share_and_the_sum_is_exact(tmp_path
 
 
 def test_a_state_directory_belongs_to_one_plan(tmp_path):
-    from server.checkpoint import CheckpointError
+    from fedsbdt.server.checkpoint import CheckpointError
 
     f = Fed(tmp_path, tree_hp(trees=2), store=True).start()
     f.fed.run()

@@ -1,11 +1,11 @@
 """Real-process federations under faults: start, kill (at test-hook points or at random), restart, check.
 
 Shared by the hardening tests and ``benchmarks/soak.py``.  Every process is a
-``python -m common.cli --log-format json …`` child; a reader thread per
+``python -m fedsbdt.common.cli --log-format json …`` child; a reader thread per
 process turns its stderr lines into events (and its exit into an ``_exit``
 event), so callers wait for *events* with a deadline instead of sleeping.
 
-Kill points are the test-only hook of :mod:`common.testhooks`
+Kill points are the test-only hook of :mod:`fedsbdt.common.testhooks`
 (``FEDSBDT_TEST_KILL_AT``): a process SIGKILLs itself at a named protocol
 stage and prints one ``fedsbdt-testhook:`` line first, which lets the
 orchestrator check that the kill happened where it was asked for.
@@ -131,7 +131,7 @@ def run_with_kill_points(fed: Federation, schedule: dict[str, list[str]], sites:
                          timeout: float, coordinator_args: tuple[str, ...] = (), strict: bool = True) -> list[KillLog]:
     """Run a federation in which every party SIGKILLs itself at its scheduled points, one after another.
 
-    ``schedule[party]`` lists kill points (``stage@tree[:when]``, see common.testhooks); the party is
+    ``schedule[party]`` lists kill points (``stage@tree[:when]``, see fedsbdt.common.testhooks); the party is
     started with the first, and each time it dies there it is restarted at once with the next (the
     last incarnation runs without).  Returns when the coordinator and every site exited 0; fails
     (AssertionError with a diagnosis) on any other exit, on a SIGKILL that is not the scheduled
@@ -187,7 +187,7 @@ def run_with_random_kills(fed: Federation, sites: list[str], seed: int, kills: i
     80 % of the run; a point whose stage does not occur again (an epoch setup after the last epoch,
     a site that only catches up at the end) simply does not fire.
     """
-    from common.testhooks import STAGES
+    from fedsbdt.common.testhooks import STAGES
 
     rng = random.Random(seed)
     schedule: dict[str, list[tuple[int, str]]] = {}
@@ -224,7 +224,7 @@ def read_checkpoint(coordinator_dir: Path) -> list[tuple[str, dict]]:
 
 
 def read_ledger(state_dir: Path, plan_sha256: str) -> dict:
-    from client.ledger import ledger_path
+    from fedsbdt.client.ledger import ledger_path
 
     db = sqlite3.connect(ledger_path(state_dir, plan_sha256))
     try:
@@ -252,7 +252,7 @@ def check_outcome(fed: Federation, plan, sites: list[str], records: dict[str, in
        committed that round;
     7. every site's ledger covers exactly its records.
     """
-    from common.engine import filter_for
+    from fedsbdt.common.engine import filter_for
 
     hp = plan.hyperparameters
     ref = (fed.root / "coordinator" / "model.json").read_bytes()

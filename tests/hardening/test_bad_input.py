@@ -23,15 +23,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from common.cli import main
-from common.config import Hyperparameters
-from common.schema import Schema
-from fedsbdt.v1 import federation_pb2 as pb
-from fedsbdt.v1 import federation_pb2_grpc as pbg
-from server.service import CoordinatorServer
-from server.session import Session
-from common.federation.toml_writer import dumps
-from common.federation.wire import SERVER_OPTIONS
+from fedsbdt.common.cli import main
+from fedsbdt.common.config import Hyperparameters
+from fedsbdt.common.schema import Schema
+from fedsbdt.proto.v1 import federation_pb2 as pb
+from fedsbdt.proto.v1 import federation_pb2_grpc as pbg
+from fedsbdt.server.service import CoordinatorServer
+from fedsbdt.server.session import Session
+from fedsbdt.common.federation.toml_writer import dumps
+from fedsbdt.common.federation.wire import SERVER_OPTIONS
 
 from federation.conftest import abalone_with_ids, make_identities, make_test_plan
 
@@ -172,7 +172,7 @@ def test_bad_labels_and_categories_of_a_binary_task_are_refused(binary, tmp_path
 
 def test_the_good_files_are_accepted(regression, binary, tmp_path, capsys):
     """The fixtures' baseline data passes the same checks (so the refusals above are about the edits)."""
-    from common.data import load
+    from fedsbdt.common.data import load
 
     for served, frame, name in ((regression[0], regression[1], "ok.csv"), (binary[0], binary[1], "ok.parquet")):
         path = tmp_path / name
@@ -184,7 +184,7 @@ def test_a_real_client_process_refuses_bad_data_with_one_line_and_exit_2(regress
     served, raw = regression
     path = tmp_path / "bad.csv"
     write(path, csv_text(edit(raw, "Length", 3, "abc")))
-    p = subprocess.run([sys.executable, "-m", "common.cli", "client", "--coordinator", served.server.address,
+    p = subprocess.run([sys.executable, "-m", "fedsbdt.common.cli", "client", "--coordinator", served.server.address,
                         "--site", "hospital-1", "--data", str(path), "--state", str(served.root / "hospital-1"),
                         "--insecure", "--allow-insecure-test-randomness", *served.pin], capture_output=True, text=True,
                        cwd=ROOT, timeout=120)
@@ -299,7 +299,7 @@ def fake(tmp_path):
 
 
 def test_sites_refuse_bad_plans_served_by_a_coordinator(a_plan, fake, tmp_path, capsys):
-    from common.federation.plan import Plan
+    from fedsbdt.common.federation.plan import Plan
 
     plan, root = a_plan
     svc, address = fake

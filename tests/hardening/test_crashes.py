@@ -8,8 +8,8 @@ points from a seeded RNG (``benchmarks/soak.py`` runs the long version).
 """
 from __future__ import annotations
 
-from common.config import Hyperparameters
-from common.federation.plan import Deadlines
+from fedsbdt.common.config import Hyperparameters
+from fedsbdt.common.federation.plan import Deadlines
 
 from .conftest import SITES, make_setup
 from .harness import check_outcome, run_with_kill_points, run_with_random_kills

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from common.config import Hyperparameters
-from common.federation.plan import Deadlines
+from fedsbdt.common.config import Hyperparameters
+from fedsbdt.common.federation.plan import Deadlines
 
 from .conftest import SITES, make_setup
 from .harness import check_outcome, read_ledger

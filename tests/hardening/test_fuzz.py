@@ -31,12 +31,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from common.config import Hyperparameters
-from fedsbdt.v1 import federation_pb2 as pb
-from fedsbdt.v1 import federation_pb2_grpc as pbg
-from server.service import CoordinatorServer
-from server.session import Rejected, Session
-from common.federation.wire import (
+from fedsbdt.common.config import Hyperparameters
+from fedsbdt.proto.v1 import federation_pb2 as pb
+from fedsbdt.proto.v1 import federation_pb2_grpc as pbg
+from fedsbdt.server.service import CoordinatorServer
+from fedsbdt.server.session import Rejected, Session
+from fedsbdt.common.federation.wire import (
     GRPC_OPTIONS,
     MAX_MESSAGE_BYTES,
     InputReply,
@@ -323,7 +323,7 @@ def without_plan_hash(model_json: bytes) -> dict:
 
 
 def test_a_site_fed_mutated_coordinator_events_stays_within_its_budget(tmp_path):
-    from client.site import NeedCatchUp, SessionAbort
+    from fedsbdt.client.site import NeedCatchUp, SessionAbort
 
     hp = tree_hp(trees=6, filter=True, extra_trees=2)
     f = Fed(tmp_path, hp).start()
@@ -334,7 +334,7 @@ def test_a_site_fed_mutated_coordinator_events_stays_within_its_budget(tmp_path)
     orig = m.handle
 
     def remember(replies):
-        from common.secagg import decode_message
+        from fedsbdt.common.secagg import decode_message
 
         for r in replies:
             if isinstance(r, InputReply):

@@ -25,8 +25,8 @@ import time
 
 import pytest
 
-from common.config import Hyperparameters
-from common.federation.plan import Deadlines
+from fedsbdt.common.config import Hyperparameters
+from fedsbdt.common.federation.plan import Deadlines
 
 from .conftest import SITES, make_setup
 from .faultproxy import FaultProxy

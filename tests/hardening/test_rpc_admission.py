@@ -18,13 +18,13 @@ import time
 import grpc
 import pytest
 
-from client.keys import load_identity
-from common.config import Hyperparameters
-from fedsbdt.v1 import federation_pb2 as pb
-from fedsbdt.v1 import federation_pb2_grpc as pbg
-from common.federation.pki import TlsFiles, channel_credentials
-from server.service import FIRST_MESSAGE_SECONDS, STREAMS_PER_IDENTITY
-from common.federation.wire import GRPC_OPTIONS, sign_join
+from fedsbdt.client.keys import load_identity
+from fedsbdt.common.config import Hyperparameters
+from fedsbdt.proto.v1 import federation_pb2 as pb
+from fedsbdt.proto.v1 import federation_pb2_grpc as pbg
+from fedsbdt.common.federation.pki import TlsFiles, channel_credentials
+from fedsbdt.server.service import FIRST_MESSAGE_SECONDS, STREAMS_PER_IDENTITY
+from fedsbdt.common.federation.wire import GRPC_OPTIONS, sign_join
 
 from federation.conftest import make_identities
 

@@ -9,12 +9,12 @@ from concurrent import futures
 import grpc
 import pytest
 
-from common.config import Hyperparameters
-from fedsbdt.v1 import federation_pb2 as pb
-from fedsbdt.v1 import federation_pb2_grpc as pbg
-from server.service import CoordinatorServer
-from server.session import Session
-from common.federation.wire import GRPC_OPTIONS, SERVER_OPTIONS, sign_join
+from fedsbdt.common.config import Hyperparameters
+from fedsbdt.proto.v1 import federation_pb2 as pb
+from fedsbdt.proto.v1 import federation_pb2_grpc as pbg
+from fedsbdt.server.service import CoordinatorServer
+from fedsbdt.server.session import Session
+from fedsbdt.common.federation.wire import GRPC_OPTIONS, SERVER_OPTIONS, sign_join
 
 from federation.conftest import abalone_with_ids, make_identities, make_test_plan
 
@@ -48,7 +48,7 @@ def test_a_site_that_resubscribes_before_its_old_stream_closes_stays_connected(s
     the *old* stream's end only afterwards, its close callback marked the site disconnected although the
     new stream was open — the site then never took part in a round again (found by test_network.py)."""
     plan, ids, server = served
-    svc = server.service
+    svc = fedsbdt.server.service
     subscribed, closed = threading.Semaphore(0), threading.Event()
     orig_sub, orig_closed = svc.session.subscribed, svc._stream_closed
 

@@ -1,8 +1,8 @@
 """Faults at the end of a session, driven in process (state machines, fake clock): regression tests."""
 from __future__ import annotations
 
-from client.site import SiteDone
-from server.session import Finished, Finishing
+from fedsbdt.client.site import SiteDone
+from fedsbdt.server.session import Finished, Finishing
 
 from federation.test_state_machines import Fed, tree_hp
 

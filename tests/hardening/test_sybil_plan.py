@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import grpc
 
-from client.ledger import ledger_path
-from common.config import Hyperparameters
-from fedsbdt.v1 import federation_pb2 as pb
-from fedsbdt.v1 import federation_pb2_grpc as pbg
-from common.federation.pki import TlsFiles, ca_server, channel_credentials
-from common.federation.wire import GRPC_OPTIONS
+from fedsbdt.client.ledger import ledger_path
+from fedsbdt.common.config import Hyperparameters
+from fedsbdt.proto.v1 import federation_pb2 as pb
+from fedsbdt.proto.v1 import federation_pb2_grpc as pbg
+from fedsbdt.common.federation.pki import TlsFiles, ca_server, channel_credentials
+from fedsbdt.common.federation.wire import GRPC_OPTIONS
 
 from federation.conftest import abalone_with_ids, make_identities, make_test_plan, write_splits
 from federation.processes import Proc

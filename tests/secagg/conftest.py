@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from common.secagg import SessionConfig, SiteIdentity
-from common.secagg.loopback import LoopbackFederation
+from fedsbdt.common.secagg import SessionConfig, SiteIdentity
+from fedsbdt.common.secagg.loopback import LoopbackFederation
 
 
 class DeterministicRandom:

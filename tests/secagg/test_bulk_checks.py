@@ -13,10 +13,10 @@ import struct
 
 import pytest
 
-from common.secagg import InvalidMessage
-from common.secagg.encoding import MAX_SITES, Reader, check_sorted_ids
-from common.secagg.messages import _check_shares
-from common.secagg.shamir import PRIME, SHARE_SIZE
+from fedsbdt.common.secagg import InvalidMessage
+from fedsbdt.common.secagg.encoding import MAX_SITES, Reader, check_sorted_ids
+from fedsbdt.common.secagg.messages import _check_shares
+from fedsbdt.common.secagg.shamir import PRIME, SHARE_SIZE
 
 _ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 _ALPHABET = "abcXYZ019._:-"

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.secagg import (
+from fedsbdt.common.secagg import (
     ConfigError,
     FastMaskedInput,
     FastRoundStart,
@@ -22,7 +22,7 @@ from common.secagg import (
     ProtocolAbort,
     ReplayError,
 )
-from common.secagg import messages as M
+from fedsbdt.common.secagg import messages as M
 
 from .conftest import make_federation, plain_sum, random_inputs
 
@@ -120,7 +120,7 @@ def test_slow_round_refuses_fast_replies_and_fast_round_refuses_slow_ones():
 
 @pytest.mark.parametrize("backend", ["memory", "file"])
 def test_restart_after_a_fast_answer_replays_the_stored_bytes_and_refuses_everything_else(backend, tmp_path):
-    from common.secagg import FileStorage
+    from fedsbdt.common.secagg import FileStorage
     from .conftest import make_config
 
     storages = None
@@ -247,7 +247,7 @@ def test_fast_round_with_one_input_missing_aborts_and_releases_nothing():
 def test_min_survivors_applies_to_p_r_in_a_fast_round():
     fed = ready(6, 4)
     rule = lambda start: 5  # noqa: E731 - the federation's k_r + c, here a constant
-    from common.secagg import SecAggSite
+    from fedsbdt.common.secagg import SecAggSite
 
     site = SecAggSite(fed.config, "site-00", fed.identities["site-00"], fed.storages["site-00"], min_survivors=rule)
     rng = np.random.default_rng(15)
@@ -280,7 +280,7 @@ def test_fast_rounds_are_refused_on_a_sparse_graph_at_both_ends():
 
 
 def test_a_site_with_fast_rounds_disabled_refuses_them_and_still_runs_slow_rounds():
-    from common.secagg import SecAggSite
+    from fedsbdt.common.secagg import SecAggSite
 
     fed = ready(4, 3)
     fed.sites["site-01"] = SecAggSite(fed.config, "site-01", fed.identities["site-01"], fed.storages["site-01"],
@@ -300,7 +300,7 @@ def test_a_site_with_fast_rounds_disabled_refuses_them_and_still_runs_slow_round
 def _tamper(reply: FastMaskedInput, dealer: str) -> FastMaskedInput:
     """Shift the sender's share of ``dealer``'s seed by a sender-specific amount (equal shifts of several
     holders could cancel in the Lagrange sum and leave the secret right, which is harmless but not a test)."""
-    from common.secagg.shamir import PRIME
+    from fedsbdt.common.secagg.shamir import PRIME
 
     delta = 7 ** (1 + int(reply.sender.split("-")[1]))
     shares = tuple((d, ((int.from_bytes(s, "big") + delta) % PRIME).to_bytes(33, "big") if d == dealer else s)
@@ -358,7 +358,7 @@ AT_THE_BOUND = [(3, 2, 0), (4, 3, 1), (5, 3, 0), (5, 4, 2), (6, 4, 1)]
 
 def _colluder_share(fed, ep, colluder: str, victim: str, start, kind: int) -> bytes:
     """A colluder's stored share of the victim's secret (the attacker holds the colluders' storage)."""
-    from common.secagg.records import EpochReadyRecord, epoch_key
+    from fedsbdt.common.secagg.records import EpochReadyRecord, epoch_key
 
     held = dict(EpochReadyRecord.from_bytes(fed.storages[colluder].get(epoch_key(start.epoch, "ready"))).held)
     slot = start.round_id - ep.announce.first_round
@@ -370,9 +370,9 @@ def mixed_attack(fed, ep, colluders: tuple[str, ...], roles: dict[str, str], rng
     """One round of a coordinator that shows the fast path to some honest sites and the signed path (with a
     survivor set that keeps or drops the victim site-00) to others; colluders sign anything and hand over
     their stored shares.  Returns what it obtained; asserts x_victim exactly whenever it has both secrets."""
-    from common.fixedpoint import from_ring
-    from common.secagg import SecAggError, shamir
-    from common.secagg import primitives as P
+    from fedsbdt.common.fixedpoint import from_ring
+    from fedsbdt.common.secagg import SecAggError, shamir
+    from fedsbdt.common.secagg import primitives as P
     from .conftest import identities
 
     cfg, ids, t = fed.config, fed.config.site_ids, fed.config.threshold
@@ -485,8 +485,8 @@ def test_mixed_fast_and_signed_paths_never_open_a_site_at_the_collusion_bound(n,
 
 
 def test_an_input_record_pairing_a_slow_start_with_a_fast_reply_is_refused_as_corrupt():
-    from common.secagg import SecAggSite, StorageError
-    from common.secagg.records import RoundInputRecord, round_key
+    from fedsbdt.common.secagg import SecAggSite, StorageError
+    from fedsbdt.common.secagg.records import RoundInputRecord, round_key
 
     fed = ready(3, 2)
     rng = np.random.default_rng(20)

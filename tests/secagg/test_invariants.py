@@ -5,8 +5,8 @@ import hashlib
 
 import numpy as np
 
-from common.secagg import MemoryStorage, ProtocolAbort, SecAggSite
-from common.secagg import messages as M
+from fedsbdt.common.secagg import MemoryStorage, ProtocolAbort, SecAggSite
+from fedsbdt.common.secagg import messages as M
 
 from .conftest import DeterministicRandom, identities, make_config, make_federation, plain_sum, random_inputs
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from common.fixedpoint import from_ring
-from common.secagg import InvalidMessage, ProtocolAbort, ReplayError
-from common.secagg import messages as M
-from common.secagg import primitives as P
-from common.secagg import shamir
+from fedsbdt.common.fixedpoint import from_ring
+from fedsbdt.common.secagg import InvalidMessage, ProtocolAbort, ReplayError
+from fedsbdt.common.secagg import messages as M
+from fedsbdt.common.secagg import primitives as P
+from fedsbdt.common.secagg import shamir
 
 from .conftest import make_federation, random_inputs
 

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.secagg import InvalidMessage, messages as M
-from common.secagg.encoding import Reader, Writer
+from fedsbdt.common.secagg import InvalidMessage, messages as M
+from fedsbdt.common.secagg.encoding import Reader, Writer
 
 from .conftest import make_federation, random_inputs
 
@@ -212,7 +212,7 @@ def test_id_fields_reads_exactly_what_the_field_by_field_loop_reads(pairs, n, cu
 
 
 def test_unmask_response_refuses_a_share_outside_the_field():
-    from common.secagg.shamir import PRIME
+    from fedsbdt.common.secagg.shamir import PRIME
 
     ok = (PRIME - 1).to_bytes(33, "big")
     M.UnmaskResponse(bytes(32), 1, 2, "a", (("a", ok),), ())

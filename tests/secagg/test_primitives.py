@@ -9,8 +9,8 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
-from common.secagg import InvalidMessage
-from common.secagg import primitives as P
+from fedsbdt.common.secagg import InvalidMessage
+from fedsbdt.common.secagg import primitives as P
 
 h = bytes.fromhex
 

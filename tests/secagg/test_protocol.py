@@ -6,10 +6,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.fixedpoint import FixedPointCodec, FixedPointError, from_ring, to_ring
-from common.secagg import ConfigError, ProtocolAbort, SecAggError, SessionConfig, SiteIdentity
-from common.secagg import primitives as P
-from common.secagg.site import EpochReady
+from fedsbdt.common.fixedpoint import FixedPointCodec, FixedPointError, from_ring, to_ring
+from fedsbdt.common.secagg import ConfigError, ProtocolAbort, SecAggError, SessionConfig, SiteIdentity
+from fedsbdt.common.secagg import primitives as P
+from fedsbdt.common.secagg.site import EpochReady
 
 from .conftest import identities, make_config, make_federation, plain_sum, random_inputs, site_ids
 
@@ -216,7 +216,7 @@ def test_threshold_rules():
 
 
 def test_site_requires_its_pinned_identity():
-    from common.secagg import MemoryStorage, SecAggSite
+    from fedsbdt.common.secagg import MemoryStorage, SecAggSite
 
     cfg = make_config(3)
     with pytest.raises(SecAggError, match="does not match"):

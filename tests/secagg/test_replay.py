@@ -7,7 +7,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from common.secagg import (
+from fedsbdt.common.secagg import (
     FileStorage,
     InvalidMessage,
     MemoryStorage,
@@ -16,7 +16,7 @@ from common.secagg import (
     SecAggCoordinator,
     StorageError,
 )
-from common.secagg import messages as M
+from fedsbdt.common.secagg import messages as M
 
 from .conftest import make_config, make_federation, plain_sum, random_inputs
 

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.secagg import shamir
-from common.secagg.shamir import PRIME, ShamirError
+from fedsbdt.common.secagg import shamir
+from fedsbdt.common.secagg.shamir import PRIME, ShamirError
 
 from .conftest import DeterministicRandom
 

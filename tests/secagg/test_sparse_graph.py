@@ -10,20 +10,20 @@ import numpy as np
 import pytest
 from scipy.stats import hypergeom
 
-from common.fixedpoint import from_ring
-from common.secagg import ConfigError, InvalidMessage, ProtocolAbort, SecAggCoordinator, SecAggSite
-from common.secagg import messages as M
-from common.secagg import primitives as P
-from common.secagg import shamir
-from common.secagg.config import session_digest
-from common.secagg.graph import (
+from fedsbdt.common.fixedpoint import from_ring
+from fedsbdt.common.secagg import ConfigError, InvalidMessage, ProtocolAbort, SecAggCoordinator, SecAggSite
+from fedsbdt.common.secagg import messages as M
+from fedsbdt.common.secagg import primitives as P
+from fedsbdt.common.secagg import shamir
+from fedsbdt.common.secagg.config import session_digest
+from fedsbdt.common.secagg.graph import (
     check_sparse_parameters,
     epoch_graph,
     hypergeometric_tail,
     local_threshold,
     suggested_neighbours,
 )
-from common.secagg.site import EpochReady
+from fedsbdt.common.secagg.site import EpochReady
 
 from .conftest import identities, make_config, make_federation, plain_sum, random_inputs, site_ids
 

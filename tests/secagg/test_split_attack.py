@@ -20,15 +20,15 @@ from functools import lru_cache
 import numpy as np
 import pytest
 
-from common.fixedpoint import from_ring
-from common.guarantee import collusion_guarantee, default_colluders, split_attack_possible
-from common.secagg import ProtocolAbort, SecAggSite
-from common.secagg import messages as M
-from common.secagg import primitives as P
-from common.secagg import shamir
-from common.secagg.errors import InvalidMessage
-from common.secagg.loopback import LoopbackFederation
-from common.federation.plan import PlanError, check_trust_parameters, noise_divisor
+from fedsbdt.common.fixedpoint import from_ring
+from fedsbdt.common.guarantee import collusion_guarantee, default_colluders, split_attack_possible
+from fedsbdt.common.secagg import ProtocolAbort, SecAggSite
+from fedsbdt.common.secagg import messages as M
+from fedsbdt.common.secagg import primitives as P
+from fedsbdt.common.secagg import shamir
+from fedsbdt.common.secagg.errors import InvalidMessage
+from fedsbdt.common.secagg.loopback import LoopbackFederation
+from fedsbdt.common.federation.plan import PlanError, check_trust_parameters, noise_divisor
 
 from .conftest import identities, make_config
 

@@ -6,7 +6,7 @@ import stat
 
 import pytest
 
-from common.secagg import FileStorage, MemoryStorage, Storage, StorageError
+from fedsbdt.common.secagg import FileStorage, MemoryStorage, Storage, StorageError
 
 
 @pytest.fixture(params=["memory", "file"])

@@ -7,10 +7,10 @@ import dataclasses
 import numpy as np
 import pytest
 
-from common.secagg import InvalidMessage, ProtocolAbort
-from common.secagg import messages as M
-from common.secagg import primitives as P
-from common.secagg import shamir
+from fedsbdt.common.secagg import InvalidMessage, ProtocolAbort
+from fedsbdt.common.secagg import messages as M
+from fedsbdt.common.secagg import primitives as P
+from fedsbdt.common.secagg import shamir
 
 from .conftest import identities, make_federation, plain_sum, random_inputs
 
@@ -354,7 +354,7 @@ def test_tampered_share_with_too_few_honest_shares_aborts_with_blame():
 
 def test_dealer_with_inconsistent_shares_is_blamed(monkeypatch):
     """A dealer whose shares do not lie on one polynomial (but match its own commitments)."""
-    import common.secagg.site as site_mod
+    import fedsbdt.common.secagg.site as site_mod
 
     real = shamir.split_many
     calls = {"n": 0}

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from fedsbdt.v1 import federation_pb2 as fedsbdt_dot_v1_dot_federation__pb2
+from fedsbdt.proto.v1 import federation_pb2 as fedsbdt_dot_proto_dot_v1_dot_federation__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in fedsbdt/v1/federation_pb2_grpc.py depends on'
+        + ' but the generated code in fedsbdt/proto/v1/federation_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,53 +36,53 @@ class FederationStub:
         """
         self.GetPlan = channel.unary_unary(
                 '/fedsbdt.v1.Federation/GetPlan',
-                request_serializer=fedsbdt_dot_v1_dot_federation__pb2.GetPlanRequest.SerializeToString,
-                response_deserializer=fedsbdt_dot_v1_dot_federation__pb2.GetPlanResponse.FromString,
+                request_serializer=fedsbdt_dot_proto_dot_v1_dot_federation__pb2.GetPlanRequest.SerializeToString,
+                response_deserializer=fedsbdt_dot_proto_dot_v1_dot_federation__pb2.GetPlanResponse.FromString,
                 _registered_method=True)
         self.Join = channel.unary_unary(
                 '/fedsbdt.v1.Federation/Join',
-                request_serializer=fedsbdt_dot_v1_dot_federation__pb2.JoinRequest.SerializeToString,
-                response_deserializer=fedsbdt_dot_v1_dot_federation__pb2.JoinResponse.FromString,
+                request_serializer=fedsbdt_dot_proto_dot_v1_dot_federation__pb2.JoinRequest.SerializeToString,
+                response_deserializer=fedsbdt_dot_proto_dot_v1_dot_federation__pb2.JoinResponse.FromString,
                 _registered_method=True)
         self.Subscribe = channel.unary_stream(
                 '/fedsbdt.v1.Federation/Subscribe',
-                request_serializer=fedsbdt_dot_v1_dot_federation__pb2.SubscribeRequest.SerializeToString,
-                response_deserializer=fedsbdt_dot_v1_dot_federation__pb2.Event.FromString,
+                request_serializer=fedsbdt_dot_proto_dot_v1_dot_federation__pb2.SubscribeRequest.SerializeToString,
+                response_deserializer=fedsbdt_dot_proto_dot_v1_dot_federation__pb2.Event.FromString,
                 _registered_method=True)
         self.SubmitSetup = channel.unary_unary(
                 '/fedsbdt.v1.Federation/SubmitSetup',
-                request_serializer=fedsbdt_dot_v1_dot_federation__pb2.SecAggSubmission.SerializeToString,
-                response_deserializer=fedsbdt_dot_v1_dot_federation__pb2.SubmitResponse.FromString,
+                request_serializer=fedsbdt_dot_proto_dot_v1_dot_federation__pb2.SecAggSubmission.SerializeToString,
+                response_deserializer=fedsbdt_dot_proto_dot_v1_dot_federation__pb2.SubmitResponse.FromString,
                 _registered_method=True)
         self.SubmitMaskedInput = channel.unary_unary(
                 '/fedsbdt.v1.Federation/SubmitMaskedInput',
-                request_serializer=fedsbdt_dot_v1_dot_federation__pb2.MaskedInputSubmission.SerializeToString,
-                response_deserializer=fedsbdt_dot_v1_dot_federation__pb2.SubmitResponse.FromString,
+                request_serializer=fedsbdt_dot_proto_dot_v1_dot_federation__pb2.MaskedInputSubmission.SerializeToString,
+                response_deserializer=fedsbdt_dot_proto_dot_v1_dot_federation__pb2.SubmitResponse.FromString,
                 _registered_method=True)
         self.SubmitRound = channel.unary_unary(
                 '/fedsbdt.v1.Federation/SubmitRound',
-                request_serializer=fedsbdt_dot_v1_dot_federation__pb2.SecAggSubmission.SerializeToString,
-                response_deserializer=fedsbdt_dot_v1_dot_federation__pb2.SubmitResponse.FromString,
+                request_serializer=fedsbdt_dot_proto_dot_v1_dot_federation__pb2.SecAggSubmission.SerializeToString,
+                response_deserializer=fedsbdt_dot_proto_dot_v1_dot_federation__pb2.SubmitResponse.FromString,
                 _registered_method=True)
         self.GetTrees = channel.unary_unary(
                 '/fedsbdt.v1.Federation/GetTrees',
-                request_serializer=fedsbdt_dot_v1_dot_federation__pb2.GetTreesRequest.SerializeToString,
-                response_deserializer=fedsbdt_dot_v1_dot_federation__pb2.GetTreesResponse.FromString,
+                request_serializer=fedsbdt_dot_proto_dot_v1_dot_federation__pb2.GetTreesRequest.SerializeToString,
+                response_deserializer=fedsbdt_dot_proto_dot_v1_dot_federation__pb2.GetTreesResponse.FromString,
                 _registered_method=True)
         self.GetStatus = channel.unary_unary(
                 '/fedsbdt.v1.Federation/GetStatus',
-                request_serializer=fedsbdt_dot_v1_dot_federation__pb2.GetStatusRequest.SerializeToString,
-                response_deserializer=fedsbdt_dot_v1_dot_federation__pb2.GetStatusResponse.FromString,
+                request_serializer=fedsbdt_dot_proto_dot_v1_dot_federation__pb2.GetStatusRequest.SerializeToString,
+                response_deserializer=fedsbdt_dot_proto_dot_v1_dot_federation__pb2.GetStatusResponse.FromString,
                 _registered_method=True)
         self.Report = channel.unary_unary(
                 '/fedsbdt.v1.Federation/Report',
-                request_serializer=fedsbdt_dot_v1_dot_federation__pb2.ReportRequest.SerializeToString,
-                response_deserializer=fedsbdt_dot_v1_dot_federation__pb2.ReportResponse.FromString,
+                request_serializer=fedsbdt_dot_proto_dot_v1_dot_federation__pb2.ReportRequest.SerializeToString,
+                response_deserializer=fedsbdt_dot_proto_dot_v1_dot_federation__pb2.ReportResponse.FromString,
                 _registered_method=True)
         self.Connect = channel.stream_stream(
                 '/fedsbdt.v1.Federation/Connect',
-                request_serializer=fedsbdt_dot_v1_dot_federation__pb2.SiteMessage.SerializeToString,
-                response_deserializer=fedsbdt_dot_v1_dot_federation__pb2.EventBatch.FromString,
+                request_serializer=fedsbdt_dot_proto_dot_v1_dot_federation__pb2.SiteMessage.SerializeToString,
+                response_deserializer=fedsbdt_dot_proto_dot_v1_dot_federation__pb2.EventBatch.FromString,
                 _registered_method=True)
 
 
@@ -173,53 +173,53 @@ def add_FederationServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'GetPlan': grpc.unary_unary_rpc_method_handler(
                     servicer.GetPlan,
-                    request_deserializer=fedsbdt_dot_v1_dot_federation__pb2.GetPlanRequest.FromString,
-                    response_serializer=fedsbdt_dot_v1_dot_federation__pb2.GetPlanResponse.SerializeToString,
+                    request_deserializer=fedsbdt_dot_proto_dot_v1_dot_federation__pb2.GetPlanRequest.FromString,
+                    response_serializer=fedsbdt_dot_proto_dot_v1_dot_federation__pb2.GetPlanResponse.SerializeToString,
             ),
             'Join': grpc.unary_unary_rpc_method_handler(
                     servicer.Join,
-                    request_deserializer=fedsbdt_dot_v1_dot_federation__pb2.JoinRequest.FromString,
-                    response_serializer=fedsbdt_dot_v1_dot_federation__pb2.JoinResponse.SerializeToString,
+                    request_deserializer=fedsbdt_dot_proto_dot_v1_dot_federation__pb2.JoinRequest.FromString,
+                    response_serializer=fedsbdt_dot_proto_dot_v1_dot_federation__pb2.JoinResponse.SerializeToString,
             ),
             'Subscribe': grpc.unary_stream_rpc_method_handler(
                     servicer.Subscribe,
-                    request_deserializer=fedsbdt_dot_v1_dot_federation__pb2.SubscribeRequest.FromString,
-                    response_serializer=fedsbdt_dot_v1_dot_federation__pb2.Event.SerializeToString,
+                    request_deserializer=fedsbdt_dot_proto_dot_v1_dot_federation__pb2.SubscribeRequest.FromString,
+                    response_serializer=fedsbdt_dot_proto_dot_v1_dot_federation__pb2.Event.SerializeToString,
             ),
             'SubmitSetup': grpc.unary_unary_rpc_method_handler(
                     servicer.SubmitSetup,
-                    request_deserializer=fedsbdt_dot_v1_dot_federation__pb2.SecAggSubmission.FromString,
-                    response_serializer=fedsbdt_dot_v1_dot_federation__pb2.SubmitResponse.SerializeToString,
+                    request_deserializer=fedsbdt_dot_proto_dot_v1_dot_federation__pb2.SecAggSubmission.FromString,
+                    response_serializer=fedsbdt_dot_proto_dot_v1_dot_federation__pb2.SubmitResponse.SerializeToString,
             ),
             'SubmitMaskedInput': grpc.unary_unary_rpc_method_handler(
                     servicer.SubmitMaskedInput,
-                    request_deserializer=fedsbdt_dot_v1_dot_federation__pb2.MaskedInputSubmission.FromString,
-                    response_serializer=fedsbdt_dot_v1_dot_federation__pb2.SubmitResponse.SerializeToString,
+                    request_deserializer=fedsbdt_dot_proto_dot_v1_dot_federation__pb2.MaskedInputSubmission.FromString,
+                    response_serializer=fedsbdt_dot_proto_dot_v1_dot_federation__pb2.SubmitResponse.SerializeToString,
             ),
             'SubmitRound': grpc.unary_unary_rpc_method_handler(
                     servicer.SubmitRound,
-                    request_deserializer=fedsbdt_dot_v1_dot_federation__pb2.SecAggSubmission.FromString,
-                    response_serializer=fedsbdt_dot_v1_dot_federation__pb2.SubmitResponse.SerializeToString,
+                    request_deserializer=fedsbdt_dot_proto_dot_v1_dot_federation__pb2.SecAggSubmission.FromString,
+                    response_serializer=fedsbdt_dot_proto_dot_v1_dot_federation__pb2.SubmitResponse.SerializeToString,
             ),
             'GetTrees': grpc.unary_unary_rpc_method_handler(
                     servicer.GetTrees,
-                    request_deserializer=fedsbdt_dot_v1_dot_federation__pb2.GetTreesRequest.FromString,
-                    response_serializer=fedsbdt_dot_v1_dot_federation__pb2.GetTreesResponse.SerializeToString,
+                    request_deserializer=fedsbdt_dot_proto_dot_v1_dot_federation__pb2.GetTreesRequest.FromString,
+                    response_serializer=fedsbdt_dot_proto_dot_v1_dot_federation__pb2.GetTreesResponse.SerializeToString,
             ),
             'GetStatus': grpc.unary_unary_rpc_method_handler(
                     servicer.GetStatus,
-                    request_deserializer=fedsbdt_dot_v1_dot_federation__pb2.GetStatusRequest.FromString,
-                    response_serializer=fedsbdt_dot_v1_dot_federation__pb2.GetStatusResponse.SerializeToString,
+                    request_deserializer=fedsbdt_dot_proto_dot_v1_dot_federation__pb2.GetStatusRequest.FromString,
+                    response_serializer=fedsbdt_dot_proto_dot_v1_dot_federation__pb2.GetStatusResponse.SerializeToString,
             ),
             'Report': grpc.unary_unary_rpc_method_handler(
                     servicer.Report,
-                    request_deserializer=fedsbdt_dot_v1_dot_federation__pb2.ReportRequest.FromString,
-                    response_serializer=fedsbdt_dot_v1_dot_federation__pb2.ReportResponse.SerializeToString,
+                    request_deserializer=fedsbdt_dot_proto_dot_v1_dot_federation__pb2.ReportRequest.FromString,
+                    response_serializer=fedsbdt_dot_proto_dot_v1_dot_federation__pb2.ReportResponse.SerializeToString,
             ),
             'Connect': grpc.stream_stream_rpc_method_handler(
                     servicer.Connect,
-                    request_deserializer=fedsbdt_dot_v1_dot_federation__pb2.SiteMessage.FromString,
-                    response_serializer=fedsbdt_dot_v1_dot_federation__pb2.EventBatch.SerializeToString,
+                    request_deserializer=fedsbdt_dot_proto_dot_v1_dot_federation__pb2.SiteMessage.FromString,
+                    response_serializer=fedsbdt_dot_proto_dot_v1_dot_federation__pb2.EventBatch.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -247,8 +247,8 @@ class Federation:
             request,
             target,
             '/fedsbdt.v1.Federation/GetPlan',
-            fedsbdt_dot_v1_dot_federation__pb2.GetPlanRequest.SerializeToString,
-            fedsbdt_dot_v1_dot_federation__pb2.GetPlanResponse.FromString,
+            fedsbdt_dot_proto_dot_v1_dot_federation__pb2.GetPlanRequest.SerializeToString,
+            fedsbdt_dot_proto_dot_v1_dot_federation__pb2.GetPlanResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -274,8 +274,8 @@ class Federation:
             request,
             target,
             '/fedsbdt.v1.Federation/Join',
-            fedsbdt_dot_v1_dot_federation__pb2.JoinRequest.SerializeToString,
-            fedsbdt_dot_v1_dot_federation__pb2.JoinResponse.FromString,
+            fedsbdt_dot_proto_dot_v1_dot_federation__pb2.JoinRequest.SerializeToString,
+            fedsbdt_dot_proto_dot_v1_dot_federation__pb2.JoinResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -301,8 +301,8 @@ class Federation:
             request,
             target,
             '/fedsbdt.v1.Federation/Subscribe',
-            fedsbdt_dot_v1_dot_federation__pb2.SubscribeRequest.SerializeToString,
-            fedsbdt_dot_v1_dot_federation__pb2.Event.FromString,
+            fedsbdt_dot_proto_dot_v1_dot_federation__pb2.SubscribeRequest.SerializeToString,
+            fedsbdt_dot_proto_dot_v1_dot_federation__pb2.Event.FromString,
             options,
             channel_credentials,
             insecure,
@@ -328,8 +328,8 @@ class Federation:
             request,
             target,
             '/fedsbdt.v1.Federation/SubmitSetup',
-            fedsbdt_dot_v1_dot_federation__pb2.SecAggSubmission.SerializeToString,
-            fedsbdt_dot_v1_dot_federation__pb2.SubmitResponse.FromString,
+            fedsbdt_dot_proto_dot_v1_dot_federation__pb2.SecAggSubmission.SerializeToString,
+            fedsbdt_dot_proto_dot_v1_dot_federation__pb2.SubmitResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -355,8 +355,8 @@ class Federation:
             request,
             target,
             '/fedsbdt.v1.Federation/SubmitMaskedInput',
-            fedsbdt_dot_v1_dot_federation__pb2.MaskedInputSubmission.SerializeToString,
-            fedsbdt_dot_v1_dot_federation__pb2.SubmitResponse.FromString,
+            fedsbdt_dot_proto_dot_v1_dot_federation__pb2.MaskedInputSubmission.SerializeToString,
+            fedsbdt_dot_proto_dot_v1_dot_federation__pb2.SubmitResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -382,8 +382,8 @@ class Federation:
             request,
             target,
             '/fedsbdt.v1.Federation/SubmitRound',
-            fedsbdt_dot_v1_dot_federation__pb2.SecAggSubmission.SerializeToString,
-            fedsbdt_dot_v1_dot_federation__pb2.SubmitResponse.FromString,
+            fedsbdt_dot_proto_dot_v1_dot_federation__pb2.SecAggSubmission.SerializeToString,
+            fedsbdt_dot_proto_dot_v1_dot_federation__pb2.SubmitResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -409,8 +409,8 @@ class Federation:
             request,
             target,
             '/fedsbdt.v1.Federation/GetTrees',
-            fedsbdt_dot_v1_dot_federation__pb2.GetTreesRequest.SerializeToString,
-            fedsbdt_dot_v1_dot_federation__pb2.GetTreesResponse.FromString,
+            fedsbdt_dot_proto_dot_v1_dot_federation__pb2.GetTreesRequest.SerializeToString,
+            fedsbdt_dot_proto_dot_v1_dot_federation__pb2.GetTreesResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -436,8 +436,8 @@ class Federation:
             request,
             target,
             '/fedsbdt.v1.Federation/GetStatus',
-            fedsbdt_dot_v1_dot_federation__pb2.GetStatusRequest.SerializeToString,
-            fedsbdt_dot_v1_dot_federation__pb2.GetStatusResponse.FromString,
+            fedsbdt_dot_proto_dot_v1_dot_federation__pb2.GetStatusRequest.SerializeToString,
+            fedsbdt_dot_proto_dot_v1_dot_federation__pb2.GetStatusResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -463,8 +463,8 @@ class Federation:
             request,
             target,
             '/fedsbdt.v1.Federation/Report',
-            fedsbdt_dot_v1_dot_federation__pb2.ReportRequest.SerializeToString,
-            fedsbdt_dot_v1_dot_federation__pb2.ReportResponse.FromString,
+            fedsbdt_dot_proto_dot_v1_dot_federation__pb2.ReportRequest.SerializeToString,
+            fedsbdt_dot_proto_dot_v1_dot_federation__pb2.ReportResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -490,8 +490,8 @@ class Federation:
             request_iterator,
             target,
             '/fedsbdt.v1.Federation/Connect',
-            fedsbdt_dot_v1_dot_federation__pb2.SiteMessage.SerializeToString,
-            fedsbdt_dot_v1_dot_federation__pb2.EventBatch.FromString,
+            fedsbdt_dot_proto_dot_v1_dot_federation__pb2.SiteMessage.SerializeToString,
+            fedsbdt_dot_proto_dot_v1_dot_federation__pb2.EventBatch.FromString,
             options,
             channel_credentials,
             insecure,
