@@ -165,10 +165,12 @@ class Progress:
 # --------------------------------------------------------------------------- commands
 
 
-def _load_data(data: str, schema):
+def _load_data(args: argparse.Namespace, schema, labels: bool = True):
+    """The records ``--data`` names (a file, or a database with ``--query``), validated against ``schema``."""
     from .data import load
+    from .sources import source_from_args
 
-    return load(data, schema)
+    return load(source_from_args(args), schema, labels=labels)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -180,7 +182,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     check_output_path(args.out, "model")  # before any work (and before any privacy is spent)
     schema = Schema.load(args.schema)
     hp = hyperparameters_from_args(args)
-    ds = _load_data(args.data, schema)
+    ds = _load_data(args, schema)
     from .engine import calibration_for
 
     cal = calibration_for(hp)  # fail fast on impossible budgets, before any work
@@ -223,7 +225,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from .model import Ensemble
 
     model = Ensemble.load(args.model)
-    ds = _load_data(args.data, model.schema)
+    ds = _load_data(args, model.schema)
     res = evaluate_model(model, ds)
     human = " ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}" for k, v in res.items())
     emit(args, res, human)
@@ -233,13 +235,13 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 def cmd_predict(args: argparse.Namespace) -> int:
     import pandas as pd
 
-    from .data import load, rows
+    from .data import rows
     from .files import check_output_path, write_atomic
     from .model import Ensemble
 
     check_output_path(args.out, "predictions")
     model = Ensemble.load(args.model)
-    ds = load(args.data, model.schema, labels=False)  # new records: the label column may be absent
+    ds = _load_data(args, model.schema, labels=False)  # new records: the label column may be absent
     pred = model.predict(ds.X)
     id_col = model.schema.id_column
     frame = pd.DataFrame({id_col: ds.id_values} if id_col else {"id": ds.ids})
@@ -322,6 +324,8 @@ def _account_plan(args: argparse.Namespace):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .sources import add_source_flags
+
     p = argparse.ArgumentParser(prog="fedsbdt", description=(
         "Federated, differentially private gradient-boosted decision trees (S-BDT)."))
     p.add_argument("--version", action="version", version=f"fedsbdt {__version__}")
@@ -333,13 +337,15 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
 
     t = sub.add_parser("train", help="train a DP model on one local file (central noise)")
-    t.add_argument("--data", required=True, help="CSV or Parquet file described by the schema")
+    t.add_argument("--data", required=True, help="CSV or Parquet file described by the schema, or a database URL "
+                                                 "with --query (docs/data-sources.md)")
     t.add_argument("--schema", required=True, help="public schema (TOML), e.g. examples/abalone/schema.toml")
     t.add_argument("--out", required=True, help="where to write the model (JSON)")
     t.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     t.add_argument("--quiet", action="store_true", help="no progress output")
     t.add_argument("--sampler", choices=SAMPLERS, default="ours",
                    help="exact noise sampler: ours (default) or opendp (~30x slower)")
+    add_source_flags(t)
     add_hyperparameter_flags(t)
     t.set_defaults(func=cmd_train)
 
@@ -347,19 +353,23 @@ def build_parser() -> argparse.ArgumentParser:
                                         "(multiclass) of a model on a file")
     e.add_argument("--model", required=True, help="model file written by train (JSON)")
     e.add_argument("--data", required=True,
-                   help="labelled CSV or Parquet file in the model's schema (the label column is required)")
+                   help="labelled CSV or Parquet file in the model's schema (the label column is required), or a "
+                        "database URL with --query")
     e.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    add_source_flags(e)
     e.set_defaults(func=cmd_evaluate)
 
     pr = sub.add_parser("predict", help="write predictions for a file as CSV (id, [probability,] prediction)")
     pr.add_argument("--model", required=True, help="model file written by train (JSON)")
     pr.add_argument("--data", required=True,
-                    help="CSV or Parquet file in the model's schema, with or without the label column")
+                    help="CSV or Parquet file in the model's schema, with or without the label column, or a "
+                         "database URL with --query")
     pr.add_argument("--out", required=True,
                     help="where to write the predictions (CSV: the schema's id column, or the data row number "
                          "from 0 as 'id'; then 'probability' for binary tasks, 'probability_<class>' per class "
                          "for multiclass tasks, and 'prediction')")
     pr.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    add_source_flags(pr)
     pr.set_defaults(func=cmd_predict)
 
     a = sub.add_parser("account", help="noise scale and privacy accounting for hyperparameters (no data needed)")
