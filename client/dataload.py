@@ -40,6 +40,10 @@ def load_isolated(path: str | Path | DataSource, schema: Schema) -> Dataset:
     driver; the child inherits libpq's environment, and reads a ``--password-file`` itself)."""
     spec = {"schema": schema.to_dict(), "digest": schema.digest()}
     if isinstance(path, DataSource):
+        if schema.id_column is None:  # a query's row order is no identity: the ledger needs the record's own id
+            raise DataError(f"{path}: a query's records need a stable id: the plan's schema must name the query's "
+                            "record id column as id_column (e.g. OMOP person_id), so the ledger charges the same "
+                            "person in every session")
         spec["source"] = path.to_dict()
     z = run_child("fedsbdt.client.dataload", "_child", (str(path),), json.dumps(spec).encode(),
                   rejected_exit=EXIT_DATA_ERROR, rejected=DataError, what=f"the data loader for {path}")

@@ -145,7 +145,7 @@ def read_table(source):
             raise DataError(f"{p}: not a readable CSV file with a header ({type(e).__name__}: {e})") from None
     from .sqlread import _batches
 
-    frames = list(_batches(source, SimpleNamespace(format=FileFormat(), columns=())))
+    frames = list(_batches(source, SimpleNamespace(format=FileFormat(), columns=(), features=(), target=None, id_column=None)))
     if not frames:
         raise DataError(f"{source}: the query returned no rows")
     return pd.concat(frames, ignore_index=True), False

@@ -47,10 +47,6 @@ def load_query(src: DataSource, schema: Schema, labels: bool = True) -> Dataset:
     """The records of ``src``'s query, validated against ``schema`` (``labels=False``: for prediction)."""
     where = src.display
     id_col = schema.id_column
-    if id_col is None and labels:
-        raise DataError(f"{where}: a query's records need a stable id: set the schema's id_column to the query's "
-                        "record id column (e.g. OMOP person_id), so the ledger charges the same person in "
-                        "every session")
     parts: list[tuple[Dataset, int]] = []
     offset = 0
     for frame in _batches(src, schema):
@@ -82,7 +78,7 @@ def load_query(src: DataSource, schema: Schema, labels: bool = True) -> Dataset:
         lab = RowLabels(kept + 1, id_values, id_col)
         ids = ids_of(pd.Series(id_values), id_col, where, lab, "row")
     else:
-        ids = kept.astype(np.int64)  # prediction without an id column: the row number in the result, from 0
+        ids = kept.astype(np.int64)  # without an id column: the row number in the result, from 0
     return Dataset(X, y, ids, schema, where, dropped, arrival, id_values)
 
 
@@ -151,9 +147,15 @@ def _duckdb_batches(src: DataSource, schema: Schema):
                 rel = con.read_parquet(str(p))
             else:
                 fmt = schema.format
-                kw = {"header": fmt.header, "sep": fmt.separator, "all_varchar": True}
+                kw = {"header": fmt.header, "sep": fmt.separator}
                 if not fmt.header:
                     kw["names"] = list(schema.columns)
+                with open(p, encoding="utf-8", errors="replace") as fh:
+                    present = set(schema.columns) if not fmt.header else {
+                        c.strip().strip('"') for c in fh.readline().rstrip("\r\n").split(fmt.separator.strip() or ",")}
+                text = [f.name for f in schema.features if f.is_categorical] + [schema.target, schema.id_column]
+                # levels, labels and ids as written ("yes" is no boolean); the other columns typed for natural SQL
+                kw["dtype"] = {c: "VARCHAR" for c in text if c in present}
                 rel = con.read_csv(str(p), **kw)
             rel.create_view("data")
         else:

@@ -220,3 +220,16 @@ def test_duckdb_over_files_without_a_server(tmp_path, toy):
     p = fedsbdt("train", "--data", str(tmp_path / "d.parquet"), "--query", q, "--schema",
                 str(tmp_path / "schema.toml"), "--out", str(tmp_path / "m.json"), "--trees", "2", "--json", "--quiet")
     assert p.returncode == 0 and json.loads(p.stdout)["rows"] == 40, p.stderr
+
+
+def test_a_site_needs_the_querys_id_column_for_its_ledger(tmp_path, toy):
+    from fedsbdt.client.dataload import load_isolated
+
+    frame = rows(6)
+    frame.to_parquet(tmp_path / "d.parquet")
+    src = DataSource(str(tmp_path / "d.parquet"), "SELECT * FROM data")
+    assert load_isolated(src, toy).ids.tolist() == frame.pid.tolist()  # the child loader runs the query
+    no_id = Schema.from_dict({k: v for k, v in toy.to_dict().items() if k != "id_column"})
+    assert load(src, no_id).ids.tolist() == list(range(6))  # central use: row numbers, as for a file
+    with pytest.raises(DataError, match="a query's records need a stable id: .* id_column"):
+        load_isolated(src, no_id)
