@@ -239,7 +239,7 @@ def _validate(frame: pd.DataFrame, schema: Schema, source: str, lines: np.ndarra
             m = ((col.astype(str).str.strip() == fmt.missing).to_numpy()
                  if fmt.missing is not None and col.dtype.kind not in "fiub" else np.zeros(n, bool))
             if batch:
-                m |= col.isna().to_numpy()  # SQL NULL
+                m = m | col.isna().to_numpy()  # SQL NULL
             where[m & ~miss] = k
             miss |= m
         if miss.any():
@@ -386,8 +386,9 @@ def _labels(col, schema: Schema, source, lines, row_word) -> np.ndarray:
             raise _fail(source, [f"{row_word} {lines[i]}, label {name!r}: {v[i]:g} is outside the public label "
                                  f"range [{lo:g}, {hi:g}]" for i in bad[:MAX_REPORTED]], bad.size)
         return v
-    if col.dtype.kind in "fiub":
-        s = pd.Series([_num_str(x) for x in col.to_numpy()])
+    if col.dtype.kind in "fiub":  # (a Parquet or SQL column of numbers: each distinct value spelt once)
+        u, inv = np.unique(col.to_numpy(dtype=np.float64), return_inverse=True)
+        s = pd.Series(np.array([_num_str(x) for x in u], dtype=object)[inv.reshape(-1)])
     else:
         s = col.astype(str).str.strip()
     if schema.task == "multiclass":
@@ -423,6 +424,12 @@ def _num_str(x) -> str:
 def ids_of(col, name, source, lines, row_word) -> np.ndarray:
     """Record ids (int64) of an id column: its integers, or a 63-bit hash of each id string; unique."""
     import pandas as pd
+    if col.dtype.kind in "iu":  # a Parquet or SQL integer column: the same ids as its text would give, faster
+        v = col.to_numpy()
+        if v.size and np.abs(v.astype(np.float64)).max() < 2**62:
+            ids = v.astype(np.int64)
+            check_unique(ids, v, source, lines, row_word)
+            return ids
     missing = np.flatnonzero(col.isna().to_numpy())  # Parquet nulls (a CSV field is never null here)
     if missing.size:
         raise _fail(source, [f"{row_word} {lines[i]}, id column {name!r}: missing record id"
@@ -442,11 +449,17 @@ def ids_of(col, name, source, lines, row_word) -> np.ndarray:
     return ids
 
 
+def _plain(v):
+    """A numpy scalar as the Python value it holds (so that messages show ``7``, not ``np.int64(7)``)."""
+    return v.item() if isinstance(v, np.generic) else v
+
+
 def check_unique(ids: np.ndarray, shown, source, lines, row_word) -> None:
     """Refuse duplicate record ids, naming the rows that share one (``shown``: the ids as written)."""
     order = np.argsort(ids, kind="stable")
     dup = np.flatnonzero(ids[order][1:] == ids[order][:-1])
     if dup.size:
-        pairs = [f"{row_word}s {lines[order[i]]} and {lines[order[i + 1]]} share id {shown[order[i]]!r}"
+        pairs = [f"{row_word}s {lines[order[i]]} and {lines[order[i + 1]]} share id "
+                 f"{_plain(shown[order[i]])!r}"
                  for i in dup[:MAX_REPORTED]]
         raise _fail(source, ["duplicate record ids: " + "; ".join(pairs)], dup.size)

@@ -8,29 +8,11 @@ import pytest
 from fedsbdt.common.schema import Schema, SchemaError, expand_pattern
 
 from conftest import EXAMPLES
+from test_data import TOY
 
 ROOT = Path(__file__).resolve().parents[1]
 
-BASE = """
-name = "toy"
-task = "binary"
-target = "label"
-positive = ["yes"]
-negative = ["no"]
-id_column = "pid"
-[format]
-header = true
-allow_missing_marker = 0
-[[features]]
-name = "age"
-type = "numeric"
-range = [0, 120]
-allow_missing = true
-[[features]]
-name = "ward"
-type = "categorical"
-levels = ["A", "B"]
-""".replace("allow_missing_marker = 0\n", "")
+BASE = TOY.replace("range = [0, 120]", "range = [0, 120]\nallow_missing = true")  # age may be missing
 
 
 def load_text(tmp_path, text):

@@ -14,31 +14,16 @@ from fedsbdt.common.schema import Schema
 from fedsbdt.common.sources import DataSource, SourceError, data_argument, source_identity
 
 from postgres_server import PASSWORD, load_frame
+from test_data import TOY
 
-SCHEMA = """
-name = "toy"
-task = "binary"
-target = "label"
-positive = ["yes"]
-negative = ["no"]
-id_column = "pid"
-[format]
-header = true
-[[features]]
-name = "age"
-type = "numeric"
-range = [0, 120]
+SCHEMA = TOY.replace('levels = ["A", "B"]', 'levels = ["A", "B", "8507"]') + """
 [[features]]
 pattern = "lab_{1..2}"
 type = "numeric"
 range = [0, 10]
 allow_missing = true
-[[features]]
-name = "ward"
-type = "categorical"
-levels = ["A", "B", "8507"]
 """
-QUERY = "SELECT pid, age, lab_1, lab_2, ward, label FROM cohort ORDER BY pid"
+QUERY = "SELECT pid, age, ward, lab_1, lab_2, label FROM cohort ORDER BY pid"
 
 
 def rows(n=40, seed=5):
@@ -89,7 +74,7 @@ def test_a_query_reads_the_same_records_as_the_file_in_batches(tmp_path, toy, db
         got = load(DataSource(url, QUERY, batch_rows=batch), toy)
         same(got, ref)
         assert got.source.startswith("postgresql://fedsbdt@/") and got.source.endswith(" (query)")
-    assert np.isnan(ref.X[:, 1]).sum() > 0  # NULL kept as missing where the schema allows it
+    assert np.isnan(ref.X[:, 2]).sum() > 0  # NULL kept as missing where the schema allows it
 
 
 def test_errors_name_the_column_and_the_rows_id(tmp_path, toy, db, postgres):
@@ -101,7 +86,7 @@ def test_errors_name_the_column_and_the_rows_id(tmp_path, toy, db, postgres):
         c.execute("UPDATE cohort SET ward = 'C' WHERE pid = 160")  # row 21
     for fix, needle in (("age = 1 WHERE pid = 130", "row 11 (pid 130), column 'age': 130 is outside the public "
                                                     "range [0, 120]"),
-                        ("ward = 'A' WHERE pid = 154", "row 19 (pid 154), column 'ward': missing value (NULL)")):
+                        ("ward = 'A' WHERE pid = 154", "row 19 (pid 154), column 'ward': missing value (NULL or 'NA')")):
         with pytest.raises(DataError) as e:
             load(DataSource(url, QUERY, batch_rows=4), toy)  # the errors are in the 3rd and the 5th batch
         assert needle in str(e.value)
@@ -112,7 +97,7 @@ def test_errors_name_the_column_and_the_rows_id(tmp_path, toy, db, postgres):
     with postgres.connect(dbname) as c:
         c.execute("UPDATE cohort SET ward = 'B' WHERE pid = 160")
     with pytest.raises(DataError, match=r"duplicate record ids: rows 1 \(pid 100\) and 41 \(pid 100\)"):  # duplicates across batches
-        load(DataSource(url, QUERY.replace(" ORDER BY pid", "") + " UNION ALL SELECT 100, 1, 1, 1, 'A', 'no'",
+        load(DataSource(url, QUERY.replace(" ORDER BY pid", "") + " UNION ALL SELECT 100, 1, 'A', 1, 1, 'no'",
                         batch_rows=8), toy)
     with pytest.raises(DataError, match="the query failed: relation \"nope\" does not exist"):
         load(DataSource(url, "SELECT * FROM nope"), toy)
