@@ -188,6 +188,27 @@ def epsilon_rdp(
     return float(eps[i]), int(alphas[i])
 
 
+def epsilon_so_far(cal: "PrivacyCalibration", rounds: int, init_released: bool, target_epsilon: float) -> float:
+    """ε of what a session released so far, for the worst-case record (random trees, RDP accountant): Thm. 23
+    for the first ``rounds`` of the plan's ``cal.rounds`` accounted trees (and the initial score once it is
+    released), converted by Cor. 6 over the α grid the calibration used (its upper end set by the target ε,
+    :func:`default_alpha_max`); 0 before anything is released.  Equals ``cal.epsilon`` once every accounted
+    round and the initial score are released."""
+    rounds = max(0, min(int(rounds), cal.rounds))
+    eps_init, eps_ds = (cal.eps_init, cal.eps_ds) if init_released else (0.0, 0.0)
+    if rounds == 0 and eps_init == 0 and eps_ds == 0:
+        return 0.0
+    return epsilon_rdp(cal.sigma, cal.gamma, rounds, cal.delta, eps_init, eps_ds,
+                       default_alpha_max(target_epsilon, cal.delta))[0]
+
+
+def record_epsilon(rdp: np.ndarray, alpha: int, delta: float) -> np.ndarray:
+    """Cor. 6 at one order α (the filter's α̂) for each record's spent RDP ``rdp`` (its Rényi ledger, plus the
+    initial score's RDP where that was released); 0 for a record that spent nothing."""
+    rdp = np.asarray(rdp, dtype=np.float64).reshape(-1)
+    return np.where(rdp > 0, np.asarray(rdp_to_dp(int(alpha), rdp, delta)).reshape(-1), 0.0)
+
+
 # --------------------------------------------------------------------------- PLD (dp-accounting)
 
 

@@ -1,0 +1,285 @@
+"""The live status pages (``--status-port``) of a real federation, read by a real headless Chromium and by
+``prometheus_client``'s parser.
+
+One module-scoped federation (3-site roster, mutual TLS) serves every assertion:
+
+1. the coordinator and hospital-1 start with status pages; with one site of t = 2 connected the session
+   keeps gathering, so both pages are drawn by Chromium in a stable state (the roster named, 0 trees);
+2. hospital-2 starts, the session runs; mid-training hospital-1's ``/metrics`` is scraped;
+3. every tree released, the coordinator waits (deadline ``finish``) for hospital-3, which never joins:
+   its page is drawn again (a higher tree count) and ``/metrics`` is checked against the model.
+
+Chromium comes from the Debian package (``.ci/browser-setup.sh`` installs it in CI); without it these
+tests fail, they never skip.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from fedsbdt.common.accountant import calibrate, epsilon_so_far
+from fedsbdt.common.config import Hyperparameters
+from fedsbdt.common.federation.pki import ca_init
+from fedsbdt.common.federation.plan import Deadlines
+
+from .conftest import SITES, Cluster, abalone_with_ids, tls_session_files
+from .processes import ROOT, free_port
+
+CHROMIUM = os.environ.get("FEDSBDT_CHROMIUM", "/usr/bin/chromium")
+HP = Hyperparameters(trees=40, depth=2, seed=11, epsilon=1.0, init_share=0.05)
+
+
+def chromium_dom(url: str, budget_ms: int = 2500) -> str:
+    """The page's DOM after ``budget_ms`` of (virtual) time in a fresh headless Chromium profile."""
+    assert Path(CHROMIUM).exists(), f"{CHROMIUM} is missing: run .ci/browser-setup.sh (Debian package chromium)"
+    with tempfile.TemporaryDirectory(prefix="fedsbdt-chromium-") as profile:
+        r = subprocess.run(
+            [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             "--disable-dev-shm-usage", f"--user-data-dir={profile}", f"--virtual-time-budget={budget_ms}",
+             "--dump-dom", url],
+            capture_output=True, text=True, timeout=90)
+    assert r.returncode == 0 and "<html" in r.stdout, (r.returncode, r.stderr[-2000:])
+    return r.stdout
+
+
+class Dom(HTMLParser):
+    """Text by element id, the table rows' cells, the body's attributes (enough to read our pages)."""
+
+    def __init__(self, html: str) -> None:
+        super().__init__()
+        self.text: dict[str, str] = {}
+        self.rows: list[list[str]] = []
+        self.body: dict[str, str] = {}
+        self._open: list[str | None] = []
+        self._cell: list[str] | None = None
+        self.feed(html)
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "body":
+            self.body = a
+        if tag in ("br", "meta", "link", "img", "input"):
+            return
+        self._open.append(a.get("id"))
+        if a.get("id"):
+            self.text.setdefault(a["id"], "")
+        if tag == "tr":
+            self.rows.append([])
+        if tag == "td":
+            self._cell = []
+
+    def handle_endtag(self, tag):
+        if tag in ("br", "meta", "link", "img", "input"):
+            return
+        if self._open:
+            self._open.pop()
+        if tag == "td" and self._cell is not None and self.rows:
+            self.rows[-1].append("".join(self._cell).strip())
+            self._cell = None
+
+    def handle_data(self, data):
+        for i in self._open:
+            if i:
+                self.text[i] += data
+        if self._cell is not None:
+            self._cell.append(data)
+
+
+def get(url: str, host: str | None = None) -> tuple[int, str, dict]:
+    req = urllib.request.Request(url, headers={"Host": host} if host else {})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, r.read().decode(), dict(r.headers)
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(), dict(e.headers)
+
+
+def metrics(url: str) -> dict[str, float]:
+    """Every sample of ``url``/metrics, by name (with labels in braces when it has any)."""
+    code, text, _ = get(url + "metrics")
+    assert code == 200
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            key = s.name + ("{" + ",".join(f"{k}={v}" for k, v in sorted(s.labels.items())) + "}" if s.labels else "")
+            out[key] = s.value
+    return out
+
+
+class Federation:
+    def __init__(self, root: Path) -> None:
+        ca = root / "ca"
+        ca_init(ca, days=2)
+        schema, raw = abalone_with_ids(360)
+        self.files = tls_session_files(root, ca, schema, raw, HP, SITES,
+                                       deadlines=Deadlines(join=1.0, stage=10.0, quorum=120.0, finish=120.0))
+        self.plan = self.files.plan
+        self.cluster = Cluster(root, root / "plan.toml")
+        self.root = root
+        self.coord_port, self.site_port = free_port(), free_port()
+        self.coordinator = self.cluster.coordinator("--status-port", str(self.coord_port))
+        self.url = f"http://127.0.0.1:{self.coord_port}/"
+        self.site_url = f"http://127.0.0.1:{self.site_port}/"
+        self.h1 = self.cluster.site("hospital-1", self.files.data["hospital-1"], "--status-port", str(self.site_port))
+        self.h2 = None
+        c = self.cluster
+        c.wait_event(lambda e: e.get("_proc") == "coordinator" and e.get("event") == "status_page")
+        c.wait_event(lambda e: e.get("_proc") == "hospital-1" and e.get("event") == "status_page")
+        c.wait_event(lambda e: e.get("_proc") == "coordinator" and e.get("event") == "connected"
+                     and e.get("site") == "hospital-1")
+        self.gathering_dom = Dom(chromium_dom(self.url, 3500))
+        self.gathering_json = json.loads(get(self.url + "status.json")[1])
+        self.site_dom = Dom(chromium_dom(self.site_url))
+        # the session starts once a second site is connected (t = 2; the join deadline has passed)
+        self.h2 = c.site("hospital-2", self.files.data["hospital-2"])
+        c.wait_event(lambda e: e.get("_proc") == "coordinator" and e.get("event") == "tree" and e["tree"] >= 2)
+        self.site_metrics = metrics(self.site_url)
+        self.site_json = json.loads(get(self.site_url + "status.json")[1])
+        c.wait_event(lambda e: e.get("_proc") == "coordinator" and e.get("event") == "finished", timeout=180)
+        for p in (self.h1, self.h2):  # their streams closed: the page shows them disconnected
+            assert p.wait() == 0, p.errors
+        for sid in ("hospital-1", "hospital-2"):
+            c.wait_event(lambda e: e.get("_proc") == "coordinator" and e.get("event") == "disconnected"
+                         and e.get("site") == sid)
+        self.wait_status(lambda st: not any(x["connected"] for x in st["sites"]))
+        self.failed_rounds = sum(1 for e in c.events if e.get("_proc") == "coordinator"
+                                 and e.get("event") == "round_failed")
+        self.model = json.loads((root / "coordinator" / "model.json").read_text())
+
+
+    def wait_status(self, cond, timeout: float = 20.0) -> dict:
+        """status.json once ``cond`` holds for it (the page's snapshot follows the session within a tick)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            st = json.loads(get(self.url + "status.json")[1])
+            if cond(st):
+                return st
+            assert time.monotonic() < deadline, st
+            time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def fed(tmp_path_factory):
+    f = None
+    root = tmp_path_factory.mktemp("status")
+    try:
+        f = Federation(root)
+        yield f
+    finally:
+        if f is not None:
+            f.cluster.stop()
+
+
+def test_the_coordinator_page_renders_in_chromium_names_the_sites_and_refreshes_itself(fed):
+    d = fed.gathering_dom
+    assert d.text["stage"] == "gathering" and d.text["trees"] == "0" and d.text["total"] == str(HP.total_rounds)
+    assert [r[0] for r in d.rows if r] == SITES  # the roster, in the plan's order
+    row = {r[0]: r for r in d.rows if r}
+    assert row["hospital-1"][1:4] == ["yes", "yes", "yes"]  # joined, connected, caught up
+    assert row["hospital-2"][1:3] == ["no", "no"] and row["hospital-2"][6] == "never"
+    assert d.text["epsplan"] == f"{fed.plan.stated_epsilon:.4f}" and d.text["eps"] == "0.0000"
+    assert int(d.body["data-polls"]) >= 2  # it fetched status.json more than once by itself
+    assert d.text["conn"].startswith("live")
+    # after training, a later page shows every tree released, the rounds' latency and ε spent
+    late = Dom(chromium_dom(fed.url))
+    assert int(late.text["trees"]) == HP.total_rounds > int(d.text["trees"])
+    assert late.text["stage"] == "finishing" and late.text["eta"] == "0.0 s"
+    assert late.text["eps"] == f"{fed.plan.stated_epsilon:.4f}"
+    assert late.text["failed"] == str(fed.failed_rounds)
+    assert "mean" in late.text["latmean"] and late.text["lat"].endswith(" s")
+    assert {r[0]: r[2] for r in late.rows if r} == {"hospital-1": "no", "hospital-2": "no", "hospital-3": "no"}
+    assert {r[0]: r[1] for r in late.rows if r}["hospital-3"] == "no"  # never joined: the session waits for it
+
+
+def test_the_page_is_self_contained(fed):
+    code, html, headers = get(fed.url)
+    assert code == 200 and headers["Content-Type"].startswith("text/html")
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", html)  # nothing from another origin
+    assert "default-src 'none'" in headers["Content-Security-Policy"]
+    assert get(fed.url + "nothing")[0] == 404
+    assert get(fed.url + "status.json", host="evil.example:80")[0] == 403  # DNS rebinding: not a loopback name
+    assert get(fed.url + "status.json", host=f"localhost:{fed.coord_port}")[0] == 200
+
+
+def test_coordinator_metrics_match_the_session(fed):
+    m = metrics(fed.url)
+    model, st = fed.model, json.loads(get(fed.url + "status.json")[1])
+    rounds = model["training"]["rounds"]
+    assert m["fedsbdt_trees_released_total"] == len(rounds) == HP.total_rounds == st["trees_released"]
+    assert m["fedsbdt_trees_planned"] == HP.total_rounds
+    assert m["fedsbdt_sites_connected"] == 0 and m["fedsbdt_sites_joined"] == 2 and m["fedsbdt_sites_roster"] == 3
+    assert m["fedsbdt_sites_suspended"] == 0
+    assert m["fedsbdt_failed_rounds_total"] == st["rounds_failed"] == fed.failed_rounds
+    # one latency sample per released round: the initial score and every tree
+    assert m["fedsbdt_round_seconds_count"] == len(rounds) + (model["training"]["init"]["round_id"] is not None)
+    assert m['fedsbdt_round_seconds_bucket{le=+Inf}'] == m["fedsbdt_round_seconds_count"]
+    assert 0 < m["fedsbdt_round_seconds_sum"] < 120
+    assert m["fedsbdt_eta_seconds"] == 0
+    # ε: all accounted rounds and the initial score released: exactly the plan's ε (its own calibration)
+    assert m["fedsbdt_epsilon_planned"] == pytest.approx(fed.plan.stated_epsilon, rel=1e-12)
+    assert m["fedsbdt_epsilon_spent"] == pytest.approx(fed.plan.stated_epsilon, rel=1e-9)
+    assert st["epsilon"]["exact"] is True
+
+
+def test_epsilon_so_far_agrees_with_an_independent_calibration():
+    """The ε of k of T rounds, recalibrated for k rounds at that ε, gives back the same σ (the accountant's
+    bisection, an independent path); it grows with k and reaches the plan's ε at T."""
+    hp = HP
+    cal = calibrate(hp.epsilon, hp.delta, hp.subsample, hp.accounted_rounds, hp.init_share, hp.eps_ds)
+    eps = [epsilon_so_far(cal, k, True, hp.epsilon) for k in (0, 1, 5, 20, hp.accounted_rounds)]
+    assert eps == sorted(eps) and eps[0] > 0 and epsilon_so_far(cal, 0, False, hp.epsilon) == 0.0
+    assert eps[-1] == pytest.approx(cal.epsilon, rel=1e-12)
+    for k, e in zip((5, 20), eps[2:4]):
+        back = calibrate(e * (1 + 1e-12), hp.delta, hp.subsample, k, hp.init_share * hp.epsilon / e, hp.eps_ds,
+                         alpha_max=None)
+        assert back.sigma == pytest.approx(cal.sigma, rel=1e-5), k
+
+
+def test_the_site_page_shows_its_own_ledger(fed):
+    d = fed.site_dom
+    assert d.text["site"] == "hospital-1" and d.text["stage"] == "participating"
+    n = sum(1 for _ in open(fed.files.data["hospital-1"])) - 1
+    assert d.text["records"] == str(n) and d.text["epsmax"] == "0.0000" and d.text["refusals"] == "0"
+    assert d.text["plan"] == fed.plan.sha256[:16] + "…"
+    m, st = fed.site_metrics, fed.site_json
+    assert m["fedsbdt_site_records"] == n and m["fedsbdt_site_refusals_total"] == 0
+    assert m["fedsbdt_site_rounds_answered_total"] >= 2 and m["fedsbdt_site_trees_applied"] >= 1
+    q = [m[f"fedsbdt_site_epsilon_spent{{quantile={p}}}"] for p in ("0.5", "0.9", "0.99", "1")]
+    assert q == sorted(q) and 0 < q[-1] == m["fedsbdt_site_epsilon_max"] <= fed.plan.stated_epsilon
+    # without the filter every record is charged the worst case of the tree rounds it sent data in
+    k = st["tree_rounds_with_data"]
+    cal = fed.plan.calibration()
+    assert q[0] == q[-1] == pytest.approx(epsilon_so_far(cal, k, True, HP.epsilon), rel=1e-12)
+
+
+def test_a_taken_status_port_is_one_line_and_exit_2(tmp_path, fed):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        state = tmp_path / "coordinator"
+        for argv, what in (
+                (["coordinator", "--plan", str(fed.root / "plan.toml"), "--state", str(state), "--insecure",
+                  "--listen", "127.0.0.1:0", "--allow-insecure-test-randomness"], "coordinator"),
+                (["client", "--coordinator", "127.0.0.1:9", "--site", "hospital-3", "--plan",
+                  str(fed.root / "plan.toml"), "--data", str(fed.files.data["hospital-3"]), "--state",
+                  str(fed.root / "hospital-3"), "--insecure"], "site")):
+            r = subprocess.run([sys.executable, "-m", "fedsbdt.common.cli", *argv, "--status-port", str(port)],
+                               capture_output=True, text=True, cwd=ROOT, timeout=60)
+            lines = r.stderr.strip().splitlines()
+            assert r.returncode == 2 and len(lines) == 1, (what, r.stderr)
+            assert f"cannot serve the {what}'s status page on 127.0.0.1:{port}" in lines[0], lines
+        assert not state.exists()  # nothing written
