@@ -38,7 +38,7 @@ from .conftest import SITES, Cluster, abalone_with_ids, tls_session_files
 from .processes import ROOT, free_port
 
 CHROMIUM = os.environ.get("FEDSBDT_CHROMIUM", "/usr/bin/chromium")
-HP = Hyperparameters(trees=40, depth=2, seed=11, epsilon=1.0, init_share=0.05)
+HP = Hyperparameters(trees=16, depth=2, seed=11, epsilon=1.0, init_share=0.05)
 
 
 def chromium_dom(url: str, budget_ms: int = 2500) -> str:
@@ -123,7 +123,7 @@ class Federation:
     def __init__(self, root: Path) -> None:
         ca = root / "ca"
         ca_init(ca, days=2)
-        schema, raw = abalone_with_ids(360)
+        schema, raw = abalone_with_ids(300)
         self.files = tls_session_files(root, ca, schema, raw, HP, SITES,
                                        deadlines=Deadlines(join=1.0, stage=10.0, quorum=120.0, finish=120.0))
         self.plan = self.files.plan
@@ -239,10 +239,11 @@ def test_epsilon_so_far_agrees_with_an_independent_calibration():
     bisection, an independent path); it grows with k and reaches the plan's ε at T."""
     hp = HP
     cal = calibrate(hp.epsilon, hp.delta, hp.subsample, hp.accounted_rounds, hp.init_share, hp.eps_ds)
-    eps = [epsilon_so_far(cal, k, True, hp.epsilon) for k in (0, 1, 5, 20, hp.accounted_rounds)]
+    eps = [epsilon_so_far(cal, k, True, hp.epsilon) for k in (0, 1, 5, 10, hp.accounted_rounds)]
     assert eps == sorted(eps) and eps[0] > 0 and epsilon_so_far(cal, 0, False, hp.epsilon) == 0.0
     assert eps[-1] == pytest.approx(cal.epsilon, rel=1e-12)
-    for k, e in zip((5, 20), eps[2:4]):
+    assert epsilon_so_far(cal, hp.accounted_rounds + 5, True, hp.epsilon) == eps[-1]  # retries beyond: capped
+    for k, e in zip((5, 10), eps[2:4]):
         back = calibrate(e * (1 + 1e-12), hp.delta, hp.subsample, k, hp.init_share * hp.epsilon / e, hp.eps_ds,
                          alpha_max=None)
         assert back.sigma == pytest.approx(cal.sigma, rel=1e-5), k
@@ -283,3 +284,12 @@ def test_a_taken_status_port_is_one_line_and_exit_2(tmp_path, fed):
             assert r.returncode == 2 and len(lines) == 1, (what, r.stderr)
             assert f"cannot serve the {what}'s status page on 127.0.0.1:{port}" in lines[0], lines
         assert not state.exists()  # nothing written
+
+
+def test_demo_passes_its_status_flags_to_the_coordinator():
+    from fedsbdt.common.cli import build_parser
+    from fedsbdt.server.demo import status_flags
+
+    assert status_flags(build_parser().parse_args(["demo"])) == []
+    args = build_parser().parse_args(["demo", "--status-port", "8080", "--status-host", "0.0.0.0"])
+    assert status_flags(args) == ["--status-port", "8080", "--status-host", "0.0.0.0"]
