@@ -207,7 +207,8 @@ Prometheus metrics at <a href="metrics">/metrics</a>.</p>
 function $(id){return document.getElementById(id);}
 function setText(id,v){var e=$(id);if(e)e.textContent=(v===null||v===undefined)?"—":String(v);}
 function num(x,d){return (x===null||x===undefined)?"—":Number(x).toFixed(d===undefined?3:d);}
-function dur(s){if(s===null||s===undefined)return "—";s=Math.max(0,s);if(s<60)return s.toFixed(1)+" s";
+function dur(s){if(s===null||s===undefined)return "—";s=Math.max(0,s);if(s<1)return Math.round(1000*s)+" ms";
+  if(s<60)return s.toFixed(1)+" s";
   var m=Math.floor(s/60);if(m<60)return m+" min "+Math.round(s-60*m)+" s";return Math.floor(m/60)+" h "+(m%60)+" min";}
 function bar(id,frac){var e=$(id);if(e)e.style.width=(100*Math.max(0,Math.min(1,frac||0))).toFixed(1)+"%";}
 function rows(id,list,cells){var tb=$(id);if(!tb)return;while(tb.firstChild)tb.removeChild(tb.firstChild);

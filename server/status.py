@@ -132,7 +132,8 @@ class CoordinatorMonitor:
             if ss.connected:
                 self._last_seen[ss.site_id] = wall
             is_joined = ss.joins > 0
-            is_caught = is_joined and ss.trees_applied >= len(s.trees)
+            confirmed = ss.finished_sha256 is not None  # it verified the whole model: it holds every tree
+            is_caught = is_joined and (confirmed or ss.trees_applied >= len(s.trees))
             is_susp = ss.suspended_from_epoch is not None and (epoch is None or epoch < ss.suspended_from_epoch)
             connected += ss.connected
             joined += is_joined
@@ -141,8 +142,8 @@ class CoordinatorMonitor:
             seen = self._last_seen.get(ss.site_id)
             sites.append({"site_id": ss.site_id, "joined": is_joined, "connected": ss.connected,
                           "caught_up": is_caught, "suspended": is_susp, "eligible": row["eligible"],
-                          "trees_applied": ss.trees_applied, "joins": ss.joins, "note": ss.note,
-                          "confirmed_model": ss.finished_sha256 is not None,
+                          "trees_applied": len(s.trees) if confirmed else ss.trees_applied, "joins": ss.joins,
+                          "note": ss.note, "confirmed_model": confirmed,
                           "last_seen": seen, "last_seen_seconds_ago": None if seen is None else round(wall - seen, 3)})
         spent = self._epsilon_spent()
         eta = self._eta(now)
@@ -247,7 +248,7 @@ function render(s){
   setText("lat",s.round_seconds.last===null?"—":dur(s.round_seconds.last));
   setText("latmean",s.round_seconds.mean===null?"":"mean "+dur(s.round_seconds.mean)+" over "+s.round_seconds.count+" rounds");
   setText("failed",s.rounds_failed);$("failed").className="v"+(s.rounds_failed?" warn":"");
-  setText("eta",s.eta_seconds===null?"—":dur(s.eta_seconds));
+  setText("eta",s.trees_released>=s.trees_total?"done":(s.eta_seconds===null?"—":dur(s.eta_seconds)));
   setText("nconn",s.sites.filter(function(x){return x.connected;}).length);setText("nsites",s.sites.length);
   setText("t",s.threshold);
   rows("sites",s.sites,function(x){return [x.site_id,yes(x.joined,true),yes(x.connected,true),
