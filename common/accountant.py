@@ -195,11 +195,19 @@ def epsilon_so_far(cal: "PrivacyCalibration", rounds: int, init_released: bool, 
     :func:`default_alpha_max`); 0 before anything is released.  Equals ``cal.epsilon`` once every accounted
     round and the initial score are released."""
     rounds = max(0, min(int(rounds), cal.rounds))
-    eps_init, eps_ds = (cal.eps_init, cal.eps_ds) if init_released else (0.0, 0.0)
-    if rounds == 0 and eps_init == 0 and eps_ds == 0:
+    init = bool(init_released and (cal.eps_init > 0 or cal.eps_ds > 0))
+    if rounds == 0 and not init:
         return 0.0
-    return epsilon_rdp(cal.sigma, cal.gamma, rounds, cal.delta, eps_init, eps_ds,
-                       default_alpha_max(target_epsilon, cal.delta))[0]
+    alphas, per_tree, init_rdp = _progress_terms(cal, target_epsilon)
+    return float(np.min(rdp_to_dp(alphas, rounds * per_tree + (init_rdp if init else 0.0), cal.delta)))
+
+
+@lru_cache(maxsize=8)
+def _progress_terms(cal: "PrivacyCalibration", target_epsilon: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(α grid, one tree's RDP, the initial score's RDP) of :func:`epsilon_so_far`, as :func:`epsilon_rdp` has
+    them (so that a session's progress costs one vector operation per tree)."""
+    alphas = alpha_grid(default_alpha_max(target_epsilon, cal.delta))
+    return alphas, tree_rdp(cal.gamma, cal.sigma, alphas), init_score_rdp(alphas, cal.eps_init, cal.eps_ds)
 
 
 def record_epsilon(rdp: np.ndarray, alpha: int, delta: float) -> np.ndarray:

@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from fedsbdt.common.accountant import calibrate, epsilon_so_far
+from fedsbdt.common.accountant import calibrate, default_alpha_max, epsilon_rdp, epsilon_so_far
 from fedsbdt.common.config import Hyperparameters
 from fedsbdt.common.federation.pki import ca_init
 from fedsbdt.common.federation.plan import Deadlines
@@ -246,6 +246,8 @@ def test_epsilon_so_far_agrees_with_an_independent_calibration():
     eps = [epsilon_so_far(cal, k, True, hp.epsilon) for k in (0, 1, 5, 10, hp.accounted_rounds)]
     assert eps == sorted(eps) and eps[0] > 0 and epsilon_so_far(cal, 0, False, hp.epsilon) == 0.0
     assert eps[-1] == pytest.approx(cal.epsilon, rel=1e-12)
+    assert eps[2] == epsilon_rdp(cal.sigma, cal.gamma, 5, cal.delta, cal.eps_init, cal.eps_ds,
+                                 default_alpha_max(hp.epsilon, hp.delta))[0]  # Thm. 23 + Cor. 6, one vector op
     assert epsilon_so_far(cal, hp.accounted_rounds + 5, True, hp.epsilon) == eps[-1]  # retries beyond: capped
     for k, e in zip((5, 10), eps[2:4]):
         back = calibrate(e * (1 + 1e-12), hp.delta, hp.subsample, k, hp.init_share * hp.epsilon / e, hp.eps_ds,
