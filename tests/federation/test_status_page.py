@@ -299,3 +299,51 @@ def test_demo_passes_its_status_flags_to_the_coordinator():
     assert status_flags(build_parser().parse_args(["demo"])) == []
     args = build_parser().parse_args(["demo", "--status-port", "8080", "--status-host", "0.0.0.0"])
     assert status_flags(args) == ["--status-port", "8080", "--status-host", "0.0.0.0"]
+
+
+def test_the_site_ledger_page_with_the_filter_charges_each_record_its_own_ledger(tmp_path):
+    """With the individual filter a record's ε is its own ledger's (Cor. 6 at α̂): a record that spent the whole
+    budget, after the initial score, is at exactly the plan's ε (the calibration's own value), before it below;
+    the refusals are this site's ``refused`` events."""
+    import logging
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from fedsbdt.client.ledger import SiteLedger, ledger_path
+    from fedsbdt.client.status import SiteMonitor
+    from fedsbdt.common.engine import filter_for
+    from fedsbdt.common.rdp_filter import UNITS_PER_ROUND
+
+    from .conftest import make_identities, make_test_plan
+
+    schema, _ = abalone_with_ids(30)
+    hp = Hyperparameters(trees=6, depth=2, seed=1, epsilon=1.0, filter=True, init_share=0.05)
+    plan = make_test_plan(schema, make_identities(tmp_path, SITES), hp)
+    cal = plan.calibration()
+    table = filter_for(hp, cal)
+    ledger = SiteLedger(ledger_path(tmp_path / "hospital-1", plan.sha256), plan.sha256, "hospital-1")
+    ids = np.arange(4)
+    ledger.ensure_records(ids)
+    spent = np.array([table.budget_units, table.budget_units // 2, UNITS_PER_ROUND, 0])
+    machine = SimpleNamespace(site_id="hospital-1", plan=plan, cal=cal, table=table, state_dir=tmp_path / "hospital-1",
+                              stage=SimpleNamespace(name="participating"), trees_applied=3)
+    mon = SiteMonitor(machine, max_epsilon=2.0)
+    try:
+        with ledger.transaction():
+            ledger.charge(ids, np.zeros(4, np.int64), spent)
+        e = mon._snapshot(0.0)["epsilon"]
+        assert e["per_record"] and e["records"] == 4 and e["exhausted"] == 1
+        assert e["max"] < cal.epsilon  # no initial score sent yet: the trees' part only
+        with ledger.transaction():
+            ledger.log_contribution(1, "init", None, True, None, None)
+        logging.getLogger("fedsbdt.site").warning("x", extra={"event": "refused", "site": "hospital-1"})
+        logging.getLogger("fedsbdt.site").warning("y", extra={"event": "refused", "site": "hospital-2"})
+        s = mon._snapshot(1.0)
+        e = s["epsilon"]
+        assert e["max"] == pytest.approx(cal.epsilon, rel=1e-12)
+        assert 0 < e["p50"] < e["p90"] < e["max"]
+        assert s["rounds_answered"] == 1 and s["refusals"] == 1 and s["max_epsilon"] == 2.0
+    finally:
+        mon.close()
+        ledger.close()
