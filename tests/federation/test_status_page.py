@@ -140,6 +140,7 @@ class Federation:
         c.wait_event(lambda e: e.get("_proc") == "hospital-1" and e.get("event") == "status_page")
         c.wait_event(lambda e: e.get("_proc") == "coordinator" and e.get("event") == "connected"
                      and e.get("site") == "hospital-1")
+        self.wait_status(lambda st: [x["connected"] for x in st["sites"]] == [True, False, False])
         self.gathering_dom = Dom(chromium_dom(self.url, 3500))
         self.gathering_json = json.loads(get(self.url + "status.json")[1])
         self.site_dom = Dom(chromium_dom(self.site_url))
