@@ -6,7 +6,7 @@ answered (masked inputs sent) and refused, and its per-record privacy ledger —
 
 It reads only durable, committed state: the site database through a read-only SQLite connection of its
 own (WAL: readers never block the site's writes), and refusals from the site's structured log events
-(``refused``).  A record's ε is Cor. 6 at the filter's order α̂ of its Rényi ledger (plus the initial
+(``refused``, a warning: ``--log-level error`` hides them from the count too).  A record's ε is Cor. 6 at the filter's order α̂ of its Rényi ledger (plus the initial
 score's RDP once the site sent it); without the filter every record is charged the worst case, the ε of
 the tree rounds this site sent data in (random trees with the RDP accountant; other builders show the
 plan's ε as the bound).  These numbers are the site's own and stay on its page: bind it to loopback

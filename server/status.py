@@ -203,7 +203,7 @@ class CoordinatorMonitor:
         if len(self._releases) < 2:
             return None
         per_tree = (self._releases[-1] - self._releases[0]) / (len(self._releases) - 1)
-        return max(per_tree * left - (now - self._releases[-1]), 0.0)
+        return per_tree * left - min(now - self._releases[-1], per_tree)  # a stalled round never counts down to 0
 
     def current(self) -> dict:
         """The latest snapshot (read by the HTTP thread; replaced as a whole, never changed in place)."""
