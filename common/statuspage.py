@@ -22,9 +22,10 @@ import socket
 import socketserver
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
 
 log = logging.getLogger("fedsbdt.status")
 
@@ -85,6 +86,8 @@ class StatusServer:
     from :meth:`start` on."""
 
     def __init__(self, host: str, port: int, page: str, what: str = "status page") -> None:
+        from prometheus_client import CollectorRegistry  # only a command with --status-port loads it
+
         self.page = page.encode()
         self.snapshot: Callable[[], dict] = dict
         self.registry = CollectorRegistry(auto_describe=True)
@@ -106,7 +109,7 @@ class StatusServer:
             host = "127.0.0.1"
         return f"http://{host}:{self.port}/"
 
-    def start(self, snapshot: Callable[[], dict], registry: CollectorRegistry) -> "StatusServer":
+    def start(self, snapshot: Callable[[], dict], registry: "CollectorRegistry") -> "StatusServer":
         """Serve ``snapshot()`` and ``registry`` from now on (the port is bound from construction on)."""
         self.snapshot, self.registry = snapshot, registry
         self._thread.start()
@@ -120,6 +123,8 @@ class StatusServer:
         self.httpd.server_close()
 
     def _handler(self):
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
         server = self
 
         class Handler(BaseHTTPRequestHandler):
