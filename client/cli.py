@@ -5,6 +5,7 @@
                    [--max-epsilon E] [--allow-central-noise] [--min-sites N] [--min-threshold T]
                    [--min-colluders C] [--schema S] [--out M]
                    [--tls-cert F --tls-key F --tls-ca F --identity-key F | --insecure]
+                   [--status-port PORT [--status-host HOST]]
 
 The plan is always pinned (``--plan`` or ``--plan-hash``, received out of
 band): without one the client exits 2 before any network traffic.  The other
@@ -111,6 +112,7 @@ def cmd_client(args: argparse.Namespace) -> int:
     machine = SiteMachine(args.site, identity, source_from_args(args), state, options)
     daemon = Daemon(machine, args.coordinator, files,
                     DaemonOptions(reconnect_timeout=args.reconnect_timeout))
+    status_page(args, machine)  # --status-port: served from now on (a taken port: exit 2 before connecting)
     import sqlite3
 
     from fedsbdt.common.secagg.errors import StorageError
@@ -145,7 +147,21 @@ def cmd_client(args: argparse.Namespace) -> int:
     return 0
 
 
+def status_page(args: argparse.Namespace, machine):
+    """``--status-port``: the site's own status page (client/status.py), serving until the process ends."""
+    from fedsbdt.common.statuspage import StatusPageError
+
+    from .status import serve
+
+    try:
+        return serve(args, machine)
+    except StatusPageError as e:
+        raise CliError(str(e)) from None
+
+
 def register(sub) -> None:
+    from fedsbdt.common.statuspage import add_status_flags
+
     k = sub.add_parser("keygen", help="create a site's Ed25519 identity key, TLS key and certificate request")
     k.add_argument("--site", required=True, help="the site id (as in the plan's roster)")
     k.add_argument("--out", required=True, help="directory for identity.key/.pub, tls.key, tls.csr")
@@ -197,6 +213,7 @@ def register(sub) -> None:
                    help="accept a plan with deterministic test-only randomness (no privacy; tests only)")
     c.add_argument("--reconnect-timeout", type=float, default=300.0, metavar="S",
                    help="give up after this many seconds without reaching the coordinator (default: 300)")
+    add_status_flags(c)
     c.add_argument("--json", action="store_true", help="print one JSON object on stdout at the end")
     c.set_defaults(func=cmd_client)
 

@@ -1,6 +1,7 @@
 """``fedsbdt coordinator``, ``fedsbdt plan``, ``fedsbdt ca`` and ``fedsbdt demo``, registered by :mod:`fedsbdt.common.cli`.
 
     fedsbdt coordinator --plan P [--listen ADDR] [--state DIR] [--tls-cert F --tls-key F --tls-ca F | --insecure]
+                        [--status-port PORT [--status-host HOST]]
     fedsbdt plan --schema S --site ID=identity.pub ... --out P [--threshold T] [--dropout-slack S] [hyperparameter flags]
     fedsbdt ca init --out CA_DIR
     fedsbdt ca sign --ca CA_DIR --csr SITE/tls.csr --out SITE/tls.crt
@@ -44,6 +45,7 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
     if plan.noise == "central":
         log.warning("central noise mode: this coordinator sees the noiseless sums and adds the noise itself; "
                     "the sites must trust it", extra={"event": "central_noise"})
+    status = status_page(args)  # --status-port: bound before anything is written (a taken port: exit 2)
     state = Path(args.state)
     credentials = None
     if not args.insecure:
@@ -62,6 +64,12 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
         server = CoordinatorServer(session, args.listen, credentials)
     except (OSError, RuntimeError) as e:
         raise CliError(f"cannot listen on {args.listen}: {e}") from None
+    if status is not None:
+        from .status import CoordinatorMonitor
+
+        monitor = CoordinatorMonitor(session)
+        server.service.observers.append(monitor.after_step)
+        status.start(monitor.current, monitor.registry)
     server.start()
     log.info(f"coordinator for plan {plan.sha256} listening on {server.address} "
              f"({'mutual TLS' if credentials else 'PLAIN TEXT (--insecure)'}); {plan.n} sites, t = {plan.threshold}, "
@@ -84,6 +92,8 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
     finally:
         server.stop()
         session.close()
+        if status is not None:
+            status.close()
         for s, h in old.items():
             signal.signal(s, h)
     if server.fatal is not None:
@@ -111,6 +121,18 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
         human += "\n" + line
     emit(args, out, human)
     return session.exit_code
+
+
+def status_page(args: argparse.Namespace):
+    """The bound (not yet serving) status page of ``--status-port``, or None."""
+    from fedsbdt.common.statuspage import StatusPageError, bind
+
+    from .status import COORDINATOR_PAGE
+
+    try:
+        return bind(args, COORDINATOR_PAGE, "coordinator's status page")
+    except StatusPageError as e:
+        raise CliError(str(e)) from None
 
 
 def existing_model(plan, path: str | None):
@@ -257,6 +279,7 @@ def cmd_ca(args: argparse.Namespace) -> int:
 
 def register(sub) -> None:
     from fedsbdt.client.cli import add_tls_flags
+    from fedsbdt.common.statuspage import add_status_flags
 
     c = sub.add_parser("coordinator", help="run the coordinator of a federated training session")
     c.add_argument("--plan", required=True, help="the plan (TOML)")
@@ -272,6 +295,7 @@ def register(sub) -> None:
                    help="evaluation-only plans (evaluation.model_sha256): the existing model to evaluate")
     c.add_argument("--ready-fd", type=int, metavar="FD",
                    help="write the listening address to this inherited file descriptor once serving")
+    add_status_flags(c)
     c.add_argument("--json", action="store_true", help="print one JSON object on stdout at the end")
     c.set_defaults(func=cmd_coordinator)
 

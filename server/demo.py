@@ -1,6 +1,6 @@
 """``fedsbdt demo``: a whole federation on loopback, as separate processes, with mutual TLS.
 
-    fedsbdt demo [--sites 3] [--dataset abalone|adult] [--trees N] [--json]
+    fedsbdt demo [--sites 3] [--dataset abalone|adult] [--trees N] [--status-port PORT] [--json]
 
 1. makes a throw-away consortium CA, a coordinator certificate for
    localhost, and for every site an identity key, a TLS key and a certificate
@@ -344,6 +344,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         failures: list[str] = []
 
         def on_event(rec: dict) -> None:
+            if rec.get("event") == "status_page" and not args.json:
+                log.info(f"live status page of the coordinator: {rec.get('url')}")
             if rec.get("event") == "tree":
                 prog(int(rec.get("trees_released", 0)), total)
             elif rec.get("event") in ("session_failed", "model_mismatch"):
@@ -353,7 +355,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             log.info(f"starting the coordinator and {args.sites} sites (separate processes, mutual TLS) …")
         # Start everything at once (the sites retry until the coordinator serves): process start-up overlaps.
         address = f"127.0.0.1:{free_port()}"
-        coord, ready = launch_coordinator(layout, procs, listen=address)
+        coord, ready = launch_coordinator(layout, procs, listen=address, extra=status_flags(args))
         keep: list[str] = []
         reader = follow_log(coord.stderr, on_event, keep, layout.logs / "coordinator.log")
         sites = {sid: start_site(layout, sid, address, plan, procs, ["--eval-data", str(layout.site_eval(sid))])
@@ -432,7 +434,16 @@ def hashlib_sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def status_flags(args: argparse.Namespace) -> list[str]:
+    """The coordinator's ``--status-port``/``--status-host`` (the demo's live status page)."""
+    if args.status_port is None:
+        return []
+    return ["--status-port", str(args.status_port), "--status-host", args.status_host]
+
+
 def register(sub) -> None:
+    from fedsbdt.common.statuspage import add_status_flags
+
     d = sub.add_parser("demo", help="a whole federation on loopback: coordinator and sites as processes, mutual TLS")
     d.add_argument("--sites", type=int, default=3, help="number of sites (default: 3)")
     d.add_argument("--dataset", choices=DATASETS, default="abalone", help="bundled dataset (default: abalone)")
@@ -451,5 +462,6 @@ def register(sub) -> None:
                    help="only write CA, certificates, keys, plan and data splits to DIR (for docker compose)")
     d.add_argument("--host", action="append",
                    help="with --prepare: host names of the coordinator for its certificate (default: localhost)")
+    add_status_flags(d)
     d.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     d.set_defaults(func=cmd_demo)
