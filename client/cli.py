@@ -59,6 +59,21 @@ def cmd_keygen(args: argparse.Namespace) -> int:
 
 
 def cmd_client(args: argparse.Namespace) -> int:
+    from fedsbdt.common.instance import InstanceError, StateLock
+
+    t0 = time.perf_counter()
+    state = Path(args.state)
+    try:
+        lock = StateLock(state, "site state directory").acquire()  # one client per --state
+    except InstanceError as e:
+        raise CliError(str(e)) from None
+    try:
+        return _run_client(args, t0, state)
+    finally:
+        lock.release()
+
+
+def _run_client(args: argparse.Namespace, t0: float, state: Path) -> int:
     from fedsbdt.common.schema import Schema
     from fedsbdt.common.federation.pki import PkiError, TlsFiles
     from fedsbdt.common.federation.plan import Plan
@@ -68,8 +83,6 @@ def cmd_client(args: argparse.Namespace) -> int:
     from .policy import SitePolicy
     from .site import SessionAbort, SiteMachine, SiteOptions
 
-    t0 = time.perf_counter()
-    state = Path(args.state)
     if args.plan and args.plan_hash:
         raise CliError("give either --plan or --plan-hash, not both")
     if not (args.plan or args.plan_hash):
@@ -192,7 +205,8 @@ def register(sub) -> None:
     c.add_argument("--reconnect-timeout", type=float, default=300.0, metavar="S",
                    help="give up after this many seconds without reaching the coordinator (default: 300)")
     c.add_argument("--json", action="store_true", help="print one JSON object on stdout at the end")
-    c.set_defaults(func=cmd_client)
+    c.set_defaults(func=cmd_client, on_interrupt="every committed round is kept in {state}; restart the same "
+                                                   "command to resume")
 
 
 def sha256_file(path: Path) -> str:

@@ -7,10 +7,13 @@ input, impossible privacy parameters) exit with status 2 and one clear line.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import logging
+import signal
 import sys
+import threading
 import time
 from typing import Any
 
@@ -341,7 +344,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--sampler", choices=SAMPLERS, default="ours",
                    help="exact noise sampler: ours (default) or opendp (~30x slower)")
     add_hyperparameter_flags(t)
-    t.set_defaults(func=cmd_train)
+    t.set_defaults(func=cmd_train, on_interrupt="no model was written and nothing was released; run the same "
+                                                 "command again to train")
 
     e = sub.add_parser("evaluate", help="rmse (regression), auc/accuracy (binary) or accuracy/macro_auc/log_loss "
                                         "(multiclass) of a model on a file")
@@ -388,11 +392,40 @@ def _register_optional(sub) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .logging_setup import quiet_grpc_core
+
+    quiet_grpc_core()  # before any command imports grpc
     parser = build_parser()
     args = parser.parse_args(argv)
     from .logging_setup import configure_logging
 
     log = configure_logging(args.log_format, args.log_level)
+    with sigterm_as_interrupt():
+        return _run(args, log)
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt():
+    """SIGTERM (``docker stop``, podman, systemd) interrupts the command as SIGINT (Ctrl-C) does: Python raises
+    KeyboardInterrupt in the main thread, every command stops the way it stops on Ctrl-C (durable state,
+    exit 130, one line saying how to resume).  Only in the main thread; the old handler comes back after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def interrupted_line(args: argparse.Namespace) -> str:
+    """The one line printed when a command is stopped by SIGINT or SIGTERM: how to resume it."""
+    hint = getattr(args, "on_interrupt", None) or "run the command again"
+    return f"fedsbdt {args.command}: interrupted; " + hint.format(**vars(args))
+
+
+def _run(args: argparse.Namespace, log: logging.Logger) -> int:
     from .accountant import AccountingError
     from .data import DataError
     from .files import OutputError
@@ -410,7 +443,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"fedsbdt {args.command}: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
-        print(f"fedsbdt {args.command}: interrupted", file=sys.stderr)
+        if args.log_format == "json":
+            log.warning(interrupted_line(args), extra={"event": "interrupted", "command": args.command, "exit": 130})
+        else:
+            print(interrupted_line(args), file=sys.stderr)
         return 130
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from fedsbdt.common.cli import CliError, add_hyperparameter_flags, emit, hyperparameters_from_args
 from fedsbdt.common.config import SAMPLERS
+from fedsbdt.common.instance import address_in_use
 
 log = logging.getLogger("fedsbdt.coordinator")
 
@@ -26,13 +27,8 @@ log = logging.getLogger("fedsbdt.coordinator")
 
 
 def cmd_coordinator(args: argparse.Namespace) -> int:
-    from fedsbdt.client.cli import sha256_file
-
-    from .checkpoint import CheckpointError, CoordinatorStore
-    from fedsbdt.common.federation.pki import PkiError, TlsFiles, server_credentials
     from fedsbdt.common.federation.plan import Plan
-    from .service import CoordinatorServer
-    from .session import Session
+    from fedsbdt.common.instance import InstanceError, StateLock
 
     t0 = time.perf_counter()
     plan = Plan.load(args.plan)
@@ -45,6 +41,24 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
         log.warning("central noise mode: this coordinator sees the noiseless sums and adds the noise itself; "
                     "the sites must trust it", extra={"event": "central_noise"})
     state = Path(args.state)
+    try:
+        lock = StateLock(state, "coordinator state directory").acquire()  # one coordinator per --state
+    except InstanceError as e:
+        raise CliError(str(e)) from None
+    try:
+        return _serve(args, t0, plan, cal, randomness, state)
+    finally:
+        lock.release()
+
+
+def _serve(args: argparse.Namespace, t0: float, plan, cal, randomness, state: Path) -> int:
+    from fedsbdt.client.cli import sha256_file
+
+    from .checkpoint import CheckpointError, CoordinatorStore
+    from fedsbdt.common.federation.pki import PkiError, TlsFiles, server_credentials
+    from .service import CoordinatorServer
+    from .session import Session
+
     credentials = None
     if not args.insecure:
         try:
@@ -53,6 +67,9 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
             raise CliError(f"{e} (the coordinator needs a server certificate from the consortium CA; "
                            "`fedsbdt ca server` makes one, or pass --insecure for a local test)") from None
     released = existing_model(plan, args.model)
+    busy = address_in_use(args.listen)  # before the session opens its store: nothing written on a refusal
+    if busy is not None:
+        raise CliError(busy)
     try:
         session = Session(plan, randomness, time.monotonic(), CoordinatorStore(state, plan.sha256),
                           released=released)
@@ -61,7 +78,7 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
     try:
         server = CoordinatorServer(session, args.listen, credentials)
     except (OSError, RuntimeError) as e:
-        raise CliError(f"cannot listen on {args.listen}: {e}") from None
+        raise CliError(address_in_use(args.listen) or f"cannot listen on {args.listen}: {e}") from None
     server.start()
     log.info(f"coordinator for plan {plan.sha256} listening on {server.address} "
              f"({'mutual TLS' if credentials else 'PLAIN TEXT (--insecure)'}); {plan.n} sites, t = {plan.threshold}, "
@@ -92,8 +109,11 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
     st = session.stage
     secs = round(time.perf_counter() - t0, 3)
     if not session.done:
-        emit(args, {"error": "interrupted", "trees": len(session.trees), "seconds": secs},
-             f"coordinator stopped after {len(session.trees)} trees; restart with the same command to resume")
+        line = (f"coordinator stopped after {len(session.trees)} trees; the checkpoint in {state} is kept: "
+                "restart with the same command to resume")
+        if args.json:  # stdout holds the JSON object: the line goes to the log (stderr)
+            log.warning(line, extra={"event": "interrupted", "trees": len(session.trees)})
+        emit(args, {"error": "interrupted", "trees": len(session.trees), "seconds": secs, "resume": line}, line)
         return 130
     if session.exit_code and getattr(st, "reason", None):
         emit(args, {"error": st.reason, "trees": len(session.trees), "seconds": secs},
@@ -273,7 +293,8 @@ def register(sub) -> None:
     c.add_argument("--ready-fd", type=int, metavar="FD",
                    help="write the listening address to this inherited file descriptor once serving")
     c.add_argument("--json", action="store_true", help="print one JSON object on stdout at the end")
-    c.set_defaults(func=cmd_coordinator)
+    c.set_defaults(func=cmd_coordinator, on_interrupt="the checkpoint in {state} is kept; restart the same "
+                                                        "command to resume")
 
     p = sub.add_parser("plan", help="write a plan (TOML) with its privacy statement computed")
     p.add_argument("--schema", help="the public schema (TOML); required unless --evaluate-model")

@@ -198,15 +198,18 @@ def prepare(layout: Layout, n: int, dataset: str, hp_changes: dict, hosts: list[
 class Processes:
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
 
-    def kill_all(self) -> None:
-        for p in self.procs.values():
-            if p.poll() is None:
-                p.kill()
-        for p in self.procs.values():
+    def kill_all(self, grace: float = 10.0) -> None:
+        """Stop the children that still run: SIGTERM (each stops cleanly), SIGKILL after ``grace`` seconds."""
+        running = [p for p in self.procs.values() if p.poll() is None]
+        for p in running:
+            p.terminate()
+        deadline = time.monotonic() + grace
+        for p in running:
             try:
+                p.wait(timeout=max(deadline - time.monotonic(), 0.01))
+            except subprocess.TimeoutExpired:
+                p.kill()
                 p.wait(timeout=10)
-            except subprocess.TimeoutExpired:  # pragma: no cover
-                pass
 
 
 def _cli(*args: str) -> list[str]:
@@ -452,4 +455,5 @@ def register(sub) -> None:
     d.add_argument("--host", action="append",
                    help="with --prepare: host names of the coordinator for its certificate (default: localhost)")
     d.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    d.set_defaults(func=cmd_demo)
+    d.set_defaults(func=cmd_demo, on_interrupt="the sites and the coordinator were stopped; a demo does not "
+                                               "resume: run it again")

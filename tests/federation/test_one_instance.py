@@ -1,0 +1,87 @@
+"""Run it like a service: one instance per state directory and address, SIGTERM as SIGINT (real processes).
+
+docs/deployment.md "One instance" and "Stopping": a second coordinator or site on the same ``--state`` (or a
+second coordinator on the same address) exits 2 with one line naming the directory or address and the
+process that holds it; SIGTERM stops a coordinator or a site cleanly with exit 130 and one line saying how to
+resume, and the restarted process resumes from its state.
+"""
+from __future__ import annotations
+
+import os
+import signal
+
+from fedsbdt.common.config import Hyperparameters
+
+from .conftest import SITES, abalone_with_ids, make_identities, make_test_plan, write_splits
+
+
+def _files(tmp_path):
+    schema, raw = abalone_with_ids(90)
+    ids = make_identities(tmp_path, SITES)
+    plan = make_test_plan(schema, ids, Hyperparameters(trees=4, depth=2, seed=3, epsilon=1.0))
+    plan.save(tmp_path / "plan.toml")
+    return write_splits(raw, SITES, tmp_path / "data")
+
+
+def _listening(c, after: int = 0):
+    ev = c.wait_event(lambda e: e.get("_proc") == "coordinator" and e.get("event") in ("listening", "_exit"),
+                      timeout=60, after=after)
+    assert ev["event"] == "listening", c.diagnosis()
+
+
+def _one_line(proc) -> str:
+    text = "".join(proc.lines)
+    assert "Traceback" not in text, text
+    return proc.errors
+
+
+def test_a_second_coordinator_on_the_same_state_or_address_exits_2_naming_the_holder(tmp_path, cluster_factory):
+    _files(tmp_path)
+    c = cluster_factory(tmp_path / "plan.toml")
+    first = c.coordinator(tls=False)
+    _listening(c)
+    holder = f"pid {first.p.pid}"
+    # the same --state on another port
+    same_state = c.coordinator("--listen", "127.0.0.1:0", tls=False)  # a later --listen wins in argparse
+    assert same_state.wait(timeout=60) == 2
+    msg = _one_line(same_state)
+    assert str(tmp_path / "coordinator") in msg and holder in msg and "in use" in msg, msg
+    # the same address with another --state (gRPC would otherwise bind it too, with SO_REUSEPORT)
+    same_port = c.coordinator("--state", str(tmp_path / "other-state"), tls=False)
+    assert same_port.wait(timeout=60) == 2
+    msg = _one_line(same_port)
+    assert f"127.0.0.1:{c.port}" in msg and holder in msg and "in use" in msg, msg
+    assert not (tmp_path / "other-state" / "coordinator.sqlite").exists()
+    assert first.alive
+    # SIGTERM stops the first one cleanly: exit 130, how to resume, and the lock goes with it
+    first.p.send_signal(signal.SIGTERM)
+    assert first.wait(timeout=60) == 130
+    assert "restart with the same command to resume" in _one_line(first)
+    mark = c.mark()
+    again = c.coordinator(tls=False)
+    _listening(c, after=mark)
+    again.p.send_signal(signal.SIGTERM)
+    assert again.wait(timeout=60) == 130
+
+
+def test_a_second_site_on_the_same_state_exits_2_and_sigterm_stops_a_site_for_a_resume(tmp_path, cluster_factory):
+    data = _files(tmp_path)
+    c = cluster_factory(tmp_path / "plan.toml")
+    c.coordinator(tls=False)
+    site = c.site("hospital-1", data["hospital-1"], tls=False)
+    c.wait_event(lambda e: e.get("_proc") == "hospital-1" and e.get("event") == "joined", timeout=90)
+    twin = c.site("hospital-1", data["hospital-1"], tls=False)
+    assert twin.wait(timeout=60) == 2
+    msg = _one_line(twin)
+    assert str(tmp_path / "hospital-1") in msg and f"pid {site.p.pid}" in msg, msg
+    assert (tmp_path / "hospital-1" / "fedsbdt.lock").read_text().split()[0] == str(site.p.pid)
+    os.kill(site.p.pid, signal.SIGTERM)
+    assert site.wait(timeout=60) == 130  # not 143: SIGTERM is handled as SIGINT
+    msg = _one_line(site)
+    assert "interrupted" in msg and "restart the same command to resume" in msg, msg
+    # the lock went with the process: the same command starts again and re-joins with its ledger and keys
+    mark = c.mark()
+    again = c.site("hospital-1", data["hospital-1"], tls=False)
+    c.wait_event(lambda e: e.get("_proc") == "hospital-1" and e.get("event") == "joined", timeout=90, after=mark)
+    again.p.send_signal(signal.SIGTERM)
+    assert again.wait(timeout=60) == 130
