@@ -120,6 +120,8 @@ def _run_client(args: argparse.Namespace, t0: float, state: Path) -> int:
     if not (args.data or args.eval_data):
         raise CliError("pass this site's data with --data (and, for a federated evaluation, --eval-data)")
     machine = SiteMachine(args.site, identity, args.data, state, options)
+    if args.plan:  # everything checkable here is checked before any connection: plan, policy, keys, data
+        machine.accept_plan(pinned.canonical_json, pinned.sha256)  # SiteRefusal: exit 2, nothing contacted
     daemon = Daemon(machine, args.coordinator, files,
                     DaemonOptions(reconnect_timeout=args.reconnect_timeout))
     import sqlite3

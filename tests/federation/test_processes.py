@@ -82,12 +82,19 @@ def test_refusals_are_clear_and_nothing_is_released(tmp_path, ca_dir, cluster_fa
     coord = c.coordinator()
     good = c.site("hospital-1", data["hospital-1"])
     h3 = data["hospital-3"]
+    keys = tmp_path / "hospital-3"
+    h3_keys = ["--identity-key", str(keys / "identity.key"), "--tls-cert", str(keys / "tls.crt"),
+               "--tls-key", str(keys / "tls.key"), "--tls-ca", str(keys / "ca.crt")]
+
+    def h3_site(case: str, *flags: str):  # one --state each: a state directory holds one client at a time
+        return c.site("hospital-3", h3, *flags, *h3_keys, state=tmp_path / f"hospital-3-{case}")
+
     bad = {
         "other CA": c.site("hospital-2", data["hospital-2"], "--tls-cert", str(tmp_path / "rogue.crt")),
         "unknown site": c.site("intruder", h3),
-        "plan hash": c.site("hospital-3", h3, "--plan-hash", "ab" * 32),
-        "epsilon cap": c.site("hospital-3", h3, "--max-epsilon", "0.5"),
-        "schema": c.site("hospital-3", h3, "--schema", str(EXAMPLES / "abalone" / "schema.toml")),
+        "plan hash": h3_site("hash", "--plan-hash", "ab" * 32),
+        "epsilon cap": h3_site("cap", "--max-epsilon", "0.5"),
+        "schema": h3_site("schema", "--schema", str(EXAMPLES / "abalone" / "schema.toml")),
     }
     expected = {
         "other CA": "rejected this site's certificate",
