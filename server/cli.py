@@ -164,7 +164,7 @@ def write_evaluation(state: Path, receipt: dict, model_sha256: str) -> tuple[dic
         return receipt, f"federated evaluation: not released ({receipt.get('failed')})"
     return receipt, (f"federated evaluation (ε_eval = {receipt['epsilon_eval']:g}, separate from the training "
                      f"ε = {receipt['training_epsilon']:.6g}; sites {', '.join(receipt['sites'])}): "
-                     f"{describe(receipt['metrics'])}; receipt {path}")
+                     f"{describe(receipt['metrics'], receipt.get('intervals'))}; receipt {path}")
 
 
 # --------------------------------------------------------------------------- plan

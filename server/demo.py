@@ -396,7 +396,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
                        "model_sha256": sha, "seconds": round(secs, 3), "federated": federated})
         metric = (f"rmse={result['rmse']:.4f}" if "rmse" in result
                   else f"auc={result['auc']:.4f} accuracy={result['accuracy']:.4f}")
-        metric = f"{federated_text(federated)}\npooled for comparison (only a demo holds all held-out records): {metric}"
+        metric = (f"{federated_text(federated)}\npooled for comparison (only a demo holds all held-out records; "
+                  f"exact, no privacy noise): {metric}; the federated value differs from it by the evaluation's "
+                  f"privacy noise (its 95 % interval) and its public score bins")
         emit(args, result,
              f"federated S-BDT on {args.dataset}: {args.sites} sites (separate processes, mutual TLS, "
              f"secure aggregation, {plan.noise} noise), {len(model.trees)} trees, {_rows_text(rows, dropped)}\n"
@@ -420,7 +422,8 @@ def federated_text(receipt: dict) -> str:
     if "metrics" not in receipt:
         return f"federated held-out evaluation: not released ({receipt.get('failed', 'no evaluation')})"
     return (f"held-out, evaluated federatedly (each site its own part; secure aggregation, ε_eval = "
-            f"{receipt['epsilon_eval']:g} separate from training): {describe(receipt['metrics'])}")
+            f"{receipt['epsilon_eval']:g} separate from training): "
+            f"{describe(receipt['metrics'], receipt.get('intervals'))}")
 
 
 def _rows_text(rows: int, dropped: int) -> str:
