@@ -35,9 +35,12 @@ log = logging.getLogger("fedsbdt.site")
 
 def add_tls_flags(p: argparse.ArgumentParser, default_dir: str) -> None:
     g = p.add_argument_group("transport security (mutual TLS with the consortium CA)")
-    g.add_argument("--tls-cert", help=f"this party's certificate (default: {default_dir}/tls.crt)")
-    g.add_argument("--tls-key", help=f"its private key (default: {default_dir}/tls.key)")
-    g.add_argument("--tls-ca", help=f"the consortium CA certificate (default: {default_dir}/ca.crt)")
+    g.add_argument("--tls-dir", metavar="DIR",
+                   help=f"folder holding tls.crt, tls.key and ca.crt (default: {default_dir}); e.g. the old "
+                        "state directory when a new plan gets a new --state")
+    g.add_argument("--tls-cert", metavar="FILE", help="this party's certificate (default: TLS_DIR/tls.crt)")
+    g.add_argument("--tls-key", metavar="FILE", help="its private key (default: TLS_DIR/tls.key)")
+    g.add_argument("--tls-ca", metavar="FILE", help="the consortium CA certificate (default: TLS_DIR/ca.crt)")
     g.add_argument("--insecure", action="store_true",
                    help="plain-text gRPC without TLS: only for local tests and demos, never across a network")
 
@@ -104,7 +107,7 @@ def _run_client(args: argparse.Namespace, t0: float, state: Path) -> int:
         identity = load_identity(Path(args.identity_key) if args.identity_key else state / IDENTITY_KEY)
         files = None
         if not args.insecure:
-            files = TlsFiles.in_dir(state, args.tls_cert, args.tls_key, args.tls_ca)
+            files = TlsFiles.in_dir(Path(args.tls_dir or state), args.tls_cert, args.tls_key, args.tls_ca)
             files.read()  # refuse unreadable files now, with their name
             name = files.certificate_name()
             if name != args.site:

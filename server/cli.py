@@ -62,7 +62,8 @@ def _serve(args: argparse.Namespace, t0: float, plan, cal, randomness, state: Pa
     credentials = None
     if not args.insecure:
         try:
-            credentials = server_credentials(TlsFiles.in_dir(state, args.tls_cert, args.tls_key, args.tls_ca))
+            credentials = server_credentials(TlsFiles.in_dir(Path(args.tls_dir or state), args.tls_cert,
+                                                             args.tls_key, args.tls_ca))
         except PkiError as e:
             raise CliError(f"{e} (the coordinator needs a server certificate from the consortium CA; "
                            "`fedsbdt ca server` makes one, or pass --insecure for a local test)") from None
@@ -74,11 +75,18 @@ def _serve(args: argparse.Namespace, t0: float, plan, cal, randomness, state: Pa
         session = Session(plan, randomness, time.monotonic(), CoordinatorStore(state, plan.sha256),
                           released=released)
     except CheckpointError as e:
-        raise CliError(str(e)) from None
+        hint = ""
+        if "belongs to plan" in str(e) and credentials is not None and not args.tls_dir:
+            hint = (f"; the new directory needs the coordinator's TLS files: copy tls.crt, tls.key and ca.crt "
+                    f"from {state} into it, or pass --tls-dir {state}")
+        raise CliError(f"{e}{hint}") from None
     try:
         server = CoordinatorServer(session, args.listen, credentials)
     except (OSError, RuntimeError) as e:
-        raise CliError(address_in_use(args.listen) or f"cannot listen on {args.listen}: {e}") from None
+        raise CliError(address_in_use(args.listen) or (
+            f"cannot listen on {args.listen}: gRPC could not bind it (not an address of this machine, or in use; "
+            "GRPC_VERBOSITY=debug shows gRPC's own reason)" if "bind" in str(e).lower()
+            else f"cannot listen on {args.listen}: {e}")) from None
     server.start()
     log.info(f"coordinator for plan {plan.sha256} listening on {server.address} "
              f"({'mutual TLS' if credentials else 'PLAIN TEXT (--insecure)'}); {plan.n} sites, t = {plan.threshold}, "

@@ -85,3 +85,29 @@ def test_a_second_site_on_the_same_state_exits_2_and_sigterm_stops_a_site_for_a_
     c.wait_event(lambda e: e.get("_proc") == "hospital-1" and e.get("event") == "joined", timeout=90, after=mark)
     again.p.send_signal(signal.SIGTERM)
     assert again.wait(timeout=60) == 130
+
+
+def test_a_new_plan_on_an_old_state_names_the_tls_files_and_tls_dir_brings_them(tmp_path, ca_dir, cluster_factory):
+    from .conftest import tls_session_files
+
+    schema, raw = abalone_with_ids(60)
+    files = tls_session_files(tmp_path, ca_dir, schema, raw, Hyperparameters(trees=3, depth=2, seed=5))
+    new_plan = make_test_plan(schema, files.ids, Hyperparameters(trees=3, depth=2, seed=6))
+    new_plan.save(tmp_path / "new-plan.toml")
+    c = cluster_factory(tmp_path / "plan.toml")
+    old = c.coordinator()  # TLS files in tmp_path/coordinator, its --state
+    _listening(c)
+    old.p.send_signal(signal.SIGTERM)
+    assert old.wait(timeout=60) == 130
+    state = tmp_path / "coordinator"
+    refused = c.coordinator("--plan", str(tmp_path / "new-plan.toml"))
+    assert refused.wait(timeout=60) == 2
+    msg = _one_line(refused)
+    assert "belongs to plan" in msg and f"copy tls.crt, tls.key and ca.crt from {state}" in msg, msg
+    assert f"--tls-dir {state}" in msg
+    mark = c.mark()
+    fresh = c.coordinator("--plan", str(tmp_path / "new-plan.toml"), "--state", str(tmp_path / "new-state"),
+                          "--tls-dir", str(state))
+    _listening(c, after=mark)
+    fresh.p.send_signal(signal.SIGTERM)
+    assert fresh.wait(timeout=60) == 130

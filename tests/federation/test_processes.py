@@ -8,6 +8,7 @@ on files with missing values in test_missing_federation.py.
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import subprocess
 import sys
@@ -107,6 +108,8 @@ def test_refusals_are_clear_and_nothing_is_released(tmp_path, ca_dir, cluster_fa
         assert p.wait(timeout=120) == 2, what
         assert expected[what] in p.errors, (what, p.errors)
         assert "Traceback" not in "".join(p.lines)
+        # gRPC's C-core lines ("E1127 12:00:00.1 … ssl_transport_security.cc:…") are off by default
+        assert not [ln for ln in p.lines if re.match(r"[DIWEF]\d{4} \d\d:\d\d", ln)], (what, p.lines)
     c.wait_event(lambda e: e.get("_proc") == "coordinator" and e.get("event") == "connected")
     status = subprocess.run([sys.executable, "-c", STATUS, str(c.port), str(tmp_path / "hospital-1")],
                             capture_output=True, text=True, cwd=ROOT, timeout=60)
