@@ -163,28 +163,33 @@ def _run_client(args: argparse.Namespace, t0: float, state: Path) -> int:
 
 def register(sub) -> None:
     k = sub.add_parser("keygen", help="create a site's Ed25519 identity key, TLS key and certificate request")
-    k.add_argument("--site", required=True, help="the site id (as in the plan's roster)")
-    k.add_argument("--out", required=True, help="directory for identity.key/.pub, tls.key, tls.csr")
+    k.add_argument("--site", required=True, metavar="ID", help="the site id (as in the plan's roster)")
+    k.add_argument("--out", required=True, metavar="DIR", help="directory for identity.key/.pub, tls.key, tls.csr")
     k.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     k.set_defaults(func=cmd_keygen)
 
     c = sub.add_parser("client", help="run one site (hospital) of a federated training session")
     c.add_argument("--coordinator", required=True, metavar="ADDR", help="coordinator address host:port")
-    c.add_argument("--site", required=True, help="this site's id in the plan's roster")
-    c.add_argument("--data", help="this site's private training data (CSV/Parquet, the plan's schema); "
-                                  "may be left out only for a plan that evaluates an existing model")
+    c.add_argument("--site", required=True, metavar="ID", help="this site's id in the plan's roster")
+    c.add_argument("--data", metavar="FILE",
+                   help="this site's private training data (CSV/Parquet, the plan's schema); required, except "
+                        "for a plan that evaluates an existing model")
     c.add_argument("--eval-data", metavar="FILE",
                    help="this site's held-out records (the plan's schema, disjoint from --data) for the plan's "
-                        "federated evaluation (docs/federated-evaluation.md)")
+                        "federated evaluation (docs/federated-evaluation.md) (default: none: the site refuses "
+                        "a plan with an evaluation)")
     c.add_argument("--state", default="fedsbdt-site", metavar="DIR",
                    help="state directory: SQLite ledger, secure-aggregation keys, keys/certificates, model "
                         "(default: ./fedsbdt-site)")
     pin = c.add_argument_group("the plan this site agreed to (one of the two is required)")
-    pin.add_argument("--plan", help="the plan file received out of band: the served plan must have its hash")
-    pin.add_argument("--plan-hash", metavar="SHA256", help="the plan's SHA-256 received out of band")
+    pin.add_argument("--plan", metavar="FILE",
+                     help="the plan file received out of band: checked here before connecting, and the served "
+                          "plan must have its hash (required, or --plan-hash)")
+    pin.add_argument("--plan-hash", metavar="SHA256",
+                     help="the plan's SHA-256 received out of band (required, or --plan)")
     pol = c.add_argument_group("site policy (a served plan that breaks it is refused before joining)")
-    pol.add_argument("--max-epsilon", type=float, metavar="E",
-                     help="refuse a plan whose ε exceeds this site's own limit")
+    pol.add_argument("--max-epsilon", type=float, metavar="X",
+                     help="refuse a plan whose ε exceeds this site's own limit X (default: no limit)")
     pol.add_argument("--allow-central-noise", action="store_true",
                      help="accept a plan in central noise mode, where the sites add no noise: the coordinator "
                           "then sees the exact (noiseless) sum of the sites' vectors, and with a roster of few "
@@ -193,21 +198,23 @@ def register(sub) -> None:
     pol.add_argument("--min-sites", type=int, default=MIN_SITES, metavar="N",
                      help=f"refuse a plan whose roster has fewer than N sites (default: {MIN_SITES}; with two, "
                           "the only other site may be a sybil whose key the coordinator holds)")
-    pol.add_argument("--min-threshold", type=int, default=MIN_THRESHOLD, metavar="T",
-                     help="refuse a plan whose secure-aggregation threshold t is below T: no sum over fewer "
-                          f"than T sites is released (default: {MIN_THRESHOLD})")
-    pol.add_argument("--min-colluders", type=int, default=MIN_COLLUDERS, metavar="C",
-                     help="refuse a plan that assumes fewer than C colluding sites (the noise and secure "
+    pol.add_argument("--min-threshold", type=int, default=MIN_THRESHOLD, metavar="N",
+                     help="refuse a plan whose secure-aggregation threshold t is below N: no sum over fewer "
+                          f"than N sites is released (default: {MIN_THRESHOLD})")
+    pol.add_argument("--min-colluders", type=int, default=MIN_COLLUDERS, metavar="N",
+                     help="refuse a plan that assumes fewer than N colluding sites (the noise and secure "
                           f"aggregation hold against the plan's declared c only; default: {MIN_COLLUDERS})")
-    pol.add_argument("--max-eval-epsilon", type=float, metavar="E",
-                     help="refuse a plan whose federated evaluation budget ε_eval exceeds this site's limit")
-    c.add_argument("--schema", help="this site's copy of the public schema: must equal the plan's")
-    c.add_argument("--out", help="where to write the verified model (default: STATE/model.json)")
-    c.add_argument("--identity-key", help="Ed25519 identity key (default: STATE/identity.key)")
+    pol.add_argument("--max-eval-epsilon", type=float, metavar="X",
+                     help="refuse a plan whose federated evaluation budget ε_eval exceeds this site's limit X "
+                          "(default: no limit)")
+    c.add_argument("--schema", metavar="FILE",
+                   help="this site's copy of the public schema: must equal the plan's (default: none: no check)")
+    c.add_argument("--out", metavar="FILE", help="where to write the verified model (default: STATE/model.json)")
+    c.add_argument("--identity-key", metavar="FILE", help="Ed25519 identity key (default: STATE/identity.key)")
     add_tls_flags(c, "STATE")
     c.add_argument("--allow-insecure-test-randomness", action="store_true",
                    help="accept a plan with deterministic test-only randomness (no privacy; tests only)")
-    c.add_argument("--reconnect-timeout", type=float, default=300.0, metavar="S",
+    c.add_argument("--reconnect-timeout", type=float, default=300.0, metavar="SECONDS",
                    help="give up after this many seconds without reaching the coordinator (default: 300)")
     c.add_argument("--json", action="store_true", help="print one JSON object on stdout at the end")
     c.set_defaults(func=cmd_client, on_interrupt="every committed round is kept in {state}; restart the same "

@@ -52,7 +52,7 @@ _HELP = {
     "filter": "individual Rényi filter (extra rounds reuse unspent budget)",
     "cyclical": "cyclical feature interactions: one feature per tree, in turn (--no-cyclical when features interact)",
     "split_candidates": "N equidistant threshold candidates (0 = uniform over the range)",
-    "seed": "public seed of the random splits (never used for noise or subsampling)",
+    "seed": "public seed of the random splits (never used for noise or subsampling) (default: random)",
     "scale_bits": "fixed-point scale 2^k",
     "tree_builder": "random (S-BDT), greedy (DP-XGB; implies --subsample 1 --split-candidates 32 unless given), "
                     "dpboost (DPBoost; docs/dpboost.md) or "
@@ -397,16 +397,18 @@ def build_parser() -> argparse.ArgumentParser:
         "Federated, differentially private gradient-boosted decision trees (S-BDT)."))
     p.add_argument("--version", action="version", version=f"fedsbdt {__version__}")
     p.add_argument("--log-format", choices=["text", "json"], default="text",
-                   help="stderr log lines as text or as JSON objects (ts, level, logger, msg, fields)")
+                   help="stderr log lines as text or as JSON objects (ts, level, logger, msg, fields) "
+                        "(default: text)")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="info",
-                   help="least severe log level shown (progress lines are info)")
+                   help="least severe log level shown (progress lines are info) (default: info)")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
     t = sub.add_parser("train", help="train a DP model on one local file (central noise)")
-    t.add_argument("--data", required=True, help="CSV or Parquet file described by the schema")
-    t.add_argument("--schema", required=True, help="public schema (TOML), e.g. examples/abalone/schema.toml")
-    t.add_argument("--out", required=True, help="where to write the model (JSON)")
+    t.add_argument("--data", required=True, metavar="FILE", help="CSV or Parquet file described by the schema")
+    t.add_argument("--schema", required=True, metavar="FILE",
+                   help="public schema (TOML), e.g. examples/abalone/schema.toml")
+    t.add_argument("--out", required=True, metavar="FILE", help="where to write the model (JSON)")
     t.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     t.add_argument("--quiet", action="store_true", help="no progress output")
     t.add_argument("--sampler", choices=SAMPLERS, default="ours",
@@ -417,31 +419,33 @@ def build_parser() -> argparse.ArgumentParser:
 
     e = sub.add_parser("evaluate", help="rmse (regression), auc/accuracy (binary) or accuracy/macro_auc/log_loss "
                                         "(multiclass) of a model on a file")
-    e.add_argument("--model", required=True, help="model file written by train (JSON)")
-    e.add_argument("--data", required=True,
+    e.add_argument("--model", required=True, metavar="FILE", help="model file written by train (JSON)")
+    e.add_argument("--data", required=True, metavar="FILE",
                    help="labelled CSV or Parquet file in the model's schema (the label column is required)")
     e.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     e.set_defaults(func=cmd_evaluate)
 
     pr = sub.add_parser("predict", help="write predictions for a file as CSV (id, [probability,] prediction)")
-    pr.add_argument("--model", required=True, help="model file written by train (JSON)")
-    pr.add_argument("--data", required=True,
+    pr.add_argument("--model", required=True, metavar="FILE", help="model file written by train (JSON)")
+    pr.add_argument("--data", required=True, metavar="FILE",
                     help="CSV or Parquet file in the model's schema, with or without the label column")
-    pr.add_argument("--out", required=True,
+    pr.add_argument("--out", required=True, metavar="FILE",
                     help="where to write the predictions (CSV: the schema's id column, or the data row number "
                          "from 0 as 'id' when the schema or the file has none; then 'probability' for binary "
                          "tasks, 'probability_<class>' per class for multiclass tasks, and 'prediction', the "
                          "schema's label)")
-    pr.add_argument("--threshold", type=float, metavar="P",
-                    help="binary models: predict the positive label when its probability is at least P "
+    pr.add_argument("--threshold", type=float, metavar="X",
+                    help="binary models: predict the positive label when its probability is at least X "
                          "(default: 0.5)")
     pr.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     pr.set_defaults(func=cmd_predict)
 
     a = sub.add_parser("account", help="noise scale and privacy accounting for hyperparameters (no data needed)")
     a.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    a.add_argument("--plan", help="account this federated plan's hyperparameters as its federation releases them "
-                                  "(instead of the hyperparameter flags; checks the plan's stated σ and ε)")
+    a.add_argument("--plan", metavar="FILE",
+                   help="account this federated plan's hyperparameters as its federation releases them "
+                        "(instead of the hyperparameter flags; checks the plan's stated σ and ε) (default: none: "
+                        "the flags)")
     add_hyperparameter_flags(a)
     a.set_defaults(func=cmd_account)
 

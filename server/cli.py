@@ -287,7 +287,7 @@ def register(sub) -> None:
     from fedsbdt.client.cli import add_tls_flags
 
     c = sub.add_parser("coordinator", help="run the coordinator of a federated training session")
-    c.add_argument("--plan", required=True, help="the plan (TOML)")
+    c.add_argument("--plan", required=True, metavar="FILE", help="the plan (TOML)")
     c.add_argument("--listen", default="0.0.0.0:7443", metavar="ADDR",
                    help="address to serve on (default: 0.0.0.0:7443; port 0 picks a free port)")
     c.add_argument("--state", default="fedsbdt-coordinator", metavar="DIR",
@@ -297,66 +297,75 @@ def register(sub) -> None:
     c.add_argument("--allow-insecure-test-randomness", action="store_true",
                    help="serve a plan with deterministic test-only randomness (no privacy; tests only)")
     c.add_argument("--model", metavar="FILE",
-                   help="evaluation-only plans (evaluation.model_sha256): the existing model to evaluate")
+                   help="evaluation-only plans (evaluation.model_sha256): the existing model to evaluate "
+                        "(default: none: a training plan)")
     c.add_argument("--ready-fd", type=int, metavar="FD",
-                   help="write the listening address to this inherited file descriptor once serving")
+                   help="write the listening address to this inherited file descriptor once serving "
+                        "(default: none)")
     c.add_argument("--json", action="store_true", help="print one JSON object on stdout at the end")
     c.set_defaults(func=cmd_coordinator, on_interrupt="the checkpoint in {state} is kept; restart the same "
                                                         "command to resume")
 
     p = sub.add_parser("plan", help="write a plan (TOML) with its privacy statement computed")
-    p.add_argument("--schema", help="the public schema (TOML); required unless --evaluate-model")
+    p.add_argument("--schema", metavar="FILE", help="the public schema (TOML); required unless --evaluate-model")
     p.add_argument("--site", action="append", required=True, metavar="ID=identity.pub",
                    help="a roster entry: site id and its identity.pub file (or 64 hex digits); repeat per site")
-    p.add_argument("--threshold", type=int,
-                   help="t (default: ⌊n/2⌋ + 1, or the smallest t with 2t > n + c when --colluders is given)")
-    p.add_argument("--colluders", type=int, default=None,
+    p.add_argument("--threshold", type=int, metavar="N",
+                   help="t: sums over fewer than t sites are never released (default: ⌊n/2⌋ + 1, or the smallest t with 2t > n + c when --colluders is given)")
+    p.add_argument("--colluders", type=int, default=None, metavar="N",
                    help="c: the guarantee holds if at most c sites collude with the coordinator; needs 2t > n + c "
                         "(default: the largest the threshold allows, 2t − n − 1)")
-    p.add_argument("--dropout-slack", type=int, default=0, metavar="S",
+    p.add_argument("--dropout-slack", type=int, default=0, metavar="N",
                    help="s in 0..n−t: a round's noise is split max(t, participants − s) − c ways, so up to s "
                         "sites may drop out of a round after it starts (default: 0: the centralised noise "
                         "when no site drops out; a dropout retries the round)")
     p.add_argument("--noise", choices=["distributed", "central"], default="distributed",
                    help="distributed (sites add noise shares; default) or central (trust the coordinator)")
-    p.add_argument("--session-id", default="fedsbdt-session", help="a name for the session")
-    p.add_argument("--epoch-rounds", type=int, default=64, help="round slots per secure-aggregation epoch")
+    p.add_argument("--session-id", default="fedsbdt-session", metavar="NAME",
+                   help="a name for the session (default: fedsbdt-session)")
+    p.add_argument("--epoch-rounds", type=int, default=64, metavar="N",
+                   help="round slots per secure-aggregation epoch (default: 64)")
     p.add_argument("--secagg-graph", choices=["complete", "sparse"], default="complete",
                    help="complete (every site masks with every other; default) or sparse (each site masks with "
                         "k neighbours of a public random graph per epoch, Bell et al.; for large consortia)")
-    p.add_argument("--neighbours", type=int, metavar="K",
-                   help="with --secagg-graph sparse: k, even and below n − 1 (default 2·⌈2·log2 n⌉)")
+    p.add_argument("--neighbours", type=int, metavar="N",
+                   help="with --secagg-graph sparse: k, even and below n − 1 (default: 2·⌈2·log2 n⌉)")
     p.add_argument("--secagg-fast-path", choices=["auto", "always", "never"], default="auto",
                    help="rounds in one message each way, without the consistency and unmask exchanges: auto "
                         "(default: when the round tolerates no missing input anyway), always (any missing input "
                         "fails the round; complete graph only) or never (docs/federation.md §10)")
-    p.add_argument("--max-records", type=int, default=1_000_000,
-                   help="public upper bound on the records of one site (fixed-point capacity check)")
-    p.add_argument("--join-deadline", type=float, default=120.0, help="seconds to wait for the whole roster")
-    p.add_argument("--stage-deadline", type=float, default=10.0, help="seconds per secure-aggregation stage")
-    p.add_argument("--quorum-deadline", type=float, default=600.0,
+    p.add_argument("--max-records", type=int, default=1_000_000, metavar="N",
+                   help="public upper bound on the records of one site (fixed-point capacity check) "
+                        "(default: 1000000)")
+    p.add_argument("--join-deadline", type=float, default=120.0, metavar="SECONDS",
+                   help="seconds to wait for the whole roster (default: 120)")
+    p.add_argument("--stage-deadline", type=float, default=10.0, metavar="SECONDS",
+                   help="seconds per secure-aggregation stage (default: 10)")
+    p.add_argument("--quorum-deadline", type=float, default=600.0, metavar="SECONDS",
                    help="seconds with fewer than t usable sites before the session gives up (default: 600)")
-    p.add_argument("--finish-deadline", type=float, default=30.0,
+    p.add_argument("--finish-deadline", type=float, default=30.0, metavar="SECONDS",
                    help="seconds to wait for every site's confirmation of the model hash (default: 30)")
     p.add_argument("--sampler", choices=SAMPLERS, default="ours",
                    help="exact noise sampler every party uses: ours (default) or opendp (~30x slower)")
-    p.add_argument("--insecure-test-randomness", type=int, metavar="SEED",
-                   help="TESTS ONLY: deterministic randomness with this seed (no privacy)")
+    p.add_argument("--insecure-test-randomness", type=int, metavar="N",
+                   help="TESTS ONLY: deterministic randomness with this seed (no privacy) (default: none: the "
+                        "OS CSPRNG)")
     p.add_argument("--test-noise", action=argparse.BooleanOptionalAction, default=True,
                    help="TESTS ONLY: with --insecure-test-randomness, add (deterministic) noise or none")
-    p.add_argument("--eval-epsilon", type=float, nargs="?", const=0.1, metavar="E",
-                   help="evaluate the model federatedly after training at ε_eval = E on the sites' held-out "
+    p.add_argument("--eval-epsilon", type=float, nargs="?", const=0.1, metavar="X",
+                   help="evaluate the model federatedly after training at ε_eval = X on the sites' held-out "
                         "files (--eval-data), a budget separate from the training ε (default if given without "
-                        "a value: 0.1; docs/federated-evaluation.md)")
-    p.add_argument("--eval-bins", type=int, default=20, metavar="B",
-                   help="public score (binary) or residual (regression) bins of the evaluation (even; default 20)")
-    p.add_argument("--eval-residual-clip", type=float, metavar="R",
-                   help="regression evaluation: residuals are clipped to ±R (public; default: a quarter of the "
-                        "label range's width); the RMSE's noise grows with R²")
-    p.add_argument("--evaluate-model", metavar="MODEL",
+                        "a value: 0.1; default: none: no evaluation; docs/federated-evaluation.md)")
+    p.add_argument("--eval-bins", type=int, default=20, metavar="N",
+                   help="public score (binary) or residual (regression) bins of the evaluation (even; default: 20)")
+    p.add_argument("--eval-residual-clip", type=float, metavar="X",
+                   help="regression evaluation: residuals are clipped to ±X (public; default: a quarter of the "
+                        "label range's width); the RMSE's noise grows with X²")
+    p.add_argument("--evaluate-model", metavar="FILE",
                    help="a plan that only evaluates this existing model (schema and hyperparameters from it; "
-                        "needs --eval-epsilon; run the coordinator with --model MODEL)")
-    p.add_argument("--out", required=True, help="where to write the plan")
+                        "needs --eval-epsilon; run the coordinator with --model FILE) (default: none: a "
+                        "training plan)")
+    p.add_argument("--out", required=True, metavar="FILE", help="where to write the plan")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     add_hyperparameter_flags(p)
     p.set_defaults(func=cmd_plan)
@@ -365,17 +374,18 @@ def register(sub) -> None:
     asub = a.add_subparsers(dest="ca_command", metavar="ACTION")
     asub.required = True
     i = asub.add_parser("init", help="create ca.key and ca.crt")
-    i.add_argument("--out", required=True, help="CA directory")
+    i.add_argument("--out", required=True, metavar="DIR", help="CA directory")
     s = asub.add_parser("sign", help="issue a site certificate for a request made by `fedsbdt keygen`")
-    s.add_argument("--ca", required=True, help="CA directory (ca.key, ca.crt)")
-    s.add_argument("--csr", required=True, help="the site's tls.csr")
-    s.add_argument("--out", required=True, help="certificate to write (ca.crt is copied next to it)")
+    s.add_argument("--ca", required=True, metavar="DIR", help="CA directory (ca.key, ca.crt)")
+    s.add_argument("--csr", required=True, metavar="FILE", help="the site's tls.csr")
+    s.add_argument("--out", required=True, metavar="FILE", help="certificate to write (ca.crt is copied next to it)")
     v = asub.add_parser("server", help="key and certificate for the coordinator")
-    v.add_argument("--ca", required=True, help="CA directory (ca.key, ca.crt)")
-    v.add_argument("--host", action="append", required=True, help="host name or IP of the coordinator; repeat")
-    v.add_argument("--out", required=True, help="directory for tls.key, tls.crt, ca.crt")
+    v.add_argument("--ca", required=True, metavar="DIR", help="CA directory (ca.key, ca.crt)")
+    v.add_argument("--host", action="append", required=True, metavar="HOST",
+                   help="host name or IP of the coordinator; repeat")
+    v.add_argument("--out", required=True, metavar="DIR", help="directory for tls.key, tls.crt, ca.crt")
     for q, days in ((i, 3650), (s, 825), (v, 825)):  # the CA outlives the certificates it issues
-        q.add_argument("--days", type=int, default=days, help=f"validity in days (default: {days})")
+        q.add_argument("--days", type=int, default=days, metavar="N", help=f"validity in days (default: {days})")
         q.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     a.set_defaults(func=cmd_ca)
 
