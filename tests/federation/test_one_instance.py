@@ -111,3 +111,63 @@ def test_a_new_plan_on_an_old_state_names_the_tls_files_and_tls_dir_brings_them(
     _listening(c, after=mark)
     fresh.p.send_signal(signal.SIGTERM)
     assert fresh.wait(timeout=60) == 130
+
+
+def _run_until(cmd: list[str], marker: str, timeout: float = 120.0):
+    """Start ``fedsbdt …`` (JSON logs) and return it once a stderr line contains ``marker`` (with a deadline)."""
+    import subprocess
+    import sys
+    import threading
+
+    from .conftest import ROOT
+
+    p = subprocess.Popen([sys.executable, "-m", "fedsbdt.common.cli", "--log-format", "json", *cmd], cwd=ROOT,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    seen = threading.Event()
+
+    def read() -> None:
+        for ln in p.stderr:
+            lines.append(ln)
+            if marker in ln:
+                seen.set()
+        seen.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    assert seen.wait(timeout) and p.poll() is None, "".join(lines[-20:])
+    return p, lines
+
+
+def test_sigterm_stops_train_cleanly_with_exit_130_and_nothing_written(tmp_path):
+    from .conftest import ROOT
+
+    model = tmp_path / "m.json"
+    p, lines = _run_until(["train", "--data", str(ROOT / "examples/abalone/abalone.data"), "--schema",
+                           str(ROOT / "examples/abalone/schema.toml"), "--out", str(model), "--trees", "100000",
+                           "--depth", "2"], '"round": ')
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=60) == 130
+    import json
+
+    last = json.loads(lines[-1])
+    assert last["event"] == "interrupted" and "run the same command again" in last["msg"], lines[-3:]
+    assert not model.exists() and "Traceback" not in "".join(lines)
+
+
+def test_sigterm_stops_the_demo_and_every_child_it_started(tmp_path):
+    work = tmp_path / "demo"
+    # progress is logged every 10 %: the first line comes after 100 of the 1000 trees, far from the end
+    p, lines = _run_until(["demo", "--sites", "2", "--trees", "1000", "--depth", "2", "--workdir", str(work)],
+                          '"round": ', timeout=240)
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=90) == 130, "".join(lines[-10:])
+    assert "a demo does not resume" in lines[-1]
+    children = []
+    for pid in os.listdir("/proc"):
+        try:
+            if pid.isdigit() and str(work).encode() in open(f"/proc/{pid}/cmdline", "rb").read():
+                children.append(pid)
+        except OSError:
+            pass
+    assert children == []
+    assert "interrupted" in (work / "logs" / "hospital-1.log").read_text()  # each site stopped cleanly too
