@@ -123,7 +123,9 @@ def _run_client(args: argparse.Namespace, t0: float, state: Path) -> int:
         eval_data=Path(args.eval_data) if args.eval_data else None, max_eval_epsilon=args.max_eval_epsilon)
     if not (args.data or args.eval_data):
         raise CliError("pass this site's data with --data (and, for a federated evaluation, --eval-data)")
-    machine = SiteMachine(args.site, identity, args.data, state, options)
+    from fedsbdt.common.sources import source_from_args
+
+    machine = SiteMachine(args.site, identity, source_from_args(args), state, options)
     if args.plan:  # everything checkable here is checked before any connection: plan, policy, keys, data
         machine.accept_plan(pinned.canonical_json, pinned.sha256)  # SiteRefusal: exit 2, nothing contacted
     daemon = Daemon(machine, args.coordinator, files,
@@ -187,9 +189,13 @@ def register(sub) -> None:
     c = sub.add_parser("client", help="run one site (hospital) of a federated training session")
     c.add_argument("--coordinator", required=True, metavar="ADDR", help="coordinator address host:port")
     c.add_argument("--site", required=True, metavar="ID", help="this site's id in the plan's roster")
-    c.add_argument("--data", metavar="FILE",
-                   help="this site's private training data (CSV/Parquet, the plan's schema); required, except "
-                        "for a plan that evaluates an existing model")
+    c.add_argument("--data", metavar="FILE|URL",
+                   help="this site's private training data (CSV/Parquet, the plan's schema, or a database URL "
+                        "with --query: docs/data-sources.md); required, except for a plan that evaluates an "
+                        "existing model")
+    from fedsbdt.common.sources import add_source_flags
+
+    add_source_flags(c)
     c.add_argument("--eval-data", metavar="FILE",
                    help="this site's held-out records (the plan's schema, disjoint from --data) for the plan's "
                         "federated evaluation (docs/federated-evaluation.md) (default: none: the site refuses "

@@ -168,10 +168,12 @@ class Progress:
 # --------------------------------------------------------------------------- commands
 
 
-def _load_data(data: str, schema):
+def _load_data(args: argparse.Namespace, schema, labels: bool = True):
+    """The records ``--data`` names (a file, or a database with ``--query``), validated against ``schema``."""
     from .data import load
+    from .sources import source_from_args
 
-    return load(data, schema)
+    return load(source_from_args(args), schema, labels=labels)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -183,7 +185,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     check_output_path(args.out, "model")  # before any work (and before any privacy is spent)
     schema = Schema.load(args.schema)
     hp = hyperparameters_from_args(args)
-    ds = _load_data(args.data, schema)
+    ds = _load_data(args, schema)
     from .engine import calibration_for
 
     cal = calibration_for(hp)  # fail fast on impossible budgets, before any work
@@ -260,7 +262,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from .model import Ensemble
 
     model = Ensemble.load(args.model)
-    ds = _load_data(args.data, model.schema)
+    ds = _load_data(args, model.schema)
     res = evaluate_model(model, ds)
     base = baseline(model, ds)
     beats = beats_baseline(res, base)
@@ -289,7 +291,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     threshold = 0.5 if args.threshold is None else args.threshold
     if not 0.0 <= threshold <= 1.0:
         raise CliError(f"--threshold {threshold:g}: must be a probability in [0, 1]")
-    ds, id_col = _load_for_prediction(args.data, model.schema)
+    ds, id_col = _load_for_prediction(args, model.schema)
     pred = model.predict(ds.X)
     frame = pd.DataFrame({id_col: ds.id_values} if id_col else {"id": ds.ids})
     if model.task == "regression":
@@ -311,11 +313,13 @@ def cmd_predict(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load_for_prediction(path: str, schema):
-    """(dataset, id column) of a file to predict: the schema's id column if the file has it; a file without
+def _load_for_prediction(args: argparse.Namespace, schema):
+    """(dataset, id column) of the records to predict: the schema's id column if the data has it; data without
     it is read by row number (id column None)."""
     from .data import DataError, load
+    from .sources import source_from_args
 
+    path = source_from_args(args)
     try:
         return load(path, schema, labels=False), schema.id_column  # the label column may be absent
     except DataError as e:
@@ -393,6 +397,8 @@ def _account_plan(args: argparse.Namespace):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .sources import add_source_flags
+
     p = argparse.ArgumentParser(prog="fedsbdt", description=(
         "Federated, differentially private gradient-boosted decision trees (S-BDT)."))
     p.add_argument("--version", action="version", version=f"fedsbdt {__version__}")
@@ -405,7 +411,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
 
     t = sub.add_parser("train", help="train a DP model on one local file (central noise)")
-    t.add_argument("--data", required=True, metavar="FILE", help="CSV or Parquet file described by the schema")
+    t.add_argument("--data", required=True, metavar="FILE|URL",
+                   help="CSV or Parquet file described by the schema, or a database URL with --query "
+                        "(docs/data-sources.md)")
     t.add_argument("--schema", required=True, metavar="FILE",
                    help="public schema (TOML), e.g. examples/abalone/schema.toml")
     t.add_argument("--out", required=True, metavar="FILE", help="where to write the model (JSON)")
@@ -413,6 +421,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--quiet", action="store_true", help="no progress output")
     t.add_argument("--sampler", choices=SAMPLERS, default="ours",
                    help="exact noise sampler: ours (default) or opendp (~30x slower)")
+    add_source_flags(t)
     add_hyperparameter_flags(t)
     t.set_defaults(func=cmd_train, on_interrupt="no model was written and nothing was released; run the same "
                                                  "command again to train")
@@ -420,15 +429,18 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("evaluate", help="rmse (regression), auc/accuracy (binary) or accuracy/macro_auc/log_loss "
                                         "(multiclass) of a model on a file")
     e.add_argument("--model", required=True, metavar="FILE", help="model file written by train (JSON)")
-    e.add_argument("--data", required=True, metavar="FILE",
-                   help="labelled CSV or Parquet file in the model's schema (the label column is required)")
+    e.add_argument("--data", required=True, metavar="FILE|URL",
+                   help="labelled CSV or Parquet file in the model's schema (the label column is required), or a "
+                        "database URL with --query")
     e.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    add_source_flags(e)
     e.set_defaults(func=cmd_evaluate)
 
     pr = sub.add_parser("predict", help="write predictions for a file as CSV (id, [probability,] prediction)")
     pr.add_argument("--model", required=True, metavar="FILE", help="model file written by train (JSON)")
-    pr.add_argument("--data", required=True, metavar="FILE",
-                    help="CSV or Parquet file in the model's schema, with or without the label column")
+    pr.add_argument("--data", required=True, metavar="FILE|URL",
+                    help="CSV or Parquet file in the model's schema, with or without the label column, or a "
+                         "database URL with --query")
     pr.add_argument("--out", required=True, metavar="FILE",
                     help="where to write the predictions (CSV: the schema's id column, or the data row number "
                          "from 0 as 'id' when the schema or the file has none; then 'probability' for binary "
@@ -438,6 +450,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="binary models: predict the positive label when its probability is at least X "
                          "(default: 0.5)")
     pr.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    add_source_flags(pr)
     pr.set_defaults(func=cmd_predict)
 
     a = sub.add_parser("account", help="noise scale and privacy accounting for hyperparameters (no data needed)")
