@@ -189,7 +189,7 @@ def register(sub) -> None:
     c = sub.add_parser("client", help="run one site (hospital) of a federated training session")
     c.add_argument("--coordinator", required=True, metavar="ADDR", help="coordinator address host:port")
     c.add_argument("--site", required=True, metavar="ID", help="this site's id in the plan's roster")
-    c.add_argument("--data", metavar="FILE|URL",
+    c.add_argument("--data", metavar="SOURCE",
                    help="this site's private training data (CSV/Parquet, the plan's schema, or a database URL "
                         "with --query: docs/data-sources.md); required, except for a plan that evaluates an "
                         "existing model")

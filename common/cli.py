@@ -411,7 +411,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
 
     t = sub.add_parser("train", help="train a DP model on one local file (central noise)")
-    t.add_argument("--data", required=True, metavar="FILE|URL",
+    t.add_argument("--data", required=True, metavar="SOURCE",
                    help="CSV or Parquet file described by the schema, or a database URL with --query "
                         "(docs/data-sources.md)")
     t.add_argument("--schema", required=True, metavar="FILE",
@@ -429,7 +429,7 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("evaluate", help="rmse (regression), auc/accuracy (binary) or accuracy/macro_auc/log_loss "
                                         "(multiclass) of a model on a file")
     e.add_argument("--model", required=True, metavar="FILE", help="model file written by train (JSON)")
-    e.add_argument("--data", required=True, metavar="FILE|URL",
+    e.add_argument("--data", required=True, metavar="SOURCE",
                    help="labelled CSV or Parquet file in the model's schema (the label column is required), or a "
                         "database URL with --query")
     e.add_argument("--json", action="store_true", help="print one JSON object on stdout")
@@ -438,7 +438,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     pr = sub.add_parser("predict", help="write predictions for a file as CSV (id, [probability,] prediction)")
     pr.add_argument("--model", required=True, metavar="FILE", help="model file written by train (JSON)")
-    pr.add_argument("--data", required=True, metavar="FILE|URL",
+    pr.add_argument("--data", required=True, metavar="SOURCE",
                     help="CSV or Parquet file in the model's schema, with or without the label column, or a "
                          "database URL with --query")
     pr.add_argument("--out", required=True, metavar="FILE",
