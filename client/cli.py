@@ -36,9 +36,12 @@ log = logging.getLogger("fedsbdt.site")
 
 def add_tls_flags(p: argparse.ArgumentParser, default_dir: str) -> None:
     g = p.add_argument_group("transport security (mutual TLS with the consortium CA)")
-    g.add_argument("--tls-cert", help=f"this party's certificate (default: {default_dir}/tls.crt)")
-    g.add_argument("--tls-key", help=f"its private key (default: {default_dir}/tls.key)")
-    g.add_argument("--tls-ca", help=f"the consortium CA certificate (default: {default_dir}/ca.crt)")
+    g.add_argument("--tls-dir", metavar="DIR",
+                   help=f"folder holding tls.crt, tls.key and ca.crt (default: {default_dir}); e.g. the old "
+                        "state directory when a new plan gets a new --state")
+    g.add_argument("--tls-cert", metavar="FILE", help="this party's certificate (default: TLS_DIR/tls.crt)")
+    g.add_argument("--tls-key", metavar="FILE", help="its private key (default: TLS_DIR/tls.key)")
+    g.add_argument("--tls-ca", metavar="FILE", help="the consortium CA certificate (default: TLS_DIR/ca.crt)")
     g.add_argument("--insecure", action="store_true",
                    help="plain-text gRPC without TLS: only for local tests and demos, never across a network")
 
@@ -60,6 +63,21 @@ def cmd_keygen(args: argparse.Namespace) -> int:
 
 
 def cmd_client(args: argparse.Namespace) -> int:
+    from fedsbdt.common.instance import InstanceError, StateLock
+
+    t0 = time.perf_counter()
+    state = Path(args.state)
+    try:
+        lock = StateLock(state, "site state directory").acquire()  # one client per --state
+    except InstanceError as e:
+        raise CliError(str(e)) from None
+    try:
+        return _run_client(args, t0, state)
+    finally:
+        lock.release()
+
+
+def _run_client(args: argparse.Namespace, t0: float, state: Path) -> int:
     from fedsbdt.common.schema import Schema
     from fedsbdt.common.federation.pki import PkiError, TlsFiles
     from fedsbdt.common.federation.plan import Plan
@@ -69,8 +87,6 @@ def cmd_client(args: argparse.Namespace) -> int:
     from .policy import SitePolicy
     from .site import SessionAbort, SiteMachine, SiteOptions
 
-    t0 = time.perf_counter()
-    state = Path(args.state)
     if args.plan and args.plan_hash:
         raise CliError("give either --plan or --plan-hash, not both")
     if not (args.plan or args.plan_hash):
@@ -92,7 +108,7 @@ def cmd_client(args: argparse.Namespace) -> int:
         identity = load_identity(Path(args.identity_key) if args.identity_key else state / IDENTITY_KEY)
         files = None
         if not args.insecure:
-            files = TlsFiles.in_dir(state, args.tls_cert, args.tls_key, args.tls_ca)
+            files = TlsFiles.in_dir(Path(args.tls_dir or state), args.tls_cert, args.tls_key, args.tls_ca)
             files.read()  # refuse unreadable files now, with their name
             name = files.certificate_name()
             if name != args.site:
@@ -110,6 +126,8 @@ def cmd_client(args: argparse.Namespace) -> int:
     from fedsbdt.common.sources import source_from_args
 
     machine = SiteMachine(args.site, identity, source_from_args(args), state, options)
+    if args.plan:  # everything checkable here is checked before any connection: plan, policy, keys, data
+        machine.accept_plan(pinned.canonical_json, pinned.sha256)  # SiteRefusal: exit 2, nothing contacted
     daemon = Daemon(machine, args.coordinator, files,
                     DaemonOptions(reconnect_timeout=args.reconnect_timeout))
     status_page(args, machine)  # --status-port: served from now on (a taken port: exit 2 before connecting)
@@ -163,32 +181,37 @@ def register(sub) -> None:
     from fedsbdt.common.statuspage import add_status_flags
 
     k = sub.add_parser("keygen", help="create a site's Ed25519 identity key, TLS key and certificate request")
-    k.add_argument("--site", required=True, help="the site id (as in the plan's roster)")
-    k.add_argument("--out", required=True, help="directory for identity.key/.pub, tls.key, tls.csr")
+    k.add_argument("--site", required=True, metavar="ID", help="the site id (as in the plan's roster)")
+    k.add_argument("--out", required=True, metavar="DIR", help="directory for identity.key/.pub, tls.key, tls.csr")
     k.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     k.set_defaults(func=cmd_keygen)
 
     c = sub.add_parser("client", help="run one site (hospital) of a federated training session")
     c.add_argument("--coordinator", required=True, metavar="ADDR", help="coordinator address host:port")
-    c.add_argument("--site", required=True, help="this site's id in the plan's roster")
-    c.add_argument("--data", help="this site's private training data (CSV/Parquet, the plan's schema, or a "
-                                  "database URL with --query: docs/data-sources.md); may be left out only for a "
-                                  "plan that evaluates an existing model")
+    c.add_argument("--site", required=True, metavar="ID", help="this site's id in the plan's roster")
+    c.add_argument("--data", metavar="SOURCE",
+                   help="this site's private training data (CSV/Parquet, the plan's schema, or a database URL "
+                        "with --query: docs/data-sources.md); required, except for a plan that evaluates an "
+                        "existing model")
     from fedsbdt.common.sources import add_source_flags
 
     add_source_flags(c)
     c.add_argument("--eval-data", metavar="FILE",
                    help="this site's held-out records (the plan's schema, disjoint from --data) for the plan's "
-                        "federated evaluation (docs/federated-evaluation.md)")
+                        "federated evaluation (docs/federated-evaluation.md) (default: none: the site refuses "
+                        "a plan with an evaluation)")
     c.add_argument("--state", default="fedsbdt-site", metavar="DIR",
                    help="state directory: SQLite ledger, secure-aggregation keys, keys/certificates, model "
                         "(default: ./fedsbdt-site)")
     pin = c.add_argument_group("the plan this site agreed to (one of the two is required)")
-    pin.add_argument("--plan", help="the plan file received out of band: the served plan must have its hash")
-    pin.add_argument("--plan-hash", metavar="SHA256", help="the plan's SHA-256 received out of band")
+    pin.add_argument("--plan", metavar="FILE",
+                     help="the plan file received out of band: checked here before connecting, and the served "
+                          "plan must have its hash (required, or --plan-hash)")
+    pin.add_argument("--plan-hash", metavar="SHA256",
+                     help="the plan's SHA-256 received out of band (required, or --plan)")
     pol = c.add_argument_group("site policy (a served plan that breaks it is refused before joining)")
-    pol.add_argument("--max-epsilon", type=float, metavar="E",
-                     help="refuse a plan whose ε exceeds this site's own limit")
+    pol.add_argument("--max-epsilon", type=float, metavar="X",
+                     help="refuse a plan whose ε exceeds this site's own limit X (default: no limit)")
     pol.add_argument("--allow-central-noise", action="store_true",
                      help="accept a plan in central noise mode, where the sites add no noise: the coordinator "
                           "then sees the exact (noiseless) sum of the sites' vectors, and with a roster of few "
@@ -197,25 +220,28 @@ def register(sub) -> None:
     pol.add_argument("--min-sites", type=int, default=MIN_SITES, metavar="N",
                      help=f"refuse a plan whose roster has fewer than N sites (default: {MIN_SITES}; with two, "
                           "the only other site may be a sybil whose key the coordinator holds)")
-    pol.add_argument("--min-threshold", type=int, default=MIN_THRESHOLD, metavar="T",
-                     help="refuse a plan whose secure-aggregation threshold t is below T: no sum over fewer "
-                          f"than T sites is released (default: {MIN_THRESHOLD})")
-    pol.add_argument("--min-colluders", type=int, default=MIN_COLLUDERS, metavar="C",
-                     help="refuse a plan that assumes fewer than C colluding sites (the noise and secure "
+    pol.add_argument("--min-threshold", type=int, default=MIN_THRESHOLD, metavar="N",
+                     help="refuse a plan whose secure-aggregation threshold t is below N: no sum over fewer "
+                          f"than N sites is released (default: {MIN_THRESHOLD})")
+    pol.add_argument("--min-colluders", type=int, default=MIN_COLLUDERS, metavar="N",
+                     help="refuse a plan that assumes fewer than N colluding sites (the noise and secure "
                           f"aggregation hold against the plan's declared c only; default: {MIN_COLLUDERS})")
-    pol.add_argument("--max-eval-epsilon", type=float, metavar="E",
-                     help="refuse a plan whose federated evaluation budget ε_eval exceeds this site's limit")
-    c.add_argument("--schema", help="this site's copy of the public schema: must equal the plan's")
-    c.add_argument("--out", help="where to write the verified model (default: STATE/model.json)")
-    c.add_argument("--identity-key", help="Ed25519 identity key (default: STATE/identity.key)")
+    pol.add_argument("--max-eval-epsilon", type=float, metavar="X",
+                     help="refuse a plan whose federated evaluation budget ε_eval exceeds this site's limit X "
+                          "(default: no limit)")
+    c.add_argument("--schema", metavar="FILE",
+                   help="this site's copy of the public schema: must equal the plan's (default: none: no check)")
+    c.add_argument("--out", metavar="FILE", help="where to write the verified model (default: STATE/model.json)")
+    c.add_argument("--identity-key", metavar="FILE", help="Ed25519 identity key (default: STATE/identity.key)")
     add_tls_flags(c, "STATE")
     c.add_argument("--allow-insecure-test-randomness", action="store_true",
                    help="accept a plan with deterministic test-only randomness (no privacy; tests only)")
-    c.add_argument("--reconnect-timeout", type=float, default=300.0, metavar="S",
+    c.add_argument("--reconnect-timeout", type=float, default=300.0, metavar="SECONDS",
                    help="give up after this many seconds without reaching the coordinator (default: 300)")
     add_status_flags(c)
     c.add_argument("--json", action="store_true", help="print one JSON object on stdout at the end")
-    c.set_defaults(func=cmd_client)
+    c.set_defaults(func=cmd_client, on_interrupt="every committed round is kept in {state}; restart the same "
+                                                   "command to resume")
 
 
 def sha256_file(path: Path) -> str:

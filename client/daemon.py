@@ -22,6 +22,7 @@ other plan) are final and reported in one sentence.
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import queue
 import threading
@@ -49,7 +50,7 @@ from fedsbdt.common.federation.wire import (
     tree_from_proto,
 )
 
-from .site import NeedCatchUp, SessionAbort, SiteDone, SiteMachine
+from .site import NeedCatchUp, SessionAbort, SiteDone, SiteMachine, SiteRefusal
 
 log = logging.getLogger("fedsbdt.site")
 
@@ -155,7 +156,13 @@ class Daemon:
             plan = self._call("fetching the plan", self.stub.GetPlan, pb.GetPlanRequest())
         except grpc.RpcError as e:
             raise self._fatal_status(e, "to serve its plan") from None
-        self.m.accept_plan(bytes(plan.plan), plan.plan_sha256)  # SiteRefusal: the site does not take part
+        if self.m.plan is None:
+            self.m.accept_plan(bytes(plan.plan), plan.plan_sha256)  # SiteRefusal: the site does not take part
+        else:  # accepted before connecting (--plan FILE): the coordinator must serve that very plan
+            served = hashlib.sha256(bytes(plan.plan)).hexdigest()
+            if served != self.m.plan.sha256 or plan.plan_sha256 != served:
+                raise SiteRefusal(f"plan hash mismatch: the coordinator serves plan {served}, but this site was "
+                                  f"given {self.m.plan.sha256} out of band; refusing to take part")
         try:
             while not self.m.finished:
                 try:

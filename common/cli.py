@@ -7,10 +7,13 @@ input, impossible privacy parameters) exit with status 2 and one clear line.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import logging
+import signal
 import sys
+import threading
 import time
 from typing import Any
 
@@ -49,7 +52,7 @@ _HELP = {
     "filter": "individual Rényi filter (extra rounds reuse unspent budget)",
     "cyclical": "cyclical feature interactions: one feature per tree, in turn (--no-cyclical when features interact)",
     "split_candidates": "N equidistant threshold candidates (0 = uniform over the range)",
-    "seed": "public seed of the random splits (never used for noise or subsampling)",
+    "seed": "public seed of the random splits (never used for noise or subsampling) (default: random)",
     "scale_bits": "fixed-point scale 2^k",
     "tree_builder": "random (S-BDT), greedy (DP-XGB; implies --subsample 1 --split-candidates 32 unless given), "
                     "dpboost (DPBoost; docs/dpboost.md) or "
@@ -196,14 +199,16 @@ def cmd_train(args: argparse.Namespace) -> int:
     res.model.save(args.out)
     p = res.model.privacy
     out = {"epsilon": p["epsilon"], "delta": p["delta"], "sigma": p["sigma"], "alpha": p["alpha"],
-           "trees": len(res.model.trees), "seconds": round(res.seconds, 4), "rows": ds.n, "model": str(args.out)}
+           "trees": len(res.model.trees), "seconds": round(res.seconds, 4), "rows": ds.n, "dropped": ds.dropped,
+           "model": str(args.out)}
     if hp.filter:
         from .engine import filter_for
         from .rdp_filter import exhausted_share
 
         out["filter_budget_reached"] = exhausted_share(res.local.spent, filter_for(hp, cal))
     noise = f" σ={p['sigma']:.6g}" if p["sigma"] > 0 else ""  # DPBoost and Sarus release with Laplace noise
-    emit(args, out, f"trained {len(res.model.trees)} trees on {ds.n} rows in {res.seconds:.2f}s\n"
+    emit(args, out, f"trained {len(res.model.trees)} trees on {ds.n} rows{dropped_text(ds.dropped)} in "
+                    f"{res.seconds:.2f}s\n"
                     f"privacy: (ε={p['epsilon']:.6g}, δ={p['delta']:.3g}) accountant={p['accountant']}{noise} "
                     f"{hp.tree_builder} trees\nmodel written to {args.out}")
     return 0
@@ -221,29 +226,73 @@ def evaluate_model(model, ds) -> dict[str, Any]:
     return {"n": ds.n, "auc": auc(ds.y, pred), "accuracy": accuracy(ds.y, pred)}
 
 
+def dropped_text(dropped: int) -> str:
+    """`` (N rows with a missing value dropped)``, or nothing (train, evaluate, predict and demo say it alike)."""
+    from .data import rows
+
+    return f" ({rows(dropped)} with a missing value dropped)" if dropped else ""
+
+
+def baseline(model, ds) -> dict[str, Any]:
+    """What a model must beat on ``ds``: the best constant prediction for these very labels (an optimistic
+    baseline: it knows the file's label mean / majority class).  Regression: the mean predictor's RMSE;
+    binary and multiclass: the majority class's accuracy (AUC 0.5)."""
+    import numpy as np
+
+    y = np.asarray(ds.y, dtype=np.float64)
+    if model.task == "regression":
+        return {"predictor": "mean", "value": float(y.mean()), "rmse": float(np.sqrt(np.mean((y - y.mean()) ** 2)))}
+    if model.task == "multiclass":
+        counts = np.bincount(y.astype(np.int64), minlength=len(model.schema.classes))
+        k = int(counts.argmax())
+        return {"predictor": "majority class", "value": model.schema.classes[k], "accuracy": float(counts[k] / y.size)}
+    positive = float(y.mean())
+    label = model.schema.positive[0] if positive > 0.5 else model.schema.negative[0]
+    return {"predictor": "majority class", "value": label, "accuracy": max(positive, 1.0 - positive), "auc": 0.5}
+
+
+def beats_baseline(res: dict[str, Any], base: dict[str, Any]) -> bool:
+    """A lower RMSE than the mean predictor, or a higher accuracy than the majority class (strictly)."""
+    if "rmse" in base:
+        return res["rmse"] < base["rmse"]
+    return res["accuracy"] > base["accuracy"]
+
+
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from .model import Ensemble
 
     model = Ensemble.load(args.model)
     ds = _load_data(args, model.schema)
     res = evaluate_model(model, ds)
+    base = baseline(model, ds)
+    beats = beats_baseline(res, base)
     human = " ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}" for k, v in res.items())
-    emit(args, res, human)
+    human += dropped_text(ds.dropped)
+    metric = "rmse" if "rmse" in base else "accuracy"
+    human += (f"\nbaseline: always predicting the {base['predictor']} ({base['value']:.6g})" if metric == "rmse"
+              else f"\nbaseline: always predicting the {base['predictor']} {base['value']!r}")
+    human += f" gives {metric}={base[metric]:.6g}"
+    if not beats:
+        human += f"\nthe model does not beat this baseline ({metric} {res[metric]:.6g} vs {base[metric]:.6g})"
+    emit(args, {**res, "dropped": ds.dropped, "baseline": base, "beats_baseline": beats}, human)
     return 0
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
     import pandas as pd
 
-    from .data import rows
     from .files import check_output_path, write_atomic
     from .model import Ensemble
 
     check_output_path(args.out, "predictions")
     model = Ensemble.load(args.model)
-    ds = _load_data(args, model.schema, labels=False)  # new records: the label column may be absent
+    if args.threshold is not None and model.task != "binary":
+        raise CliError(f"--threshold is for binary models (this model's task is {model.task})")
+    threshold = 0.5 if args.threshold is None else args.threshold
+    if not 0.0 <= threshold <= 1.0:
+        raise CliError(f"--threshold {threshold:g}: must be a probability in [0, 1]")
+    ds, id_col = _load_for_prediction(args, model.schema)
     pred = model.predict(ds.X)
-    id_col = model.schema.id_column
     frame = pd.DataFrame({id_col: ds.id_values} if id_col else {"id": ds.ids})
     if model.task == "regression":
         frame["prediction"] = pred
@@ -253,12 +302,36 @@ def cmd_predict(args: argparse.Namespace) -> int:
         frame["prediction"] = [model.schema.classes[k] for k in pred.argmax(axis=1)]
     else:
         frame["probability"] = pred
-        frame["prediction"] = (pred >= 0.5).astype(int)
+        schema = model.schema  # the schema's own labels (e.g. yes/no, >50K/<=50K), not 0/1
+        frame["prediction"] = [schema.positive[0] if q >= threshold else schema.negative[0] for q in pred]
     write_atomic(args.out, frame.to_csv(index=False), "predictions")
-    dropped = f" ({rows(ds.dropped)} with a missing value skipped)" if ds.dropped else ""
-    emit(args, {"n": ds.n, "dropped": ds.dropped, "out": str(args.out)},
-         f"wrote {ds.n} predictions to {args.out}{dropped}")
+    out = {"n": ds.n, "dropped": ds.dropped, "out": str(args.out), "id": id_col or "row number"}
+    if model.task == "binary":
+        out["threshold"] = threshold
+    emit(args, out, f"wrote {ds.n} predictions to {args.out}{dropped_text(ds.dropped)}"
+                    + ("" if id_col else " (id: the data row number from 0)"))
     return 0
+
+
+def _load_for_prediction(args: argparse.Namespace, schema):
+    """(dataset, id column) of the records to predict: the schema's id column if the data has it; data without
+    it is read by row number (id column None)."""
+    from .data import DataError, load
+    from .sources import source_from_args
+
+    path = source_from_args(args)
+    try:
+        return load(path, schema, labels=False), schema.id_column  # the label column may be absent
+    except DataError as e:
+        if schema.id_column is None:
+            raise
+        first = e
+    no_id = dataclasses.replace(schema, id_column=None,
+                                columns=tuple(c for c in schema.columns if c != schema.id_column))
+    try:
+        return load(path, no_id, labels=False), None
+    except DataError:
+        raise first from None
 
 
 def cmd_account(args: argparse.Namespace) -> int:
@@ -330,29 +403,33 @@ def build_parser() -> argparse.ArgumentParser:
         "Federated, differentially private gradient-boosted decision trees (S-BDT)."))
     p.add_argument("--version", action="version", version=f"fedsbdt {__version__}")
     p.add_argument("--log-format", choices=["text", "json"], default="text",
-                   help="stderr log lines as text or as JSON objects (ts, level, logger, msg, fields)")
+                   help="stderr log lines as text or as JSON objects (ts, level, logger, msg, fields) "
+                        "(default: text)")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="info",
-                   help="least severe log level shown (progress lines are info)")
+                   help="least severe log level shown (progress lines are info) (default: info)")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
     t = sub.add_parser("train", help="train a DP model on one local file (central noise)")
-    t.add_argument("--data", required=True, help="CSV or Parquet file described by the schema, or a database URL "
-                                                 "with --query (docs/data-sources.md)")
-    t.add_argument("--schema", required=True, help="public schema (TOML), e.g. examples/abalone/schema.toml")
-    t.add_argument("--out", required=True, help="where to write the model (JSON)")
+    t.add_argument("--data", required=True, metavar="SOURCE",
+                   help="CSV or Parquet file described by the schema, or a database URL with --query "
+                        "(docs/data-sources.md)")
+    t.add_argument("--schema", required=True, metavar="FILE",
+                   help="public schema (TOML), e.g. examples/abalone/schema.toml")
+    t.add_argument("--out", required=True, metavar="FILE", help="where to write the model (JSON)")
     t.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     t.add_argument("--quiet", action="store_true", help="no progress output")
     t.add_argument("--sampler", choices=SAMPLERS, default="ours",
                    help="exact noise sampler: ours (default) or opendp (~30x slower)")
     add_source_flags(t)
     add_hyperparameter_flags(t)
-    t.set_defaults(func=cmd_train)
+    t.set_defaults(func=cmd_train, on_interrupt="no model was written and nothing was released; run the same "
+                                                 "command again to train")
 
     e = sub.add_parser("evaluate", help="rmse (regression), auc/accuracy (binary) or accuracy/macro_auc/log_loss "
                                         "(multiclass) of a model on a file")
-    e.add_argument("--model", required=True, help="model file written by train (JSON)")
-    e.add_argument("--data", required=True,
+    e.add_argument("--model", required=True, metavar="FILE", help="model file written by train (JSON)")
+    e.add_argument("--data", required=True, metavar="SOURCE",
                    help="labelled CSV or Parquet file in the model's schema (the label column is required), or a "
                         "database URL with --query")
     e.add_argument("--json", action="store_true", help="print one JSON object on stdout")
@@ -360,22 +437,28 @@ def build_parser() -> argparse.ArgumentParser:
     e.set_defaults(func=cmd_evaluate)
 
     pr = sub.add_parser("predict", help="write predictions for a file as CSV (id, [probability,] prediction)")
-    pr.add_argument("--model", required=True, help="model file written by train (JSON)")
-    pr.add_argument("--data", required=True,
+    pr.add_argument("--model", required=True, metavar="FILE", help="model file written by train (JSON)")
+    pr.add_argument("--data", required=True, metavar="SOURCE",
                     help="CSV or Parquet file in the model's schema, with or without the label column, or a "
                          "database URL with --query")
-    pr.add_argument("--out", required=True,
+    pr.add_argument("--out", required=True, metavar="FILE",
                     help="where to write the predictions (CSV: the schema's id column, or the data row number "
-                         "from 0 as 'id'; then 'probability' for binary tasks, 'probability_<class>' per class "
-                         "for multiclass tasks, and 'prediction')")
+                         "from 0 as 'id' when the schema or the file has none; then 'probability' for binary "
+                         "tasks, 'probability_<class>' per class for multiclass tasks, and 'prediction', the "
+                         "schema's label)")
+    pr.add_argument("--threshold", type=float, metavar="X",
+                    help="binary models: predict the positive label when its probability is at least X "
+                         "(default: 0.5)")
     pr.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     add_source_flags(pr)
     pr.set_defaults(func=cmd_predict)
 
     a = sub.add_parser("account", help="noise scale and privacy accounting for hyperparameters (no data needed)")
     a.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    a.add_argument("--plan", help="account this federated plan's hyperparameters as its federation releases them "
-                                  "(instead of the hyperparameter flags; checks the plan's stated σ and ε)")
+    a.add_argument("--plan", metavar="FILE",
+                   help="account this federated plan's hyperparameters as its federation releases them "
+                        "(instead of the hyperparameter flags; checks the plan's stated σ and ε) (default: none: "
+                        "the flags)")
     add_hyperparameter_flags(a)
     a.set_defaults(func=cmd_account)
 
@@ -398,11 +481,40 @@ def _register_optional(sub) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .logging_setup import quiet_grpc_core
+
+    quiet_grpc_core()  # before any command imports grpc
     parser = build_parser()
     args = parser.parse_args(argv)
     from .logging_setup import configure_logging
 
     log = configure_logging(args.log_format, args.log_level)
+    with sigterm_as_interrupt():
+        return _run(args, log)
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt():
+    """SIGTERM (``docker stop``, podman, systemd) interrupts the command as SIGINT (Ctrl-C) does: Python raises
+    KeyboardInterrupt in the main thread, every command stops the way it stops on Ctrl-C (durable state,
+    exit 130, one line saying how to resume).  Only in the main thread; the old handler comes back after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def interrupted_line(args: argparse.Namespace) -> str:
+    """The one line printed when a command is stopped by SIGINT or SIGTERM: how to resume it."""
+    hint = getattr(args, "on_interrupt", None) or "run the command again"
+    return f"fedsbdt {args.command}: interrupted; " + hint.format(**vars(args))
+
+
+def _run(args: argparse.Namespace, log: logging.Logger) -> int:
     from .accountant import AccountingError
     from .data import DataError
     from .files import OutputError
@@ -420,7 +532,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"fedsbdt {args.command}: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
-        print(f"fedsbdt {args.command}: interrupted", file=sys.stderr)
+        if args.log_format == "json":
+            log.warning(interrupted_line(args), extra={"event": "interrupted", "command": args.command, "exit": 130})
+        else:
+            print(interrupted_line(args), file=sys.stderr)
         return 130
 
 

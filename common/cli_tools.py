@@ -55,24 +55,27 @@ def cmd_report(args: argparse.Namespace) -> int:
 def register(sub) -> None:
     """Add ``export`` and ``report`` to the ``fedsbdt`` subcommands."""
     x = sub.add_parser("export", help="write the model in another format (XGBoost JSON)")
-    x.add_argument("--model", required=True, help="fedsbdt model file (JSON)")
+    x.add_argument("--model", required=True, metavar="FILE", help="fedsbdt model file (JSON)")
     x.add_argument("--format", required=True, choices=["xgboost"], help="target format")
-    x.add_argument("--out", required=True, help="output file, e.g. model.xgb.json")
+    x.add_argument("--out", required=True, metavar="FILE", help="output file, e.g. model.xgb.json")
     x.add_argument("--categorical", choices=["native", "numeric"], default="native",
                    help="categorical splits as XGBoost categorical splits (native) or as numeric splits on the "
-                        "level code (numeric; for tools without categorical support)")
+                        "level code (numeric; for tools without categorical support) (default: native)")
     x.add_argument("--feature-names", action="store_true",
                    help="also store feature names (XGBoost then requires named DMatrix columns)")
     x.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     x.set_defaults(func=cmd_export)
 
     r = sub.add_parser("report", help="self-contained HTML privacy report of a model (for an ethics board)")
-    r.add_argument("--model", required=True, help="fedsbdt model file (JSON)")
-    r.add_argument("--out", required=True, help="output HTML file")
-    r.add_argument("--ledger", help="a site's ledger of spent units per record (.npy, .json or SQLite)")
-    r.add_argument("--site", help="site name shown with the ledger (default: the ledger's file name)")
+    r.add_argument("--model", required=True, metavar="FILE", help="fedsbdt model file (JSON)")
+    r.add_argument("--out", required=True, metavar="FILE", help="output HTML file")
+    r.add_argument("--ledger", metavar="FILE",
+                   help="a site's ledger of spent units per record (.npy, .json or SQLite) (default: none: no "
+                        "ledger section)")
+    r.add_argument("--site", metavar="NAME", help="site name shown with the ledger (default: the ledger's file name)")
     r.add_argument("--evaluation", metavar="FILE",
-                   help="the coordinator's evaluation.json: show the released federated metrics too")
+                   help="the coordinator's evaluation.json: show the released federated metrics too (default: "
+                        "none)")
     r.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     r.set_defaults(func=cmd_report)
 

@@ -233,9 +233,12 @@ class EvalSpec:
     # ------------------------------------------------------------------ metrics (post-processing)
 
     def metrics(self, total: np.ndarray) -> dict:
-        """Aggregate metrics from a (noisy) summed vector.  Negative noisy counts are read as 0.
+        """Aggregate metrics from a (noisy) summed vector.
 
-        Every metric is clamped to its possible range (post-processing).  Binary: n, AUC (pairs within a bin count ½), accuracy at 0.5, clipped log-loss, calibration curve
+        n, accuracy, the AUCs and the ratios use the raw noisy sums (unbiased: reading each negative noisy
+        cell as 0 would add about 0.4 noise scales per empty bin and pull the AUC towards ½); the calibration
+        curve, residual histogram and confusion counts read negative cells as 0.  Every metric is clamped to
+        its possible range (post-processing); :meth:`intervals` gives their 95 % intervals.  Binary: n, AUC (pairs within a bin count ½), accuracy at 0.5, clipped log-loss, calibration curve
         (per bin: public bin midpoint, noisy count, observed positive rate).  Regression: n, RMSE, MAE (of
         residuals clipped to ±R), residual histogram (public edges, noisy counts).
         """
@@ -248,12 +251,12 @@ class EvalSpec:
         if self.task == "binary":
             neg = np.maximum(v[:B], 0.0)
             pos = np.maximum(v[B:2 * B], 0.0)
-            P, N = pos.sum(), neg.sum()
-            n = P + N
-            auc = _binned_auc(pos, neg)
+            auc = _noisy_auc(v[B:2 * B], v[:B])
             half = B // 2
-            acc = float((neg[:half].sum() + pos[half:].sum()) / n) if n > 0 else None
-            ll = float(min(max(v[2 * B], 0.0) / SUM_UNITS / n, 1.0) * LOGLOSS_CLIP) if n > 0 else None
+            right, wrong = v[:half].sum() + v[B + half:2 * B].sum(), v[half:B].sum() + v[B:B + half].sum()
+            n = max(right + wrong, 0.0)  # sums of the raw noisy counts: unbiased (clamping each cell is not)
+            acc = _ratio(right, n)
+            ll = None if n <= 0 else float(min(max(v[2 * B], 0.0) / SUM_UNITS / n, 1.0) * LOGLOSS_CLIP)
             curve = []
             for b in range(B):
                 c = pos[b] + neg[b]
@@ -262,7 +265,7 @@ class EvalSpec:
             return {"n": float(n), "auc": auc, "accuracy": acc, "logloss": ll, "calibration": curve}
         R = self._residual_range()
         h = np.maximum(v[:B], 0.0)
-        n = h.sum()
+        n = max(float(v[:B].sum()), 0.0)  # the raw noisy counts' sum: unbiased (clamping each cell is not)
         mae = float(min(max(v[B], 0.0) / SUM_UNITS / n, 1.0) * R) if n > 0 else None  # each |r| ≤ R
         rmse = float(math.sqrt(min(max(v[B + 1], 0.0) / SUM_UNITS / n, 1.0)) * R) if n > 0 else None
         edges = np.linspace(-R, R, B + 1)
@@ -274,16 +277,88 @@ class EvalSpec:
         """Multi-class: n (confusion total), accuracy (confusion trace), one-vs-rest AUC per class and their
         mean (macro-AUC, over the classes whose AUC is defined), clipped log-loss, the noisy confusion counts."""
         K, B = len(self.classes), self.bins
-        h = np.maximum(v[:2 * K * B].reshape(K, 2, B), 0.0)  # [class k][y = k, y ≠ k][bin]
-        conf = np.maximum(v[2 * K * B:2 * K * B + K * K].reshape(K, K), 0.0)
-        n = conf.sum()
-        aucs = [_binned_auc(h[k, 0], h[k, 1]) for k in range(K)]
+        raw = v[2 * K * B:2 * K * B + K * K].reshape(K, K)
+        conf = np.maximum(raw, 0.0)
+        n = max(float(raw.sum()), 0.0)  # raw noisy sums: unbiased (clamping each cell is not)
+        h = v[:2 * K * B].reshape(K, 2, B)  # [class k][y = k, y ≠ k][bin]
+        aucs = [_noisy_auc(h[k, 0], h[k, 1]) for k in range(K)]
         defined = [a for a in aucs if a is not None]
-        acc = float(np.trace(conf) / n) if n > 0 else None
+        acc = _ratio(float(np.trace(raw)), n)
         ll = float(min(max(v[-1], 0.0) / SUM_UNITS / n, 1.0) * LOGLOSS_CLIP) if n > 0 else None
         return {"n": float(n), "macro_auc": float(np.mean(defined)) if defined else None, "accuracy": acc,
                 "logloss": ll, "classes": list(self.classes), "auc_per_class": aucs,
                 "confusion": conf.tolist()}
+
+    def intervals(self, total: np.ndarray, sites: int, level: float = 0.95) -> dict:
+        """Intervals at ``level`` (95 %) for the headline metrics of :meth:`metrics`, from the public noise scale.
+
+        They cover the noise added for privacy, not the sampling error of the held-out records: the target is
+        the metric the noiseless sum would give (= the pooled one within :meth:`resolution`).  Each of the
+        ``sites`` summed vectors carries a full discrete Gaussian share of scale S_j (module docstring), so
+        coordinate j of the released sum has noise variance ≤ sites · S_j², independent across coordinates;
+        the discrete Gaussian is treated as the continuous one (its variance is below S², so the intervals
+        are slightly conservative).  With z = Φ⁻¹((1 + level)/2):
+
+        * ``n`` (a sum of c raw counts): n̂ ± z·√(c·v_count), exact.
+        * ratios of two sums, accuracy = correct / n, log-loss ∝ Σℓ_q / n, MSE ∝ Σ(r/R)²_q / n, MAE ∝ Σ|r/R|_q / n:
+          Fieller's interval {r : (A − rD)² ≤ z²·Var(A − rD)} (Fieller 1954), exact for Gaussian A, D
+          whatever their correlation; it is the whole range when D = n is not clearly above 0.  RMSE is the
+          square root of the MSE interval.
+        * AUC (and each one-vs-rest AUC of the macro mean): the delta method at the released counts, Var =
+          v_count·Σ_b (∂AUC/∂pos_b² + ∂AUC/∂neg_b²) — approximate (first order).
+
+        Every interval is clamped to its metric's possible range; ``None`` where the metric is.  Pure:
+        post-processing of the released sum and public constants."""
+        from statistics import NormalDist
+
+        v = np.asarray(total, dtype=np.float64)
+        if v.shape != (self.length,):
+            raise EvalError(f"an evaluation vector has {self.length} entries, got shape {v.shape}")
+        if not (isinstance(sites, int) and sites >= 1) or not 0 < level < 1:
+            raise EvalError(f"intervals need sites ≥ 1 and 0 < level < 1, got {sites!r}, {level!r}")
+        z = NormalDist().inv_cdf((1 + level) / 2)
+        var = sites * self.noise_scales() ** 2
+        vc, vs = float(var[0]), float(var[-1])  # a count's and a clipped sum's noise variance
+        B, Q, out = self.bins, SUM_UNITS, {}
+
+        def ratio(a, d, va, vd, cov, f, lo=0.0, hi=1.0):
+            r = _fieller(a, d, va, vd, cov, z)
+            return [lo, hi] if r is None else [max(lo, min(hi, f(r[0]))), max(lo, min(hi, f(r[1])))]
+
+        def per_unit(cap):  # sum units per record → the metric (clamped like :meth:`metrics`)
+            return lambda r: min(max(r, 0.0) / Q, 1.0) * cap
+
+        if self.task == "binary":
+            half = B // 2
+            right, wrong = v[:half].sum() + v[B + half:2 * B].sum(), v[half:B].sum() + v[B:B + half].sum()
+            n, vn = right + wrong, 2 * B * vc
+            out["accuracy"] = ratio(right, n, B * vc, vn, B * vc, float)
+            out["logloss"] = ratio(v[2 * B], n, vs, vn, 0.0, per_unit(LOGLOSS_CLIP), hi=LOGLOSS_CLIP)
+            out["auc"] = _auc_interval(v[B:2 * B], v[:B], vc, z)
+        elif self.task == "regression":
+            R = self._residual_range()
+            n, vn = v[:B].sum(), B * vc
+            out["mae"] = ratio(v[B], n, vs, vn, 0.0, per_unit(R), hi=R)
+            out["rmse"] = ratio(v[B + 1], n, vs, vn, 0.0, lambda r: math.sqrt(per_unit(1.0)(r)) * R, hi=R)
+        else:
+            K = len(self.classes)
+            conf = v[2 * K * B:2 * K * B + K * K].reshape(K, K)
+            n, vn = conf.sum(), K * K * vc
+            out["accuracy"] = ratio(np.trace(conf), n, K * vc, vn, K * vc, float)
+            out["logloss"] = ratio(v[-1], n, vs, vn, 0.0, per_unit(LOGLOSS_CLIP), hi=LOGLOSS_CLIP)
+            h = v[:2 * K * B].reshape(K, 2, B)  # raw counts: U and P·N are unbiased there (clamped are not)
+            per = [_auc_interval(h[k, 0], h[k, 1], vc, z, sd_only=True) for k in range(K)]
+            aucs = [_binned_auc(h[k, 0], h[k, 1]) for k in range(K)]
+            ok = [(a, sd) for a, sd in zip(aucs, per) if a is not None and sd is not None]
+            if len(ok) == K:
+                mean = float(np.mean([a for a, _ in ok]))
+                sd = math.sqrt(sum(sd * sd for _, sd in ok)) / K
+                out["macro_auc"] = [max(0.0, mean - z * sd), min(1.0, mean + z * sd)]
+            else:  # a class whose noisy count is not positive: no first-order interval
+                out["macro_auc"] = [0.0, 1.0]
+        half_n = z * math.sqrt(vn)
+        out["n"] = [max(float(n) - half_n, 0.0), max(float(n) + half_n, 0.0)]
+        return {k: (None if x is None else [float(x[0]), float(x[1])]) for k, x in out.items()}
 
     def resolution(self, total: np.ndarray) -> dict:
         """How far the histogram metrics may be from the exact pooled ones (noiseless ``total``).
@@ -306,9 +381,58 @@ class EvalSpec:
         return {"mae": R / (2 * SUM_UNITS), "mse": R * R / (2 * SUM_UNITS)}
 
 
+def _fieller(a: float, d: float, va: float, vd: float, cov: float, z: float) -> tuple[float, float] | None:
+    """Fieller's confidence set for a/d from Gaussian estimates: {r : (a − r·d)² ≤ z²(va − 2r·cov + r²·vd)}.
+
+    The quadratic (d² − z²vd)·r² − 2(a·d − z²cov)·r + (a² − z²va) ≤ 0 is a bounded interval when
+    d² > z²vd (d clearly away from 0); otherwise the set is unbounded and None is returned (the caller
+    reports the metric's whole range)."""
+    qa = d * d - z * z * vd
+    if qa <= 0:
+        return None
+    qb = -2.0 * (a * d - z * z * cov)
+    qc = a * a - z * z * va
+    root = math.sqrt(max(qb * qb - 4 * qa * qc, 0.0))
+    return (-qb - root) / (2 * qa), (-qb + root) / (2 * qa)
+
+
+def _auc_interval(pos: np.ndarray, neg: np.ndarray, vc: float, z: float, sd_only: bool = False):
+    """Delta-method interval of the binned AUC (:func:`_binned_auc`) for independent count noise of variance
+    ``vc`` per bin: AUC = U/(P·N), U = Σ_b pos_b·(below_b + neg_b/2); ∂U/∂pos_b = below_b + neg_b/2,
+    ∂U/∂neg_b = above_b + pos_b/2.  Returns [lo, hi] clamped to [0, 1] (or, with ``sd_only``, the standard
+    deviation); the whole range [0, 1] (sd: None) when the noisy P or N is not positive."""
+    P, N = float(pos.sum()), float(neg.sum())
+    if not (P > 0 and N > 0):
+        return None if sd_only else [0.0, 1.0]
+    below = np.concatenate([[0.0], np.cumsum(neg)[:-1]])
+    above = np.concatenate([np.cumsum(pos[::-1])[::-1][1:], [0.0]])
+    U = float((pos * (below + 0.5 * neg)).sum())
+    g_pos = (below + 0.5 * neg) / (P * N) - U / (P * P * N)
+    g_neg = (above + 0.5 * pos) / (P * N) - U / (P * N * N)
+    sd = math.sqrt(vc * float((g_pos ** 2).sum() + (g_neg ** 2).sum()))
+    if sd_only:
+        return sd
+    auc = U / (P * N)
+    return [max(0.0, auc - z * sd), min(1.0, auc + z * sd)]
+
+
+def _ratio(part: float, n: float) -> float | None:
+    """part / n clamped to [0, 1] (None when n ≤ 0)."""
+    return None if n <= 0 else float(min(max(part / n, 0.0), 1.0))
+
+
 def _clipped_logloss(py: np.ndarray) -> np.ndarray:
     """Each record's log-loss −ln p(y) clipped to L = LOGLOSS_CLIP (probabilities below e^−L count as e^−L)."""
     return np.minimum(-np.log(np.maximum(py, math.exp(-LOGLOSS_CLIP))), LOGLOSS_CLIP)
+
+
+def _noisy_auc(pos: np.ndarray, neg: np.ndarray) -> float | None:
+    """The binned AUC of noisy counts: from the raw counts (U and P·N are unbiased there; clamping each cell
+    at 0 pulls the AUC towards ½), clamped to [0, 1]; from the clamped counts when the raw P or N is not
+    positive; None when even those have no positive and negative."""
+    if pos.sum() > 0 and neg.sum() > 0:
+        return min(max(_binned_auc(pos, neg), 0.0), 1.0)
+    return _binned_auc(np.maximum(pos, 0.0), np.maximum(neg, 0.0))
 
 
 def _binned_auc(pos: np.ndarray, neg: np.ndarray) -> float | None:
@@ -320,13 +444,20 @@ def _binned_auc(pos: np.ndarray, neg: np.ndarray) -> float | None:
     return float((pos * (below + 0.5 * neg)).sum() / (P * N))
 
 
-def describe(metrics: dict) -> str:
-    """One line of the headline metrics (for the command line)."""
+def describe(metrics: dict, intervals: dict | None = None) -> str:
+    """One line of the headline metrics (for the command line), each with its 95 % interval when given:
+    ``n≈1503 [1201, 1805] accuracy=0.8780 [0.8012, 0.9501] …``."""
     keys = (("macro_auc", "accuracy", "logloss") if "macro_auc" in metrics
             else ("auc", "accuracy", "logloss") if "auc" in metrics else ("rmse", "mae"))
-    parts = [f"n≈{metrics['n']:.0f}"] + [f"{k}={metrics[k]:.4f}" if metrics[k] is not None else f"{k}=n/a"
-                                        for k in keys]
-    return " ".join(parts)
+    iv = intervals or {}
+
+    def ci(k: str, fmt: str) -> str:
+        x = iv.get(k)
+        return f" [{x[0]:{fmt}}, {x[1]:{fmt}}]" if x else ""
+
+    parts = [f"n≈{metrics['n']:.0f}{ci('n', '.0f')}"] + [
+        f"{k}={metrics[k]:.4f}{ci(k, '.4f')}" if metrics[k] is not None else f"{k}=n/a" for k in keys]
+    return " ".join(parts) + (" (95 % intervals for the privacy noise)" if iv else "")
 
 
 def exact_metrics(spec: EvalSpec, y: np.ndarray, pred: np.ndarray) -> dict:

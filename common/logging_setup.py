@@ -87,6 +87,20 @@ class CurrentStderrHandler(logging.StreamHandler):
         pass
 
 
+def quiet_grpc_core(environ=None) -> None:
+    """Silence gRPC's C-core log lines (``E1127 … ssl_transport_security.cc …``) unless the user asked for them.
+
+    The C core reads ``GRPC_VERBOSITY`` and ``GRPC_TRACE`` once, when ``grpc`` is first imported, so this runs
+    before any command imports it.  A variable the user set is left alone (``GRPC_VERBOSITY=debug`` brings
+    the lines back for a bug report); the failures those lines describe reach the user as our own one-line
+    messages (bind failures, TLS handshakes: docs/troubleshooting.md)."""
+    import os
+
+    env = os.environ if environ is None else environ
+    env.setdefault("GRPC_VERBOSITY", "NONE")
+    env.setdefault("GRPC_TRACE", "")
+
+
 def configure_logging(fmt: str = "text", level: str = "info", stream: IO[str] | None = None) -> logging.Logger:
     """Point the ``fedsbdt`` logger at ``stream`` (default: ``sys.stderr`` as it is at each record) in ``fmt``.
 

@@ -386,9 +386,17 @@ def _evaluation(p: dict[str, Any], receipt: dict[str, Any] | None) -> str:
     if receipt is not None and "metrics" in receipt:
         m = receipt["metrics"]
         keys = [k for k in ("n", "auc", "macro_auc", "accuracy", "logloss", "rmse", "mae") if k in m]
+        iv = receipt.get("intervals") or {}
+
+        def ci(k: str) -> str:
+            x = iv.get(k)
+            return f"95 % interval {x[0]:.4g} – {x[1]:.4g} (privacy noise)" if x else ""
+
         body += ("<p>Released metrics (computed from the noisy aggregate; sites "
-                 f"{_e(', '.join(receipt.get('sites', [])))}):</p>"
-                 + _table([(k, m[k], "") for k in keys]))
+                 f"{_e(', '.join(receipt.get('sites', [])))}). Each carries a 95 % interval for the noise added "
+                 "for privacy, computed from the public noise scale; it does not cover the sampling error of the "
+                 "held-out records:</p>"
+                 + _table([(k, m[k], ci(k)) for k in keys]))
     return body
 
 

@@ -184,15 +184,15 @@ def register(sub) -> None:
     ssub.required = True
     d = ssub.add_parser("draft", help="a starting schema from this site's data; every data-derived value is "
                                       "marked, to be replaced with public knowledge")
-    d.add_argument("--data", required=True, help="CSV (with a header) or Parquet file, or a database URL with "
+    d.add_argument("--data", required=True, metavar="SOURCE", help="CSV (with a header) or Parquet file, or a database URL with "
                                                  "--query")
-    d.add_argument("--target", required=True, help="the label column (its values set the task)")
-    d.add_argument("--id-column", help="the record id column (not a feature; default: none)")
-    d.add_argument("--name", default="dataset", help="the schema's name (default: dataset)")
-    d.add_argument("--max-levels", type=int, default=MAX_LEVELS,
+    d.add_argument("--target", required=True, metavar="COLUMN", help="the label column (its values set the task)")
+    d.add_argument("--id-column", metavar="COLUMN", help="the record id column (not a feature; default: none)")
+    d.add_argument("--name", default="dataset", metavar="NAME", help="the schema's name (default: dataset)")
+    d.add_argument("--max-levels", type=int, default=MAX_LEVELS, metavar="N",
                    help=f"at most this many levels per categorical feature, \"other\" included; a numeric column "
                         f"with at most this many values is drafted as categorical (default: {MAX_LEVELS})")
-    d.add_argument("--out", help="write the schema here (default: print it)")
+    d.add_argument("--out", metavar="FILE", help="write the schema here (default: print it)")
     d.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     add_source_flags(d)
     d.set_defaults(func=cmd_schema_draft)

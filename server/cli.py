@@ -19,6 +19,7 @@ from pathlib import Path
 
 from fedsbdt.common.cli import CliError, add_hyperparameter_flags, emit, hyperparameters_from_args
 from fedsbdt.common.config import SAMPLERS
+from fedsbdt.common.instance import address_in_use
 
 log = logging.getLogger("fedsbdt.coordinator")
 
@@ -27,13 +28,8 @@ log = logging.getLogger("fedsbdt.coordinator")
 
 
 def cmd_coordinator(args: argparse.Namespace) -> int:
-    from fedsbdt.client.cli import sha256_file
-
-    from .checkpoint import CheckpointError, CoordinatorStore
-    from fedsbdt.common.federation.pki import PkiError, TlsFiles, server_credentials
     from fedsbdt.common.federation.plan import Plan
-    from .service import CoordinatorServer
-    from .session import Session
+    from fedsbdt.common.instance import InstanceError, StateLock
 
     t0 = time.perf_counter()
     plan = Plan.load(args.plan)
@@ -47,23 +43,52 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
                     "the sites must trust it", extra={"event": "central_noise"})
     status = status_page(args)  # --status-port: bound before anything is written (a taken port: exit 2)
     state = Path(args.state)
+    try:
+        lock = StateLock(state, "coordinator state directory").acquire()  # one coordinator per --state
+    except InstanceError as e:
+        raise CliError(str(e)) from None
+    try:
+        return _serve(args, t0, plan, cal, randomness, state, status)
+    finally:
+        lock.release()
+
+
+def _serve(args: argparse.Namespace, t0: float, plan, cal, randomness, state: Path, status) -> int:
+    from fedsbdt.client.cli import sha256_file
+
+    from .checkpoint import CheckpointError, CoordinatorStore
+    from fedsbdt.common.federation.pki import PkiError, TlsFiles, server_credentials
+    from .service import CoordinatorServer
+    from .session import Session
+
     credentials = None
     if not args.insecure:
         try:
-            credentials = server_credentials(TlsFiles.in_dir(state, args.tls_cert, args.tls_key, args.tls_ca))
+            credentials = server_credentials(TlsFiles.in_dir(Path(args.tls_dir or state), args.tls_cert,
+                                                             args.tls_key, args.tls_ca))
         except PkiError as e:
             raise CliError(f"{e} (the coordinator needs a server certificate from the consortium CA; "
                            "`fedsbdt ca server` makes one, or pass --insecure for a local test)") from None
     released = existing_model(plan, args.model)
+    busy = address_in_use(args.listen)  # before the session opens its store: nothing written on a refusal
+    if busy is not None:
+        raise CliError(busy)
     try:
         session = Session(plan, randomness, time.monotonic(), CoordinatorStore(state, plan.sha256),
                           released=released)
     except CheckpointError as e:
-        raise CliError(str(e)) from None
+        hint = ""
+        if "belongs to plan" in str(e) and credentials is not None and not args.tls_dir:
+            hint = (f"; the new directory needs the coordinator's TLS files: copy tls.crt, tls.key and ca.crt "
+                    f"from {state} into it, or pass --tls-dir {state}")
+        raise CliError(f"{e}{hint}") from None
     try:
         server = CoordinatorServer(session, args.listen, credentials)
     except (OSError, RuntimeError) as e:
-        raise CliError(f"cannot listen on {args.listen}: {e}") from None
+        raise CliError(address_in_use(args.listen) or (
+            f"cannot listen on {args.listen}: gRPC could not bind it (not an address of this machine, or in use; "
+            "GRPC_VERBOSITY=debug shows gRPC's own reason)" if "bind" in str(e).lower()
+            else f"cannot listen on {args.listen}: {e}")) from None
     if status is not None:
         from .status import CoordinatorMonitor
 
@@ -102,8 +127,11 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
     st = session.stage
     secs = round(time.perf_counter() - t0, 3)
     if not session.done:
-        emit(args, {"error": "interrupted", "trees": len(session.trees), "seconds": secs},
-             f"coordinator stopped after {len(session.trees)} trees; restart with the same command to resume")
+        line = (f"coordinator stopped after {len(session.trees)} trees; the checkpoint in {state} is kept: "
+                "restart with the same command to resume")
+        if args.json:  # stdout holds the JSON object: the line goes to the log (stderr)
+            log.warning(line, extra={"event": "interrupted", "trees": len(session.trees)})
+        emit(args, {"error": "interrupted", "trees": len(session.trees), "seconds": secs, "resume": line}, line)
         return 130
     if session.exit_code and getattr(st, "reason", None):
         emit(args, {"error": st.reason, "trees": len(session.trees), "seconds": secs},
@@ -166,7 +194,7 @@ def write_evaluation(state: Path, receipt: dict, model_sha256: str) -> tuple[dic
         return receipt, f"federated evaluation: not released ({receipt.get('failed')})"
     return receipt, (f"federated evaluation (ε_eval = {receipt['epsilon_eval']:g}, separate from the training "
                      f"ε = {receipt['training_epsilon']:.6g}; sites {', '.join(receipt['sites'])}): "
-                     f"{describe(receipt['metrics'])}; receipt {path}")
+                     f"{describe(receipt['metrics'], receipt.get('intervals'))}; receipt {path}")
 
 
 # --------------------------------------------------------------------------- plan
@@ -282,7 +310,7 @@ def register(sub) -> None:
     from fedsbdt.common.statuspage import add_status_flags
 
     c = sub.add_parser("coordinator", help="run the coordinator of a federated training session")
-    c.add_argument("--plan", required=True, help="the plan (TOML)")
+    c.add_argument("--plan", required=True, metavar="FILE", help="the plan (TOML)")
     c.add_argument("--listen", default="0.0.0.0:7443", metavar="ADDR",
                    help="address to serve on (default: 0.0.0.0:7443; port 0 picks a free port)")
     c.add_argument("--state", default="fedsbdt-coordinator", metavar="DIR",
@@ -292,66 +320,76 @@ def register(sub) -> None:
     c.add_argument("--allow-insecure-test-randomness", action="store_true",
                    help="serve a plan with deterministic test-only randomness (no privacy; tests only)")
     c.add_argument("--model", metavar="FILE",
-                   help="evaluation-only plans (evaluation.model_sha256): the existing model to evaluate")
+                   help="evaluation-only plans (evaluation.model_sha256): the existing model to evaluate "
+                        "(default: none: a training plan)")
     c.add_argument("--ready-fd", type=int, metavar="FD",
-                   help="write the listening address to this inherited file descriptor once serving")
+                   help="write the listening address to this inherited file descriptor once serving "
+                        "(default: none)")
     add_status_flags(c)
     c.add_argument("--json", action="store_true", help="print one JSON object on stdout at the end")
-    c.set_defaults(func=cmd_coordinator)
+    c.set_defaults(func=cmd_coordinator, on_interrupt="the checkpoint in {state} is kept; restart the same "
+                                                        "command to resume")
 
     p = sub.add_parser("plan", help="write a plan (TOML) with its privacy statement computed")
-    p.add_argument("--schema", help="the public schema (TOML); required unless --evaluate-model")
+    p.add_argument("--schema", metavar="FILE", help="the public schema (TOML); required unless --evaluate-model")
     p.add_argument("--site", action="append", required=True, metavar="ID=identity.pub",
                    help="a roster entry: site id and its identity.pub file (or 64 hex digits); repeat per site")
-    p.add_argument("--threshold", type=int,
-                   help="t (default: ⌊n/2⌋ + 1, or the smallest t with 2t > n + c when --colluders is given)")
-    p.add_argument("--colluders", type=int, default=None,
+    p.add_argument("--threshold", type=int, metavar="N",
+                   help="t: sums over fewer than t sites are never released (default: ⌊n/2⌋ + 1, or the smallest t with 2t > n + c when --colluders is given)")
+    p.add_argument("--colluders", type=int, default=None, metavar="N",
                    help="c: the guarantee holds if at most c sites collude with the coordinator; needs 2t > n + c "
                         "(default: the largest the threshold allows, 2t − n − 1)")
-    p.add_argument("--dropout-slack", type=int, default=0, metavar="S",
+    p.add_argument("--dropout-slack", type=int, default=0, metavar="N",
                    help="s in 0..n−t: a round's noise is split max(t, participants − s) − c ways, so up to s "
                         "sites may drop out of a round after it starts (default: 0: the centralised noise "
                         "when no site drops out; a dropout retries the round)")
     p.add_argument("--noise", choices=["distributed", "central"], default="distributed",
                    help="distributed (sites add noise shares; default) or central (trust the coordinator)")
-    p.add_argument("--session-id", default="fedsbdt-session", help="a name for the session")
-    p.add_argument("--epoch-rounds", type=int, default=64, help="round slots per secure-aggregation epoch")
+    p.add_argument("--session-id", default="fedsbdt-session", metavar="NAME",
+                   help="a name for the session (default: fedsbdt-session)")
+    p.add_argument("--epoch-rounds", type=int, default=64, metavar="N",
+                   help="round slots per secure-aggregation epoch (default: 64)")
     p.add_argument("--secagg-graph", choices=["complete", "sparse"], default="complete",
                    help="complete (every site masks with every other; default) or sparse (each site masks with "
                         "k neighbours of a public random graph per epoch, Bell et al.; for large consortia)")
-    p.add_argument("--neighbours", type=int, metavar="K",
-                   help="with --secagg-graph sparse: k, even and below n − 1 (default 2·⌈2·log2 n⌉)")
+    p.add_argument("--neighbours", type=int, metavar="N",
+                   help="with --secagg-graph sparse: k, even and below n − 1 (default: 2·⌈2·log2 n⌉)")
     p.add_argument("--secagg-fast-path", choices=["auto", "always", "never"], default="auto",
                    help="rounds in one message each way, without the consistency and unmask exchanges: auto "
                         "(default: when the round tolerates no missing input anyway), always (any missing input "
                         "fails the round; complete graph only) or never (docs/federation.md §10)")
-    p.add_argument("--max-records", type=int, default=1_000_000,
-                   help="public upper bound on the records of one site (fixed-point capacity check)")
-    p.add_argument("--join-deadline", type=float, default=120.0, help="seconds to wait for the whole roster")
-    p.add_argument("--stage-deadline", type=float, default=10.0, help="seconds per secure-aggregation stage")
-    p.add_argument("--quorum-deadline", type=float, default=600.0,
+    p.add_argument("--max-records", type=int, default=1_000_000, metavar="N",
+                   help="public upper bound on the records of one site (fixed-point capacity check) "
+                        "(default: 1000000)")
+    p.add_argument("--join-deadline", type=float, default=120.0, metavar="SECONDS",
+                   help="seconds to wait for the whole roster (default: 120)")
+    p.add_argument("--stage-deadline", type=float, default=10.0, metavar="SECONDS",
+                   help="seconds per secure-aggregation stage (default: 10)")
+    p.add_argument("--quorum-deadline", type=float, default=600.0, metavar="SECONDS",
                    help="seconds with fewer than t usable sites before the session gives up (default: 600)")
-    p.add_argument("--finish-deadline", type=float, default=30.0,
+    p.add_argument("--finish-deadline", type=float, default=30.0, metavar="SECONDS",
                    help="seconds to wait for every site's confirmation of the model hash (default: 30)")
     p.add_argument("--sampler", choices=SAMPLERS, default="ours",
                    help="exact noise sampler every party uses: ours (default) or opendp (~30x slower)")
-    p.add_argument("--insecure-test-randomness", type=int, metavar="SEED",
-                   help="TESTS ONLY: deterministic randomness with this seed (no privacy)")
+    p.add_argument("--insecure-test-randomness", type=int, metavar="N",
+                   help="TESTS ONLY: deterministic randomness with this seed (no privacy) (default: none: the "
+                        "OS CSPRNG)")
     p.add_argument("--test-noise", action=argparse.BooleanOptionalAction, default=True,
                    help="TESTS ONLY: with --insecure-test-randomness, add (deterministic) noise or none")
-    p.add_argument("--eval-epsilon", type=float, nargs="?", const=0.1, metavar="E",
-                   help="evaluate the model federatedly after training at ε_eval = E on the sites' held-out "
+    p.add_argument("--eval-epsilon", type=float, nargs="?", const=0.1, metavar="X",
+                   help="evaluate the model federatedly after training at ε_eval = X on the sites' held-out "
                         "files (--eval-data), a budget separate from the training ε (default if given without "
-                        "a value: 0.1; docs/federated-evaluation.md)")
-    p.add_argument("--eval-bins", type=int, default=20, metavar="B",
-                   help="public score (binary) or residual (regression) bins of the evaluation (even; default 20)")
-    p.add_argument("--eval-residual-clip", type=float, metavar="R",
-                   help="regression evaluation: residuals are clipped to ±R (public; default: a quarter of the "
-                        "label range's width); the RMSE's noise grows with R²")
-    p.add_argument("--evaluate-model", metavar="MODEL",
+                        "a value: 0.1; default: none: no evaluation; docs/federated-evaluation.md)")
+    p.add_argument("--eval-bins", type=int, default=20, metavar="N",
+                   help="public score (binary) or residual (regression) bins of the evaluation (even; default: 20)")
+    p.add_argument("--eval-residual-clip", type=float, metavar="X",
+                   help="regression evaluation: residuals are clipped to ±X (public; default: a quarter of the "
+                        "label range's width); the RMSE's noise grows with X²")
+    p.add_argument("--evaluate-model", metavar="FILE",
                    help="a plan that only evaluates this existing model (schema and hyperparameters from it; "
-                        "needs --eval-epsilon; run the coordinator with --model MODEL)")
-    p.add_argument("--out", required=True, help="where to write the plan")
+                        "needs --eval-epsilon; run the coordinator with --model FILE) (default: none: a "
+                        "training plan)")
+    p.add_argument("--out", required=True, metavar="FILE", help="where to write the plan")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     add_hyperparameter_flags(p)
     p.set_defaults(func=cmd_plan)
@@ -360,17 +398,18 @@ def register(sub) -> None:
     asub = a.add_subparsers(dest="ca_command", metavar="ACTION")
     asub.required = True
     i = asub.add_parser("init", help="create ca.key and ca.crt")
-    i.add_argument("--out", required=True, help="CA directory")
+    i.add_argument("--out", required=True, metavar="DIR", help="CA directory")
     s = asub.add_parser("sign", help="issue a site certificate for a request made by `fedsbdt keygen`")
-    s.add_argument("--ca", required=True, help="CA directory (ca.key, ca.crt)")
-    s.add_argument("--csr", required=True, help="the site's tls.csr")
-    s.add_argument("--out", required=True, help="certificate to write (ca.crt is copied next to it)")
+    s.add_argument("--ca", required=True, metavar="DIR", help="CA directory (ca.key, ca.crt)")
+    s.add_argument("--csr", required=True, metavar="FILE", help="the site's tls.csr")
+    s.add_argument("--out", required=True, metavar="FILE", help="certificate to write (ca.crt is copied next to it)")
     v = asub.add_parser("server", help="key and certificate for the coordinator")
-    v.add_argument("--ca", required=True, help="CA directory (ca.key, ca.crt)")
-    v.add_argument("--host", action="append", required=True, help="host name or IP of the coordinator; repeat")
-    v.add_argument("--out", required=True, help="directory for tls.key, tls.crt, ca.crt")
+    v.add_argument("--ca", required=True, metavar="DIR", help="CA directory (ca.key, ca.crt)")
+    v.add_argument("--host", action="append", required=True, metavar="HOST",
+                   help="host name or IP of the coordinator; repeat")
+    v.add_argument("--out", required=True, metavar="DIR", help="directory for tls.key, tls.crt, ca.crt")
     for q, days in ((i, 3650), (s, 825), (v, 825)):  # the CA outlives the certificates it issues
-        q.add_argument("--days", type=int, default=days, help=f"validity in days (default: {days})")
+        q.add_argument("--days", type=int, default=days, metavar="N", help=f"validity in days (default: {days})")
         q.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     a.set_defaults(func=cmd_ca)
 

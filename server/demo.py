@@ -1,6 +1,7 @@
 """``fedsbdt demo``: a whole federation on loopback, as separate processes, with mutual TLS.
 
-    fedsbdt demo [--sites 3] [--dataset abalone|adult] [--trees N] [--status-port PORT] [--json]
+    fedsbdt demo [--sites N] [--dataset abalone|adult] [--trees N] [--status-port PORT] [--json]
+    fedsbdt demo --data FILE --schema S [--sites N] [--split-by COLUMN] [--json]
 
 1. makes a throw-away consortium CA, a coordinator certificate for
    localhost, and for every site an identity key, a TLS key and a certificate
@@ -118,6 +119,101 @@ def split_data(dataset: str, n: int, layout: Layout) -> int:
     return len(train)
 
 
+@dataclass(frozen=True)
+class CustomData:
+    """``fedsbdt demo --data FILE --schema S [--split-by COLUMN]``: a CSV file described by a schema."""
+
+    data: Path
+    schema: Path
+    split_by: str | None = None
+
+
+def _custom_lines(custom: CustomData, schema) -> tuple[str | None, list[str], list[str]]:
+    """(header line or None, data lines, each line's --split-by value ([] without it)) of a custom CSV file."""
+    import csv
+
+    fmt = schema.format
+    if custom.data.suffix.lower() in (".parquet", ".pq"):
+        raise CliError(f"{custom.data}: the demo deals CSV lines to its sites; convert the Parquet file to CSV")
+    try:
+        text = custom.data.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise CliError(f"{custom.data}: cannot read the data file ({e})") from None
+    lines = [ln for ln in text.splitlines() if ln.strip() and not (fmt.comment and ln.startswith(fmt.comment))]
+    header = lines.pop(0) if fmt.header and lines else None
+    if len(lines) < 10:
+        raise CliError(f"{custom.data}: {len(lines)} data lines; a demo needs at least 10 (2 held out per 10)")
+    if custom.split_by is None:
+        return header, lines, []
+
+    def fields(line: str) -> list[str]:
+        if len(fmt.separator) == 1:
+            return next(csv.reader([line], delimiter=fmt.separator))
+        return line.split(fmt.separator)
+
+    names = [c.strip() for c in fields(header)] if header is not None else list(schema.columns)
+    if custom.split_by not in names:
+        raise CliError(f"--split-by {custom.split_by!r}: no such column in {custom.data} "
+                       f"(columns: {', '.join(names)})")
+    k = names.index(custom.split_by)
+    values = []
+    for i, line in enumerate(lines):
+        f = fields(line)
+        if k >= len(f):
+            raise CliError(f"{custom.data}: data line {i + 1} has no field {custom.split_by!r}")
+        values.append(f[k].strip())
+    return header, lines, values
+
+
+def custom_site_count(custom: CustomData, requested: int | None) -> int:
+    """Sites of a custom demo: --sites, or with --split-by (and no --sites) one per value of the column."""
+    from fedsbdt.common.schema import Schema
+
+    if custom.split_by is None:
+        return 3 if requested is None else requested
+    _, _, values = _custom_lines(custom, Schema.load(custom.schema))
+    groups = len(set(values))
+    if requested is not None and groups < requested:
+        raise CliError(f"--split-by {custom.split_by!r} has {groups} values, fewer than the {requested} sites")
+    return groups if requested is None else requested
+
+
+def split_custom(custom: CustomData, schema, n: int, layout: Layout) -> int:
+    """Like :func:`split_data` for a custom CSV file: a public, fixed shuffle holds out 20 % for testing; the
+    rest (and the held-out part) is dealt to the ``n`` sites round-robin or, with ``split_by``, by the
+    column's value (the sorted values in turn: value j goes to site j mod n).  Returns the training lines."""
+    import numpy as np
+
+    header, lines, values = _custom_lines(custom, schema)
+    order = np.random.default_rng(0).permutation(len(lines))
+    test = set(int(i) for i in order[:len(lines) // 5])
+    if values:
+        groups = sorted(set(values))
+        if len(groups) < n:
+            raise CliError(f"--split-by {custom.split_by!r} has {len(groups)} values, fewer than the {n} sites")
+        site_of_value = {v: j % n for j, v in enumerate(groups)}
+        site_of = [site_of_value[v] for v in values]
+    else:
+        site_of = [None] * len(lines)
+    train = [i for i in range(len(lines)) if i not in test]
+    held = sorted(test)
+    top = [header] if header is not None else []
+
+    def write(path: Path, idx: list[int]) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("\n".join(top + [lines[i] for i in idx]) + "\n")
+
+    write(layout.test_data, held)
+    for k, sid in enumerate(site_ids(n)):
+        if values:
+            mine, mine_held = [i for i in train if site_of[i] == k], [i for i in held if site_of[i] == k]
+        else:
+            mine, mine_held = train[k::n], held[k::n]
+        write(layout.site_data(sid), mine)
+        write(layout.site_eval(sid), mine_held)
+    return len(train)
+
+
 def training_rows(layout: Layout, sites: list[str], schema) -> tuple[int, int]:
     """(records the sites train on, rows dropped for a missing value) — as each site will load its file."""
     from fedsbdt.common.data import load
@@ -161,7 +257,7 @@ def warm_up_kernels(schema, hp, quiet: bool = False, notice_after: float = 1.0) 
 
 
 def prepare(layout: Layout, n: int, dataset: str, hp_changes: dict, hosts: list[str],
-            max_epsilon: float | None = None, **session) -> tuple[object, int]:
+            max_epsilon: float | None = None, custom: CustomData | None = None, **session) -> tuple[object, int]:
     """CA, coordinator certificate, site keys and certificates, data splits and the plan."""
     from fedsbdt.client.keys import IDENTITY_PUB, keygen, read_identity_pub
     from fedsbdt.common.config import Hyperparameters
@@ -178,8 +274,12 @@ def prepare(layout: Layout, n: int, dataset: str, hp_changes: dict, hosts: list[
         keygen(sid, d)
         ca_sign(layout.ca, d / "tls.csr", d / "tls.crt", days=30)
         entries.append(SiteEntry(sid, read_identity_pub(d / IDENTITY_PUB)))
-    rows = split_data(dataset, n, layout)
-    schema = Schema.load(EXAMPLES / dataset / "schema.toml")
+    if custom is None:
+        rows = split_data(dataset, n, layout)
+        schema = Schema.load(EXAMPLES / dataset / "schema.toml")
+    else:
+        schema = Schema.load(custom.schema)
+        rows = split_custom(custom, schema, n, layout)
     import secrets
 
     hp = Hyperparameters(**hp_changes).replace(seed=hp_changes.get("seed") or secrets.randbits(31))
@@ -198,15 +298,18 @@ def prepare(layout: Layout, n: int, dataset: str, hp_changes: dict, hosts: list[
 class Processes:
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
 
-    def kill_all(self) -> None:
-        for p in self.procs.values():
-            if p.poll() is None:
-                p.kill()
-        for p in self.procs.values():
+    def kill_all(self, grace: float = 10.0) -> None:
+        """Stop the children that still run: SIGTERM (each stops cleanly), SIGKILL after ``grace`` seconds."""
+        running = [p for p in self.procs.values() if p.poll() is None]
+        for p in running:
+            p.terminate()
+        deadline = time.monotonic() + grace
+        for p in running:
             try:
+                p.wait(timeout=max(deadline - time.monotonic(), 0.01))
+            except subprocess.TimeoutExpired:
+                p.kill()
                 p.wait(timeout=10)
-            except subprocess.TimeoutExpired:  # pragma: no cover
-                pass
 
 
 def _cli(*args: str) -> list[str]:
@@ -312,8 +415,20 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from fedsbdt.common.data import load
     from fedsbdt.common.model import Ensemble
 
+    custom = None
+    if args.data is not None or args.schema is not None or args.split_by is not None:
+        if args.data is None or args.schema is None:
+            raise CliError("a custom demo needs both --data FILE and --schema S (--split-by is optional)")
+        if args.dataset is not None:
+            raise CliError("--dataset picks a bundled dataset; leave it out with --data")
+        custom = CustomData(Path(args.data), Path(args.schema), args.split_by)
+        args.sites = custom_site_count(custom, args.sites)
+        args.dataset = custom.data.name
+    else:
+        args.dataset = args.dataset or "abalone"
+        args.sites = 3 if args.sites is None else args.sites
     if not 2 <= args.sites <= 20:
-        raise CliError("--sites must be between 2 and 20 for a demo on one machine")
+        raise CliError(f"--sites must be between 2 and 20 for a demo on one machine (got {args.sites})")
     hp = {"epsilon": args.epsilon, "trees": args.trees, "depth": args.depth}
     if args.seed is not None:
         hp["seed"] = args.seed
@@ -322,7 +437,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         layout = Layout(Path(args.prepare))
         if layout.root.exists() and any(layout.root.iterdir()):
             raise CliError(f"{layout.root} is not empty; --prepare writes a fresh directory")
-        plan, _ = prepare(layout, args.sites, args.dataset, hp, hosts)
+        plan, _ = prepare(layout, args.sites, args.dataset, hp, hosts, custom=custom)
         rows, dropped = training_rows(layout, list(plan.site_ids), plan.schema)
         emit(args, {"dir": str(layout.root), "plan_sha256": plan.sha256, "sites": list(plan.site_ids),
                     "rows": rows, "dropped": dropped},
@@ -336,7 +451,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     procs = Processes()
     ok = False
     try:
-        plan, _ = prepare(layout, args.sites, args.dataset, hp, hosts, eval_epsilon=args.eval_epsilon)
+        plan, _ = prepare(layout, args.sites, args.dataset, hp, hosts, custom=custom, eval_epsilon=args.eval_epsilon)
         rows, dropped = training_rows(layout, list(plan.site_ids), plan.schema)
         warm_up_kernels(plan.schema, plan.hyperparameters, quiet=args.json)
         total = plan.hyperparameters.total_rounds
@@ -395,7 +510,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
                        "model_sha256": sha, "seconds": round(secs, 3), "federated": federated})
         metric = (f"rmse={result['rmse']:.4f}" if "rmse" in result
                   else f"auc={result['auc']:.4f} accuracy={result['accuracy']:.4f}")
-        metric = f"{federated_text(federated)}\npooled for comparison (only a demo holds all held-out records): {metric}"
+        metric = (f"{federated_text(federated)}\npooled for comparison (only a demo holds all held-out records; "
+                  f"exact, no privacy noise): {metric}; the federated value differs from it by the evaluation's "
+                  f"privacy noise (its 95 % interval) and its public clipping and bins")
         emit(args, result,
              f"federated S-BDT on {args.dataset}: {args.sites} sites (separate processes, mutual TLS, "
              f"secure aggregation, {plan.noise} noise), {len(model.trees)} trees, {_rows_text(rows, dropped)}\n"
@@ -419,7 +536,8 @@ def federated_text(receipt: dict) -> str:
     if "metrics" not in receipt:
         return f"federated held-out evaluation: not released ({receipt.get('failed', 'no evaluation')})"
     return (f"held-out, evaluated federatedly (each site its own part; secure aggregation, ε_eval = "
-            f"{receipt['epsilon_eval']:g} separate from training): {describe(receipt['metrics'])}")
+            f"{receipt['epsilon_eval']:g} separate from training): "
+            f"{describe(receipt['metrics'], receipt.get('intervals'))}")
 
 
 def _rows_text(rows: int, dropped: int) -> str:
@@ -445,23 +563,41 @@ def register(sub) -> None:
     from fedsbdt.common.statuspage import add_status_flags
 
     d = sub.add_parser("demo", help="a whole federation on loopback: coordinator and sites as processes, mutual TLS")
-    d.add_argument("--sites", type=int, default=3, help="number of sites (default: 3)")
-    d.add_argument("--dataset", choices=DATASETS, default="abalone", help="bundled dataset (default: abalone)")
-    d.add_argument("--trees", type=int, default=50, help="trees T_regular (default: 50)")
-    d.add_argument("--depth", type=int, default=3, help="tree depth (default: 3)")
-    d.add_argument("--epsilon", type=float, default=1.0, help="privacy budget ε (default: 1)")
-    d.add_argument("--seed", type=int, help="public split seed (default: random)")
-    d.add_argument("--eval-epsilon", type=float, default=1.0, metavar="E",
+    from fedsbdt.common.config import Hyperparameters
+
+    d.add_argument("--sites", type=int, metavar="N",
+                   help="number of sites, 2..20 (default: 3; with --split-by and no --sites, one per value)")
+    d.add_argument("--dataset", choices=DATASETS, help="bundled dataset (default: abalone)")
+    d.add_argument("--data", metavar="FILE",
+                   help="your own CSV file instead of a bundled dataset (needs --schema; 20 %% are held out for "
+                        "testing by a fixed public shuffle, the rest dealt to the sites) (default: none: the "
+                        "bundled --dataset)")
+    d.add_argument("--schema", metavar="FILE", help="the schema (TOML) of --data (required with --data)")
+    d.add_argument("--split-by", metavar="COLUMN",
+                   help="with --data: deal the rows to the sites by this column's value (e.g. a hospital "
+                        "column; default: round-robin)")
+    trees = Hyperparameters().trees
+    d.add_argument("--trees", type=int, default=trees, metavar="N",
+                   help=f"trees T_regular (default: {trees}, as fedsbdt train)")
+    d.add_argument("--depth", type=int, default=3, metavar="N", help="tree depth (default: 3)")
+    d.add_argument("--epsilon", type=float, default=1.0, metavar="X", help="privacy budget ε (default: 1)")
+    d.add_argument("--seed", type=int, metavar="N", help="public split seed (default: random)")
+    d.add_argument("--eval-epsilon", type=float, default=1.0, metavar="X",
                    help="ε_eval of the federated held-out evaluation (default: 1, not the plan default 0.1: the "
                         "demo's held-out parts are small, e.g. ~280 Abalone records per site; "
                         "docs/federated-evaluation.md)")
-    d.add_argument("--timeout", type=float, default=600.0, help="give up after this many seconds (default: 600)")
-    d.add_argument("--workdir", help="keep all files (CA, keys, plan, data, states, logs) in this directory")
+    d.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS",
+                   help="give up after this many seconds (default: 600)")
+    d.add_argument("--workdir", metavar="DIR",
+                   help="keep all files (CA, keys, plan, data, states, logs) in this directory (default: a "
+                        "temporary directory, removed at the end)")
     d.add_argument("--keep-on-failure", action="store_true", help="keep the temporary directory if the demo fails")
     d.add_argument("--prepare", metavar="DIR",
-                   help="only write CA, certificates, keys, plan and data splits to DIR (for docker compose)")
-    d.add_argument("--host", action="append",
+                   help="only write CA, certificates, keys, plan and data splits to DIR (for docker compose) "
+                        "(default: none: run the demo)")
+    d.add_argument("--host", action="append", metavar="HOST",
                    help="with --prepare: host names of the coordinator for its certificate (default: localhost)")
     add_status_flags(d)
     d.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    d.set_defaults(func=cmd_demo)
+    d.set_defaults(func=cmd_demo, on_interrupt="the sites and the coordinator were stopped; a demo does not "
+                                               "resume: run it again")

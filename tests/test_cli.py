@@ -55,7 +55,36 @@ def test_binary_evaluate_keys(tmp_path):
         "--out", str(model), "--epsilon", "1", "--trees", "20", "--depth", "3", "--quiet")
     ev = json.loads(run("evaluate", "--model", str(model), "--data", str(ADULT_TEST),
                         "--json").stdout)
-    assert set(ev) == {"n", "auc", "accuracy"} and ev["auc"] > 0.6
+    assert set(ev) == {"n", "auc", "accuracy", "dropped", "baseline", "beats_baseline"} and ev["auc"] > 0.6
+    # the majority-class baseline of the test file (adult.test: 76.4 % "<=50K."), beside the metric
+    assert ev["baseline"] == {"predictor": "majority class", "value": "<=50K", "accuracy": pytest.approx(0.7543, abs=1e-3),
+                              "auc": 0.5}
+    assert ev["beats_baseline"] == (ev["accuracy"] > ev["baseline"]["accuracy"])
+    assert ev["dropped"] > 0  # adult.test has rows with '?'
+    p = tmp_path / "p.csv"
+    res = json.loads(run("predict", "--model", str(model), "--data", str(ADULT_TEST), "--out", str(p),
+                         "--threshold", "0.3", "--json").stdout)
+    assert res["threshold"] == 0.3 and res["dropped"] == ev["dropped"] and res["n"] == ev["n"]
+    import pandas as pd
+
+    frame = pd.read_csv(p)
+    assert set(frame["prediction"]) <= {">50K", "<=50K"}  # the schema's labels, not 0/1
+    assert ((frame["probability"] >= 0.3) == (frame["prediction"] == ">50K")).all()
+    text = run("evaluate", "--model", str(model), "--data", str(ADULT_TEST)).stdout
+    assert "baseline: always predicting the majority class '<=50K' gives accuracy=" in text
+    assert f"({ev['dropped']} rows with a missing value dropped)" in text
+
+
+def test_evaluate_says_when_a_model_does_not_beat_the_mean_predictor(tmp_path):
+    """A model trained with almost no budget on a few trees: its RMSE is worse than predicting the mean."""
+    model = tmp_path / "m.json"
+    run("train", "--data", str(ABALONE), "--schema", str(EXAMPLES / "abalone/schema.toml"), "--out", str(model),
+        "--epsilon", "0.01", "--trees", "2", "--depth", "2", "--init-share", "0", "--quiet")
+    ev = json.loads(run("evaluate", "--model", str(model), "--data", str(ABALONE), "--json").stdout)
+    assert ev["baseline"]["predictor"] == "mean" and ev["baseline"]["rmse"] == pytest.approx(3.2238, abs=1e-3)
+    assert ev["rmse"] > ev["baseline"]["rmse"] and ev["beats_baseline"] is False
+    text = run("evaluate", "--model", str(model), "--data", str(ABALONE)).stdout
+    assert "the model does not beat this baseline" in text
 
 
 @pytest.mark.parametrize("args,needle", [
@@ -116,7 +145,7 @@ def test_predict_scores_records_without_labels(tmp_path, abalone_model):
         out = tmp_path / f"{name}.pred.csv"
         res = json.loads(run("predict", "--model", str(model), "--data", str(tmp_path / name), "--out", str(out),
                              "--json").stdout)
-        assert res == {"n": 50, "dropped": 0, "out": str(out)}
+        assert res == {"n": 50, "dropped": 0, "out": str(out), "id": "pid"}
         outs[name] = pd.read_csv(out, dtype={"pid": str})
     assert list(outs["new.csv"].columns) == ["pid", "prediction"]
     assert outs["new.csv"]["pid"].tolist() == [f"p-{i:03d}" for i in range(50)]
@@ -131,6 +160,17 @@ def test_predict_scores_records_without_labels(tmp_path, abalone_model):
     run("predict", "--model", str(abalone_model), "--data", str(bare), "--out", str(tmp_path / "bare.pred.csv"))
     lines = (tmp_path / "bare.pred.csv").read_text().splitlines()
     assert lines[0] == "id,prediction" and lines[1].startswith("0,") and len(lines) == 51
+    # a schema with an id column, a file without it: row numbers instead of a refusal (CSV with a header)
+    frame.drop(columns=["Rings", "pid"]).to_csv(tmp_path / "no-id.csv", index=False)
+    res = json.loads(run("predict", "--model", str(model), "--data", str(tmp_path / "no-id.csv"), "--out",
+                         str(tmp_path / "no-id.pred.csv"), "--json").stdout)
+    assert res["id"] == "row number" and res["n"] == 50
+    no_id = pd.read_csv(tmp_path / "no-id.pred.csv")
+    assert no_id["id"].tolist() == list(range(50))
+    assert no_id["prediction"].tolist() == outs["new.csv"]["prediction"].tolist()
+    p = run("predict", "--model", str(model), "--data", str(tmp_path / "no-id.csv"), "--out",
+            str(tmp_path / "x.csv"), "--threshold", "0.5", ok=False)
+    assert p.returncode == 2 and "--threshold is for binary models" in p.stderr
 
 
 @pytest.mark.parametrize("log_format", ["text", "json"])

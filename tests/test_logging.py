@@ -93,3 +93,40 @@ def test_progress_without_logging_configured_prints_plain_lines(capsys):
             logger.addHandler(h)
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 4 and err[-1].startswith("job: round 4/4")
+
+
+def test_grpc_core_logging_is_off_unless_the_user_asked_for_it():
+    from fedsbdt.common.logging_setup import quiet_grpc_core
+
+    env: dict[str, str] = {}
+    quiet_grpc_core(env)
+    assert env == {"GRPC_VERBOSITY": "NONE", "GRPC_TRACE": ""}
+    env = {"GRPC_VERBOSITY": "debug", "GRPC_TRACE": "tcp"}
+    quiet_grpc_core(env)
+    assert env == {"GRPC_VERBOSITY": "debug", "GRPC_TRACE": "tcp"}
+
+
+def test_a_grpc_bind_failure_is_our_one_line_not_c_core_lines(tmp_path):
+    """Without GRPC_VERBOSITY the C core prints ``E… add_port.cc:…`` lines on a failed bind; the coordinator
+    prints its own line only.  (An address that cannot be bound and that no process listens on.)"""
+    import os
+    import subprocess
+    import sys
+
+    from fedsbdt.common.config import Hyperparameters
+    from fedsbdt.common.federation.plan import SiteEntry, make_plan
+    from fedsbdt.common.schema import Schema
+
+    from conftest import EXAMPLES, ROOT
+
+    schema = Schema.load(EXAMPLES / "abalone" / "schema.toml")
+    plan = make_plan(schema, Hyperparameters(trees=2, depth=2, seed=1),
+                     [SiteEntry(f"s{i}", bytes([i]) * 32) for i in range(3)], max_records_per_site=100)
+    plan.save(tmp_path / "plan.toml")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GRPC_")}
+    p = subprocess.run([sys.executable, "-m", "fedsbdt.common.cli", "coordinator", "--plan", str(tmp_path / "plan.toml"),
+                        "--insecure", "--listen", "192.0.2.1:7443", "--state", str(tmp_path / "state")],
+                       capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    assert p.returncode == 2, p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("fedsbdt coordinator: error: cannot listen on 192.0.2.1:7443"), lines

@@ -292,7 +292,8 @@ def test_cli_train_evaluate_predict(tmp_path, capsys):
     capsys.readouterr()
     assert main(["evaluate", "--model", str(model), "--data", str(WINE / "wine_test.csv"), "--json"]) == 0
     res = json.loads(capsys.readouterr().out)
-    assert set(res) == {"n", "accuracy", "macro_auc", "log_loss"} and res["n"] == 44
+    assert set(res) == {"n", "accuracy", "macro_auc", "log_loss", "dropped", "baseline", "beats_baseline"}
+    assert res["n"] == 44 and res["baseline"]["predictor"] == "majority class" and res["beats_baseline"]
     # chance is 1/3; secure noise: the lowest of 60 runs was 0.727 on these 44 rows
     assert res["accuracy"] > 0.6 and res["log_loss"] < math.log(3)
     assert main(["predict", "--model", str(model), "--data", str(WINE / "wine_test.csv"), "--out", str(pred)]) == 0

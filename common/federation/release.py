@@ -87,7 +87,9 @@ def evaluation_receipt(plan: Plan, total, round_id: int, sites: Sequence[str]) -
     return {"epsilon_eval": float(plan.eval_epsilon), "delta_eval": float(plan.hyperparameters.delta),
             "sigma_eval": plan.eval_spec.sigma, "bins": plan.eval_bins, "training_epsilon": plan.stated_epsilon,
             "plan_sha256": plan.sha256, "round_id": int(round_id), "sites": list(sites),
-            "metrics": plan.eval_spec.metrics(total)}
+            "metrics": plan.eval_spec.metrics(total),
+            # 95 % intervals for the privacy noise, from the public noise scale (common/fed_eval.py)
+            "intervals": plan.eval_spec.intervals(total, len(sites)), "interval_level": 0.95}
 
 
 def model_bytes(model: Ensemble) -> bytes:

@@ -44,6 +44,9 @@ GRPC_OPTIONS = (
     ("grpc.http2.max_pings_without_data", 0),
 )
 SERVER_OPTIONS = GRPC_OPTIONS + (
+    # one coordinator per address: with SO_REUSEPORT a second server on the same port would bind too and the
+    # kernel would spread the sites' connections over both (common/instance.py names the holder instead)
+    ("grpc.so_reuseport", 0),
     ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
     ("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000),
 )

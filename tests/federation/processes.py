@@ -68,6 +68,21 @@ class EventLog:
                     raise AssertionError(f"timed out after {timeout:g} s waiting for an event\n{self.diagnosis()}")
                 self.cond.wait(timeout=left)
 
+    def wait_count(self, pred, n: int, timeout: float = 60.0, after: int = 0) -> list[dict]:
+        """Block until ``n`` events with index ≥ ``after`` satisfy ``pred`` (a process writes its log lines
+        asynchronously: count them only once they are all there); returns them.  AssertionError on timeout."""
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while True:
+                found = [e for e in self.events[after:] if pred(e)]
+                if len(found) >= n:
+                    return found
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(f"timed out after {timeout:g} s waiting for {n} events (saw {len(found)})"
+                                         f"\n{self.diagnosis()}")
+                self.cond.wait(timeout=left)
+
     def diagnosis(self, n: int = 25) -> str:
         """What a timeout reports: the last ``n`` events."""
         return "last events:\n" + "\n".join(

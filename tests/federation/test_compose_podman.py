@@ -139,10 +139,12 @@ def test_coordinator_and_three_hospital_containers_train_over_mutual_tls_to_one_
     assert done["unconfirmed"] == [] and done["mismatched"] == []
 
 
-def test_a_hospital_container_killed_mid_training_and_the_session_finishes_without_it(session):
-    """``podman kill`` (SIGKILL; an explicit kill, so its restart policy does not bring it back) after the first
-    tree: t = 2 of 3, so the round in flight is retried among the two others and the session finishes."""
-    trees = 200  # ~20 ms each here: the kill (a few hundred ms) lands well before the end
+def test_a_hospital_container_stopped_mid_training_exits_130_and_the_session_finishes_without_it(session):
+    """``podman stop`` (SIGTERM, what docker, podman and systemd send; an explicit stop, so its restart policy
+    does not bring it back) after the first tree: the site stops cleanly (exit 130, one line saying how to
+    resume; not 143), t = 2 of 3, so the round in flight is retried among the two others and the session
+    finishes.  (SIGKILL mid-round: tests/hardening/test_crashes.py.)"""
+    trees = 200  # ~20 ms each here: the stop (a few hundred ms) lands well before the end
     s = session(trees=trees)
     killed: dict[str, object] = {}
 
@@ -150,12 +152,15 @@ def test_a_hospital_container_killed_mid_training_and_the_session_finishes_witho
         if rec.get("event") == "tree" and not killed:
             killed["at_tree"] = rec["trees_released"]
             name = s.containers()["hospital-3"]["Names"][0]
-            killed["result"] = subprocess.run(["podman", "kill", name], capture_output=True, text=True, timeout=60)
+            killed["result"] = subprocess.run(["podman", "stop", "-t", "30", name], capture_output=True, text=True,
+                                              timeout=60)
 
     s.up(kill_after_first_tree)
     assert killed and killed["result"].returncode == 0, (killed, s.tail(200))
     containers = s.containers()
-    assert containers["hospital-3"]["ExitCode"] == 137 and containers["hospital-3"]["State"] == "exited"
+    assert containers["hospital-3"]["ExitCode"] == 130 and containers["hospital-3"]["State"] == "exited"
+    (stopped,) = [r for r in s.events("interrupted") if r.get("command") == "client"]
+    assert "restart the same command to resume" in stopped["msg"], stopped
     exits = {svc: c["ExitCode"] for svc, c in containers.items() if svc != "hospital-3"}
     assert exits == {"coordinator": 0, "hospital-1": 0, "hospital-2": 0}, s.tail()
     assert not (s.deploy / "hospital-3" / "model.json").exists()

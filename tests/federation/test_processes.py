@@ -8,6 +8,7 @@ on files with missing values in test_missing_federation.py.
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import subprocess
 import sys
@@ -82,12 +83,19 @@ def test_refusals_are_clear_and_nothing_is_released(tmp_path, ca_dir, cluster_fa
     coord = c.coordinator()
     good = c.site("hospital-1", data["hospital-1"])
     h3 = data["hospital-3"]
+    keys = tmp_path / "hospital-3"
+    h3_keys = ["--identity-key", str(keys / "identity.key"), "--tls-cert", str(keys / "tls.crt"),
+               "--tls-key", str(keys / "tls.key"), "--tls-ca", str(keys / "ca.crt")]
+
+    def h3_site(case: str, *flags: str):  # one --state each: a state directory holds one client at a time
+        return c.site("hospital-3", h3, *flags, *h3_keys, state=tmp_path / f"hospital-3-{case}")
+
     bad = {
         "other CA": c.site("hospital-2", data["hospital-2"], "--tls-cert", str(tmp_path / "rogue.crt")),
         "unknown site": c.site("intruder", h3),
-        "plan hash": c.site("hospital-3", h3, "--plan-hash", "ab" * 32),
-        "epsilon cap": c.site("hospital-3", h3, "--max-epsilon", "0.5"),
-        "schema": c.site("hospital-3", h3, "--schema", str(EXAMPLES / "abalone" / "schema.toml")),
+        "plan hash": h3_site("hash", "--plan-hash", "ab" * 32),
+        "epsilon cap": h3_site("cap", "--max-epsilon", "0.5"),
+        "schema": h3_site("schema", "--schema", str(EXAMPLES / "abalone" / "schema.toml")),
     }
     expected = {
         "other CA": "rejected this site's certificate",
@@ -100,6 +108,8 @@ def test_refusals_are_clear_and_nothing_is_released(tmp_path, ca_dir, cluster_fa
         assert p.wait(timeout=120) == 2, what
         assert expected[what] in p.errors, (what, p.errors)
         assert "Traceback" not in "".join(p.lines)
+        # gRPC's C-core lines ("E1127 12:00:00.1 … ssl_transport_security.cc:…") are off by default
+        assert not [ln for ln in p.lines if re.match(r"[DIWEF]\d{4} \d\d:\d\d", ln)], (what, p.lines)
     c.wait_event(lambda e: e.get("_proc") == "coordinator" and e.get("event") == "connected")
     status = subprocess.run([sys.executable, "-c", STATUS, str(c.port), str(tmp_path / "hospital-1")],
                             capture_output=True, text=True, cwd=ROOT, timeout=60)

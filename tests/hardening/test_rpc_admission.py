@@ -99,10 +99,8 @@ def test_every_rpc_refuses_a_ca_signed_certificate_outside_the_roster(coordinato
     st = roster.GetStatus(pb.GetStatusRequest(), timeout=10)
     assert st.stage == "gathering" and not any(s.connected for s in st.sites)
     assert fed.events_of("coordinator", "joined") == []
-    deadline = time.monotonic() + 15  # the coordinator process writes its log asynchronously
-    while len(fed.events_of("coordinator", "not_on_roster")) < len(calls) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert len(fed.events_of("coordinator", "not_on_roster")) >= len(calls)
+    fed.wait_count(lambda e: e.get("_proc") == "coordinator" and e.get("event") == "not_on_roster", len(calls),
+                   timeout=30)  # the coordinator process writes its log asynchronously
 
 
 class IdleStreams:
@@ -166,6 +164,9 @@ def test_a_hundred_idle_connect_streams_do_not_delay_a_roster_site(coordinator, 
                 streams[0].wait_ended(len(streams[0].calls), 0.5)
             ended = [c for s in streams for c in s.ended]
             assert len(ended) == n and ended.count(grpc.StatusCode.CANCELLED) == STREAMS_PER_IDENTITY, ended
+            # each cancelled stream's log line is written after the stream ended: wait for them to arrive
+            fed.wait_count(lambda e: e.get("_proc") == "coordinator" and e.get("event") == "idle_stream",
+                           STREAMS_PER_IDENTITY, timeout=30)
             assert len(fed.events_of("coordinator", "idle_stream")) == STREAMS_PER_IDENTITY
         roster_calls_are_prompt(legit, setup.plan)
     finally:
