@@ -1,0 +1,180 @@
+"""Fit the ``auto`` rule (common/auto.py TABLE) on the grid and evaluate it leave-one-dataset-out (docs/auto.md).
+
+Reads ``results/auto_grid*.jsonl`` (benchmarks/auto_grid.py).  The rule maps bands of the budget signal
+``b = log10(ε·n/max(K, 1))`` to one of the 20 grid settings: in each band, the setting with the smallest
+mean gap to the best grid setting of each (dataset, ε) cell in the band.  The band width and offset are
+chosen by an inner leave-one-dataset-out over the training datasets, so the held-out dataset influences
+neither the choice of bands nor the settings.
+
+Scores are higher-is-better (AUC, accuracy, R²), floored at what a constant predictor gets (AUC 0.5, R² 0)
+so a diverged run at ε = 0.1 does not dominate a mean.  Writes ``results/auto_rule.json`` and
+``results/auto_rule.png`` and prints the TABLE fitted on all datasets.
+
+    python benchmarks/auto_rule.py
+"""
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from auto_grid import EPSILONS, GRID, RESULTS, settings  # noqa: E402
+
+#: band layouts tried: (width, offset) — edges at offset + k·width
+LAYOUTS = [(w, o) for w in (0.75, 1.0, 1.5) for o in (0.0, 0.25, 0.5, 0.75) if o < w]
+FLOOR = {"binary": 0.5, "regression": 0.0, "multiclass": 0.0}
+
+
+def load_rows() -> list[dict]:
+    rows = []
+    for f in sorted(RESULTS.glob("auto_grid*.jsonl")):
+        rows += [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
+    return rows
+
+
+def tables(rows):
+    score = defaultdict(dict)  # (ds, eps) -> setting -> score
+    meta, xgb = {}, {}
+    for r in rows:
+        meta[r["dataset"]] = r
+        s = max(r["score"], FLOOR[r["task"]]) if r["score"] == r["score"] else FLOOR[r["task"]]
+        if r["setting"] == "xgboost":
+            xgb[r["dataset"]] = s
+        else:
+            score[(r["dataset"], r["epsilon"])][r["setting"]] = s
+    complete = {k: v for k, v in score.items() if all(g in v for g in GRID)}
+    return complete, meta, xgb
+
+
+def signal(meta: dict, ds: str, eps: float) -> float:
+    m = meta[ds]
+    return math.log10(eps * m["n_train"] / max(m.get("classes", 0) or 1, 1))
+
+
+def band(b: float, layout) -> int:
+    w, o = layout
+    return math.floor((b - o) / w)
+
+
+def fit(cells, score, meta, layout) -> dict:
+    """band -> grid key with the smallest mean gap over the cells in the band (empty bands: nearest band)."""
+    by = defaultdict(list)
+    for c in cells:
+        by[band(signal(meta, *c), layout)].append(c)
+    rule = {}
+    for bnd, cs in by.items():
+        gaps = {g: np.mean([max(score[c].values()) - score[c][g] for c in cs]) for g in GRID}
+        rule[bnd] = min(gaps, key=gaps.get)
+    return rule
+
+
+def apply(rule: dict, b: float, layout) -> str:
+    k = band(b, layout)
+    if k in rule:
+        return rule[k]
+    nearest = min(rule, key=lambda j: (abs(j - k), j))
+    return rule[nearest]
+
+
+def gap_of(rule, layout, cells, score, meta) -> list[float]:
+    return [max(score[c].values()) - score[c][apply(rule, signal(meta, *c), layout)] for c in cells]
+
+
+def choose_layout(datasets, score, meta) -> tuple:
+    """Inner leave-one-dataset-out over ``datasets``: the layout with the smallest mean held-out gap."""
+    best = None
+    for layout in LAYOUTS:
+        gaps = []
+        for d in datasets:
+            train = [c for c in score if c[0] in datasets and c[0] != d]
+            test = [c for c in score if c[0] == d]
+            gaps += gap_of(fit(train, score, meta, layout), layout, test, score, meta)
+        m = float(np.mean(gaps))
+        if best is None or m < best[0]:
+            best = (m, layout)
+    return best[1]
+
+
+def main() -> None:
+    rows = load_rows()
+    score, meta, xgb = tables(rows)
+    datasets = sorted({c[0] for c in score if all((c[0], e) in score for e in EPSILONS)})
+    score = {c: v for c, v in score.items() if c[0] in datasets}
+    print(f"{len(datasets)} datasets with all of ε ∈ {EPSILONS} complete: {', '.join(datasets)}", file=sys.stderr)
+    cells_out = []
+    for d in datasets:  # outer leave-one-dataset-out
+        others = [x for x in datasets if x != d]
+        layout = choose_layout(others, score, meta)
+        rule = fit([c for c in score if c[0] != d], score, meta, layout)
+        # the best single setting on the others (a rule without any signal) and today's default g01
+        single = min(GRID, key=lambda g: np.mean([max(score[c].values()) - score[c][g] for c in score
+                                                   if c[0] != d]))
+        for e in EPSILONS:
+            c = (d, e)
+            best_key = max(score[c], key=score[c].get)
+            pick = apply(rule, signal(meta, d, e), layout)
+            cells_out.append({
+                "dataset": d, "task": meta[d]["task"], "n_train": meta[d]["n_train"], "epsilon": e,
+                "signal": signal(meta, d, e), "auto": pick, "auto_score": score[c][pick],
+                "grid_best": best_key, "grid_best_score": score[c][best_key],
+                "gap_auto": score[c][best_key] - score[c][pick],
+                "gap_single": score[c][best_key] - score[c][single],
+                "gap_default": score[c][best_key] - score[c]["g01"], "default_score": score[c]["g01"],
+                "xgboost": xgb.get(d), "gap_xgboost_auto": (xgb[d] - score[c][pick]) if d in xgb else None,
+                "layout": layout})
+    summary = {}
+    for e in [*EPSILONS, "all"]:
+        cs = [c for c in cells_out if e == "all" or c["epsilon"] == e]
+        summary[str(e)] = {k: {"mean": float(np.mean([c[k] for c in cs])), "worst": float(np.max([c[k] for c in cs])),
+                               "worst_dataset": max(cs, key=lambda c: c[k])["dataset"],
+                               "within_0.01": int(sum(c[k] <= 0.01 for c in cs)), "cells": len(cs)}
+                           for k in ("gap_auto", "gap_single", "gap_default", "gap_xgboost_auto")}
+    layout = choose_layout(datasets, score, meta)
+    final = fit(list(score), score, meta, layout)
+    table = [(layout[1] + (k + 1) * layout[0], settings(final[k]), final[k]) for k in sorted(final)]
+    out = {"datasets": datasets, "grid": {k: settings(k) for k in GRID}, "epsilons": list(EPSILONS),
+           "cells": cells_out, "summary": summary, "final_layout": layout,
+           "final_table": [{"upper_edge": t[0], "setting": t[2], **t[1]} for t in table]}
+    (RESULTS / "auto_rule.json").write_text(json.dumps(out, indent=1) + "\n")
+    for e, s in summary.items():
+        print(f"ε={e:>4}: auto gap mean {s['gap_auto']['mean']:.4f} worst {s['gap_auto']['worst']:.4f} "
+              f"({s['gap_auto']['worst_dataset']}), within 0.01: {s['gap_auto']['within_0.01']}/{s['gap_auto']['cells']}"
+              f" | single best {s['gap_single']['mean']:.4f} | default {s['gap_default']['mean']:.4f} "
+              f"| XGBoost − auto mean {s['gap_xgboost_auto']['mean']:.4f}")
+    print("TABLE (fitted on all datasets, layout", layout, "):")
+    for i, (edge, s, key) in enumerate(table):
+        e = "math.inf" if i == len(table) - 1 else f"{edge:g}"
+        print(f"    ({e}, dict(trees={s['trees']}, depth={s['depth']}, subsample={s['subsample']}, "
+              f"learning_rate={s['learning_rate']}, cyclical={s['cyclical']})),  # {key}")
+    plot(cells_out, datasets)
+
+
+def plot(cells, datasets) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(EPSILONS), figsize=(16, 5), sharey=True)
+    x = np.arange(len(datasets))
+    for ax, e in zip(axes, EPSILONS):
+        cs = {c["dataset"]: c for c in cells if c["epsilon"] == e}
+        ax.bar(x - 0.3, [cs[d]["gap_auto"] for d in datasets], 0.3, label="auto (LODO) − grid best")
+        ax.bar(x, [cs[d]["gap_default"] for d in datasets], 0.3, label="old default − grid best")
+        ax.bar(x + 0.3, [cs[d]["gap_xgboost_auto"] or 0 for d in datasets], 0.3, label="XGBoost − auto")
+        ax.axhline(0.01, color="k", lw=0.6, ls="--")
+        ax.set_title(f"ε = {e:g}")
+        ax.set_xticks(x, datasets, rotation=90, fontsize=7)
+    axes[0].set_ylabel("score gap (AUC / accuracy / R²)")
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(RESULTS / "auto_rule.png", dpi=90)
+
+
+if __name__ == "__main__":
+    main()
