@@ -215,7 +215,7 @@ def sample_trials(mean_trials: int, randbelow=None) -> int:
 
     randbelow = randbelow or secrets.randbelow
     k = 1
-    while randbelow(mean_trials + 1) != 0:
+    while randbelow(mean_trials) != 0:
         k += 1
     return k
 
