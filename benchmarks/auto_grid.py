@@ -105,7 +105,8 @@ def run_one(tr, te, hp: Hyperparameters) -> dict:
 def done_keys(path: Path) -> set:
     if not path.exists():
         return set()
-    return {(r["dataset"], r["epsilon"], r["setting"]) for r in map(json.loads, path.read_text().splitlines()) if r}
+    return {(r["dataset"], r["epsilon"], r["setting"], r.get("rep", 0))
+            for r in map(json.loads, path.read_text().splitlines()) if r}
 
 
 def main() -> None:
@@ -113,17 +114,18 @@ def main() -> None:
     ap.add_argument("--datasets", default=",".join(e.name for e in suite.ENTRIES))
     ap.add_argument("--settings", default=",".join(GRID), help="grid keys (and 'auto' after the rule exists)")
     ap.add_argument("--out", default=str(OUT))
+    ap.add_argument("--rep", type=int, default=0, help="repetition (fresh noise and tree seed, same train/test split); 0 = the first")
     a = ap.parse_args()
     out = Path(a.out)
     done = done_keys(out)
     for name in a.datasets.split(","):
         ds, tr, te = load(name)
         meta = {"dataset": name, "task": ds.schema.task, "n_train": tr.n, **suite.describe(tr)}
-        if (name, None, "xgboost") not in done:
+        if (name, None, "xgboost", a.rep) not in done and a.rep == 0:
             _write(out, {**meta, "epsilon": None, "setting": "xgboost", **xgboost_score(ds, tr, te)})
         for eps in EPSILONS:
             for key in a.settings.split(","):
-                if (name, eps, key) in done:
+                if (name, eps, key, a.rep) in done:
                     continue
                 if key == "auto":
                     from fedsbdt.common.auto import AutoInputs, auto_settings
@@ -131,9 +133,9 @@ def main() -> None:
                     kw = auto_settings(AutoInputs.for_schema(tr.schema, eps, 5e-8, tr.n)).settings
                 else:
                     kw = settings(key)
-                hp = Hyperparameters.from_dict({"epsilon": eps, "seed": 1 + len(done), **kw})
+                hp = Hyperparameters.from_dict({"epsilon": eps, "seed": 1 + len(done) + 7919 * a.rep, **kw})
                 r = run_one(tr, te, hp)
-                _write(out, {**meta, "epsilon": eps, "setting": key, "hp": kw, **r})
+                _write(out, {**meta, "epsilon": eps, "setting": key, "hp": kw, "rep": a.rep, **r})
                 print(f"{name} ε={eps} {key}: {r['score']:.4f} ({r['seconds']:.1f}s)", file=sys.stderr, flush=True)
 
 

@@ -38,7 +38,8 @@ def load_rows() -> list[dict]:
 
 
 def tables(rows):
-    score = defaultdict(dict)  # (ds, eps) -> setting -> score
+    """(dataset, ε) -> setting -> floored score, averaged over repetitions; dataset meta; XGBoost scores."""
+    acc = defaultdict(lambda: defaultdict(list))
     meta, xgb = {}, {}
     for r in rows:
         meta[r["dataset"]] = r
@@ -46,7 +47,8 @@ def tables(rows):
         if r["setting"] == "xgboost":
             xgb[r["dataset"]] = s
         else:
-            score[(r["dataset"], r["epsilon"])][r["setting"]] = s
+            acc[(r["dataset"], r["epsilon"])][r["setting"]].append(s)
+    score = {c: {g: float(np.mean(v)) for g, v in d.items()} for c, d in acc.items()}
     complete = {k: v for k, v in score.items() if all(g in v for g in GRID)}
     return complete, meta, xgb
 

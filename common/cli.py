@@ -88,8 +88,9 @@ def add_hyperparameter_flags(p: argparse.ArgumentParser) -> None:
 
 def add_settings_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--settings", choices=["auto", "paper"], default="auto",
-                   help="auto (default): settings that follow ε, the task, the features and n (docs/auto.md); paper: "
-                        "the S-BDT paper's defaults shown below. Any hyperparameter flag overrides either")
+                   help="auto (default): settings that follow ε, the task, the features and n for random trees "
+                        "(docs/auto.md); paper: the S-BDT paper's defaults shown below (also what --tree-builder "
+                        "greedy/dpboost/sarus take). Any hyperparameter flag overrides either")
     p.add_argument("--rows", type=int, default=None, metavar="N",
                    help="declare the row count n public for auto (default: a DP count at 2%% of ε)")
 
@@ -186,13 +187,20 @@ def given_hyperparameters(args: argparse.Namespace) -> dict[str, Any]:
             if getattr(args, f.name, None) is not None}
 
 
+def settings_mode(args: argparse.Namespace, given: dict[str, Any]) -> str:
+    """``auto`` is fitted for S-BDT's random trees: a run that names another builder (greedy, DPBoost, Sarus)
+    takes that builder's own defaults, as with ``--settings paper``."""
+    mode = getattr(args, "settings", "paper")
+    return "paper" if given.get("tree_builder", "random") != "random" else mode
+
+
 def auto_hyperparameters(args: argparse.Namespace, schema, n: int, randomness) -> tuple[Hyperparameters, Any, float]:
     """``--settings auto`` (default): the rule of common/auto.py fills every key not given; n is ``--rows`` if
     declared, else a discrete-Laplace count at ROWS_SHARE·ε (returned as its ε, spent from the total)."""
     from .auto import resolve, rows_epsilon
 
     given = given_hyperparameters(args)
-    mode = getattr(args, "settings", "paper")
+    mode = settings_mode(args, given)
     total = float(given.get("epsilon", Hyperparameters.epsilon))
     eps_rows, rows, source = 0.0, getattr(args, "rows", None), "declared"
     if mode == "auto" and rows is None:
@@ -228,10 +236,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     schema = Schema.load(args.schema)
     if getattr(args, "rows", None) is not None and args.rows < 1:
         raise CliError(f"--rows {args.rows}: the declared row count must be ≥ 1")
-    if args.settings == "auto":  # fail fast on an impossible budget before the data is read or ε is spent
+    given = given_hyperparameters(args)
+    if settings_mode(args, given) == "auto":  # fail fast on an impossible budget before the data is read
         from .auto import resolve
 
-        given = given_hyperparameters(args)
         calibration_for(Hyperparameters.from_dict(resolve(given, schema, args.rows or 1)[0]))
     randomness = SecureRandomness(sampler=args.sampler)
     ds = _load_data(args.data, schema)
@@ -251,7 +259,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     p = res.model.privacy
     out = {"epsilon": p["epsilon"], "delta": p["delta"], "sigma": p["sigma"], "alpha": p["alpha"],
            "trees": len(res.model.trees), "seconds": round(res.seconds, 4), "rows": ds.n, "model": str(args.out),
-           "settings": args.settings, "hyperparameters": hp.to_dict()}
+           "settings": settings_mode(args, given), "hyperparameters": hp.to_dict()}
     if choice is not None:
         out["auto"] = choice.to_dict()
     if hp.filter:
