@@ -27,7 +27,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from .files import check_output_path
     from .randomness import SecureRandomness
     from .schema import Schema
-    from .tuning import candidates, holdout_mask, plan_tuning, run_tuning
+    from .tuning import candidates, plan_tuning, tune_on
 
     check_output_path(args.out, "model")
     if not args.epsilon > 0:
@@ -60,14 +60,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
             plan = plan_tuning(candidates(centre), budget, args.delta, args.trials_mean)
         except AccountingError as e:
             raise CliError(str(e)) from None
-    space = candidates(centre)
     seed = args.seed if args.seed is not None else secrets.randbits(63)
-    mask = holdout_mask(ds.ids, seed)
-    train_ds, hold = ds.subset(~mask), ds.subset(mask)
     quiet = args.quiet or args.json
     prog = Progress("tune", 1, quiet=quiet, extra=f"ε={args.epsilon:g}")
-    res = run_tuning(train_ds, hold, space, plan, randomness,
-                     progress=None if quiet else (lambda i, k: prog(i, k)))
+    res, space = tune_on(ds, centre, plan, randomness, seed, progress=None if quiet else (lambda i, k: prog(i, k)))
     prog.close()
     m = res.model
     p = m.privacy

@@ -259,3 +259,11 @@ def run_tuning(train_ds, holdout_ds, settings: list[dict], plan: TuningPlan, ran
         if progress is not None:
             progress(i + 1, k)
     return TuningResult(best_model, plan, trials, best[0], best[1], time.perf_counter() - t0)
+
+
+def tune_on(ds, centre: dict, plan: TuningPlan, randomness, seed: int, progress=None) -> tuple[TuningResult, list]:
+    """Split ``ds`` by :func:`holdout_mask` (public ``seed``) and run the trials over the candidates around
+    ``centre``; returns the result and the candidate list."""
+    space = candidates(centre)
+    mask = holdout_mask(ds.ids, seed)
+    return run_tuning(ds.subset(~mask), ds.subset(mask), space, plan, randomness, progress=progress), space
