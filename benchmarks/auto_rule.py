@@ -26,7 +26,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from auto_grid import EPSILONS, GRID, RESULTS, settings  # noqa: E402
 
 #: band layouts tried: (width, offset) — edges at offset + k·width
-LAYOUTS = [(w, o) for w in (0.75, 1.0, 1.5) for o in (0.0, 0.25, 0.5, 0.75) if o < w]
+LAYOUTS = [(w, o) for w in (1.0, 1.5, 2.0) for o in (0.0, 0.5, 1.0, 1.5) if o < w] + [(100.0, -50.0)]  # or one band
+#: the rule keeps one band table per group: regression trees behave differently (a leaf's Hessian sum is its
+#: noisy record count, so small leaves blow up) from classification trees
+GROUPS = {"binary": "classification", "multiclass": "classification", "regression": "regression"}
 FLOOR = {"binary": 0.5, "regression": 0.0, "multiclass": 0.0}
 
 
@@ -63,28 +66,34 @@ def band(b: float, layout) -> int:
     return math.floor((b - o) / w)
 
 
+def group(meta, ds) -> str:
+    return GROUPS[meta[ds]["task"]]
+
+
 def fit(cells, score, meta, layout) -> dict:
-    """band -> grid key with the smallest mean gap over the cells in the band (empty bands: nearest band)."""
+    """(group, band) -> grid key with the smallest mean gap over the group's cells in the band."""
     by = defaultdict(list)
     for c in cells:
-        by[band(signal(meta, *c), layout)].append(c)
+        by[(group(meta, c[0]), band(signal(meta, *c), layout))].append(c)
     rule = {}
-    for bnd, cs in by.items():
+    for key, cs in by.items():
         gaps = {g: np.mean([max(score[c].values()) - score[c][g] for c in cs]) for g in GRID}
-        rule[bnd] = min(gaps, key=gaps.get)
+        rule[key] = min(gaps, key=gaps.get)
     return rule
 
 
-def apply(rule: dict, b: float, layout) -> str:
+def apply(rule: dict, grp: str, b: float, layout) -> str:
+    """The band's setting; a band without training cells takes the nearest band of its group."""
     k = band(b, layout)
-    if k in rule:
-        return rule[k]
-    nearest = min(rule, key=lambda j: (abs(j - k), j))
-    return rule[nearest]
+    if (grp, k) in rule:
+        return rule[(grp, k)]
+    nearest = min((j for g, j in rule if g == grp), key=lambda j: (abs(j - k), j))
+    return rule[(grp, nearest)]
 
 
 def gap_of(rule, layout, cells, score, meta) -> list[float]:
-    return [max(score[c].values()) - score[c][apply(rule, signal(meta, *c), layout)] for c in cells]
+    return [max(score[c].values()) - score[c][apply(rule, group(meta, c[0]), signal(meta, *c), layout)]
+            for c in cells]
 
 
 def choose_layout(datasets, score, meta) -> tuple:
@@ -119,7 +128,7 @@ def main() -> None:
         for e in EPSILONS:
             c = (d, e)
             best_key = max(score[c], key=score[c].get)
-            pick = apply(rule, signal(meta, d, e), layout)
+            pick = apply(rule, group(meta, d), signal(meta, d, e), layout)
             cells_out.append({
                 "dataset": d, "task": meta[d]["task"], "n_train": meta[d]["n_train"], "epsilon": e,
                 "signal": signal(meta, d, e), "auto": pick, "auto_score": score[c][pick],
@@ -138,10 +147,11 @@ def main() -> None:
                            for k in ("gap_auto", "gap_single", "gap_default", "gap_xgboost_auto")}
     layout = choose_layout(datasets, score, meta)
     final = fit(list(score), score, meta, layout)
-    table = [(layout[1] + (k + 1) * layout[0], settings(final[k]), final[k]) for k in sorted(final)]
+    table = {grp: [(layout[1] + (k + 1) * layout[0], settings(final[(g, k)]), final[(g, k)])
+                   for g, k in sorted(final) if g == grp] for grp in sorted(set(GROUPS.values()))}
     out = {"datasets": datasets, "grid": {k: settings(k) for k in GRID}, "epsilons": list(EPSILONS),
            "cells": cells_out, "summary": summary, "final_layout": layout,
-           "final_table": [{"upper_edge": t[0], "setting": t[2], **t[1]} for t in table]}
+           "final_table": {g: [{"upper_edge": t[0], "setting": t[2], **t[1]} for t in ts] for g, ts in table.items()}}
     (RESULTS / "auto_rule.json").write_text(json.dumps(out, indent=1) + "\n")
     for e, s in summary.items():
         print(f"ε={e:>4}: auto gap mean {s['gap_auto']['mean']:.4f} worst {s['gap_auto']['worst']:.4f} "
@@ -149,10 +159,13 @@ def main() -> None:
               f" | single best {s['gap_single']['mean']:.4f} | default {s['gap_default']['mean']:.4f} "
               f"| XGBoost − auto mean {s['gap_xgboost_auto']['mean']:.4f}")
     print("TABLE (fitted on all datasets, layout", layout, "):")
-    for i, (edge, s, key) in enumerate(table):
-        e = "math.inf" if i == len(table) - 1 else f"{edge:g}"
-        print(f"    ({e}, dict(trees={s['trees']}, depth={s['depth']}, subsample={s['subsample']}, "
-              f"learning_rate={s['learning_rate']}, cyclical={s['cyclical']})),  # {key}")
+    for grp, ts in table.items():
+        print(f"  {grp!r}: (")
+        for i, (edge, s, key) in enumerate(ts):
+            e = "math.inf" if i == len(ts) - 1 else f"{edge:g}"
+            print(f"    ({e}, dict(trees={s['trees']}, depth={s['depth']}, subsample={s['subsample']}, "
+                  f"learning_rate={s['learning_rate']}, cyclical={s['cyclical']})),  # {key}")
+        print("  ),")
     plot(cells_out, datasets)
 
 
