@@ -114,6 +114,7 @@ def main() -> None:
     ap.add_argument("--datasets", default=",".join(e.name for e in suite.ENTRIES))
     ap.add_argument("--settings", default=",".join(GRID), help="grid keys (and 'auto' after the rule exists)")
     ap.add_argument("--out", default=str(OUT))
+    ap.add_argument("--l2-auto", action="store_true", help="λ matched to the leaf noise (auto.noise_matched_l2)")
     ap.add_argument("--rep", type=int, default=0, help="repetition (fresh noise and tree seed, same train/test split); 0 = the first")
     a = ap.parse_args()
     out = Path(a.out)
@@ -134,6 +135,11 @@ def main() -> None:
                 else:
                     kw = settings(key)
                 hp = Hyperparameters.from_dict({"epsilon": eps, "seed": 1 + len(done) + 7919 * a.rep, **kw})
+                if a.l2_auto and key != "auto":
+                    from fedsbdt.common.auto import noise_matched_l2
+
+                    kw = {**kw, "l2": noise_matched_l2(hp, tr.schema.task)}
+                    hp = hp.replace(l2=kw["l2"])
                 r = run_one(tr, te, hp)
                 _write(out, {**meta, "epsilon": eps, "setting": key, "hp": kw, "rep": a.rep, **r})
                 print(f"{name} ε={eps} {key}: {r['score']:.4f} ({r['seconds']:.1f}s)", file=sys.stderr, flush=True)

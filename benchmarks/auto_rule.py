@@ -33,10 +33,22 @@ GROUPS = {"binary": "classification", "multiclass": "classification", "regressio
 FLOOR = {"binary": 0.5, "regression": 0.0, "multiclass": 0.0}
 
 
+#: which grid run the rule is fitted on per task group: "l2" = λ matched to the leaf noise (auto_grid.py
+#: --l2-auto, results/auto_grid_l2_*.jsonl), "base" = λ = 1
+VARIANT = {"classification": "base", "regression": "l2"}
+
+
 def load_rows() -> list[dict]:
     rows = []
     for f in sorted(RESULTS.glob("auto_grid*.jsonl")):
-        rows += [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
+        variant = "l2" if "_l2" in f.name else "base"
+        for line in f.read_text().splitlines():
+            if not line.strip():
+                continue
+            r = json.loads(line)
+            grp = GROUPS[r["task"]]
+            if r["setting"] == "xgboost" or VARIANT[grp] == variant:
+                rows.append(r)
     return rows
 
 

@@ -7,7 +7,7 @@ is released by a discrete-Laplace count at a small accounted share of ε (:data:
 The rule's one signal is the *budget per model*, ``b = log10(ε·n)`` (``ε·n/K`` for K classes: each class
 tree sees the same noise with 1/K of the signal).  Leaf noise scales like ``1/ε`` and the leaf sums like
 ``n·γ/2^d``, so ``ε·n`` is what decides how many leaves (depth), trees, and how much of the data per tree
-(γ) the noise can afford.  :data:`TABLE` maps bands of ``b`` to settings; it was fitted offline
+(γ) the noise can afford.  :data:`TABLES` maps bands of ``b`` to settings, one table per task group; it was fitted offline
 (benchmarks/auto_rule.py) on the 17-dataset suite (benchmarks/suite.py) as, in each band, the grid
 setting with the smallest mean gap to the best grid setting of each (dataset, ε); docs/auto.md has the
 leave-one-dataset-out evaluation.  Settings the table does not vary are fixed with a reason each.
@@ -24,17 +24,22 @@ from .schema import Schema
 ROWS_SHARE = 0.02
 #: keys the rule sets (any explicit flag or plan key overrides them)
 AUTO_KEYS = ("trees", "depth", "subsample", "learning_rate", "cyclical", "split_candidates", "tree_builder",
-             "init_share", "grad_clip")
+             "init_share", "grad_clip", "l2")
 
-#: (upper edge of b = log10(ε·n[/K]), settings): the first band whose edge exceeds b applies
-#: (fitted by benchmarks/auto_rule.py on benchmarks/results/auto_grid.jsonl; see docs/auto.md)
-TABLE: tuple[tuple[float, dict[str, Any]], ...] = (
-    (2.5, dict(trees=20, depth=3, subsample=0.5, learning_rate=0.3, cyclical=False)),
-    (3.5, dict(trees=50, depth=4, subsample=0.3, learning_rate=0.2, cyclical=False)),
-    (4.5, dict(trees=100, depth=6, subsample=0.3, learning_rate=0.1, cyclical=False)),
-    (math.inf, dict(trees=300, depth=6, subsample=0.3, learning_rate=0.1, cyclical=False)),
-)
-#: where TABLE comes from (shown with the reason)
+#: per task group, (upper edge of b = log10(ε·n[/K]), settings): the first band whose edge exceeds b applies
+#: (fitted by benchmarks/auto_rule.py on benchmarks/results/auto_grid*.jsonl; see docs/auto.md)
+TABLES: dict[str, tuple[tuple[float, dict[str, Any]], ...]] = {
+    "classification": (
+        (2.5, dict(trees=20, depth=4, subsample=1.0, learning_rate=0.3, cyclical=False)),
+        (5.5, dict(trees=300, depth=5, subsample=0.3, learning_rate=0.1, cyclical=True)),
+        (math.inf, dict(trees=300, depth=6, subsample=0.5, learning_rate=0.2, cyclical=False)),
+    ),
+    "regression": (
+        (4.0, dict(trees=100, depth=3, subsample=0.1, learning_rate=0.1, cyclical=True)),
+        (math.inf, dict(trees=300, depth=5, subsample=0.3, learning_rate=0.1, cyclical=True)),
+    ),
+}
+#: where TABLES come from (shown with the reason)
 FITTED_ON = "17 public datasets × ε ∈ {0.1, 1, 4, 10} × 20 settings (benchmarks/auto_rule.py)"
 
 
@@ -72,6 +77,12 @@ class AutoChoice:
                 "budget_log10": self.budget, "fitted_on": FITTED_ON}
 
 
+def task_group(task: str) -> str:
+    """Regression trees get their own table: a leaf's Hessian sum is its noisy record count, so deep trees
+    with small leaves blow up where classification trees do not (docs/auto.md)."""
+    return "regression" if task == "regression" else "classification"
+
+
 def budget_signal(epsilon: float, rows: int, classes: int = 0) -> float:
     """``b = log10(ε·n/max(K, 1))``: the rule's single signal (module doc)."""
     return math.log10(max(epsilon * max(rows, 1) / max(classes, 1), 1e-12))
@@ -80,8 +91,9 @@ def budget_signal(epsilon: float, rows: int, classes: int = 0) -> float:
 def auto_settings(inp: AutoInputs) -> AutoChoice:
     """The ``auto`` hyperparameters for these inputs, with the reason for each (pure; docs/auto.md)."""
     b = budget_signal(inp.epsilon, inp.rows, inp.classes)
+    group = task_group(inp.task)
     lo = -math.inf
-    for edge, row in TABLE:
+    for edge, row in TABLES[group]:
         if b < edge:
             break
         lo = edge
@@ -90,7 +102,7 @@ def auto_settings(inp: AutoInputs) -> AutoChoice:
     s = dict(row)
     reasons = [
         f"{per} = {10 ** b:.4g} (log10 {b:.2f}, n = {inp.rows} {'declared public' if inp.rows_source == 'declared' else 'from a DP count'}) "
-        f"is in the band {band}: on the suite the setting T={s['trees']}, depth {s['depth']}, γ={s['subsample']:g}, "
+        f"is in the {group} band {band}: on the suite the setting T={s['trees']}, depth {s['depth']}, γ={s['subsample']:g}, "
         f"η={s['learning_rate']:g}, {'cyclical' if s['cyclical'] else 'all features per tree'} had the smallest mean "
         f"gap to the best of 20 settings there ({FITTED_ON})",
     ]
@@ -113,6 +125,18 @@ def auto_settings(inp: AutoInputs) -> AutoChoice:
         s["grad_clip"] = 0.5
         reasons.append("g* = 0.5 (the paper's clip) for regression and multi-class tasks")
     return AutoChoice(s, tuple(reasons), inp, b)
+
+
+def noise_matched_l2(hp, task: str) -> float:
+    """λ = the noise std of a leaf's Hessian sum, ``h*·σ_leaf/√(2·r1)`` (at least 1): a leaf whose record count
+    is below the noise is shrunk instead of divided by a near-zero (or clipped-to-zero) noisy Hessian.  σ_leaf
+    comes from the accountant for these hyperparameters, so the choice costs no privacy."""
+    from .engine import calibration_for
+
+    cal = calibration_for(hp)
+    if cal.sigma <= 0:
+        return float(hp.l2)
+    return round(max(1.0, hp.hess_clip_for(task) * cal.sigma / math.sqrt(2.0 * hp.r1)), 3)
 
 
 def rows_epsilon(epsilon: float) -> float:
@@ -144,7 +168,16 @@ def resolve(given: dict[str, Any], schema: Schema, rows: int | None, rows_source
     if schema.task == "multiclass" or keys.get("tree_builder", "random") != "random":
         chosen.pop("tree_builder", None)
     overridden = sorted(k for k in choice.settings if k in keys)
-    reasons = choice.reasons + ((f"given explicitly (override auto): {', '.join(overridden)}",) if overridden else ())
-    choice = AutoChoice({k: v for k, v in choice.settings.items() if k not in keys}, reasons, choice.inputs,
-                        choice.budget)
-    return {**chosen, **keys}, choice
+    reasons = choice.reasons
+    merged = {**chosen, **keys}
+    if "l2" in keys:
+        overridden.append("l2")
+    else:  # λ follows the noise of the run as it will be trained (explicit flags included)
+        chosen["l2"] = merged["l2"] = noise_matched_l2(Hyperparameters.from_dict(merged), schema.task)
+        reasons += (f"λ = {chosen['l2']:g}: the noise std of a leaf's Hessian sum at this run's σ (at least 1), so "
+                    "leaves with fewer records than the noise are shrunk, not blown up (docs/auto.md 'Leaf "
+                    "regularisation')",)
+    if overridden:
+        reasons += (f"given explicitly (override auto): {', '.join(overridden)}",)
+    choice = AutoChoice(dict(chosen), reasons, choice.inputs, choice.budget)
+    return merged, choice

@@ -237,6 +237,7 @@ def run_tuning(train_ds, holdout_ds, settings: list[dict], plan: TuningPlan, ran
     import secrets
     import time
 
+    from .auto import noise_matched_l2
     from .config import Hyperparameters
     from .engine import train
 
@@ -248,6 +249,8 @@ def run_tuning(train_ds, holdout_ds, settings: list[dict], plan: TuningPlan, ran
     for i in range(k):
         c = settings[randbelow(len(settings))]
         hp = Hyperparameters.from_dict({**c, "epsilon": plan.epsilon_trial, "delta": plan.delta})
+        if "l2" not in c:  # λ matched to the trial's leaf noise, as auto does (costs no privacy)
+            hp = hp.replace(l2=noise_matched_l2(hp, train_ds.schema.task))
         res = train(train_ds, hp, randomness)
         pred = res.model.predict(holdout_ds.X)
         s = record_scores(train_ds.schema.task, holdout_ds.y, pred, train_ds.schema.label_range)

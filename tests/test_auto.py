@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from fedsbdt.common.auto import (AUTO_KEYS, TABLE, AutoInputs, auto_settings, budget_signal, resolve,
-                                 rows_epsilon)
+from fedsbdt.common.auto import (AUTO_KEYS, TABLES, AutoInputs, auto_settings, budget_signal, noise_matched_l2,
+                                 resolve, rows_epsilon)
 from fedsbdt.common.config import Hyperparameters
 from fedsbdt.common.schema import Schema
 
@@ -21,7 +21,7 @@ def test_every_band_gives_valid_hyperparameters_with_reasons():
     for n in (10, 300, 3_000, 30_000, 300_000, 3_000_000):
         for eps in (0.1, 1.0, 10.0):
             c = auto_settings(AutoInputs.for_schema(ABALONE, eps, 1e-6, n))
-            assert set(c.settings) == set(AUTO_KEYS)
+            assert set(c.settings) == set(AUTO_KEYS) - {"l2"}  # λ follows the calibrated noise (resolve)
             Hyperparameters.from_dict({**c.settings, "epsilon": eps})  # validates
             assert len(c.reasons) >= 4 and str(round(c.budget, 2)) in c.reasons[0]
 
@@ -33,16 +33,24 @@ def test_the_band_follows_epsilon_times_rows_and_classes_share_it():
     a = auto_settings(AutoInputs.for_schema(ABALONE, 0.5, 1e-6, 20_000)).settings
     b = auto_settings(AutoInputs.for_schema(ABALONE, 10.0, 1e-6, 1_000)).settings
     assert a == b
-    edges = [e for e, _ in TABLE]
-    assert edges == sorted(edges) and math.isinf(edges[-1])
-    lo = auto_settings(AutoInputs.for_schema(WINE, 1.0, 1e-6, 10 ** (edges[0] - 0.01) * 3)).settings
-    assert lo == {**TABLE[0][1], **{k: lo[k] for k in lo if k not in TABLE[0][1]}}
+    for group, table in TABLES.items():
+        edges = [e for e, _ in table]
+        assert edges == sorted(edges) and math.isinf(edges[-1])
+    # a multi-class schema (wine, K = 3) just below the first classification edge takes the first band
+    first_edge, first = TABLES["classification"][0]
+    lo = auto_settings(AutoInputs.for_schema(WINE, 1.0, 1e-6, int(10 ** (first_edge - 0.01) * 3))).settings
+    assert {k: lo[k] for k in first} == first
+    # regression has its own table
+    reg = auto_settings(AutoInputs.for_schema(ABALONE, 1.0, 1e-6, 100)).settings
+    assert {k: reg[k] for k in TABLES["regression"][0][1]} == TABLES["regression"][0][1]
 
 
 def test_explicit_keys_override_auto_and_paper_mode_keeps_todays_defaults():
     keys, choice = resolve({"epsilon": 2.0, "trees": 7, "cyclical": True}, ABALONE, 4177)
     hp = Hyperparameters.from_dict(keys)
     assert hp.trees == 7 and hp.cyclical is True and hp.epsilon == 2.0
+    assert hp.l2 == noise_matched_l2(hp, "regression") >= 1 and choice.settings["l2"] == hp.l2
+    assert resolve({"epsilon": 2.0, "l2": 3.0}, ABALONE, 4177)[0]["l2"] == 3.0
     assert "trees" not in choice.settings and "override" in choice.reasons[-1]
     keys, choice = resolve({"epsilon": 2.0}, ABALONE, 4177, mode="paper")
     assert choice is None and Hyperparameters.from_dict(keys) == Hyperparameters(epsilon=2.0)
@@ -83,6 +91,7 @@ def test_train_declared_rows_costs_nothing_and_paper_settings_match_todays(tmp_p
     want = auto_settings(AutoInputs.for_schema(ABALONE, 1.0, 5e-8, 4177)).settings
     assert {k: model["hyperparameters"][k] for k in want if k != "trees"} == {k: v for k, v in want.items()
                                                                                if k != "trees"}
+    assert model["hyperparameters"]["l2"] == model["training"]["settings"]["settings"]["l2"]
     rc, res, out = run_train(tmp_path, "--epsilon", "1", "--settings", "paper", "--trees", "5", "--seed", "3")
     model = json.loads(out.read_text())
     assert model["hyperparameters"] == Hyperparameters(epsilon=1.0, trees=5, seed=3).to_dict()
@@ -102,3 +111,13 @@ def test_auto_command_prints_the_rule_for_public_inputs(capsys):
                  "--json"]) == 0
     got = json.loads(capsys.readouterr().out)
     assert got["settings"] == auto_settings(AutoInputs.for_schema(ABALONE, 1.0, 5e-8, 4177)).settings
+
+
+def test_noise_matched_l2_is_the_hessian_noise_std():
+    from fedsbdt.common.engine import calibration_for
+
+    hp = Hyperparameters(epsilon=1.0, trees=100, depth=6, subsample=0.3)
+    sigma = calibration_for(hp).sigma
+    assert noise_matched_l2(hp, "regression") == pytest.approx(1.0 * sigma / math.sqrt(2 * 0.2), abs=1e-3)
+    assert noise_matched_l2(hp, "binary") == pytest.approx(max(1.0, 0.25 * sigma / math.sqrt(0.4)), abs=1e-3)
+    assert noise_matched_l2(Hyperparameters(epsilon=500.0, trees=1), "binary") == 1.0  # tiny noise: λ = 1
