@@ -128,10 +128,10 @@ def main() -> None:
             for key in a.settings.split(","):
                 if (name, eps, key, a.rep) in done:
                     continue
-                if key == "auto":
-                    from fedsbdt.common.auto import AutoInputs, auto_settings
+                if key == "auto":  # the rule as shipped (n declared public): table, g*, λ
+                    from fedsbdt.common.auto import resolve
 
-                    kw = auto_settings(AutoInputs.for_schema(tr.schema, eps, 5e-8, tr.n)).settings
+                    kw = resolve({"epsilon": eps}, tr.schema, tr.n)[0]
                 else:
                     kw = settings(key)
                 hp = Hyperparameters.from_dict({"epsilon": eps, "seed": 1 + len(done) + 7919 * a.rep, **kw})

@@ -178,7 +178,41 @@ def main() -> None:
             print(f"    ({e}, dict(trees={s['trees']}, depth={s['depth']}, subsample={s['subsample']}, "
                   f"learning_rate={s['learning_rate']}, cyclical={s['cyclical']})),  # {key}")
         print("  ),")
+    shipped(score, meta, xgb)
     plot(cells_out, datasets)
+
+
+def shipped(score, meta, xgb) -> None:
+    """The rule as shipped (common/auto.py, fitted on all datasets, with g* and λ), run by
+    ``auto_grid.py --settings auto --out results/auto_verify.jsonl``, against the grid's best and XGBoost."""
+    f = RESULTS / "auto_verify.jsonl"
+    if not f.exists():
+        return
+    rows = [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
+    out = []
+    for r in rows:
+        c = (r["dataset"], r["epsilon"])
+        if c not in score:
+            continue
+        s = max(r["score"], FLOOR[r["task"]])
+        out.append({"dataset": r["dataset"], "epsilon": r["epsilon"], "auto_score": s,
+                    "grid_best": max(score[c].values()), "gap": max(score[c].values()) - s,
+                    "old_default": score[c]["g01"], "xgboost": xgb.get(r["dataset"]),
+                    "xgboost_minus_auto": xgb[r["dataset"]] - s if r["dataset"] in xgb else None,
+                    "hp": r.get("hp")})
+    summ = {}
+    for e in [*EPSILONS, "all"]:
+        cs = [c for c in out if e == "all" or c["epsilon"] == e]
+        if cs:
+            summ[str(e)] = {"mean_gap": float(np.mean([c["gap"] for c in cs])),
+                            "worst_gap": float(np.max([c["gap"] for c in cs])),
+                            "mean_gain_over_old_default": float(np.mean([c["auto_score"] - c["old_default"] for c in cs])),
+                            "mean_xgboost_minus_auto": float(np.mean([c["xgboost_minus_auto"] for c in cs])),
+                            "cells": len(cs)}
+            print(f"shipped auto ε={e}: gap to grid best mean {summ[str(e)]['mean_gap']:+.4f} worst "
+                  f"{summ[str(e)]['worst_gap']:+.4f}; over the old default {summ[str(e)]['mean_gain_over_old_default']:+.4f}; "
+                  f"XGBoost − auto {summ[str(e)]['mean_xgboost_minus_auto']:+.4f} ({len(cs)} cells)")
+    (RESULTS / "auto_shipped.json").write_text(json.dumps({"cells": out, "summary": summ}, indent=1) + "\n")
 
 
 def plot(cells, datasets) -> None:

@@ -97,18 +97,11 @@ def candidates(centre: dict) -> list[dict]:
     return out
 
 
-def _splitmix64(x: np.ndarray) -> np.ndarray:
-    x = x.astype(np.uint64)
-    with np.errstate(over="ignore"):
-        x = x + np.uint64(0x9E3779B97F4A7C15)
-        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
-
-
 def holdout_mask(ids: np.ndarray, seed: int, share: int = 5) -> np.ndarray:
     """Held-out records: ``splitmix64(id ⊕ seed) mod share == 0`` — a function of the record's own id and a
     public seed, so a record's part does not depend on the others (the parallel composition above)."""
+    from .randomness import _splitmix64
+
     h = _splitmix64(np.asarray(ids).astype(np.int64).view(np.uint64) ^ np.uint64(seed % 2**64))
     return (h % np.uint64(share)) == 0
 
