@@ -99,8 +99,8 @@ def apply(rule: dict, grp: str, b: float, layout) -> str:
     k = band(b, layout)
     if (grp, k) in rule:
         return rule[(grp, k)]
-    nearest = min((j for g, j in rule if g == grp), key=lambda j: (abs(j - k), j))
-    return rule[(grp, nearest)]
+    same = [(g, j) for g, j in rule if g == grp] or list(rule)  # a group without cells: any group's bands
+    return rule[min(same, key=lambda gj: (abs(gj[1] - k), gj[1], gj[0]))]
 
 
 def gap_of(rule, layout, cells, score, meta) -> list[float]:

@@ -30,13 +30,15 @@ AUTO_KEYS = ("trees", "depth", "subsample", "learning_rate", "cyclical", "split_
 #: (fitted by benchmarks/auto_rule.py on benchmarks/results/auto_grid*.jsonl; see docs/auto.md)
 TABLES: dict[str, tuple[tuple[float, dict[str, Any]], ...]] = {
     "classification": (
-        (2.5, dict(trees=20, depth=4, subsample=1.0, learning_rate=0.3, cyclical=False)),
-        (5.5, dict(trees=300, depth=5, subsample=0.3, learning_rate=0.1, cyclical=True)),
-        (math.inf, dict(trees=300, depth=6, subsample=0.5, learning_rate=0.2, cyclical=False)),
+        (1.0, dict(trees=300, depth=5, subsample=0.3, learning_rate=0.1, cyclical=True)),  # g17
+        (2.5, dict(trees=20, depth=4, subsample=1.0, learning_rate=0.3, cyclical=False)),  # g04
+        (5.5, dict(trees=300, depth=5, subsample=0.3, learning_rate=0.1, cyclical=True)),  # g17
+        (math.inf, dict(trees=300, depth=6, subsample=0.5, learning_rate=0.2, cyclical=False)),  # g20
     ),
-    "regression": (
-        (4.0, dict(trees=100, depth=3, subsample=0.1, learning_rate=0.1, cyclical=True)),
-        (math.inf, dict(trees=300, depth=5, subsample=0.3, learning_rate=0.1, cyclical=True)),
+    "regression": (  # fitted on the grid with λ matched to the noise (auto_grid.py --l2-auto)
+        (2.5, dict(trees=100, depth=3, subsample=0.1, learning_rate=0.1, cyclical=True)),  # g01
+        (4.0, dict(trees=50, depth=4, subsample=0.3, learning_rate=0.2, cyclical=True)),  # g08
+        (math.inf, dict(trees=300, depth=6, subsample=0.3, learning_rate=0.1, cyclical=False)),  # g18
     ),
 }
 #: where TABLES come from (shown with the reason)
