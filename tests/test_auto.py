@@ -82,6 +82,10 @@ def test_train_auto_counts_rows_privately_and_accounts_it(tmp_path):
     assert s["mode"] == "auto" and s["inputs"]["rows_source"] == "dp-count" and s["reasons"]
     assert res["auto"]["settings"] == s["settings"] and res["hyperparameters"]["trees"] == 5
     assert model["hyperparameters"]["epsilon"] == pytest.approx(1.0 - p["eps_rows"])
+    from fedsbdt.common.engine import calibration_for
+
+    trees = calibration_for(Hyperparameters.from_dict(model["hyperparameters"])).epsilon
+    assert p["epsilon"] == pytest.approx(trees + p["eps_rows"])  # the count is charged on top of the trees
 
 
 def test_train_declared_rows_costs_nothing_and_paper_settings_match_todays(tmp_path):
