@@ -16,7 +16,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import auto_grid as ag  # noqa: E402
 
-from fedsbdt.common.auto import AutoInputs, auto_settings  # noqa: E402
+from fedsbdt.common.auto import AutoInputs, auto_settings, resolve  # noqa: E402
 from fedsbdt.common.config import Hyperparameters  # noqa: E402
 from fedsbdt.common.randomness import SecureRandomness  # noqa: E402
 from fedsbdt.common.tuning import candidates, plan_tuning, tune_on  # noqa: E402
@@ -33,8 +33,8 @@ def main() -> None:
     for name in a.datasets.split(","):
         ds, tr, te = ag.load(name)
         for eps in map(float, a.epsilons.split(",")):
-            choice = auto_settings(AutoInputs.for_schema(tr.schema, eps, 5e-8, tr.n))
-            auto = ag.run_one(tr, te, Hyperparameters.from_dict({**choice.settings, "epsilon": eps}))
+            keys, choice = resolve({"epsilon": eps}, tr.schema, tr.n)  # as fedsbdt train --rows n (λ included)
+            auto = ag.run_one(tr, te, Hyperparameters.from_dict(keys))
             centre = auto_settings(AutoInputs.for_schema(tr.schema, eps / 2, 5e-8, int(0.8 * tr.n))).settings
             plan = plan_tuning(candidates(centre), eps, 5e-8, a.trials_mean)
             res, space = tune_on(tr, centre, plan, SecureRandomness(), secrets.randbits(63))
@@ -43,7 +43,7 @@ def main() -> None:
             tuned = ag.score(tr.schema.task, y, pred)
             row = {"dataset": name, "epsilon": eps, "auto": auto["score"], "tune": tuned["score"],
                    "trials": len(res.trials), "epsilon_trial": plan.epsilon_trial, "tuning_epsilon": plan.epsilon,
-                   "winner": res.trials[res.winner]["settings"], "auto_settings": choice.settings,
+                   "winner": res.trials[res.winner]["settings"], "auto_settings": keys,
                    "seconds": res.seconds}
             with OUT.open("a") as f:
                 f.write(json.dumps(row) + "\n")
