@@ -132,7 +132,7 @@ def test_candidates_centre_first_and_distinct():
     assert c[0]["trees"] == 100 and len(c) == len({json.dumps(x, sort_keys=True) for x in c}) >= 8
 
 
-def test_tune_cli_receipt_covers_all_trials_and_refuses_a_tiny_budget(tmp_path):
+def test_tune_cli_receipt_covers_all_trials_and_refuses_a_tiny_budget(tmp_path, capsys):
     from pathlib import Path
 
     from fedsbdt.common.cli import main
@@ -142,8 +142,12 @@ def test_tune_cli_receipt_covers_all_trials_and_refuses_a_tiny_budget(tmp_path):
     argv = ["tune", "--data", str(ex / "abalone.data"), "--schema", str(ex / "schema.toml"), "--out", str(out),
             "--rows", "4177", "--quiet"]
     assert main([*argv, "--epsilon", "1e-5"]) == 2 and not out.exists()
-    assert main([*argv, "--epsilon", "2", "--trials-mean", "2", "--seed", str(secrets.randbits(30))]) == 0
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "too small for private tuning" in err
+    assert main([*argv, "--epsilon", "2", "--trials-mean", "2", "--seed", str(secrets.randbits(30)), "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)  # exactly one JSON object
     model = json.loads(out.read_text())
+    assert res["epsilon"] == model["privacy"]["epsilon"] and res["trials"] == model["training"]["tuning"]["trials_run"]
     t = model["training"]["tuning"]
     assert model["privacy"]["epsilon"] <= 2 and t["epsilon_tuning"] <= 2
     assert t["epsilon_trial"] < t["epsilon_tuning"]  # one trial is cheaper than the whole tuning
