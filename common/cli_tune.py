@@ -45,7 +45,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     except AccountingError as e:
         raise CliError(str(e).replace(f"ε = {budget:g}", f"ε = {args.epsilon:g}")) from None
     randomness = SecureRandomness(sampler=args.sampler)
-    ds = _load_data(args.data, schema)
+    ds = _load_data(args, schema)
     source = "declared"
     rows = args.rows
     if rows is None:
@@ -118,27 +118,31 @@ def cmd_auto(args: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
+    from .sources import add_source_flags
+
     t = sub.add_parser("tune", help="private hyperparameter tuning around the auto settings (Papernot & Steinke "
                                     "2022); the receipt's ε covers every trial")
-    t.add_argument("--data", required=True, help="CSV or Parquet file described by the schema")
-    t.add_argument("--schema", required=True, help="public schema (TOML)")
-    t.add_argument("--epsilon", type=float, required=True, help="total ε of the whole tuning (all trials)")
-    t.add_argument("--delta", type=float, default=5e-8, help="δ (default: 5e-08)")
-    t.add_argument("--out", required=True, help="where to write the winning model (JSON)")
+    t.add_argument("--data", required=True, metavar="SOURCE",
+                   help="CSV or Parquet file described by the schema, or a database URL with --query")
+    t.add_argument("--schema", required=True, metavar="FILE", help="public schema (TOML)")
+    t.add_argument("--epsilon", type=float, required=True, metavar="E", help="total ε of the whole tuning (all trials)")
+    t.add_argument("--delta", type=float, default=5e-8, metavar="D", help="δ (default: 5e-08)")
+    t.add_argument("--out", required=True, metavar="FILE", help="where to write the winning model (JSON)")
     t.add_argument("--rows", type=int, default=None, metavar="N",
                    help="declare the row count public (default: a DP count at 2%% of ε)")
     t.add_argument("--trials-mean", type=int, default=4, metavar="MU",
                    help="mean of the random number of trials (geometric; integer ≥ 2; default: 4)")
-    t.add_argument("--seed", type=int, default=None, help="public seed of the held-out split (default: random)")
+    t.add_argument("--seed", type=int, default=None, metavar="N", help="public seed of the held-out split (default: random)")
     t.add_argument("--sampler", choices=["ours", "opendp"], default="ours", help="exact noise sampler (default: ours)")
     t.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     t.add_argument("--quiet", action="store_true", help="no progress output")
+    add_source_flags(t)
     t.set_defaults(func=cmd_tune)
 
     a = sub.add_parser("auto", help="print the auto settings for public inputs (no data read; for plans)")
-    a.add_argument("--schema", required=True, help="public schema (TOML)")
-    a.add_argument("--epsilon", type=float, required=True, help="the training ε")
-    a.add_argument("--delta", type=float, default=5e-8, help="δ (default: 5e-08)")
+    a.add_argument("--schema", required=True, metavar="FILE", help="public schema (TOML)")
+    a.add_argument("--epsilon", type=float, required=True, metavar="E", help="the training ε")
+    a.add_argument("--delta", type=float, default=5e-8, metavar="D", help="δ (default: 5e-08)")
     a.add_argument("--rows", type=int, required=True, metavar="N", help="the public row count n")
     a.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     a.set_defaults(func=cmd_auto)
