@@ -249,6 +249,17 @@ class SiteLedger:
         self.db.execute("UPDATE sarus_trees SET sketch = ? WHERE tree = ? AND sketch IS NULL",
                         (np.asarray(sketch, "<i8").tobytes(), int(tree)))
 
+    def attempts_any(self, kind: str, tree: int | None, level: int | None = None) -> int:
+        """Masked inputs this site sent for one stage (``kind``, ``tree``, ``level``), with or without data."""
+        return int(self.db.execute("SELECT COUNT(*) FROM contributions WHERE kind = ? AND tree IS ? AND level IS ?",
+                                   (kind, tree, level)).fetchone()[0])
+
+    def failed_attempts(self) -> int:
+        """Attempts the coordinator did not release: every masked input after the first of its stage."""
+        return int(self.db.execute(
+            "SELECT COUNT(*) - (SELECT COUNT(*) FROM (SELECT DISTINCT kind, tree, level FROM contributions)) "
+            "FROM contributions").fetchone()[0])
+
     def tree_contributions(self) -> int:
         """Tree rounds in which this site sent data (each costs one accounted round, retries included)."""
         return int(self.db.execute(
