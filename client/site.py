@@ -82,6 +82,7 @@ from fedsbdt.common.config import ConfigError
 from fedsbdt.common.data import DataError
 from fedsbdt.common.engine import filter_for
 from fedsbdt.common.fixedpoint import FixedPointError
+from fedsbdt.common.lifetime import LifetimeLedger
 from fedsbdt.common.schema import Schema
 from fedsbdt.common.secagg import ProtocolAbort, RoundStart, SecAggSite, decode_message
 from fedsbdt.common.secagg.errors import InvalidMessage
@@ -796,6 +797,25 @@ class SiteMachine:
         log.info(f"{self.site_id}: model verified ({sha[:16]}…) and written to {out}",
                  extra={"event": "site_done", "site": self.site_id, "model_sha256": sha, "path": str(out)})
         return [Done(sha)]
+
+    def receipt(self) -> dict:
+        """What this site contributed: trees applied, trees whose leaf release carried its data (and those
+        that did not: its budget was spent by failed attempts), failed attempts, its lifetime (ε, δ)."""
+        rows = self.ledger.db.execute("SELECT DISTINCT tree FROM contributions WHERE kind = 'tree' AND with_data = 1"
+                                      ).fetchall()
+        with_data = {int(r[0]) for r in rows}
+        out = {"trees": len(self.trees), "trees_with_data": len(with_data & set(range(len(self.trees)))),
+               "trees_without_data": [t.index for t in self.trees if t.index not in with_data],
+               "failed_attempts": self.ledger.failed_attempts()}
+        if not self.gate.mode.trains(self.plan):
+            out["trees_with_data"], out["trees_without_data"] = 0, []
+        lt = LifetimeLedger(self.state_dir)
+        try:
+            out["lifetime"] = {role: {"epsilon": (x := lt.lifetime(key)).epsilon, "delta": x.delta}
+                               for role, (key, _) in self.gate.datasets.items()}
+        finally:
+            lt.close()
+        return out
 
     def close(self) -> None:
         """Stop the background noise sampler (undrawn shares are discarded)."""

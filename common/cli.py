@@ -184,6 +184,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     from .engine import calibration_for
 
     cal = calibration_for(hp)  # fail fast on impossible budgets, before any work
+    from .ledger_cli import central_run, charge_central
+
+    run = central_run(args, args.data, ds.ids, cal)  # --ledger: the lifetime cap, before any work
     quiet = args.quiet or (args.json and getattr(args, "log_format", "text") != "json")
     prog = Progress("train", hp.total_rounds, quiet=quiet, extra=f"ε={cal.epsilon:.4g}",
                     fields={"epsilon": cal.epsilon})
@@ -191,6 +194,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         res = train(ds, hp, SecureRandomness(sampler=args.sampler), progress=prog)
     finally:
         prog.close()
+    charge_central(run, cal)  # committed before the model is written
     res.model.save(args.out)
     p = res.model.privacy
     out = {"epsilon": p["epsilon"], "delta": p["delta"], "sigma": p["sigma"], "alpha": p["alpha"],
@@ -341,6 +345,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--sampler", choices=SAMPLERS, default="ours",
                    help="exact noise sampler: ours (default) or opendp (~30x slower)")
     add_hyperparameter_flags(t)
+    from .ledger_cli import add_train_flags
+
+    add_train_flags(t)
     t.set_defaults(func=cmd_train)
 
     e = sub.add_parser("evaluate", help="rmse (regression), auc/accuracy (binary) or accuracy/macro_auc/log_loss "
@@ -377,7 +384,7 @@ def _register_optional(sub) -> None:
     """Further commands live next to their code and register themselves when present."""
     import importlib
 
-    for mod in ("fedsbdt.common.cli_tools", "fedsbdt.server.cli", "fedsbdt.client.cli"):
+    for mod in ("fedsbdt.common.cli_tools", "fedsbdt.common.ledger_cli", "fedsbdt.server.cli", "fedsbdt.client.cli"):
         try:
             m = importlib.import_module(mod)
         except ModuleNotFoundError as e:

@@ -104,8 +104,8 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
            "epsilon": cal.epsilon, "rounds_failed": session.rounds_failed, "seconds": secs,
            "bytes_received": server.service.bytes_in, "bytes_sent": server.service.bytes_out,
            "mismatched_sites": list(getattr(st, "mismatched", ()))}
-    human = (f"trained {len(session.trees)} trees with {plan.n} sites; model written to {model} "
-             f"(sha256 {out['model_sha256']})")
+    out["trees_per_site"] = session.trees_with_data()
+    human = f"{session.data_summary()}; model written to {model} (sha256 {out['model_sha256']})"
     if session.evaluation is not None:
         out["evaluation"], line = write_evaluation(state, session.evaluation, out["model_sha256"])
         human += "\n" + line
