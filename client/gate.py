@@ -94,9 +94,9 @@ class Gate:
                     f"--max-eval-epsilon {max_eval_epsilon:g}; refusing to take part")
         total = (epsilon if trains else 0.0) + eps_eval
         if max_epsilon is not None and total > max_epsilon:
-            what = (f"ε = {epsilon:.6g}" if trains else "") + (" + " if trains and spec is not None else "") + \
-                (f"ε_eval = {eps_eval:g}" if spec is not None else "")
-            return (f"the plan's privacy budget {what} = {total:.6g} exceeds this site's limit --max-epsilon "
+            parts = ([f"ε = {epsilon:.6g}"] if trains else []) + ([f"ε_eval = {eps_eval:g}"] if spec is not None else [])
+            what = " + ".join(parts) + (f" = {total:.6g}" if len(parts) > 1 else "")
+            return (f"the plan's privacy budget {what} exceeds this site's limit --max-epsilon "
                     f"{max_epsilon:g}; refusing to take part")
         cap = self.policy.lifetime_epsilon
         if not (self.state_dir / FILE).exists():

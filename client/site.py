@@ -117,6 +117,7 @@ from fedsbdt.common.federation.wire import (
 from .dataload import load_isolated
 from .evaluation import check_request, eval_input, load_held_out
 from .gate import Gate, LeaveSession, data_identity
+from fedsbdt.common.modes import mode_for
 from .ledger import LedgerError, SiteLedger, ledger_path
 from .sarus_site import SarusSite
 from .isolated_noise import IsolatedSampler
@@ -256,9 +257,9 @@ class SiteMachine:
                               "identity key; check --identity-key / the roster")
         try:
             randomness = plan.make_randomness(self.options.allow_insecure_test_randomness)
-            # exact noise drawn in child processes, so the daemon never loads numba; greedy trees draw a noise
-            # share per level on demand, which a child per draw would make slow: they sample in-process
-            if not getattr(randomness, "insecure", False) and plan.hyperparameters.tree_builder == "random":
+            # exact noise drawn in child processes, so the daemon never loads numba, where the mode draws its
+            # shares ahead (modes that draw a share per level on demand sample in-process)
+            if not getattr(randomness, "insecure", False) and mode_for(plan).isolated_sampler:
                 randomness = IsolatedSampler(randomness)
             cal = plan.verify_privacy()
         except PlanError as e:

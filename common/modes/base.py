@@ -38,6 +38,9 @@ class Mode:
     name = "base"
     #: the round purposes of one tree, besides TREE (the leaves); e.g. (Purpose.LEVEL,) for greedy trees
     tree_purposes: tuple = ()
+    #: the site draws this mode's noise shares ahead in a child process (client/isolated_noise.py); False for
+    #: modes that draw a share per level on demand (a child per draw would be slow)
+    isolated_sampler: bool = False
 
     # ------------------------------------------------------------------ schedule
 

@@ -14,6 +14,7 @@ from .base import Mode, gaussian
 
 class RandomTrees(Mode):
     name = "random"
+    isolated_sampler = True
 
     def tree_event(self, plan, kind):
         return PoissonSampledEvent(plan.hyperparameters.subsample, gaussian(plan.calibration().sigma))

@@ -367,9 +367,12 @@ def test_client_and_server_name_few_tree_builders():
             n = len(BUILDERS.findall(p.read_text()))
             if n:
                 counts[str(p.relative_to(ROOT))] = n
-    for name in ("client/gate.py", "client/ledger.py", "client/daemon.py", "client/policy.py"):
+    for name in ("client/gate.py", "client/ledger.py", "client/daemon.py", "client/policy.py", "server/checkpoint.py",
+                 "server/service.py"):
         assert counts.get(name, 0) == 0, (name, counts)
     assert sum(counts.values()) <= LIMIT, counts
 
 
-LIMIT = 200
+#: main had 38 + 37 + 21 (site, session, ledger) + checkpoint and sarus_site; what is left is in the site's
+#: round handler (client/site.py, client/sarus_site.py) and the session's (server/session.py)
+LIMIT = 68
