@@ -250,7 +250,8 @@ def random_plan_site_answer(tmp_path, purpose: Purpose, *fields) -> str:
 
 
 def test_a_random_plan_site_refuses_level_rounds(tmp_path):
-    assert "level rounds are for greedy trees" in random_plan_site_answer(tmp_path, Purpose.LEVEL, 0)
+    assert "level rounds are not in this plan's schedule (mode random: INIT_SCORE, TREE)" in \
+        random_plan_site_answer(tmp_path, Purpose.LEVEL, 0)
 
 
 def test_federated_greedy_refuses_what_central_greedy_refuses(tmp_path):

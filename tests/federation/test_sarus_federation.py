@@ -237,7 +237,8 @@ def test_a_site_sends_each_stage_s_data_once_however_often_the_coordinator_retri
 
 
 def test_a_random_plan_site_refuses_sketch_rounds(tmp_path):
-    assert "sketch rounds are for Sarus trees" in random_plan_site_answer(tmp_path, Purpose.SKETCH)
+    assert "sketch rounds are not in this plan's schedule (mode random: INIT_SCORE, TREE)" in \
+        random_plan_site_answer(tmp_path, Purpose.SKETCH)
 
 
 def test_round_start_carries_the_sketch_on_the_wire():
