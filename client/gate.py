@@ -167,22 +167,34 @@ class Gate:
                 f"this site had answered (it did not release them); each retry that carries data spends privacy "
                 f"budget, so this site stops at --max-failed-attempts {limit}")
 
-    def admit(self, kind: str, mask: np.ndarray, role: str = "train", tree: int | None = None) -> bool:
-        """Whether every record the release reads can afford it.  If not, the release must carry no data (an
-        all-zero vector plus the noise share, not charged) and the operator is told so (one warning line)."""
+    def admit(self, kind: str, mask: np.ndarray, role: str = "train", tree: int | None = None,
+              partial: bool = False) -> np.ndarray | None:
+        """The records the release may read: ``mask`` where every record can afford it.  Otherwise, with
+        ``partial`` (a mode whose vector is computed from an explicit record set), ``mask`` without the
+        records whose budget is spent — each record's exclusion depends only on its own (data-independent)
+        charges, as in an individual filter; without ``partial``, or if none is left, None: the release carries
+        no data (an all-zero vector plus the noise share, not charged).  The operator is told (one warning)."""
+        mask = np.asarray(mask, bool)
         cap = self.budget.get(kind)
         if cap is None or role not in self._counts:
-            return True
+            return mask
         counts = self._counts[role][:, self._kinds.index(kind)]
-        over = np.asarray(mask, bool) & (counts >= cap)
+        over = mask & (counts >= cap)
         if not over.any():
-            return True
+            return mask
+        keep = mask & ~over if partial else None
         what = kind if tree is None else f"the {kind} round of tree {tree}"
+        if keep is not None and keep.any():
+            log.warning(f"{self.site_id}: {int(over.sum())} records have been charged all {cap} {kind} releases the "
+                        f"plan schedules for them (the coordinator failed rounds this site had answered): they sit "
+                        f"out {what}", extra={"event": "records_spent", "site": self.site_id, "kind": kind,
+                                              "tree": tree, "records": int(over.sum())})
+            return keep
         log.warning(f"{self.site_id}: {int(over.sum())} records have been charged all {cap} {kind} releases the plan "
                     f"schedules for them (the coordinator failed rounds this site had answered): {what} carries no "
                     "data from this site (not charged)",
                     extra={"event": "budget_exhausted", "site": self.site_id, "kind": kind, "tree": tree})
-        return False
+        return None
 
     def charge(self, kind: str, mask: np.ndarray | None, tree: int | None = None, level: int | None = None,
                round_id: int | None = None, role: str = "train") -> None:

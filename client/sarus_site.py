@@ -105,7 +105,7 @@ class SarusSite:
         attempts = m.ledger.attempts(kind, ev.tree, level)
         with_data = m.ledger.attempts(kind, ev.tree, level, with_data=True) == 0
         read = m.local.arrival <= ev.tree  # the tree's event is Poisson-subsampled: every present record
-        with_data = with_data and m.gate.admit(kind, read, tree=ev.tree)
+        with_data = with_data and m.gate.admit(kind, read, tree=ev.tree) is not None
         x = self._vector(ev, state, present) if with_data else np.zeros(expected, np.int64)
         p, noise = len(start.participants), None
         scales = (lambda shares: self.grid.sketch_noise_scales(m.cal.sigma_sketch, shares)) if state is None else \

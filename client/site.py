@@ -544,13 +544,14 @@ class SiteMachine:
             kind, tree = "tree", k
             self.gate.attempt("tree", k)
             read = local.arrival <= k if self.dpboost is None else self._dpboost_call(self.dpboost.records, k, local)
-            if not self.gate.admit("tree", read, tree=k):
-                x, with_data, read = np.zeros(expected_len, np.int64), False, None
+            read = self.gate.admit("tree", read, tree=k, partial=self.dpboost is not None)
+            if read is None:
+                x, with_data = np.zeros(expected_len, np.int64), False
             else:
                 splits = self.splits(k) if self.greedy is None else \
                     Splits(np.asarray(ev.features, np.int32), np.asarray(ev.thresholds, np.float64))
                 c = local.contribution(splits, k, self.randomness, self.table) if self.dpboost is None else \
-                    self._dpboost_call(self.dpboost.contribution, splits, k, local)
+                    self._dpboost_call(self.dpboost.contribution, splits, k, local, read)
                 x, with_data = np.asarray(c.sums, dtype=np.int64), True
                 if self.table is not None and c.new_spent is not None:  # the filter: the records it charged
                     read = np.asarray(c.new_spent) != np.asarray(local.spent)
@@ -656,8 +657,9 @@ class SiteMachine:
         layout = grid.layout(k, ev.level)
         self.gate.attempt("level", k, ev.level)
         use = local.arrival <= k if self.dpboost is None else self._dpboost_call(self.dpboost.records, k, local)
-        if not self.gate.admit("level", use, tree=k):
-            x, use = np.zeros(layout.length, np.int64), None
+        use = self.gate.admit("level", use, tree=k, partial=True)
+        if use is None:
+            x = np.zeros(layout.length, np.int64)
         else:
             node = grid.route(self._grid_codes, grid.candidate_index(k, ev.features, ev.thresholds), ev.level)
             gq, _ = kernels.grad_hess_units(local.pred, local.y, TASK_CODE[local.task], enc.scale,

@@ -124,6 +124,8 @@ def test_dpboost_retries_of_one_tree_never_exceed_the_plans_epsilon(tmp_path):
     for s in SITES:
         levels, leaves = dpboost_reads(f, s)
         assert levels.max() == hp.depth * 4 and leaves.max() == 4  # N_e = 4 ensembles: the schedule, not more
+        # only the records that are spent sit out: every attempt still carried the others' data
+        assert f.db(s).execute("SELECT COUNT(*) FROM contributions WHERE with_data = 0").fetchone()[0] == 0
         assert dpboost_worst_epsilon(f, s) <= eps * (1 + 1e-6)
         # the gate's own account (lifetime ledger) agrees with the reconstruction from the contribution log
         gate = f.machines[s].gate
