@@ -544,7 +544,7 @@ class SiteMachine:
             kind, tree = "tree", k
             self.gate.attempt("tree", k)
             read = local.arrival <= k if self.dpboost is None else self._dpboost_call(self.dpboost.records, k, local)
-            read = self.gate.admit("tree", read, tree=k, partial=self.dpboost is not None)
+            read = self.gate.admit("tree", read, tree=k, partial=self.gate.mode.explicit_leaf_records)
             if read is None:
                 x, with_data = np.zeros(expected_len, np.int64), False
             else:

@@ -41,6 +41,9 @@ class Mode:
     #: the site draws this mode's noise shares ahead in a child process (client/isolated_noise.py); False for
     #: modes that draw a share per level on demand (a child per draw would be slow)
     isolated_sampler: bool = False
+    #: the site computes the leaf release from an explicit record set, so records whose budget is spent can sit
+    #: it out (client/gate.py ``admit``); False: all of the release's records or none
+    explicit_leaf_records: bool = False
 
     # ------------------------------------------------------------------ schedule
 

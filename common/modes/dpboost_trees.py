@@ -17,6 +17,7 @@ from .greedy_trees import GreedyTrees
 
 class DPBoostTrees(GreedyTrees):
     name = "dpboost"
+    explicit_leaf_records = True
 
     def schedule_refusal(self, plan, purpose, tree, level):
         bad = super().schedule_refusal(plan, purpose, tree, level)
