@@ -918,6 +918,8 @@ class Session:
         """One line: how many trees were released and how many of them each site contributed to."""
         per = self.trees_with_data()
         total = len(self.trees)
+        if self.plan.eval_model_sha256 is not None:
+            return f"evaluated an existing model of {total} trees (an evaluation-only plan: no training rounds)"
         parts = []
         for s, n in per.items():
             if n == total:

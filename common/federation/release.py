@@ -126,8 +126,6 @@ def released_from_model(plan: Plan, model: Ensemble, sha256: str) -> tuple[InitS
         raise ValueError("the plan does not evaluate an existing model (no evaluation.model_sha256)")
     if sha256 != plan.eval_model_sha256:
         raise ValueError(f"the model file has SHA-256 {sha256}, the plan pins {plan.eval_model_sha256}")
-    if plan.eval_model_content_sha256 is not None and model_content_sha256(model) != plan.eval_model_content_sha256:
-        raise ValueError("the model's trees are not the ones the plan pins (evaluation.model_content_sha256)")
     if model.schema.digest() != plan.schema.digest() or model.hyperparameters != plan.hyperparameters:
         raise ValueError("the model's schema or hyperparameters differ from the plan's")
     hp = plan.hyperparameters
@@ -139,4 +137,6 @@ def released_from_model(plan: Plan, model: Ensemble, sha256: str) -> tuple[InitS
         if not (np.array_equal(t.features, sp.features) and np.array_equal(t.thresholds, sp.thresholds)):
             raise ValueError(f"tree {k} of the model does not use the plan's public random splits")
         trees.append(TreeMsg(k, 0, (), sp.features, sp.thresholds, np.asarray(t.leaves, dtype=np.float64)))
+    if plan.eval_model_content_sha256 is not None and model_content_sha256(model) != plan.eval_model_content_sha256:
+        raise ValueError("the model's trees are not the ones the plan pins (evaluation.model_content_sha256)")
     return InitScoreMsg(float(model.init_score), None, ()), trees
