@@ -176,7 +176,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         evaluation = dict(eval_epsilon=args.eval_epsilon, eval_bins=args.eval_bins,
                           eval_residual_clip=args.eval_residual_clip)
     if args.evaluate_model:
-        schema, hp, evaluation["eval_model_sha256"] = model_for_evaluation(args)
+        schema, hp, evaluation["eval_model_sha256"], evaluation["eval_model_content_sha256"] = \
+            model_for_evaluation(args)
     else:
         if not args.schema:
             raise CliError("--schema is required (unless --evaluate-model gives the model's schema)")
@@ -220,7 +221,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def model_for_evaluation(args: argparse.Namespace):
-    """(schema, hyperparameters, SHA-256) of ``--evaluate-model``: the plan evaluates it, trains nothing."""
+    """(schema, hyperparameters, file SHA-256, content digest) of ``--evaluate-model``: the plan evaluates it."""
     from fedsbdt.client.cli import sha256_file
     from fedsbdt.common.model import Ensemble
 
@@ -228,8 +229,10 @@ def model_for_evaluation(args: argparse.Namespace):
         raise CliError("--evaluate-model needs --eval-epsilon (the evaluation's privacy budget)")
     if args.schema:
         raise CliError("--evaluate-model takes the schema from the model; leave out --schema")
+    from fedsbdt.common.federation.release import model_content_sha256
+
     model = Ensemble.load(args.evaluate_model)
-    return model.schema, model.hyperparameters, sha256_file(Path(args.evaluate_model))
+    return model.schema, model.hyperparameters, sha256_file(Path(args.evaluate_model)), model_content_sha256(model)
 
 # --------------------------------------------------------------------------- ca
 
