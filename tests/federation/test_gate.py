@@ -78,17 +78,25 @@ def dp_epsilon(events: list, delta: float) -> float:
 
 
 def dpboost_reads(f: Fed, site: str) -> tuple[np.ndarray, np.ndarray]:
-    """(level releases, leaf releases) each record of ``site`` took part in, from the site database alone: the
-    data-carrying rows of the contribution log and the stored partition (GDF never bites: g*_l is large)."""
+    """(level releases, leaf releases) each record of ``site`` took part in, read with plain SQL from the site's
+    lifetime ledger (the records each release read, as bit masks); every release read only records of its
+    tree's part (the stored partition), and the contribution log has one data-carrying row per release."""
     db = f.db(site)
+    life = sqlite3.connect(f.tmp / f"state-{site}" / "lifetime.sqlite")
     hp = f.plan.hyperparameters
     T_e = hp.ensemble_trees
     n = f.machines[site].local.n
     levels, leaves = np.zeros(n, np.int64), np.zeros(n, np.int64)
-    for kind, tree in db.execute("SELECT kind, tree FROM contributions WHERE with_data = 1 AND kind != 'init'"):
-        blob = db.execute("SELECT value FROM meta WHERE key = ?", (f"dpboost_partition/{tree // T_e}",)).fetchone()
-        part = np.frombuffer(bytes(blob[0])[32:], "<u4").astype(np.int64) == tree % T_e
-        (levels if kind == "level" else leaves)[part] += 1
+    rows = life.execute("SELECT purpose, tree, mask FROM releases WHERE plan_sha256 = ? AND purpose != 'init'",
+                        (f.plan.sha256,)).fetchall()
+    assert len(rows) == db.execute("SELECT COUNT(*) FROM contributions WHERE with_data = 1 AND kind != 'init'"
+                                   ).fetchone()[0]
+    for kind, tree, blob in rows:
+        read = np.unpackbits(np.frombuffer(blob, np.uint8), count=n).astype(bool)
+        part = db.execute("SELECT value FROM meta WHERE key = ?", (f"dpboost_partition/{tree // T_e}",)).fetchone()
+        in_part = np.frombuffer(bytes(part[0])[32:], "<u4").astype(np.int64) == tree % T_e
+        assert not (read & ~in_part).any()  # a tree reads only its part
+        (levels if kind == "level" else leaves)[read] += 1
     return levels, leaves
 
 
@@ -126,6 +134,9 @@ def test_dpboost_retries_of_one_tree_never_exceed_the_plans_epsilon(tmp_path):
         assert levels.max() == hp.depth * 4 and leaves.max() == 4  # N_e = 4 ensembles: the schedule, not more
         # only the records that are spent sit out: every attempt still carried the others' data
         assert f.db(s).execute("SELECT COUNT(*) FROM contributions WHERE with_data = 0").fetchone()[0] == 0
+        n_part0 = (np.frombuffer(bytes(f.db(s).execute("SELECT value FROM meta WHERE key = 'dpboost_partition/0'"
+                                                       ).fetchone()[0])[32:], "<u4") == 0).sum()
+        assert (levels == hp.depth * 4).sum() >= n_part0  # tree 0's records used their whole schedule
         assert dpboost_worst_epsilon(f, s) <= eps * (1 + 1e-6)
         # the gate's own account (lifetime ledger) agrees with the reconstruction from the contribution log
         gate = f.machines[s].gate
