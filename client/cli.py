@@ -192,8 +192,9 @@ def register(sub) -> None:
                      help="refuse a plan whose federated evaluation budget ε_eval exceeds this site's limit "
                           f"(default: {MAX_EVAL_EPSILON:g}; ε + ε_eval must also be within --max-epsilon)")
     pol.add_argument("--max-failed-attempts", type=int, default=MAX_FAILED_ATTEMPTS, metavar="N",
-                     help="leave the session (exit 2, saying why) once the coordinator has failed more than N "
-                          "rounds this site answered: each retry that carries data spends privacy budget "
+                     help="leave the session (exit 2, saying why) once the coordinator has failed one round "
+                          "more than N times after this site answered it: each retry that carries data spends "
+                          "privacy budget "
                           f"(default: {MAX_FAILED_ATTEMPTS})")
     pol.add_argument("--lifetime-epsilon", type=float, default=DEFAULT_LIFETIME_EPSILON, metavar="E",
                      help="refuse a plan that would bring the lifetime ε of this site's data (every plan, "

@@ -6,9 +6,10 @@ schedule, the release kinds, their privacy events and the per-record budget, and
 1. **checks the request against the plan's schedule** (:meth:`Gate.refusal`): a purpose the plan does not
    run (an INIT_SCORE, TREE, LEVEL or SKETCH round in an evaluation-only plan; a LEVEL round in a
    random-tree plan), a tree or level outside the plan — refused before anything is computed;
-2. **applies the site's failure policy** (:meth:`Gate.attempt`): every further attempt of a stage the site
-   already answered is a failed attempt of the coordinator's; after ``--max-failed-attempts`` of them the
-   site leaves the session (:class:`LeaveSession`, one line naming what the coordinator did);
+2. **applies the site's failure policy** (:meth:`Gate.attempt`): a further attempt of a stage the site
+   already answered means the coordinator failed the earlier ones; once it has failed one round more than
+   ``--max-failed-attempts`` times the site leaves the session (:class:`LeaveSession`, one line naming what
+   the coordinator did);
 3. **admits the records the release reads** (:meth:`Gate.admit`): each record's charges in this plan must
    stay a sub-multiset of the plan's schedule (the mode's :meth:`~fedsbdt.common.modes.base.Mode.budget`);
    a release that would exceed it carries no data (zeros plus the noise share: not charged) and the
@@ -153,19 +154,20 @@ class Gate:
         return PURPOSE_KIND[purpose]
 
     def attempt(self, kind: str, tree: int | None, level: int | None = None) -> None:
-        """A new attempt of a stage: raises :class:`LeaveSession` once the coordinator has failed more attempts
-        than the site's ``--max-failed-attempts``."""
-        if self.ledger.attempts_any(kind, tree, level) == 0:
-            return
-        failed = self.ledger.failed_attempts() + 1
+        """A new attempt of a stage: raises :class:`LeaveSession` once the coordinator has failed this stage
+        (a round this site answered and the coordinator did not release) more than ``--max-failed-attempts``
+        times.  Counted per stage: a dropout or a coordinator restart fails one attempt of one round, which is
+        normal; a coordinator that asks for the same round again and again is not (and each data-carrying retry
+        spends budget, which the gate charges in any case)."""
+        failed = self.ledger.attempts_any(kind, tree, level)  # every earlier attempt of this stage failed
         limit = self.policy.max_failed_attempts
         if failed > limit:
-            where = "the initial score" if kind == "init" else f"{kind} round of tree {tree}" + (
+            where = "the initial score" if kind == "init" else f"the {kind} round of tree {tree}" + (
                 f" level {level}" if level is not None else "")
             raise LeaveSession(
-                f"leaving the session: the coordinator asked again for {where} after {failed - 1} failed attempts "
-                f"this site had answered (it did not release them); each retry that carries data spends privacy "
-                f"budget, so this site stops at --max-failed-attempts {limit}")
+                f"leaving the session: the coordinator failed {where} {failed} times after this site had answered "
+                f"it (it released nothing) and asks again; each retry that carries data spends privacy budget, so "
+                f"this site stops at --max-failed-attempts {limit}")
 
     def admit(self, kind: str, mask: np.ndarray, role: str = "train", tree: int | None = None,
               partial: bool = False) -> np.ndarray | None:

@@ -21,8 +21,8 @@ if TYPE_CHECKING:
 #: Defaults of ``--min-sites``, ``--min-threshold``, ``--min-colluders``.  Two sites is a site alone with one
 #: other party, which may be a sybil; t ≥ 2 and c ≥ 0 are what every valid plan has already.
 MIN_SITES, MIN_THRESHOLD, MIN_COLLUDERS = 3, 2, 0
-#: Default of ``--max-failed-attempts``: rounds the coordinator may fail after this site answered them (each
-#: retry that carries data spends budget) before the site leaves the session.
+#: Default of ``--max-failed-attempts``: how often the coordinator may fail one round after this site answered it
+#: (each retry that carries data spends budget) before the site leaves the session.
 MAX_FAILED_ATTEMPTS = 3
 #: Default of ``--max-eval-epsilon``: the largest ε_eval of a plan's federated evaluation a site accepts.
 MAX_EVAL_EPSILON = 1.0

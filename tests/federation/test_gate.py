@@ -170,8 +170,8 @@ def test_a_site_leaves_after_the_policys_failed_attempts_and_says_why(tmp_path, 
                 secagg_fast_path="never").start()
     from .test_state_machines import fail_rounds_after_inputs
 
-    with pytest.raises(SessionAbort, match=r"leaving the session: the coordinator asked again for tree round of "
-                                           r"tree 0 after 2 failed attempts .*--max-failed-attempts 2"):
+    with pytest.raises(SessionAbort, match=r"leaving the session: the coordinator failed the tree round of tree 0 3 "
+                                           r"times after this site had answered it .*--max-failed-attempts 2"):
         fail_rounds_after_inputs(f, 3)
     m = f.machines["hosp-a"]
     assert m.stage.name == "aborted" and m.finished
