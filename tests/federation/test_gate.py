@@ -20,7 +20,7 @@ import pytest
 from dp_accounting.rdp import RdpAccountant
 
 from fedsbdt.client.policy import SitePolicy
-from fedsbdt.client.site import SessionAbort, SiteRefusal
+from fedsbdt.client.site import SessionAbort, SiteMachine, SiteRefusal
 from fedsbdt.common import lifetime
 from fedsbdt.common.config import Hyperparameters, builder_defaults
 from fedsbdt.common.federation.wire import Purpose, RoundMsg
@@ -34,9 +34,16 @@ ORDERS = [1 + x / 20 for x in range(1, 100)] + list(range(6, 64)) + [80, 100, 12
 class GateFed(Fed):
     """Fed whose sites take a policy (``policy``) and fail rounds on demand."""
 
-    def __init__(self, tmp_path, hp, policy: SitePolicy | None = None, **kw):
+    def __init__(self, tmp_path, hp, policy: SitePolicy | None = None, policies: dict | None = None, **kw):
         self._policy = policy or SitePolicy(allow_central_noise=True)
+        self._policies = policies or {}
         super().__init__(tmp_path, hp, **kw)
+
+    def machine(self, s: str):
+        m = SiteMachine(s, self.keys[s], self.paths[s], self.tmp / f"state-{s}",
+                        self.options(policy=self._policies.get(s, self._policy)))
+        m.accept_plan(self.plan.canonical_json, self.plan.sha256)
+        return m
 
     def options(self, **opts):
         opts.setdefault("policy", self._policy)
@@ -166,16 +173,24 @@ def test_a_coordinator_failing_tree_0_until_the_caps_run_out_gets_no_more_than_e
 
 def test_a_site_leaves_after_the_policys_failed_attempts_and_says_why(tmp_path, caplog):
     hp = Hyperparameters(trees=4, depth=2, seed=5, epsilon=1.0)
-    f = GateFed(tmp_path, hp, policy=SitePolicy(allow_central_noise=True, max_failed_attempts=2),
-                secagg_fast_path="never").start()
+    f = GateFed(tmp_path, hp, policies={"hosp-a": SitePolicy(allow_central_noise=True, max_failed_attempts=1)},
+                secagg_fast_path="never").start()  # the others keep the default, 3
     from .test_state_machines import fail_rounds_after_inputs
 
-    with pytest.raises(SessionAbort, match=r"leaving the session: the coordinator failed the tree round of tree 0 3 "
-                                           r"times after this site had answered it .*--max-failed-attempts 2"):
-        fail_rounds_after_inputs(f, 3)
+    with pytest.raises(SessionAbort, match=r"leaving the session: the coordinator failed the tree round of tree 0 2 "
+                                           r"times after this site had answered it .*--max-failed-attempts 1"):
+        fail_rounds_after_inputs(f, 2)
     m = f.machines["hosp-a"]
     assert m.stage.name == "aborted" and m.finished
-    assert f.db("hosp-a").execute("SELECT COUNT(*) FROM contributions WHERE kind = 'tree'").fetchone()[0] == 3
+    assert f.db("hosp-a").execute("SELECT COUNT(*) FROM contributions WHERE kind = 'tree'").fetchone()[0] == 2
+    # the others go on without it; the coordinator's summary does not claim it
+    f.fed.intercept = None
+    f.fed.crash("hosp-a")
+    f.fed.run()
+    assert f.session.exit_code == 0 and len(f.session.trees) == hp.total_rounds
+    assert f.session.trees_with_data() == {"hosp-a": 0, "hosp-b": 4, "hosp-c": 4}
+    assert f.session.data_summary() == ("trained 4 trees; sites in every released sum: 2 of 3 (trees per site: "
+                                        "hosp-a 0 (none), hosp-b 4, hosp-c 4)")
 
 
 def test_the_default_failure_policy_is_small():
@@ -193,6 +208,7 @@ def test_summaries_say_how_many_trees_carried_data_from_which_site(tmp_path):
     assert f.session.exit_code == 0
     data = f.session.trees_with_data()
     assert data == {s: len(f.session.trees) for s in SITES}  # every site was in every released sum
+    assert f.session.data_summary().startswith("trained 3 trees; sites in every released sum: 3 of 3")
     for s in SITES:
         receipt = f.machines[s].receipt()
         assert receipt["trees"] == 3 and receipt["trees_with_data"] == 2 and receipt["failed_attempts"] == 1
