@@ -25,7 +25,6 @@ Before joining, :meth:`Gate.admission_refusal` checks the plan against ``--max-e
 """
 from __future__ import annotations
 
-import hashlib
 import logging
 from pathlib import Path
 
@@ -42,16 +41,6 @@ log = logging.getLogger("fedsbdt.site")
 
 class LeaveSession(RuntimeError):
     """The site leaves the session (the message is one line for its operator)."""
-
-
-def data_identity(path) -> str:
-    """The content digest of a data file (of the source's description where it is not a file)."""
-    from fedsbdt.common.lifetime import sha256_file
-
-    p = Path(path)
-    if p.is_file():
-        return sha256_file(p)
-    return hashlib.sha256(f"source:{path}".encode()).hexdigest()
 
 
 class Gate:

@@ -82,7 +82,7 @@ from fedsbdt.common.config import ConfigError
 from fedsbdt.common.data import DataError
 from fedsbdt.common.engine import filter_for
 from fedsbdt.common.fixedpoint import FixedPointError
-from fedsbdt.common.lifetime import LifetimeLedger
+from fedsbdt.common.lifetime import LifetimeLedger, data_identity
 from fedsbdt.common.schema import Schema
 from fedsbdt.common.secagg import ProtocolAbort, RoundStart, SecAggSite, decode_message
 from fedsbdt.common.secagg.errors import InvalidMessage
@@ -116,7 +116,7 @@ from fedsbdt.common.federation.wire import (
 
 from .dataload import load_isolated
 from .evaluation import check_request, eval_input, load_held_out
-from .gate import Gate, LeaveSession, data_identity
+from .gate import Gate, LeaveSession
 from fedsbdt.common.modes import mode_for
 from .ledger import LedgerError, SiteLedger, ledger_path
 from .sarus_site import SarusSite

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 
 from .cli import CliError, emit
-from .lifetime import DEFAULT_LIFETIME_EPSILON, LifetimeError, LifetimeLedger, sha256_file, summary
+from .lifetime import DEFAULT_LIFETIME_EPSILON, LifetimeError, LifetimeLedger, data_identity, summary
 
 
 def cmd_ledger(args: argparse.Namespace) -> int:
@@ -44,7 +44,7 @@ def central_run(args, data_path: str, ids, cal):
         return None
     try:
         lt = LifetimeLedger(args.ledger)
-        key = lt.dataset("train", sha256_file(data_path), ids)
+        key = lt.dataset("train", data_identity(data_path, getattr(args, "query", None)), ids)
         after = lt.lifetime(key, {"type": "approx", "epsilon": cal.epsilon, "delta": cal.delta})
     except (LifetimeError, OSError) as e:
         raise CliError(str(e)) from None

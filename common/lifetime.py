@@ -132,6 +132,15 @@ def sha256_file(path: str | os.PathLike) -> str:
     return h.hexdigest()
 
 
+def data_identity(source, query: str | None = None) -> str:
+    """The content digest of a data file; for a data source that is not a file (a database), the digest of
+    its description and query (the record ids complete the identity, :func:`dataset_key`)."""
+    p = Path(str(source))
+    if query is None and p.is_file():
+        return sha256_file(p)
+    return hashlib.sha256(f"source:{source}\nquery:{query or ''}".encode()).hexdigest()
+
+
 def dataset_key(content_sha256: str, ids_sha256: str) -> str:
     """A dataset's identity: its content digest and its record ids together."""
     return hashlib.sha256(f"content:{content_sha256}\nids:{ids_sha256}".encode()).hexdigest()
