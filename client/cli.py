@@ -29,7 +29,9 @@ from pathlib import Path
 
 from fedsbdt.common.cli import CliError, emit
 
-from .policy import MIN_COLLUDERS, MIN_SITES, MIN_THRESHOLD
+from fedsbdt.common.lifetime import DEFAULT_LIFETIME_EPSILON
+
+from .policy import MAX_EVAL_EPSILON, MAX_FAILED_ATTEMPTS, MIN_COLLUDERS, MIN_SITES, MIN_THRESHOLD
 
 log = logging.getLogger("fedsbdt.site")
 
@@ -92,7 +94,8 @@ def _run_client(args: argparse.Namespace, t0: float, state: Path) -> int:
     if not (args.plan or args.plan_hash):
         raise CliError("pin the plan you agreed to: pass --plan FILE or --plan-hash SHA256 (received out of "
                        "band); a site never takes part in whatever plan the coordinator serves")
-    policy = SitePolicy(args.allow_central_noise, args.min_sites, args.min_threshold, args.min_colluders)
+    policy = SitePolicy(args.allow_central_noise, args.min_sites, args.min_threshold, args.min_colluders,
+                        max_failed_attempts=args.max_failed_attempts, lifetime_epsilon=args.lifetime_epsilon)
     if args.plan:
         pinned = Plan.load(args.plan)
         refusal = policy.refusal(pinned)  # known before connecting; the served plan is checked again
@@ -145,7 +148,7 @@ def _run_client(args: argparse.Namespace, t0: float, state: Path) -> int:
     plan = machine.plan
     out = {"site": args.site, "model": str(done.model_path), "model_sha256": done.model_sha256,
            "trees": machine.trees_applied, "epsilon": machine.cal.epsilon, "plan_sha256": plan.sha256,
-           "tree_contributions": machine.ledger.tree_contributions(),
+           "tree_contributions": machine.ledger.tree_contributions(), **machine.receipt(),
            "bytes_sent": daemon.bytes_sent, "bytes_received": daemon.bytes_received,
            "seconds": round(time.perf_counter() - t0, 3), "cpu_seconds": round(time.process_time(), 3)}
     charge = machine.ledger.eval_charge()
@@ -157,10 +160,14 @@ def _run_client(args: argparse.Namespace, t0: float, state: Path) -> int:
     if machine.cpu_at_first_tree is not None and machine.trees_applied > 1:
         out["cpu_ms_per_round"] = round((time.process_time() - machine.cpu_at_first_tree)
                                         / (machine.trees_applied - 1) * 1e3, 3)
+    without = out["trees_without_data"]
     emit(args, out, f"{args.site}: model with {machine.trees_applied} trees verified "
-                    f"(sha256 {done.model_sha256}) and written to {done.model_path}"
+                    + (f"({out['trees_with_data']} carried this site's data; {len(without)} did not, from tree "
+                       f"{without[0]} on: failed attempts spent the budget) " if without else "")
+                    + f"(sha256 {done.model_sha256}) and written to {done.model_path}"
                     + (f"\n{args.site}: held-out file evaluated: {charge['records']} records, ε_eval = "
-                       f"{charge['epsilon_eval']:g} (separate from the training ε = {machine.cal.epsilon:.6g})"
+                       f"{charge['epsilon_eval']:g} (within --max-epsilon with the training ε = "
+                       f"{machine.cal.epsilon:.6g})"
                        if charge is not None else ""))
     return 0
 
@@ -226,9 +233,18 @@ def register(sub) -> None:
     pol.add_argument("--min-colluders", type=int, default=MIN_COLLUDERS, metavar="N",
                      help="refuse a plan that assumes fewer than N colluding sites (the noise and secure "
                           f"aggregation hold against the plan's declared c only; default: {MIN_COLLUDERS})")
-    pol.add_argument("--max-eval-epsilon", type=float, metavar="X",
-                     help="refuse a plan whose federated evaluation budget ε_eval exceeds this site's limit X "
-                          "(default: no limit)")
+    pol.add_argument("--max-eval-epsilon", type=float, metavar="E", default=MAX_EVAL_EPSILON,
+                     help="refuse a plan whose federated evaluation budget ε_eval exceeds this site's limit "
+                          f"(default: {MAX_EVAL_EPSILON:g}; ε + ε_eval must also be within --max-epsilon)")
+    pol.add_argument("--max-failed-attempts", type=int, default=MAX_FAILED_ATTEMPTS, metavar="N",
+                     help="leave the session (exit 2, saying why) once the coordinator has failed one round "
+                          "more than N times after this site answered it: each retry that carries data spends "
+                          "privacy budget "
+                          f"(default: {MAX_FAILED_ATTEMPTS})")
+    pol.add_argument("--lifetime-epsilon", type=float, default=DEFAULT_LIFETIME_EPSILON, metavar="E",
+                     help="refuse a plan that would bring the lifetime ε of this site's data (every plan, "
+                          "evaluation and central `train --ledger` run on the same records, `fedsbdt ledger "
+                          f"--state DIR`) above E (default: {DEFAULT_LIFETIME_EPSILON:g})")
     c.add_argument("--schema", metavar="FILE",
                    help="this site's copy of the public schema: must equal the plan's (default: none: no check)")
     c.add_argument("--out", metavar="FILE", help="where to write the verified model (default: STATE/model.json)")

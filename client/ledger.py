@@ -11,14 +11,14 @@ table               content
 ``contributions``   one row per masked input sent: round id, kind (``init`` /
                     ``tree`` / ``level``), tree index (and level), whether it
                     carried data, the (private) active and sampled counts
-``released_splits`` greedy trees: the splits of each tree the coordinator
+``released_splits`` level-round modes: the splits of each tree the coordinator
                     released so far (a later request may not rewrite them)
 ``secagg``          the secure-aggregation site's records (common/secagg
                     ``Storage``: keys, shares, "input sent", "signed", …)
 ``meta``            plan hash, site id, the stored initial-score vector (and,
                     central mode, the noise added to its retries), the stored
                     evaluation vector, its noise and the ε_eval charge record;
-                    DPBoost: each ensemble's partition of the records
+                    partitioning modes: each ensemble's partition of the records
 ==================  ===========================================================
 
 The privacy-critical rule: the ledger update of round r, its contributions
@@ -189,7 +189,7 @@ class SiteLedger:
         return int(self.db.execute("SELECT COUNT(*) FROM contributions WHERE kind = 'level' AND tree = ? AND level = ?",
                                    (int(tree), int(level))).fetchone()[0])
 
-    # ------------------------------------------------------------------ greedy trees: released splits
+    # ------------------------------------------------------------------ level-round modes: released splits
 
     def released_splits(self, tree: int) -> tuple[np.ndarray, np.ndarray]:
         """(features, thresholds) of tree ``tree``'s splits seen in the coordinator's requests, heap order."""
@@ -204,7 +204,7 @@ class SiteLedger:
         self.db.executemany("INSERT OR IGNORE INTO released_splits (tree, node, feature, threshold) VALUES (?, ?, ?, ?)",
                             ((int(tree), i, int(f), float(t)) for i, (f, t) in enumerate(zip(features, thresholds))))
 
-    # ------------------------------------------------------------------ DPBoost: the per-ensemble partition
+    # ------------------------------------------------------------------ partitioning modes: the per-ensemble partition
 
     def dpboost_partition(self, ensemble: int) -> bytes | None:
         """The stored partition of ensemble ``ensemble`` (common/federation/dpboost_rounds.py), or None."""
@@ -222,10 +222,10 @@ class SiteLedger:
             "SELECT COUNT(*) FROM contributions WHERE kind = ? AND tree = ? AND level IS ? AND with_data >= ?",
             (kind, int(tree), level, int(with_data))).fetchone()[0])
 
-    # ------------------------------------------------------------------ Sarus trees: subsample and sketch
+    # ------------------------------------------------------------------ sketching modes: per-tree subsample and sketch
 
     def sarus_subsample(self, tree: int, records: int) -> np.ndarray | None:
-        """The Poisson subsample this site drew for Sarus tree ``tree`` (one bool per local record), or None."""
+        """The Poisson subsample this site drew for tree ``tree`` (a sketching mode) (one bool per local record), or None."""
         row = self.db.execute("SELECT records, subsample FROM sarus_trees WHERE tree = ?", (int(tree),)).fetchone()
         if row is None:
             return None
@@ -239,7 +239,7 @@ class SiteLedger:
                             (int(tree), int(mask.size), np.packbits(np.asarray(mask, bool)).tobytes()))
 
     def released_sketch(self, tree: int) -> np.ndarray | None:
-        """The noisy sketch of Sarus tree ``tree`` the coordinator's requests carried, or None."""
+        """The noisy sketch of tree ``tree`` (a sketching mode) the coordinator's requests carried, or None."""
         row = self.db.execute("SELECT sketch FROM sarus_trees WHERE tree = ?", (int(tree),)).fetchone()
         return None if row is None or row[0] is None else np.frombuffer(row[0], np.int64).copy()
 
@@ -248,6 +248,17 @@ class SiteLedger:
             raise LedgerError("a released sketch must be recorded in the round's transaction")
         self.db.execute("UPDATE sarus_trees SET sketch = ? WHERE tree = ? AND sketch IS NULL",
                         (np.asarray(sketch, "<i8").tobytes(), int(tree)))
+
+    def attempts_any(self, kind: str, tree: int | None, level: int | None = None) -> int:
+        """Masked inputs this site sent for one stage (``kind``, ``tree``, ``level``), with or without data."""
+        return int(self.db.execute("SELECT COUNT(*) FROM contributions WHERE kind = ? AND tree IS ? AND level IS ?",
+                                   (kind, tree, level)).fetchone()[0])
+
+    def failed_attempts(self) -> int:
+        """Attempts the coordinator did not release: every masked input after the first of its stage."""
+        return int(self.db.execute(
+            "SELECT COUNT(*) - (SELECT COUNT(*) FROM (SELECT DISTINCT kind, tree, level FROM contributions)) "
+            "FROM contributions").fetchone()[0])
 
     def tree_contributions(self) -> int:
         """Tree rounds in which this site sent data (each costs one accounted round, retries included)."""

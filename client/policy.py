@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from fedsbdt.common.config import ConfigError
+from fedsbdt.common.lifetime import DEFAULT_LIFETIME_EPSILON
 
 if TYPE_CHECKING:
     from fedsbdt.common.federation.plan import Plan
@@ -20,6 +21,11 @@ if TYPE_CHECKING:
 #: Defaults of ``--min-sites``, ``--min-threshold``, ``--min-colluders``.  Two sites is a site alone with one
 #: other party, which may be a sybil; t ≥ 2 and c ≥ 0 are what every valid plan has already.
 MIN_SITES, MIN_THRESHOLD, MIN_COLLUDERS = 3, 2, 0
+#: Default of ``--max-failed-attempts``: how often the coordinator may fail one round after this site answered it
+#: (each retry that carries data spends budget) before the site leaves the session.
+MAX_FAILED_ATTEMPTS = 3
+#: Default of ``--max-eval-epsilon``: the largest ε_eval of a plan's federated evaluation a site accepts.
+MAX_EVAL_EPSILON = 1.0
 
 
 @dataclass(frozen=True)
@@ -32,15 +38,22 @@ class SitePolicy:
         min_sites: the smallest roster n accepted (``--min-sites``).
         min_threshold: the smallest secure-aggregation threshold t accepted (``--min-threshold``).
         min_colluders: the smallest declared colluder count c accepted (``--min-colluders``).
+        max_failed_attempts: failed attempts the site tolerates before it leaves (``--max-failed-attempts``).
+        lifetime_epsilon: the lifetime ε cap of each dataset (``--lifetime-epsilon``; common/lifetime.py).
     """
 
     allow_central_noise: bool = False
     min_sites: int = MIN_SITES
     min_threshold: int = MIN_THRESHOLD
     min_colluders: int = MIN_COLLUDERS
+    max_failed_attempts: int = MAX_FAILED_ATTEMPTS
+    lifetime_epsilon: float = DEFAULT_LIFETIME_EPSILON
 
     def __post_init__(self) -> None:
-        for name, low in (("min_sites", 2), ("min_threshold", 1), ("min_colluders", 0)):
+        if isinstance(self.lifetime_epsilon, bool) or not (isinstance(self.lifetime_epsilon, (int, float))
+                                                           and self.lifetime_epsilon > 0):
+            raise ConfigError(f"--lifetime-epsilon must be > 0 (got {self.lifetime_epsilon!r})")
+        for name, low in (("min_sites", 2), ("min_threshold", 1), ("min_colluders", 0), ("max_failed_attempts", 0)):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < low:
                 raise ConfigError(f"--{name.replace('_', '-')} must be an integer ≥ {low} (got {v!r})")

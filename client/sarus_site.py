@@ -100,9 +100,12 @@ class SarusSite:
         if replayed is not None:
             return replayed
         kind, level = KIND[ev.purpose], (ev.level if ev.purpose == Purpose.LEVEL else None)
+        m.gate.attempt(kind, ev.tree, level)
         present = self.subsample(ev.tree)
         attempts = m.ledger.attempts(kind, ev.tree, level)
         with_data = m.ledger.attempts(kind, ev.tree, level, with_data=True) == 0
+        read = m.local.arrival <= ev.tree  # the tree's event is Poisson-subsampled: every present record
+        with_data = with_data and m.gate.admit(kind, read, tree=ev.tree) is not None
         x = self._vector(ev, state, present) if with_data else np.zeros(expected, np.int64)
         p, noise = len(start.participants), None
         scales = (lambda shares: self.grid.sketch_noise_scales(m.cal.sigma_sketch, shares)) if state is None else \
@@ -113,6 +116,8 @@ class SarusSite:
             noise = m.randomness.discrete_gaussian(scales(1))
 
         def record() -> None:
+            if with_data:
+                m.gate.charge(kind, read, ev.tree, level, r)
             m.ledger.log_contribution(r, kind, ev.tree, with_data, None, int(present.sum()), level)
             if state is not None:
                 m.ledger.remember_sketch(ev.tree, state.sketch)

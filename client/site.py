@@ -82,17 +82,18 @@ from fedsbdt.common.config import ConfigError
 from fedsbdt.common.data import DataError
 from fedsbdt.common.engine import filter_for
 from fedsbdt.common.fixedpoint import FixedPointError
+from fedsbdt.common.lifetime import LifetimeLedger, data_identity
 from fedsbdt.common.schema import Schema
 from fedsbdt.common.secagg import ProtocolAbort, RoundStart, SecAggSite, decode_message
 from fedsbdt.common.secagg.errors import InvalidMessage
 from fedsbdt.common.secagg.primitives import ed25519_public
 from fedsbdt.common.splits import Splits, random_splits
-from fedsbdt.common.federation.dpboost_rounds import DPBoostRequestError, SitePartition, check_tree
+from fedsbdt.common.federation.dpboost_rounds import DPBoostRequestError, SitePartition
 from fedsbdt.common.federation.greedy_rounds import GreedyRequestError
 from fedsbdt.common.federation.sarus_rounds import SarusRequestError
 from fedsbdt.common.federation.plan import Plan, PlanError
 from fedsbdt.common.greedy_levels import level_sums
-from fedsbdt.common.federation.release import build_model, model_bytes
+from fedsbdt.common.federation.release import build_model, model_bytes, model_content_sha256
 from fedsbdt.common.federation.wire import (
     NONCE_BYTES,
     AbortedMsg,
@@ -115,11 +116,13 @@ from fedsbdt.common.federation.wire import (
 
 from .dataload import as_source, load_isolated
 from .evaluation import check_request, eval_input, load_held_out
+from .gate import Gate, LeaveSession
+from fedsbdt.common.modes import mode_for
 from .ledger import LedgerError, SiteLedger, ledger_path
 from .sarus_site import SarusSite
 from .isolated_noise import IsolatedSampler
 from .noise import NoiseShares, isolated_shares
-from .policy import SitePolicy
+from .policy import MAX_EVAL_EPSILON, SitePolicy
 
 log = logging.getLogger("fedsbdt.site")
 
@@ -149,7 +152,7 @@ class SiteOptions:
     model_out: Path | None = None  # default: <state>/model.json
     policy: SitePolicy = SitePolicy()  # central-noise opt-in, smallest roster, threshold, colluders
     eval_data: Path | None = None  # --eval-data: held-out file for the plan's federated evaluation
-    max_eval_epsilon: float | None = None  # --max-eval-epsilon: refuse a plan whose ε_eval exceeds this
+    max_eval_epsilon: float | None = MAX_EVAL_EPSILON  # --max-eval-epsilon: refuse a plan whose ε_eval exceeds this
 
     def __post_init__(self) -> None:
         if self.max_epsilon is not None and not self.max_epsilon > 0:
@@ -254,17 +257,17 @@ class SiteMachine:
                               "identity key; check --identity-key / the roster")
         try:
             randomness = plan.make_randomness(self.options.allow_insecure_test_randomness)
-            # exact noise drawn in child processes, so the daemon never loads numba; greedy trees draw a noise
-            # share per level on demand, which a child per draw would make slow: they sample in-process
-            if not getattr(randomness, "insecure", False) and plan.hyperparameters.tree_builder == "random":
+            # exact noise drawn in child processes, so the daemon never loads numba, where the mode draws its
+            # shares ahead (modes that draw a share per level on demand sample in-process)
+            if not getattr(randomness, "insecure", False) and mode_for(plan).isolated_sampler:
                 randomness = IsolatedSampler(randomness)
             cal = plan.verify_privacy()
         except PlanError as e:
             raise SiteRefusal(str(e)) from None
-        cap = self.options.max_epsilon
-        if cap is not None and cal.epsilon > cap:
-            raise SiteRefusal(f"the plan's privacy budget ε = {cal.epsilon:.6g} exceeds this site's limit "
-                              f"--max-epsilon {cap:g}; refusing to take part")
+        gate = Gate(plan, self.options.policy, None, self.state_dir, self.site_id)
+        refusal = gate.admission_refusal(cal.epsilon, self.options.max_epsilon, self.options.max_eval_epsilon, {})
+        if refusal is not None:  # the caps, before the data is read (the lifetime cap once it is)
+            raise SiteRefusal(refusal)
         refusal = self.options.policy.refusal(plan)
         if refusal is not None:
             raise SiteRefusal(refusal)
@@ -275,6 +278,10 @@ class SiteMachine:
         if self.data_path is None and (plan.eval_model_sha256 is None or self.options.eval_data is None):
             raise SiteRefusal("no training data (--data): only a plan that evaluates an existing model "
                               "(evaluation.model_sha256) can be joined with --eval-data alone")
+        if plan.eval_model_sha256 is not None and plan.eval_model_content_sha256 is None:
+            raise SiteRefusal("the plan evaluates an existing model but pins only its file hash, not the digest of "
+                              "its trees (evaluation.model_content_sha256): this site could not check the model it "
+                              "evaluates; re-create the plan with `fedsbdt plan --evaluate-model`")
         try:  # evaluation-only plans train nothing: the held-out file stands in for the (unused) training data
             ds = load_isolated(self.data_path or self.options.eval_data, plan.schema)  # parsed in a child
         except DataError as e:
@@ -284,10 +291,21 @@ class SiteMachine:
                               f"max_records_per_site = {plan.max_records_per_site}")
         self.held_out = self._accept_evaluation(plan)
         hp = plan.hyperparameters
+        sources = {}  # the data the plan's releases read, by identity (the lifetime ledger's datasets)
+        if gate.mode.trains(plan) and self.data_path is not None:
+            sources["train"] = (data_identity(self.data_path), ds.ids)
+        if self.held_out is not None:
+            sources["eval"] = (data_identity(self.options.eval_data), self.held_out.ids)
+        refusal = gate.admission_refusal(cal.epsilon, None, None, sources)
+        if refusal is not None:
+            raise SiteRefusal(refusal)
         try:
             self.ledger = SiteLedger(ledger_path(self.state_dir, plan.sha256), plan.sha256, self.site_id)
         except LedgerError as e:
             raise SiteRefusal(str(e)) from None
+        gate.ledger = self.ledger
+        gate.open(sources)
+        self.gate = gate
         self.local = local_data_for(plan.schema, ds.X, ds.y, ds.ids, hp, ds.arrival,
                                     edges=split_edges(plan.schema, hp.split_candidates), backend=kernels_numpy)
         self.ledger.ensure_records(ds.ids)
@@ -336,9 +354,6 @@ class SiteMachine:
                 log.warning(f"{self.site_id}: --eval-data given, but the plan declares no federated evaluation; "
                             "the held-out file is not used", extra={"event": "eval_unused", "site": self.site_id})
             return None
-        if cap is not None and spec.epsilon > cap:
-            raise SiteRefusal(f"the plan's evaluation budget ε_eval = {spec.epsilon:g} exceeds this site's limit "
-                              f"--max-eval-epsilon {cap:g}; refusing to take part")
         if path is None:
             log.warning(f"{self.site_id}: the plan evaluates the model, but this site has no --eval-data: it will "
                         "add only its noise share", extra={"event": "no_eval_data", "site": self.site_id})
@@ -463,18 +478,25 @@ class SiteMachine:
         except InvalidMessage as e:
             return [Refusal(f"malformed RoundStart: {e}")]
         r = start.round_id
+        bad = self.gate.refusal(ev.purpose, ev.tree, ev.level)  # the pinned plan's schedule, before anything else
+        if bad is not None:
+            return [Refusal(f"round {r}: {bad}", r)]
+        try:
+            return self._scheduled_round_start(ev, start)
+        except LeaveSession as e:
+            raise self._abort(str(e)) from None
+
+    def _scheduled_round_start(self, ev: RoundStartMsg, start: RoundStart) -> list[Reply]:
+        plan, hp, local = self.plan, self.plan.hyperparameters, self.local
+        r = start.round_id
         if ev.purpose == Purpose.EVAL:
             return self._eval_round_start(ev, start)
         if self.sarus is not None and ev.purpose != Purpose.INIT_SCORE:
             return self.sarus.round_start(ev, start)
-        if ev.purpose == Purpose.SKETCH:
-            return [Refusal(f"round {r}: sketch rounds are for Sarus trees; the plan's trees are {hp.tree_builder}", r)]
         if self.greedy is not None and ev.purpose != Purpose.INIT_SCORE:
             bad = self._greedy_request_refusal(ev)  # before anything is computed
             if bad is not None:
                 return [Refusal(f"round {r}: {bad}", r)]
-        elif ev.purpose == Purpose.LEVEL:
-            return [Refusal(f"round {r}: level rounds are for greedy trees; the plan's trees are random", r)]
         if ev.purpose == Purpose.LEVEL:
             expected_len = self.greedy.layout(ev.tree, ev.level).length
         else:
@@ -489,9 +511,11 @@ class SiteMachine:
 
         c = None
         stored_init = new_retry_noise = None
+        read = None  # the records this release reads (None: it carries no new data)
         if ev.purpose == Purpose.INIT_SCORE:
             if self.init is not None:
                 return [Refusal(f"round {r}: the initial score was already released", r)]
+            self.gate.attempt("init", None)
             stored_init = self.ledger.init_vector()
             if stored_init is not None:  # a retry: the identical noisy vector, never a second one
                 x, noise = stored_init
@@ -501,6 +525,7 @@ class SiteMachine:
                         retry_noise = new_retry_noise = self.randomness.discrete_laplace(self.retry_scales[1])
                     noise = retry_noise
             else:
+                read = np.ones(local.n, bool)
                 x = local.init_sums()
                 noise, self._init_share = self._init_share, None  # drawn ahead (isolated sampler), used once
                 if noise is None and self.init_scales is not None:
@@ -508,7 +533,8 @@ class SiteMachine:
             kind, tree, with_data = "init", None, True
         elif ev.purpose == Purpose.LEVEL:
             kind, tree = "level", ev.tree
-            x, noise, with_data = self._level_input(ev, start)
+            x, noise, read = self._level_input(ev, start)
+            with_data = read is not None
         else:
             k = ev.tree
             if self.init is None or len(self.trees) < k:
@@ -516,17 +542,19 @@ class SiteMachine:
             if len(self.trees) > k:
                 return [Refusal(f"round {r}: tree {k} was already released; refusing to contribute to it again", r)]
             kind, tree = "tree", k
-            if self.table is None and self._tree_contributions() >= hp.accounted_rounds:
-                log.warning(f"{self.site_id}: all {hp.accounted_rounds} accounted tree contributions are spent "
-                            f"(failed rounds count); sending no data in round {r}",
-                            extra={"event": "budget_exhausted", "site": self.site_id})
+            self.gate.attempt("tree", k)
+            read = local.arrival <= k if self.dpboost is None else self._dpboost_call(self.dpboost.records, k, local)
+            read = self.gate.admit("tree", read, tree=k, partial=self.gate.mode.explicit_leaf_records)
+            if read is None:
                 x, with_data = np.zeros(expected_len, np.int64), False
             else:
                 splits = self.splits(k) if self.greedy is None else \
                     Splits(np.asarray(ev.features, np.int32), np.asarray(ev.thresholds, np.float64))
                 c = local.contribution(splits, k, self.randomness, self.table) if self.dpboost is None else \
-                    self._dpboost_call(self.dpboost.contribution, splits, k, local)
+                    self._dpboost_call(self.dpboost.contribution, splits, k, local, read)
                 x, with_data = np.asarray(c.sums, dtype=np.int64), True
+                if self.table is not None and c.new_spent is not None:  # the filter: the records it charged
+                    read = np.asarray(c.new_spent) != np.asarray(local.spent)
             noise = None
             p = len(start.participants)
             if self.noise is not None and plan.threshold <= p <= plan.n:  # otherwise secagg refuses the round
@@ -535,6 +563,8 @@ class SiteMachine:
                 noise = self.randomness.discrete_gaussian(self.retry_scales[0])  # a retry: a full, fresh share
 
         def record() -> None:
+            if read is not None:  # the gate: this release, charged to exactly the records it read
+                self.gate.charge(kind, read, tree, ev.level if kind == "level" else None, r)
             if c is not None and c.new_spent is not None:
                 self.ledger.charge(local.ids, local.spent, c.new_spent)
             self.ledger.log_contribution(r, kind, tree, with_data, None if c is None else c.active,
@@ -549,8 +579,6 @@ class SiteMachine:
         replies = self.masked_input(ev, start, x, noise, record)
         if isinstance(replies[0], Refusal):
             return replies
-        if kind == "tree" and with_data:
-            self._sent_with_data = self._tree_contributions() + 1
         # Durable: only now does the masked vector leave this function.
         if c is not None:
             local.commit(c)
@@ -588,8 +616,6 @@ class SiteMachine:
         no request may rewrite a released split or go back to a released level.
         """
         hp, k = self.plan.hyperparameters, ev.tree
-        if self.dpboost is not None and (bad := check_tree(hp, k)) is not None:  # DPBoost: tree/ensemble in the plan
-            return bad
         if self.init is None or len(self.trees) < k:
             raise NeedCatchUp(len(self.trees), k)
         if len(self.trees) > k:
@@ -620,33 +646,32 @@ class SiteMachine:
             return None
         return self.masked_input(ev, start, None)
 
-    def _level_input(self, ev: RoundStartMsg, start: RoundStart) -> tuple[np.ndarray, np.ndarray | None, bool]:
-        """(level vector, noise share, carries data) for a checked level request (docs/greedy.md).
+    def _level_input(self, ev: RoundStartMsg, start: RoundStart) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+        """(level vector, noise share, the records it reads or None: no data) for a checked level request (docs/greedy.md).
 
-        At most T·d level rounds carry data (every masked input counts, retries included), as for the
-        leaves.  Distributed noise: a share of variance 1/k_r of the level's noise, k_r from the plan and
+        The gate charges the level to exactly the records it reads, every attempt (client/gate.py).
+        Distributed noise: a share of variance 1/k_r of the level's noise, k_r from the plan and
         the participant set; central noise: a retry carries a full, fresh share."""
-        plan, hp, local, grid = self.plan, self.plan.hyperparameters, self.local, self.greedy
+        plan, local, grid = self.plan, self.local, self.greedy
         k, enc = ev.tree, local.enc
         layout = grid.layout(k, ev.level)
-        if self.ledger.level_contributions() >= hp.accounted_rounds * hp.depth:
-            log.warning(f"{self.site_id}: all {hp.accounted_rounds * hp.depth} accounted level contributions are "
-                        f"spent (failed rounds count); sending no data in round {start.round_id}",
-                        extra={"event": "budget_exhausted", "site": self.site_id})
-            x, with_data = np.zeros(layout.length, np.int64), False
+        self.gate.attempt("level", k, ev.level)
+        use = local.arrival <= k if self.dpboost is None else self._dpboost_call(self.dpboost.records, k, local)
+        use = self.gate.admit("level", use, tree=k, partial=True)
+        if use is None:
+            x = np.zeros(layout.length, np.int64)
         else:
             node = grid.route(self._grid_codes, grid.candidate_index(k, ev.features, ev.thresholds), ev.level)
             gq, _ = kernels.grad_hess_units(local.pred, local.y, TASK_CODE[local.task], enc.scale,
                                             enc.grad.bound_units, enc.hess.bound_units)
-            use = local.arrival <= k if self.dpboost is None else self._dpboost_call(self.dpboost.records, k, local)
-            x, with_data = level_sums(self._grid_codes, node, gq, use, layout), True
+            x = level_sums(self._grid_codes, node, gq, use, layout)
         noise = None
         p = len(start.participants)
         if plan.noise == "distributed" and plan.threshold <= p <= plan.n:  # otherwise secagg refuses the round
             noise = self.randomness.discrete_gaussian(plan.level_share_scales(k, ev.level, plan.noise_divisor(p)))
         elif plan.noise == "central" and self.ledger.level_attempts(k, ev.level) > 0:
             noise = self.randomness.discrete_gaussian(plan.level_share_scales(k, ev.level, 1))
-        return x, noise, with_data
+        return x, noise, use
 
     def _dpboost_call(self, f, *args):
         """A DPBoost partition step; a stored partition that does not fit this site's data ends the session."""
@@ -677,14 +702,19 @@ class SiteMachine:
         refusal = check_request(self.plan, start.vector_len, len(self.trees), self.init is not None)
         if refusal is not None:
             return [Refusal(f"round {r}: {refusal}", r)]
+        model = build_model(self.plan, self.init, self.trees)
+        self._check_pinned_model(model)  # before the evaluation input is computed
         stored = self.ledger.eval_vector()
         if stored is not None:
             (x, noise), charge = stored, None
         else:
-            x, noise, charge = eval_input(self.plan, build_model(self.plan, self.init, self.trees), self.held_out,
-                                          self.randomness)
-        replies = self.masked_input(ev, start, x, noise, None if charge is None else
-                                    lambda: self.ledger.set_eval_vector(x, noise, charge | {"round_id": r}))
+            x, noise, charge = eval_input(self.plan, model, self.held_out, self.randomness)
+
+        def record() -> None:
+            self.ledger.set_eval_vector(x, noise, charge | {"round_id": r})
+            self.gate.charge("eval", None, round_id=r, role="eval")  # the held-out file's one ε_eval release
+
+        replies = self.masked_input(ev, start, x, noise, None if charge is None else record)
         if isinstance(replies[0], Refusal):
             return replies
         log.info(f"{self.site_id}: evaluation input sent (round {r}, ε_eval = {self.plan.eval_epsilon:g}"
@@ -693,12 +723,6 @@ class SiteMachine:
         return replies
 
     # ------------------------------------------------------------------ releases
-
-    def _tree_contributions(self) -> int:
-        """Tree rounds this site sent data in (from the ledger once, then counted as they commit)."""
-        if getattr(self, "_sent_with_data", None) is None:
-            self._sent_with_data = self.ledger.tree_contributions()
-        return self._sent_with_data
 
     def splits(self, k: int):
         """The plan's public random splits of tree ``k`` (cached: needed for the contribution and the check)."""
@@ -743,12 +767,24 @@ class SiteMachine:
         if self.cpu_at_first_tree is None:
             self.cpu_at_first_tree = time.process_time()
 
+    def _check_pinned_model(self, model) -> None:
+        """An evaluation-only plan: the model rebuilt from the released trees must be the one the plan pins."""
+        pinned = self.plan.eval_model_content_sha256
+        if self.plan.eval_model_sha256 is None:
+            return
+        have = model_content_sha256(model)
+        if have != pinned:
+            raise self._abort(f"the coordinator released another model than the plan pins for evaluation (its "
+                              f"trees have content digest {have}, the plan's evaluation.model_content_sha256 is "
+                              f"{pinned}); refusing to evaluate it")
+
     def _finish(self, ev: FinishedMsg) -> list[Reply]:
         if len(self.trees) < ev.trees or self.init is None:
             raise NeedCatchUp(len(self.trees), ev.trees)
         if len(self.trees) != ev.trees:
             raise self._abort(f"the coordinator finished with {ev.trees} trees, this site applied {len(self.trees)}")
         model = build_model(self.plan, self.init, self.trees)
+        self._check_pinned_model(model)
         data = model_bytes(model)
         sha = hashlib.sha256(data).hexdigest()
         if sha != ev.model_sha256:
@@ -765,10 +801,31 @@ class SiteMachine:
                  extra={"event": "site_done", "site": self.site_id, "model_sha256": sha, "path": str(out)})
         return [Done(sha)]
 
+    def receipt(self) -> dict:
+        """What this site contributed: trees applied, trees whose leaf release carried its data (and those
+        that did not: its budget was spent by failed attempts), failed attempts, its lifetime (ε, δ)."""
+        rows = self.ledger.db.execute("SELECT DISTINCT tree FROM contributions WHERE kind = 'tree' AND with_data = 1"
+                                      ).fetchall()
+        with_data = {int(r[0]) for r in rows}
+        out = {"trees": len(self.trees), "trees_with_data": len(with_data & set(range(len(self.trees)))),
+               "trees_without_data": [t.index for t in self.trees if t.index not in with_data],
+               "failed_attempts": self.ledger.failed_attempts()}
+        if not self.gate.mode.trains(self.plan):
+            out["trees_with_data"], out["trees_without_data"] = 0, []
+        lt = LifetimeLedger(self.state_dir)
+        try:
+            out["lifetime"] = {role: {"epsilon": (x := lt.lifetime(key)).epsilon, "delta": x.delta}
+                               for role, (key, _) in self.gate.datasets.items()}
+        finally:
+            lt.close()
+        return out
+
     def close(self) -> None:
         """Stop the background noise sampler (undrawn shares are discarded)."""
         if getattr(self, "noise", None) is not None:
             self.noise.close()
+        if getattr(self, "gate", None) is not None:
+            self.gate.close()
 
     def _abort(self, reason: str) -> SessionAbort:
         self.close()

@@ -250,6 +250,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     ds = _load_data(args, schema)
     hp, choice, eps_rows = auto_hyperparameters(args, schema, ds.n, randomness)
     cal = calibration_for(hp)  # fail fast on impossible budgets, before any work
+    from .ledger_cli import central_run, charge_central
+
+    run = central_run(args, args.data, ds.ids, cal.epsilon + eps_rows, cal.delta)  # --ledger: lifetime cap first
     quiet = args.quiet or (args.json and getattr(args, "log_format", "text") != "json")
     prog = Progress("train", hp.total_rounds, quiet=quiet, extra=f"ε={cal.epsilon + eps_rows:.4g}",
                     fields={"epsilon": cal.epsilon + eps_rows})
@@ -260,6 +263,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     add_rows_receipt(res.model, eps_rows, hp.epsilon + eps_rows)
     if choice is not None:
         res.model.training["settings"] = {"mode": "auto", **choice.to_dict()}
+    charge_central(run, cal.epsilon + eps_rows, cal.delta)  # committed before the model is written
     res.model.save(args.out)
     p = res.model.privacy
     out = {"epsilon": p["epsilon"], "delta": p["delta"], "sigma": p["sigma"], "alpha": p["alpha"],
@@ -496,6 +500,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_source_flags(t)
     add_settings_flags(t)
     add_hyperparameter_flags(t)
+    from .ledger_cli import add_train_flags
+
+    add_train_flags(t)
     t.set_defaults(func=cmd_train, on_interrupt="no model was written and nothing was released; run the same "
                                                  "command again to train")
 
@@ -543,7 +550,8 @@ def _register_optional(sub) -> None:
     """Further commands live next to their code and register themselves when present."""
     import importlib
 
-    for mod in ("fedsbdt.common.cli_tools", "fedsbdt.common.cli_tune", "fedsbdt.server.cli", "fedsbdt.client.cli"):
+    for mod in ("fedsbdt.common.cli_tools", "fedsbdt.common.cli_tune", "fedsbdt.common.ledger_cli", "fedsbdt.server.cli",
+                "fedsbdt.client.cli"):
         try:
             m = importlib.import_module(mod)
         except ModuleNotFoundError as e:

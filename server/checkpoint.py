@@ -5,7 +5,7 @@
     log      one row per released fact, in order: the header (plan hash), the
              initial score, every released tree (with its public record
              ``{tree, round_id, sites}`` and the failed-round counter), the
-             splits chosen per level of a greedy tree, finished
+             splits chosen per level of a level-round tree, finished
     secagg   the secure-aggregation coordinator's storage (epoch and round-id
              counters, ready epochs: common/secagg Storage)
 
@@ -49,11 +49,11 @@ class Restored:
     init: InitScoreMsg | None = None
     has_init: bool = False
     trees: list[TreeMsg] = field(default_factory=list)
-    levels: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)  # greedy: splits of the next tree
+    levels: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)  # level-round modes: splits of the next tree
     rounds_failed: int = 0
     finished_sha256: str | None = None
-    sketch: np.ndarray | None = None  # Sarus: the next tree's released sketch
-    stopped: list[np.ndarray] = field(default_factory=list)  # Sarus: per chosen level, the nodes that stopped
+    sketch: np.ndarray | None = None  # sketching modes: the next tree's released sketch
+    stopped: list[np.ndarray] = field(default_factory=list)  # sketching modes: per chosen level, the nodes that stopped
 
 
 class CoordinatorStore:
@@ -188,14 +188,14 @@ class CoordinatorStore:
     def append_level(self, tree: int, level: int, round_id: int, sites, features: np.ndarray,
                      thresholds: np.ndarray, rounds_failed: int, stopped: np.ndarray | None = None) -> None:
         """Greedy trees: the splits chosen for one level (durable before the next request carries them).
-        Sarus trees add which nodes stopped."""
+        Sketching modes add which nodes stopped."""
         self._append("level", {"tree": tree, "level": level, "round_id": round_id, "sites": list(sites),
                                "features": np.asarray(features).astype(int).tolist(),
                                "thresholds": [float(x) for x in thresholds], "rounds_failed": rounds_failed}
                      | ({} if stopped is None else {"stopped": np.asarray(stopped, bool).tolist()}))
 
     def append_sketch(self, tree: int, round_id: int, sites, sketch: np.ndarray, rounds_failed: int) -> None:
-        """Sarus trees: a tree's released noisy sketch (durable before a level request carries it)."""
+        """Sketching modes: a tree's released noisy sketch (durable before a level request carries it)."""
         self._append("sketch", {"tree": tree, "round_id": round_id, "sites": list(sites),
                                 "sketch": np.asarray(sketch, np.int64).tolist(), "rounds_failed": rounds_failed})
 

@@ -142,8 +142,8 @@ def _serve(args: argparse.Namespace, t0: float, plan, cal, randomness, state: Pa
            "epsilon": cal.epsilon, "rounds_failed": session.rounds_failed, "seconds": secs,
            "bytes_received": server.service.bytes_in, "bytes_sent": server.service.bytes_out,
            "mismatched_sites": list(getattr(st, "mismatched", ()))}
-    human = (f"trained {len(session.trees)} trees with {plan.n} sites; model written to {model} "
-             f"(sha256 {out['model_sha256']})")
+    out["trees_per_site"] = session.trees_with_data()
+    human = f"{session.data_summary()}; model written to {model} (sha256 {out['model_sha256']})"
     if session.evaluation is not None:
         out["evaluation"], line = write_evaluation(state, session.evaluation, out["model_sha256"])
         human += "\n" + line
@@ -226,7 +226,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         evaluation = dict(eval_epsilon=args.eval_epsilon, eval_bins=args.eval_bins,
                           eval_residual_clip=args.eval_residual_clip)
     if args.evaluate_model:
-        schema, hp, evaluation["eval_model_sha256"] = model_for_evaluation(args)
+        schema, hp, evaluation["eval_model_sha256"], evaluation["eval_model_content_sha256"] = \
+            model_for_evaluation(args)
     else:
         if not args.schema:
             raise CliError("--schema is required (unless --evaluate-model gives the model's schema)")
@@ -270,7 +271,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def model_for_evaluation(args: argparse.Namespace):
-    """(schema, hyperparameters, SHA-256) of ``--evaluate-model``: the plan evaluates it, trains nothing."""
+    """(schema, hyperparameters, file SHA-256, content digest) of ``--evaluate-model``: the plan evaluates it."""
     from fedsbdt.client.cli import sha256_file
     from fedsbdt.common.model import Ensemble
 
@@ -278,8 +279,10 @@ def model_for_evaluation(args: argparse.Namespace):
         raise CliError("--evaluate-model needs --eval-epsilon (the evaluation's privacy budget)")
     if args.schema:
         raise CliError("--evaluate-model takes the schema from the model; leave out --schema")
+    from fedsbdt.common.federation.release import model_content_sha256
+
     model = Ensemble.load(args.evaluate_model)
-    return model.schema, model.hyperparameters, sha256_file(Path(args.evaluate_model))
+    return model.schema, model.hyperparameters, sha256_file(Path(args.evaluate_model)), model_content_sha256(model)
 
 # --------------------------------------------------------------------------- ca
 

@@ -909,6 +909,28 @@ class Session:
             if s.token is not None:
                 out.append((s.site_id, msg))
 
+    def trees_with_data(self) -> dict[str, int]:
+        """Per roster site, the released trees whose noisy sum included its input (its own receipt says
+        whether each of them carried its data, client/site.py ``receipt``)."""
+        return {s: sum(s in t.sites for t in self.trees) for s in self.plan.site_ids}
+
+    def data_summary(self) -> str:
+        """One line: how many trees were released and how many of them each site contributed to."""
+        per = self.trees_with_data()
+        total = len(self.trees)
+        if self.plan.eval_model_sha256 is not None:
+            return f"evaluated an existing model of {total} trees (an evaluation-only plan: no training rounds)"
+        parts = []
+        for s, n in per.items():
+            if n == total:
+                parts.append(f"{s} {n}")
+            else:
+                last = max((t.index for t in self.trees if s in t.sites), default=None)
+                parts.append(f"{s} {n}" + (" (none)" if last is None else f" (last at tree {last})"))
+        full = sum(n == total for n in per.values())
+        return (f"trained {total} trees; sites in every released sum: {full} of {len(per)} "
+                f"(trees per site: {', '.join(parts)})")
+
     def _finish(self, now: float, out: list[Outgoing]) -> None:
         model = build_model(self.plan, self.init, self.trees)
         self.model_json = model_bytes(model)
@@ -919,7 +941,8 @@ class Session:
         self.stage = Finishing(sha, now + self.plan.deadlines.finish)
         log.info(f"all {len(self.trees)} trees released; model {sha}",
                  extra={"event": "finished", "model_sha256": sha, "trees": len(self.trees),
-                        "rounds_failed": self.rounds_failed})
+                        "rounds_failed": self.rounds_failed, "trees_per_site": self.trees_with_data()})
+        log.info(self.data_summary(), extra={"event": "trees_per_site", "trees_per_site": self.trees_with_data()})
         for s in self.sites.values():
             if s.token is not None:
                 out.append((s.site_id, FinishedMsg(sha, len(self.trees))))

@@ -136,10 +136,12 @@ class SitePartition:
         g = negative_gradient(local.pred, local.y, local.task)
         return tree_records(self.hp, tree, g, local.arrival, self.parts(ensemble_of(self.hp, tree)))
 
-    def contribution(self, splits, tree: int, local) -> Contribution:
-        """The leaf round's vector of tree ``tree`` (:func:`leaf_sums`) as a :class:`Contribution`."""
+    def contribution(self, splits, tree: int, local, use: np.ndarray | None = None) -> Contribution:
+        """The leaf round's vector of tree ``tree`` (:func:`leaf_sums`) as a :class:`Contribution`, over ``use``
+        (default: the tree's records, :meth:`records`; the site's gate may leave out records whose budget is
+        spent)."""
         enc, hp = local.enc, self.hp
-        use = self.records(tree, local)
+        use = self.records(tree, local) if use is None else np.asarray(use, bool)
         gq, _ = local.kernels.grad_hess_units(local.pred, local.y, TASK_CODE[local.task], enc.scale,
                                         enc.grad.bound_units, enc.hess.bound_units)
         leaf = local.leaf_index(splits)

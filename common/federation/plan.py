@@ -41,6 +41,7 @@ A plan is a TOML file every party can read and hash::
     bins = 20                     # public score (binary) or residual (regression) bins
     residual_clip = 7.0           # regression: residuals clipped to ±R (default: label range width / 4)
     model_sha256 = "…"            # optional: evaluate this existing model; no training rounds
+    model_content_sha256 = "…"    # with model_sha256: digest of its initial score and trees (sites check it)
 
     [[sites]]
     id = "hospital-a"
@@ -178,6 +179,9 @@ class Plan:
     eval_epsilon: float | None = None  # [evaluation] epsilon: ε_eval of the federated evaluation (None: none)
     eval_bins: int = 20  # [evaluation] bins: public score / residual bins (common/fed_eval.py)
     eval_model_sha256: str | None = None  # [evaluation] model_sha256: evaluate this existing model (no training)
+    #: [evaluation] model_content_sha256: the digest of that model's initial score and trees
+    #: (release.model_content_sha256): what every site checks the released trees against
+    eval_model_content_sha256: str | None = None
     eval_residual_clip: float | None = None  # [evaluation] residual_clip: R of a regression evaluation
     secagg_graph: str = "complete"  # [secure_aggregation] graph: "complete" or "sparse" (common/secagg/graph.py)
     secagg_neighbours: int = 0  # [secure_aggregation] neighbours: k of the sparse graph
@@ -269,6 +273,11 @@ class Plan:
         if h is not None and (self.eval_epsilon is None or not isinstance(h, str) or len(h) != 64
                               or any(c not in "0123456789abcdef" for c in h)):
             raise PlanError("evaluation.model_sha256 must be 64 lower-case hex digits (with evaluation.epsilon)")
+        c = self.eval_model_content_sha256
+        if c is not None and (h is None or not isinstance(c, str) or len(c) != 64
+                              or any(ch not in "0123456789abcdef" for ch in c)):
+            raise PlanError("evaluation.model_content_sha256 must be 64 lower-case hex digits (with "
+                            "evaluation.model_sha256)")
         self.secagg_config()  # threshold and fixed-point capacity checks
         self.check_discrete_noise()
 
@@ -630,6 +639,8 @@ class Plan:
             {} if self.eval_epsilon is None else
              {"evaluation": {"epsilon": float(self.eval_epsilon), "bins": self.eval_bins}
               | ({} if self.eval_model_sha256 is None else {"model_sha256": self.eval_model_sha256})
+              | ({} if self.eval_model_content_sha256 is None else
+                 {"model_content_sha256": self.eval_model_content_sha256})
               | ({} if self.eval_residual_clip is None else {"residual_clip": float(self.eval_residual_clip)})})
 
     def _secagg_section(self) -> dict[str, Any]:
@@ -726,7 +737,7 @@ class Plan:
                                 "public key, as written by `fedsbdt keygen` to identity.pub)")
             sites.append(SiteEntry(sid, raw))
         ev = section("evaluation", required=False)
-        bad = sorted(set(ev) - {"epsilon", "bins", "model_sha256", "residual_clip"})
+        bad = sorted(set(ev) - {"epsilon", "bins", "model_sha256", "model_content_sha256", "residual_clip"})
         if bad or (ev and "epsilon" not in ev):
             raise PlanError(f"{source}: [evaluation] takes epsilon (required), bins, residual_clip and model_sha256"
                             + (f"; unknown key(s) {', '.join(bad)}" if bad else ""))
@@ -747,6 +758,7 @@ class Plan:
                 test_seed=s.get("test_seed", 0), test_noise=s.get("test_noise", True), deadlines=Deadlines(**dl),
                 eval_epsilon=ev.get("epsilon"), eval_bins=ev.get("bins", 20),
                 eval_model_sha256=ev.get("model_sha256"), eval_residual_clip=ev.get("residual_clip"),
+                eval_model_content_sha256=ev.get("model_content_sha256"),
                 secagg_graph=sa.get("graph", "complete"), secagg_neighbours=sa.get("neighbours", 0),
                 secagg_fast_path=sa.get("fast_path", "auto"),
             )

@@ -100,6 +100,22 @@ def model_sha256(model: Ensemble) -> str:
     return hashlib.sha256(model_bytes(model)).hexdigest()
 
 
+def model_content_sha256(model: Ensemble) -> str:
+    """The digest of what a model predicts with — its initial score and its trees' splits and leaves — and
+    nothing else (not its receipt or training record): an evaluation-only plan pins it, and every site
+    compares the model rebuilt from the released trees with it (client/gate.py)."""
+    h = hashlib.sha256(b"fedsbdt model content v1\n")
+    h.update(np.float64(model.init_score).tobytes())
+    scores = getattr(model, "init_scores", None)
+    if scores is not None:
+        h.update(np.asarray(scores, "<f8").tobytes())
+    for t in model.trees:
+        for a, dt in ((t.features, "<i8"), (t.thresholds, "<f8"), (t.leaves, "<f8")):
+            v = np.ascontiguousarray(np.asarray(a, dt))
+            h.update(len(v).to_bytes(8, "little") + v.tobytes())
+    return h.hexdigest()
+
+
 def released_from_model(plan: Plan, model: Ensemble, sha256: str) -> tuple[InitScoreMsg, list[TreeMsg]]:
     """An existing model's initial score and trees as released records, for an evaluation-only plan.
 
@@ -123,4 +139,6 @@ def released_from_model(plan: Plan, model: Ensemble, sha256: str) -> tuple[InitS
         if not (np.array_equal(t.features, sp.features) and np.array_equal(t.thresholds, sp.thresholds)):
             raise ValueError(f"tree {k} of the model does not use the plan's public random splits")
         trees.append(TreeMsg(k, 0, (), sp.features, sp.thresholds, np.asarray(t.leaves, dtype=np.float64)))
+    if plan.eval_model_content_sha256 is not None and model_content_sha256(model) != plan.eval_model_content_sha256:
+        raise ValueError("the model's trees are not the ones the plan pins (evaluation.model_content_sha256)")
     return InitScoreMsg(float(model.init_score), None, ()), trees

@@ -10,7 +10,7 @@ import pytest
 from fedsbdt.common.config import Hyperparameters
 from fedsbdt.common.data import load
 from fedsbdt.common.fed_eval import exact_metrics
-from fedsbdt.common.federation.release import build_model, model_sha256, released_from_model
+from fedsbdt.common.federation.release import build_model, model_content_sha256, model_sha256, released_from_model
 from fedsbdt.server.session import Session
 from fedsbdt.client.evaluation import check_request
 from fedsbdt.client.site import NeedCatchUp, SiteMachine, SiteRefusal
@@ -39,6 +39,7 @@ class EvalFed(Fed):
         self.existing = model
         if model is not None:
             session["eval_model_sha256"] = model_sha256(model)
+            session["eval_model_content_sha256"] = model_content_sha256(model)
         super().__init__(tmp_path, hp, eval_epsilon=eval_epsilon, **session)
 
     def new_session(self):

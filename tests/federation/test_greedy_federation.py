@@ -178,7 +178,7 @@ def test_coordinator_and_site_restart_mid_tree_resume_at_the_next_level(tmp_path
 
 def test_no_site_sends_level_data_in_more_rounds_than_accounted(tmp_path):
     hp = greedy_hp(trees=2, depth=2)
-    f = Fed(tmp_path, hp, secagg_fast_path="never").start()
+    f = Fed(tmp_path, hp, secagg_fast_path="never", max_failed_attempts=4).start()
     fail_rounds_after_inputs(f, 4)  # level rounds fail after every site sent its masked input
     assert f.session.exit_code == 0 and len(f.session.trees) == 2
     for s in SITES:
@@ -250,7 +250,8 @@ def random_plan_site_answer(tmp_path, purpose: Purpose, *fields) -> str:
 
 
 def test_a_random_plan_site_refuses_level_rounds(tmp_path):
-    assert "level rounds are for greedy trees" in random_plan_site_answer(tmp_path, Purpose.LEVEL, 0)
+    assert "level rounds are not in this plan's schedule (mode random: INIT_SCORE, TREE)" in \
+        random_plan_site_answer(tmp_path, Purpose.LEVEL, 0)
 
 
 def test_federated_greedy_refuses_what_central_greedy_refuses(tmp_path):

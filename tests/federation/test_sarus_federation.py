@@ -225,7 +225,7 @@ def test_site_refuses_requests_off_the_released_sketch_and_charges_nothing(tmp_p
 
 def test_a_site_sends_each_stage_s_data_once_however_often_the_coordinator_retries(tmp_path):
     hp = sarus_hp(trees=2, depth=2)
-    f = Fed(tmp_path, hp, secagg_fast_path="never").start()
+    f = Fed(tmp_path, hp, secagg_fast_path="never", max_failed_attempts=5).start()
     fail_rounds_after_inputs(f, 5)  # rounds fail after every site sent its masked input
     assert f.session.exit_code == 0 and len(f.session.trees) == 2
     for s in SITES:
@@ -237,7 +237,8 @@ def test_a_site_sends_each_stage_s_data_once_however_often_the_coordinator_retri
 
 
 def test_a_random_plan_site_refuses_sketch_rounds(tmp_path):
-    assert "sketch rounds are for Sarus trees" in random_plan_site_answer(tmp_path, Purpose.SKETCH)
+    assert "sketch rounds are not in this plan's schedule (mode random: INIT_SCORE, TREE)" in \
+        random_plan_site_answer(tmp_path, Purpose.SKETCH)
 
 
 def test_round_start_carries_the_sketch_on_the_wire():

@@ -40,6 +40,7 @@ class Fed:
     def __init__(self, tmp_path, hp: Hyperparameters, n_rows: int = 240, test_noise: bool = False,
                  store: bool = False, data=None, **session):
         self.tmp = tmp_path
+        self.max_failed_attempts = session.pop("max_failed_attempts", 3)  # the sites' --max-failed-attempts
         self.schema, raw = data if data is not None else abalone_with_ids(n_rows)
         self.raw = raw
         self.paths = write_splits(raw, SITES, tmp_path / "data")
@@ -67,7 +68,7 @@ class Fed:
         """A site's options in these tests: pinned to this plan, test randomness and central noise accepted."""
         opts.setdefault("expected_plan_sha256", self.plan.sha256)
         opts.setdefault("allow_insecure_test_randomness", True)
-        opts.setdefault("policy", SitePolicy(allow_central_noise=True))
+        opts.setdefault("policy", SitePolicy(allow_central_noise=True, max_failed_attempts=self.max_failed_attempts))
         return SiteOptions(**opts)
 
     def start(self) -> "Fed":

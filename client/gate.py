@@ -1,0 +1,207 @@
+"""The site's one privacy gate: every value derived from records passes here before it leaves the site.
+
+The gate is mode-agnostic.  It asks the pinned plan's mode (:func:`fedsbdt.common.modes.mode_for`) for the
+schedule, the release kinds, their privacy events and the per-record budget, and it
+
+1. **checks the request against the plan's schedule** (:meth:`Gate.refusal`): a purpose the plan does not
+   run (an INIT_SCORE, TREE, LEVEL or SKETCH round in an evaluation-only plan; a LEVEL round in a
+   random-tree plan), a tree or level outside the plan — refused before anything is computed;
+2. **applies the site's failure policy** (:meth:`Gate.attempt`): a further attempt of a stage the site
+   already answered means the coordinator failed the earlier ones; once it has failed one round more than
+   ``--max-failed-attempts`` times the site leaves the session (:class:`LeaveSession`, one line naming what
+   the coordinator did);
+3. **admits the records the release reads** (:meth:`Gate.admit`): each record's charges in this plan must
+   stay a sub-multiset of the plan's schedule (the mode's :meth:`~fedsbdt.common.modes.base.Mode.budget`);
+   a release that would exceed it carries no data (zeros plus the noise share: not charged) and the
+   operator is told so — at most ``--max-failed-attempts`` times, since only failed attempts spend
+   budget beyond the schedule;
+4. **charges exactly those records** (:meth:`Gate.charge`) in the lifetime ledger (common/lifetime.py):
+   every attempt that carries data, whatever the mode.  The caller runs it inside the round's transaction,
+   after secure aggregation accepted the round and before the masked vector is returned: the lifetime row
+   commits first (a crash then over-charges, never under-charges), the plan's ledger with the send.
+
+Before joining, :meth:`Gate.admission_refusal` checks the plan against ``--max-epsilon`` (training ε plus
+ε_eval), ``--max-eval-epsilon`` and ``--lifetime-epsilon`` (each dataset's lifetime ε after the whole plan).
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+
+from fedsbdt.common.accountant import compose
+from fedsbdt.common.lifetime import (FILE, LifetimeLedger, curve, curves_epsilon, dataset_key, event_to_json,
+                                      sha256_ids)
+from fedsbdt.common.modes import mode_for
+from fedsbdt.common.modes.base import PURPOSE_KIND
+
+log = logging.getLogger("fedsbdt.site")
+
+
+class LeaveSession(RuntimeError):
+    """The site leaves the session (the message is one line for its operator)."""
+
+
+class Gate:
+    """The gate of one site in one plan.
+
+    Args:
+        plan: the pinned plan.
+        policy: the site's :class:`~fedsbdt.client.policy.SitePolicy`.
+        ledger: the plan's :class:`~fedsbdt.client.ledger.SiteLedger` (attempt counts).
+        state_dir: where the lifetime ledger lives.
+        site_id: for messages.
+    """
+
+    def __init__(self, plan, policy, ledger, state_dir, site_id: str) -> None:
+        self.plan, self.policy, self.ledger, self.site_id = plan, policy, ledger, site_id
+        self.mode = mode_for(plan)
+        self.budget = self.mode.budget(plan)
+        self.state_dir = Path(state_dir)
+        self.lifetime: LifetimeLedger | None = None
+        self.datasets: dict[str, tuple[str, int]] = {}  # role ("train" / "eval") -> (dataset key, records)
+        self._counts: dict[str, np.ndarray] = {}
+        self._kinds = [k for k, v in self.budget.items() if v is not None]
+
+    # ------------------------------------------------------------------ before joining
+
+    def training_event(self):
+        """The plan's training releases for a worst-case record (without the evaluation)."""
+        return compose(*[compose(self.mode.event(self.plan, k), count=n) if n is not None else
+                         self.mode.unbudgeted_event(self.plan, k)
+                         for k, n in self.budget.items() if k != "eval" and self.mode.event(self.plan, k) is not None])
+
+    def admission_refusal(self, epsilon: float, max_epsilon: float | None, max_eval_epsilon: float | None,
+                          sources: dict[str, tuple[str, np.ndarray]]) -> str | None:
+        """Why the site does not join (one sentence naming the flag), or None.  ``sources``: role ->
+        (data identity, record ids) of the data the plan reads.  Reads the lifetime ledger, writes nothing."""
+        plan, spec = self.plan, self.plan.eval_spec
+        trains = self.mode.trains(plan)
+        eps_eval = float(spec.epsilon) if spec is not None else 0.0
+        if spec is not None and max_eval_epsilon is not None and eps_eval > max_eval_epsilon:
+            return (f"the plan's evaluation budget ε_eval = {eps_eval:g} exceeds this site's limit "
+                    f"--max-eval-epsilon {max_eval_epsilon:g}; refusing to take part")
+        total = (epsilon if trains else 0.0) + eps_eval
+        if max_epsilon is not None and total > max_epsilon:
+            parts = ([f"ε = {epsilon:.6g}"] if trains else []) + ([f"ε_eval = {eps_eval:g}"] if spec is not None else [])
+            what = " + ".join(parts) + (f" = {total:.6g}" if len(parts) > 1 else "")
+            return (f"the plan's privacy budget {what} exceeds this site's limit --max-epsilon "
+                    f"{max_epsilon:g}; refusing to take part")
+        cap = self.policy.lifetime_epsilon
+        if not (self.state_dir / FILE).exists():
+            lt = None
+        else:
+            lt = LifetimeLedger(self.state_dir, create=False)
+        try:
+            for role, (identity, ids) in sources.items():
+                event, delta = ((self.training_event(), plan.hyperparameters.delta) if role == "train" else
+                                (self.mode.event(plan, "eval"), spec.delta))
+                key = dataset_key(identity, sha256_ids(ids))
+                known = lt is not None and lt.db.execute("SELECT 1 FROM datasets WHERE key = ?", (key,)).fetchone()
+                if known:
+                    after = lt.lifetime(key, event, delta, exclude_plan=plan.sha256)
+                    eps_after, before = after.epsilon, lt.lifetime(key).epsilon
+                else:
+                    eps_after, before = curves_epsilon(curve(event_to_json(event))[None, :], delta), 0.0
+                if eps_after > cap:
+                    return (f"joining would bring the lifetime ε of this site's {role} data to {eps_after:.6g} "
+                            f"(now {before:.6g}, across every plan, evaluation and central run on it: "
+                            f"`fedsbdt ledger --state {self.state_dir}`), above --lifetime-epsilon {cap:g}; "
+                            "refusing to take part")
+        finally:
+            if lt is not None:
+                lt.close()
+        return None
+
+    def open(self, sources: dict[str, tuple[str, np.ndarray]]) -> None:
+        """Register the plan's datasets in the lifetime ledger and load this plan's charges so far."""
+        self.lifetime = LifetimeLedger(self.state_dir)
+        for role, (identity, ids) in sources.items():
+            key = self.lifetime.dataset(role if role == "eval" else "train", identity, ids)
+            n = int(np.asarray(ids).size)
+            self.datasets[role] = (key, n)
+            counts = np.zeros((n, len(self._kinds)), np.int64)
+            for blob, kind in self.lifetime.db.execute(
+                    "SELECT mask, purpose FROM releases WHERE dataset = ? AND plan_sha256 = ?", (key, self.plan.sha256)):
+                if kind in self._kinds:
+                    j = self._kinds.index(kind)
+                    counts[:, j] += 1 if blob is None else np.unpackbits(np.frombuffer(blob, np.uint8), count=n)
+            self._counts[role] = counts
+
+    def close(self) -> None:
+        if self.lifetime is not None:
+            self.lifetime.close()
+
+    # ------------------------------------------------------------------ a request
+
+    def refusal(self, purpose, tree, level) -> str | None:
+        """Why the pinned plan does not schedule this request (one sentence), or None."""
+        return self.mode.schedule_refusal(self.plan, purpose, tree, level)
+
+    def kind(self, purpose) -> str:
+        return PURPOSE_KIND[purpose]
+
+    def attempt(self, kind: str, tree: int | None, level: int | None = None) -> None:
+        """A new attempt of a stage: raises :class:`LeaveSession` once the coordinator has failed this stage
+        (a round this site answered and the coordinator did not release) more than ``--max-failed-attempts``
+        times.  Counted per stage: a dropout or a coordinator restart fails one attempt of one round, which is
+        normal; a coordinator that asks for the same round again and again is not (and each data-carrying retry
+        spends budget, which the gate charges in any case)."""
+        failed = self.ledger.attempts_any(kind, tree, level)  # every earlier attempt of this stage failed
+        limit = self.policy.max_failed_attempts
+        if failed > limit:
+            where = "the initial score" if kind == "init" else f"the {kind} round of tree {tree}" + (
+                f" level {level}" if level is not None else "")
+            raise LeaveSession(
+                f"leaving the session: the coordinator failed {where} {failed} times after this site had answered "
+                f"it (it released nothing) and asks again; each retry that carries data spends privacy budget, so "
+                f"this site stops at --max-failed-attempts {limit}")
+
+    def admit(self, kind: str, mask: np.ndarray, role: str = "train", tree: int | None = None,
+              partial: bool = False) -> np.ndarray | None:
+        """The records the release may read: ``mask`` where every record can afford it.  Otherwise, with
+        ``partial`` (a mode whose vector is computed from an explicit record set), ``mask`` without the
+        records whose budget is spent — each record's exclusion depends only on its own (data-independent)
+        charges, as in an individual filter; without ``partial``, or if none is left, None: the release carries
+        no data (an all-zero vector plus the noise share, not charged).  The operator is told (one warning)."""
+        mask = np.asarray(mask, bool)
+        cap = self.budget.get(kind)
+        if cap is None or role not in self._counts:
+            return mask
+        counts = self._counts[role][:, self._kinds.index(kind)]
+        over = mask & (counts >= cap)
+        if not over.any():
+            return mask
+        keep = mask & ~over if partial else None
+        what = kind if tree is None else f"the {kind} round of tree {tree}"
+        if keep is not None and keep.any():
+            log.warning(f"{self.site_id}: {int(over.sum())} records have been charged all {cap} {kind} releases the "
+                        f"plan schedules for them (the coordinator failed rounds this site had answered): they sit "
+                        f"out {what}", extra={"event": "records_spent", "site": self.site_id, "kind": kind,
+                                              "tree": tree, "records": int(over.sum())})
+            return keep
+        log.warning(f"{self.site_id}: {int(over.sum())} records have been charged all {cap} {kind} releases the plan "
+                    f"schedules for them (the coordinator failed rounds this site had answered): {what} carries no "
+                    "data from this site (not charged)",
+                    extra={"event": "budget_exhausted", "site": self.site_id, "kind": kind, "tree": tree})
+        return None
+
+    def charge(self, kind: str, mask: np.ndarray | None, tree: int | None = None, level: int | None = None,
+               round_id: int | None = None, role: str = "train") -> None:
+        """Charge the release to exactly the records of ``mask`` (None: all); committed when this returns."""
+        if role not in self.datasets:
+            return
+        key, n = self.datasets[role]
+        event = self.mode.event(self.plan, kind)
+        delta = self.plan.eval_spec.delta if kind == "eval" else self.plan.hyperparameters.delta
+        m = None if mask is None else np.asarray(mask, bool)
+        self.lifetime.charge(key, kind, compose() if event is None else event, delta, m, self.plan.sha256,
+                             tree, level, round_id)
+        if kind in self._kinds and role in self._counts:
+            j = self._kinds.index(kind)
+            self._counts[role][:, j] += 1 if m is None else m
+
+    def spent(self, kind: str, role: str = "train") -> np.ndarray:
+        """Releases of ``kind`` charged to each record in this plan."""
+        return self._counts[role][:, self._kinds.index(kind)].copy()

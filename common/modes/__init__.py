@@ -1,0 +1,40 @@
+"""Modes as plug-ins: a registry of :class:`~fedsbdt.common.modes.base.Mode` objects (docs/modes.md).
+
+A mode is one module that subclasses :class:`~fedsbdt.common.modes.base.Mode` and calls :func:`register`;
+its module name is listed in :data:`BUILTIN` (or imported by whoever adds it) so that it registers itself.
+:func:`mode_for` picks a plan's mode: an evaluation-only plan's ``evaluation`` mode, otherwise the mode
+named by the plan's ``tree_builder``.
+"""
+from __future__ import annotations
+
+import importlib
+
+REGISTRY: dict = {}
+BUILTIN = ("random_trees", "greedy_trees", "dpboost_trees", "sarus_trees", "evaluation_only")
+
+
+class UnknownMode(ValueError):
+    """No registered mode serves the plan."""
+
+
+def register(mode) -> None:
+    """Make ``mode`` (a Mode instance) available under ``mode.name``; a name is registered once."""
+    if mode.name in REGISTRY and type(REGISTRY[mode.name]) is not type(mode):
+        raise ValueError(f"a mode named {mode.name!r} is already registered")
+    REGISTRY[mode.name] = mode
+
+
+def _load_builtin() -> None:
+    for m in BUILTIN:
+        importlib.import_module(f"{__name__}.{m}")
+
+
+def mode_for(plan):
+    """The registered mode of ``plan``."""
+    if not REGISTRY:
+        _load_builtin()
+    name = "evaluation" if plan.eval_model_sha256 is not None else plan.hyperparameters.tree_builder
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise UnknownMode(f"no mode {name!r} is registered (registered: {', '.join(sorted(REGISTRY))})") from None

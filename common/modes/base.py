@@ -1,0 +1,133 @@
+"""What a mode (a way of building trees, or of evaluating a model) declares to the site's gate.
+
+A mode is a plug-in: one module with one :class:`Mode` subclass and a :func:`fedsbdt.common.modes.register`
+call.  The site's gate (``client/gate.py``) and the coordinator's session never name a mode; they ask the
+mode of the pinned plan (:func:`fedsbdt.common.modes.mode_for`):
+
+* **schedule** — which round purposes the plan runs (:meth:`Mode.purposes`) and whether one request
+  (purpose, tree, level) is a round of the plan (:meth:`Mode.schedule_refusal`);
+* **release kind** — every data-carrying release is of one *kind* (``init``, ``level``, ``tree``,
+  ``sketch``, ``eval``; :meth:`Mode.kind`), with
+* **its privacy event** — the accountant event (common/accountant.py, in the spirit of dp-accounting's
+  DpEvent) one release costs a worst-case record it reads (:meth:`Mode.event`; the sensitivity is the
+  event's: every release here is a sum with per-record contributions clipped to the plan's bounds, so the
+  worst-case record's event is that of sensitivity 1 in the event's units), and
+* **its budget** — how many releases of each kind one record may be charged in this plan
+  (:meth:`Mode.budget`): the plan's schedule as a multiset.  A record's charges stay a sub-multiset of the
+  schedule, so its privacy loss is at most the plan's event (:meth:`Mode.plan_event`) whatever the
+  accountant — retries, restarts and a coordinator that fails rounds on purpose included.  ``None``: the
+  kind is bounded per record by the plan's individual Rényi filter (random trees with ``filter = true``).
+
+Which records a release reads is the site's to compute (its data); the gate charges exactly those.
+"""
+from __future__ import annotations
+
+import math
+
+from fedsbdt.common.accountant import (ComposedEvent, GaussianEvent, compose, init_score_events)
+from fedsbdt.common.federation.wire import Purpose
+
+KINDS = ("init", "sketch", "level", "tree", "eval")
+PURPOSE_KIND = {Purpose.INIT_SCORE: "init", Purpose.SKETCH: "sketch", Purpose.LEVEL: "level", Purpose.TREE: "tree",
+                Purpose.EVAL: "eval"}
+
+
+class Mode:
+    """The base: initial score, ``total_rounds`` tree rounds and the plan's optional evaluation."""
+
+    name = "base"
+    #: the round purposes of one tree, besides TREE (the leaves); e.g. (Purpose.LEVEL,) for greedy trees
+    tree_purposes: tuple = ()
+    #: the site draws this mode's noise shares ahead in a child process (client/isolated_noise.py); False for
+    #: modes that draw a share per level on demand (a child per draw would be slow)
+    isolated_sampler: bool = False
+    #: the site computes the leaf release from an explicit record set, so records whose budget is spent can sit
+    #: it out (client/gate.py ``admit``); False: all of the release's records or none
+    explicit_leaf_records: bool = False
+
+    # ------------------------------------------------------------------ schedule
+
+    def trains(self, plan) -> bool:
+        return True
+
+    def purposes(self, plan) -> frozenset:
+        """The round purposes the plan schedules."""
+        out = set()
+        if self.trains(plan):
+            out |= {Purpose.TREE, *self.tree_purposes}
+            if plan.hyperparameters.init_share > 0:
+                out.add(Purpose.INIT_SCORE)
+        if plan.eval_spec is not None:
+            out.add(Purpose.EVAL)
+        return frozenset(out)
+
+    def schedule_refusal(self, plan, purpose, tree: int | None, level: int | None) -> str | None:
+        """Why (purpose, tree, level) is not a round of the plan (one sentence), or None."""
+        if purpose not in self.purposes(plan):
+            if purpose == Purpose.EVAL:
+                return "the pinned plan declares no federated evaluation ([evaluation] section); refusing to evaluate"
+            return (f"{Purpose(purpose).name.lower()} rounds are not in this plan's schedule (mode {self.name}: "
+                    f"{', '.join(sorted(p.name for p in self.purposes(plan))) or 'no rounds'})")
+        hp = plan.hyperparameters
+        if purpose in (Purpose.TREE, Purpose.LEVEL, Purpose.SKETCH) and not 0 <= int(tree) < hp.total_rounds:
+            return f"tree {tree} is not a tree of the plan ({hp.total_rounds} trees)"
+        if purpose == Purpose.LEVEL and not 0 <= int(level) < hp.depth:
+            return f"level {level} requested, but the plan's trees have depth {hp.depth} (levels 0..{hp.depth - 1})"
+        return None
+
+    # ------------------------------------------------------------------ releases and their cost
+
+    def kind(self, purpose) -> str:
+        return PURPOSE_KIND[Purpose(purpose)]
+
+    def event(self, plan, kind: str):
+        """The event one data-carrying release of ``kind`` costs a worst-case record it reads (None: free)."""
+        if kind == "init":
+            cal = plan.calibration()
+            return init_score_events(cal.eps_init, cal.eps_ds) if cal.eps_init > 0 or cal.eps_ds > 0 else None
+        if kind == "eval":
+            return GaussianEvent(plan.eval_spec.sigma)
+        return self.tree_event(plan, kind)
+
+    def tree_event(self, plan, kind: str):  # pragma: no cover - every training mode overrides it
+        raise NotImplementedError
+
+    def budget(self, plan) -> dict[str, int | None]:
+        """Releases of each kind one record may be charged in this plan (the schedule as a multiset)."""
+        out: dict[str, int | None] = {}
+        if self.trains(plan):
+            if plan.hyperparameters.init_share > 0:
+                out["init"] = 1
+            out.update(self.tree_budget(plan))
+        if plan.eval_spec is not None:
+            out["eval"] = 1
+        return out
+
+    def tree_budget(self, plan) -> dict[str, int | None]:  # pragma: no cover
+        raise NotImplementedError
+
+    def plan_event(self, plan) -> ComposedEvent:
+        """The whole plan for a worst-case record (training and evaluation): what joining it may cost."""
+        budget = self.budget(plan)
+        parts = [compose(self.event(plan, k), count=n or 0) for k, n in budget.items()
+                 if n and self.event(plan, k) is not None]
+        parts += [self.unbudgeted_event(plan, k) for k, n in budget.items() if n is None]
+        return compose(*parts)
+
+    def unbudgeted_event(self, plan, kind: str):
+        """The cost of a kind the individual filter bounds: its accounted rounds at the worst case."""
+        return compose(self.event(plan, kind), count=plan.hyperparameters.accounted_rounds)
+
+    # ------------------------------------------------------------------ retries
+
+    def retry_is_a_new_release(self, kind: str) -> bool:
+        """False where a retried round resends the stored vector (initial score, evaluation): not charged."""
+        return kind not in ("init", "eval")
+
+    def describe(self) -> str:
+        return self.name
+
+
+def gaussian(sigma: float) -> GaussianEvent:
+    """A Gaussian sum release of unweighted noise σ (noise multiplier σ/√2, common/accountant.py module doc)."""
+    return GaussianEvent(sigma / math.sqrt(2.0))

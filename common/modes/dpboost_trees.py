@@ -1,0 +1,33 @@
+"""Federated DPBoost (docs/dpboost.md "Federation"): greedy level rounds on the records of one tree's part.
+
+The same release kinds as greedy trees (Gaussian levels of σ_s/√2, Gaussian leaves of σ/√2), but a tree
+reads only the records of its part of the ensemble's partition (that pass GDF): a record is in one tree per
+ensemble, so its budget is ``N_e·depth`` levels and ``N_e`` leaf releases — not ``T·depth``.  A retried
+level or leaf round of tree k re-reads the records of part k and is charged to exactly them.
+"""
+from __future__ import annotations
+
+from fedsbdt.common import dpboost
+from fedsbdt.common.federation.dpboost_rounds import check_tree
+from fedsbdt.common.federation.wire import Purpose
+
+from . import register
+from .greedy_trees import GreedyTrees
+
+
+class DPBoostTrees(GreedyTrees):
+    name = "dpboost"
+    explicit_leaf_records = True
+
+    def schedule_refusal(self, plan, purpose, tree, level):
+        bad = super().schedule_refusal(plan, purpose, tree, level)
+        if bad is None and purpose in (Purpose.LEVEL, Purpose.TREE):
+            bad = check_tree(plan.hyperparameters, int(tree))
+        return bad
+
+    def rounds(self, plan) -> int:
+        hp = plan.hyperparameters
+        return dpboost.ensembles(hp.accounted_rounds, hp.ensemble_trees)
+
+
+register(DPBoostTrees())

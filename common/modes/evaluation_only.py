@@ -1,0 +1,21 @@
+"""An evaluation-only plan (``fedsbdt plan --evaluate-model M``): the existing model's trees are released from
+the start, and the only round is the evaluation — the schedule has no INIT_SCORE, TREE, LEVEL or SKETCH
+round, so the gate refuses them whatever the coordinator asks.  The model the site evaluates must be the one
+the plan pins (client/gate.py checks its content digest before the evaluation input and at Finished)."""
+from __future__ import annotations
+
+from . import register
+from .base import Mode
+
+
+class EvaluationOnly(Mode):
+    name = "evaluation"
+
+    def trains(self, plan) -> bool:
+        return False
+
+    def tree_budget(self, plan):  # pragma: no cover - trains nothing
+        return {}
+
+
+register(EvaluationOnly())

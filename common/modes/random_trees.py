@@ -1,0 +1,27 @@
+"""S-BDT's random trees (binary, regression and multi-class): one leaf round per tree on a Poisson subsample.
+
+Release kinds: ``init`` (the initial score) and ``tree`` — a Poisson-subsampled Gaussian sum (noise
+multiplier σ/√2, common/accountant.py).  Budget: every record at most ``accounted_rounds`` tree releases;
+with ``filter = true`` the individual Rényi filter bounds each record instead (client/ledger.py).
+"""
+from __future__ import annotations
+
+from fedsbdt.common.accountant import PoissonSampledEvent
+
+from . import register
+from .base import Mode, gaussian
+
+
+class RandomTrees(Mode):
+    name = "random"
+    isolated_sampler = True
+
+    def tree_event(self, plan, kind):
+        return PoissonSampledEvent(plan.hyperparameters.subsample, gaussian(plan.calibration().sigma))
+
+    def tree_budget(self, plan):
+        hp = plan.hyperparameters
+        return {"tree": None if hp.filter else hp.accounted_rounds}
+
+
+register(RandomTrees())
