@@ -44,7 +44,9 @@ def central_run(args, data_path: str, ids, epsilon: float, delta: float):
         return None
     try:
         lt = LifetimeLedger(args.ledger)
-        key = lt.dataset("train", data_identity(data_path, getattr(args, "query", None)), ids)
+        from .sources import source_from_args
+
+        key = lt.dataset("train", data_identity(source_from_args(args)), ids)
         after = lt.lifetime(key, {"type": "approx", "epsilon": epsilon, "delta": delta})
     except (LifetimeError, OSError) as e:
         raise CliError(str(e)) from None

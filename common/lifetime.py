@@ -124,21 +124,13 @@ def sha256_ids(ids: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(np.asarray(ids, np.int64)).astype("<i8").tobytes()).hexdigest()
 
 
-def sha256_file(path: str | os.PathLike) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+def data_identity(source) -> str:
+    """The digest of :func:`~fedsbdt.common.sources.source_identity`: a data file's content digest, or a
+    database's normalised URL (no credentials) and query (the record ids complete the identity,
+    :func:`dataset_key`)."""
+    from .sources import source_identity
 
-
-def data_identity(source, query: str | None = None) -> str:
-    """The content digest of a data file; for a data source that is not a file (a database), the digest of
-    its description and query (the record ids complete the identity, :func:`dataset_key`)."""
-    p = Path(str(source))
-    if query is None and p.is_file():
-        return sha256_file(p)
-    return hashlib.sha256(f"source:{source}\nquery:{query or ''}".encode()).hexdigest()
+    return hashlib.sha256(source_identity(source).encode()).hexdigest()
 
 
 def dataset_key(content_sha256: str, ids_sha256: str) -> str:
