@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from fedsbdt.common.accountant import epsilon_so_far, init_score_rdp, record_epsilon
+from fedsbdt.common.modes import mode_for
 from fedsbdt.common.rdp_filter import UNITS_PER_ROUND
 from fedsbdt.common.statuspage import page
 
@@ -112,7 +113,7 @@ class SiteMonitor:
         q = {f"p{int(p * 100)}": float(np.quantile(eps, p)) for p in QUANTILES} if eps.size else {}
         return out | {
             "plan_sha256": plan.sha256, "session_id": plan.session_id, "trees_total": hp.total_rounds,
-            "noise": plan.noise, "tree_builder": hp.tree_builder, "filter": bool(hp.filter),
+            "noise": plan.noise, "mode": mode_for(plan).name, "filter": bool(hp.filter),
             "rounds_answered": int(answered), "tree_rounds_with_data": int(tree_rounds),
             "epsilon": {"planned": cal.epsilon, "delta": cal.delta, "records": int(eps.size),
                         "max": float(eps.max()) if eps.size else 0.0, **q,
@@ -123,7 +124,7 @@ class SiteMonitor:
 
     @staticmethod
     def _exact(plan) -> bool:
-        return plan.hyperparameters.tree_builder == "random" and plan.calibration().accountant == "rdp"
+        return mode_for(plan).uniform_tree_rounds and plan.calibration().accountant == "rdp"
 
     def _record_epsilon(self, plan, spent: np.ndarray, tree_rounds: int, init_sent: bool) -> np.ndarray:
         """Each record's ε (see the module docstring)."""

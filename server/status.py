@@ -24,6 +24,7 @@ from collections import deque
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from fedsbdt.common.accountant import epsilon_so_far
+from fedsbdt.common.modes import mode_for
 from fedsbdt.common.statuspage import page
 
 log = logging.getLogger("fedsbdt.coordinator")
@@ -43,8 +44,8 @@ class CoordinatorMonitor:
         self.cal = session.cal
         self.clock, self.wall = clock, wall
         self.started = clock()
-        hp = self.plan.hyperparameters
-        self.exact_epsilon = hp.tree_builder == "random" and self.cal.accountant == "rdp"
+        self.mode = mode_for(self.plan)
+        self.exact_epsilon = self.mode.uniform_tree_rounds and self.cal.accountant == "rdp"
         self.registry = r = CollectorRegistry(auto_describe=True)
         self.m_trees = Counter("fedsbdt_trees_released", "Trees released (restored from the checkpoint included)",
                                registry=r)
@@ -159,7 +160,7 @@ class CoordinatorMonitor:
         self.snapshot = {
             "role": "coordinator", "plan_sha256": self.plan.sha256, "session_id": self.plan.session_id,
             "stage": st["stage"], "detail": st["detail"], "noise": self.plan.noise,
-            "tree_builder": self.plan.hyperparameters.tree_builder,
+            "mode": self.mode.name,
             "trees_released": len(s.trees), "trees_total": s.total_trees, "current_tree": min(len(s.trees) + 1,
                                                                                              s.total_trees),
             "round": rnd, "rounds_failed": s.rounds_failed, "threshold": self.plan.threshold,

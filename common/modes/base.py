@@ -44,6 +44,9 @@ class Mode:
     #: the site computes the leaf release from an explicit record set, so records whose budget is spent can sit
     #: it out (client/gate.py ``admit``); False: all of the release's records or none
     explicit_leaf_records: bool = False
+    #: every tree round is the same Poisson-subsampled Gaussian, so ε after k trees follows from the plan's
+    #: calibration under RDP (accountant.epsilon_so_far; the status pages); False: the plan's ε bounds it
+    uniform_tree_rounds: bool = False
 
     # ------------------------------------------------------------------ schedule
 

@@ -14,6 +14,7 @@ from .base import Mode, gaussian
 
 class RandomTrees(Mode):
     name = "random"
+    uniform_tree_rounds = True
     isolated_sampler = True
 
     def tree_event(self, plan, kind):
