@@ -26,7 +26,7 @@ import resource
 import time
 from pathlib import Path
 
-from fedsbdt.common.cli import CliError, emit
+from fedsbdt.common.cli import CliError, emit, with_state_lock
 
 from .policy import MIN_COLLUDERS, MIN_SITES, MIN_THRESHOLD
 
@@ -62,18 +62,9 @@ def cmd_keygen(args: argparse.Namespace) -> int:
 
 
 def cmd_client(args: argparse.Namespace) -> int:
-    from fedsbdt.common.instance import InstanceError, StateLock
-
     t0 = time.perf_counter()
-    state = Path(args.state)
-    try:
-        lock = StateLock(state, "site state directory").acquire()  # one client per --state
-    except InstanceError as e:
-        raise CliError(str(e)) from None
-    try:
-        return _run_client(args, t0, state)
-    finally:
-        lock.release()
+    state = Path(args.state)  # one client per --state
+    return with_state_lock(state, "site state directory", lambda: _run_client(args, t0, state))
 
 
 def _run_client(args: argparse.Namespace, t0: float, state: Path) -> int:
