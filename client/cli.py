@@ -5,6 +5,7 @@
                    [--max-epsilon E] [--allow-central-noise] [--min-sites N] [--min-threshold T]
                    [--min-colluders C] [--schema S] [--out M]
                    [--tls-cert F --tls-key F --tls-ca F --identity-key F | --insecure]
+                   [--status-port PORT [--status-host HOST]]
 
 The plan is always pinned (``--plan`` or ``--plan-hash``, received out of
 band): without one the client exits 2 before any network traffic.  The other
@@ -113,11 +114,14 @@ def _run_client(args: argparse.Namespace, t0: float, state: Path) -> int:
         eval_data=Path(args.eval_data) if args.eval_data else None, max_eval_epsilon=args.max_eval_epsilon)
     if not (args.data or args.eval_data):
         raise CliError("pass this site's data with --data (and, for a federated evaluation, --eval-data)")
-    machine = SiteMachine(args.site, identity, args.data, state, options)
+    from fedsbdt.common.sources import source_from_args
+
+    machine = SiteMachine(args.site, identity, source_from_args(args), state, options)
     if args.plan:  # everything checkable here is checked before any connection: plan, policy, keys, data
         machine.accept_plan(pinned.canonical_json, pinned.sha256)  # SiteRefusal: exit 2, nothing contacted
     daemon = Daemon(machine, args.coordinator, files,
                     DaemonOptions(reconnect_timeout=args.reconnect_timeout))
+    status_page(args, machine)  # --status-port: served from now on (a taken port: exit 2 before connecting)
     import sqlite3
 
     from fedsbdt.common.secagg.errors import StorageError
@@ -152,7 +156,21 @@ def _run_client(args: argparse.Namespace, t0: float, state: Path) -> int:
     return 0
 
 
+def status_page(args: argparse.Namespace, machine):
+    """``--status-port``: the site's own status page (client/status.py), serving until the process ends."""
+    from fedsbdt.common.statuspage import StatusPageError
+
+    from .status import serve
+
+    try:
+        return serve(args, machine)
+    except StatusPageError as e:
+        raise CliError(str(e)) from None
+
+
 def register(sub) -> None:
+    from fedsbdt.common.statuspage import add_status_flags
+
     k = sub.add_parser("keygen", help="create a site's Ed25519 identity key, TLS key and certificate request")
     k.add_argument("--site", required=True, metavar="ID", help="the site id (as in the plan's roster)")
     k.add_argument("--out", required=True, metavar="DIR", help="directory for identity.key/.pub, tls.key, tls.csr")
@@ -162,9 +180,13 @@ def register(sub) -> None:
     c = sub.add_parser("client", help="run one site (hospital) of a federated training session")
     c.add_argument("--coordinator", required=True, metavar="ADDR", help="coordinator address host:port")
     c.add_argument("--site", required=True, metavar="ID", help="this site's id in the plan's roster")
-    c.add_argument("--data", metavar="FILE",
-                   help="this site's private training data (CSV/Parquet, the plan's schema); required, except "
-                        "for a plan that evaluates an existing model")
+    c.add_argument("--data", metavar="SOURCE",
+                   help="this site's private training data (CSV/Parquet, the plan's schema, or a database URL "
+                        "with --query: docs/data-sources.md); required, except for a plan that evaluates an "
+                        "existing model")
+    from fedsbdt.common.sources import add_source_flags
+
+    add_source_flags(c)
     c.add_argument("--eval-data", metavar="FILE",
                    help="this site's held-out records (the plan's schema, disjoint from --data) for the plan's "
                         "federated evaluation (docs/federated-evaluation.md) (default: none: the site refuses "
@@ -207,6 +229,7 @@ def register(sub) -> None:
                    help="accept a plan with deterministic test-only randomness (no privacy; tests only)")
     c.add_argument("--reconnect-timeout", type=float, default=300.0, metavar="SECONDS",
                    help="give up after this many seconds without reaching the coordinator (default: 300)")
+    add_status_flags(c)
     c.add_argument("--json", action="store_true", help="print one JSON object on stdout at the end")
     c.set_defaults(func=cmd_client, on_interrupt="every committed round is kept in {state}; restart the same "
                                                    "command to resume")

@@ -9,7 +9,7 @@ daemon process never imports pandas.  The result and every
 :class:`~fedsbdt.common.data.DataError` message are exactly those of ``load``.
 
 Child protocol (:mod:`fedsbdt.client.child`): :func:`_child` (``PATH``) with the schema as JSON
-(``Schema.to_dict``) on stdin; exit 0 with the arrays on stdout, or exit 2
+(``Schema.to_dict``, and for a SQL source its ``DataSource.to_dict``, never a password) on stdin; exit 0 with the arrays on stdout, or exit 2
 with the DataError message on stderr.
 """
 from __future__ import annotations
@@ -22,17 +22,31 @@ import numpy as np
 
 from fedsbdt.common.data import DataError, Dataset
 from fedsbdt.common.schema import Schema
+from fedsbdt.common.sources import DataSource
 
 from .child import run_child, write_arrays
 
 EXIT_DATA_ERROR = 2
 
 
-def load_isolated(path: str | Path, schema: Schema) -> Dataset:
-    """``fedsbdt.common.data.load(path, schema)``, parsed in a child process (see the module docstring)."""
-    spec = json.dumps({"schema": schema.to_dict(), "digest": schema.digest()}).encode()
-    z = run_child("fedsbdt.client.dataload", "_child", (str(path),), spec, rejected_exit=EXIT_DATA_ERROR,
-                  rejected=DataError, what=f"the data loader for {path}")
+def as_source(data: str | Path | DataSource) -> Path | DataSource:
+    """A site's ``--data``: a file's path, or a :class:`~fedsbdt.common.sources.DataSource` (a SQL query)."""
+    return data if isinstance(data, DataSource) else Path(data)
+
+
+def load_isolated(path: str | Path | DataSource, schema: Schema) -> Dataset:
+    """``fedsbdt.common.data.load(path, schema)``, parsed in a child process (see the module docstring); a
+    :class:`~fedsbdt.common.sources.DataSource` is queried there too (the daemon never imports a database
+    driver; the child inherits libpq's environment, and reads a ``--password-file`` itself)."""
+    spec = {"schema": schema.to_dict(), "digest": schema.digest()}
+    if isinstance(path, DataSource):
+        if schema.id_column is None:  # a query's row order is no identity: the ledger needs the record's own id
+            raise DataError(f"{path}: a query's records need a stable id: the plan's schema must name the query's "
+                            "record id column as id_column (e.g. OMOP person_id), so the ledger charges the same "
+                            "person in every session")
+        spec["source"] = path.to_dict()
+    z = run_child("fedsbdt.client.dataload", "_child", (str(path),), json.dumps(spec).encode(),
+                  rejected_exit=EXIT_DATA_ERROR, rejected=DataError, what=f"the data loader for {path}")
     arrival = z["arrival"] if bool(z["has_arrival"]) else None
     return Dataset(z["X"], z["y"], z["ids"], schema, str(z["source"]), int(z["dropped"]), arrival)
 
@@ -46,7 +60,7 @@ def _child(path: str) -> int:
         print("the schema changed in transit to the data loader (digest mismatch)", file=sys.stderr)
         return 1
     try:
-        ds = load(path, schema)
+        ds = load(DataSource.from_dict(spec["source"]) if "source" in spec else path, schema)
     except DataError as e:
         print(str(e), file=sys.stderr)
         return EXIT_DATA_ERROR

@@ -113,7 +113,7 @@ from fedsbdt.common.federation.wire import (
     sign_join,
 )
 
-from .dataload import load_isolated
+from .dataload import as_source, load_isolated
 from .evaluation import check_request, eval_input, load_held_out
 from .ledger import LedgerError, SiteLedger, ledger_path
 from .sarus_site import SarusSite
@@ -205,7 +205,7 @@ class SiteMachine:
                  state_dir: str | os.PathLike, options: SiteOptions = SiteOptions()) -> None:
         self.site_id = site_id
         self.identity_key = identity_key
-        self.data_path = None if data_path is None else Path(data_path)  # None: evaluation-only plans
+        self.data_path = None if data_path is None else as_source(data_path)  # None: evaluation-only plans
         self.state_dir = Path(state_dir)
         self.options = options
         self.stage: SiteStage = AwaitingPlan()

@@ -188,6 +188,35 @@ def epsilon_rdp(
     return float(eps[i]), int(alphas[i])
 
 
+def epsilon_so_far(cal: "PrivacyCalibration", rounds: int, init_released: bool, target_epsilon: float) -> float:
+    """ε of what a session released so far, for the worst-case record (random trees, RDP accountant): Thm. 23
+    for the first ``rounds`` of the plan's ``cal.rounds`` accounted trees (and the initial score once it is
+    released), converted by Cor. 6 over the α grid the calibration used (its upper end set by the target ε,
+    :func:`default_alpha_max`); 0 before anything is released.  Equals ``cal.epsilon`` once every accounted
+    round and the initial score are released."""
+    rounds = max(0, min(int(rounds), cal.rounds))
+    init = bool(init_released and (cal.eps_init > 0 or cal.eps_ds > 0))
+    if rounds == 0 and not init:
+        return 0.0
+    alphas, per_tree, init_rdp = _progress_terms(cal, target_epsilon)
+    return float(np.min(rdp_to_dp(alphas, rounds * per_tree + (init_rdp if init else 0.0), cal.delta)))
+
+
+@lru_cache(maxsize=8)
+def _progress_terms(cal: "PrivacyCalibration", target_epsilon: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(α grid, one tree's RDP, the initial score's RDP) of :func:`epsilon_so_far`, as :func:`epsilon_rdp` has
+    them (so that a session's progress costs one vector operation per tree)."""
+    alphas = alpha_grid(default_alpha_max(target_epsilon, cal.delta))
+    return alphas, tree_rdp(cal.gamma, cal.sigma, alphas), init_score_rdp(alphas, cal.eps_init, cal.eps_ds)
+
+
+def record_epsilon(rdp: np.ndarray, alpha: int, delta: float) -> np.ndarray:
+    """Cor. 6 at one order α (the filter's α̂) for each record's spent RDP ``rdp`` (its Rényi ledger, plus the
+    initial score's RDP where that was released); 0 for a record that spent nothing."""
+    rdp = np.asarray(rdp, dtype=np.float64).reshape(-1)
+    return np.where(rdp > 0, np.asarray(rdp_to_dp(int(alpha), rdp, delta)).reshape(-1), 0.0)
+
+
 # --------------------------------------------------------------------------- PLD (dp-accounting)
 
 

@@ -66,7 +66,8 @@ _HELP = {
 
 
 def add_hyperparameter_flags(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("hyperparameters (plan keys with '-' for '_')")
+    g = p.add_argument_group("hyperparameters (plan keys with '-' for '_'; the defaults shown are the paper's, "
+                             "which train's --settings auto replaces for the keys not given)")
     defaults = Hyperparameters()
     for f in dataclasses.fields(Hyperparameters):
         flag = "--" + f.name.replace("_", "-")
@@ -86,6 +87,15 @@ def add_hyperparameter_flags(p: argparse.ArgumentParser) -> None:
             g.add_argument(flag, dest=f.name, type=int, default=None, metavar="N", help=help_)
         else:
             g.add_argument(flag, dest=f.name, type=float, default=None, metavar="X", help=help_)
+
+
+def add_settings_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--settings", choices=["auto", "paper"], default="auto",
+                   help="auto (default): settings that follow ε, the task, the features and n for random trees "
+                        "(docs/auto.md); paper: the S-BDT paper's defaults shown below (also what --tree-builder "
+                        "greedy/dpboost/sarus take). Any hyperparameter flag overrides either")
+    p.add_argument("--rows", type=int, default=None, metavar="N",
+                   help="declare the row count n public for auto (default: a DP count at 2%% of ε)")
 
 
 def hyperparameters_from_args(args: argparse.Namespace, base: Hyperparameters | None = None) -> Hyperparameters:
@@ -183,47 +193,111 @@ class Progress:
 # --------------------------------------------------------------------------- commands
 
 
-def _load_data(data: str, schema):
+def _load_data(args: argparse.Namespace, schema, labels: bool = True):
+    """The records ``--data`` names (a file, or a database with ``--query``), validated against ``schema``."""
     from .data import load
+    from .sources import source_from_args
 
-    return load(data, schema)
+    return load(source_from_args(args), schema, labels=labels)
+
+
+def given_hyperparameters(args: argparse.Namespace) -> dict[str, Any]:
+    """The hyperparameter flags the user set (plan keys)."""
+    return {f.name: getattr(args, f.name) for f in dataclasses.fields(Hyperparameters)
+            if getattr(args, f.name, None) is not None}
+
+
+def settings_mode(args: argparse.Namespace, given: dict[str, Any]) -> str:
+    """``auto`` is fitted for S-BDT's random trees: a run that names another builder (greedy, DPBoost, Sarus)
+    takes that builder's own defaults, as with ``--settings paper``."""
+    mode = getattr(args, "settings", "paper")
+    return "paper" if given.get("tree_builder", "random") != "random" else mode
+
+
+def auto_hyperparameters(args: argparse.Namespace, schema, n: int, randomness) -> tuple[Hyperparameters, Any, float]:
+    """``--settings auto`` (default): the rule of common/auto.py fills every key not given; n is ``--rows`` if
+    declared, else a discrete-Laplace count at ROWS_SHARE·ε (returned as its ε, spent from the total)."""
+    from .auto import resolve, rows_epsilon
+
+    given = given_hyperparameters(args)
+    mode = settings_mode(args, given)
+    total = float(given.get("epsilon", Hyperparameters.epsilon))
+    eps_rows, rows, source = 0.0, getattr(args, "rows", None), "declared"
+    if mode == "auto" and rows is None:
+        import numpy as np
+
+        eps_rows = rows_epsilon(total)
+        noise = int(randomness.discrete_laplace(np.array([1.0 / eps_rows]))[0])
+        rows, source = max(n + noise, 1), "dp-count"
+    keys, choice = resolve({**given, "epsilon": total - eps_rows}, schema, rows, source, mode)
+    return Hyperparameters.from_dict(keys), choice, eps_rows
+
+
+def add_rows_receipt(model, eps_rows: float, total: float) -> None:
+    """The DP row count of ``auto`` in the receipt: pure ε_rows-DP, composed by adding ε (basic composition)."""
+    if eps_rows <= 0:
+        return
+    p = model.privacy
+    p["eps_rows"] = eps_rows
+    p["epsilon"] = p["epsilon"] + eps_rows
+    p["target_epsilon"] = total
+    p["guarantee"] = (f"({p['epsilon']:.6g}, {p['delta']:.3g})-differential privacy for every record "
+                      "(add/remove one record), covering the row count of the auto settings, the initial score "
+                      "and all released trees")
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from .engine import train
+    from .engine import calibration_for, train
     from .files import check_output_path
     from .randomness import SecureRandomness
     from .schema import Schema
 
     check_output_path(args.out, "model")  # before any work (and before any privacy is spent)
     schema = Schema.load(args.schema)
-    hp = hyperparameters_from_args(args)
-    ds = _load_data(args.data, schema)
-    from .engine import calibration_for
+    if getattr(args, "rows", None) is not None and args.rows < 1:
+        raise CliError(f"--rows {args.rows}: the declared row count must be ≥ 1")
+    given = given_hyperparameters(args)
+    if settings_mode(args, given) == "auto":  # fail fast on an impossible budget before the data is read
+        from .auto import resolve
 
+        calibration_for(Hyperparameters.from_dict(resolve(given, schema, args.rows or 1)[0]))
+    randomness = SecureRandomness(sampler=args.sampler)
+    ds = _load_data(args, schema)
+    hp, choice, eps_rows = auto_hyperparameters(args, schema, ds.n, randomness)
     cal = calibration_for(hp)  # fail fast on impossible budgets, before any work
     quiet = args.quiet or (args.json and getattr(args, "log_format", "text") != "json")
-    prog = Progress("train", hp.total_rounds, quiet=quiet, extra=f"ε={cal.epsilon:.4g}",
-                    fields={"epsilon": cal.epsilon})
+    prog = Progress("train", hp.total_rounds, quiet=quiet, extra=f"ε={cal.epsilon + eps_rows:.4g}",
+                    fields={"epsilon": cal.epsilon + eps_rows})
     try:
-        res = train(ds, hp, SecureRandomness(sampler=args.sampler), progress=prog)
+        res = train(ds, hp, randomness, progress=prog)
     finally:
         prog.close()
+    add_rows_receipt(res.model, eps_rows, hp.epsilon + eps_rows)
+    if choice is not None:
+        res.model.training["settings"] = {"mode": "auto", **choice.to_dict()}
     res.model.save(args.out)
     p = res.model.privacy
     out = {"epsilon": p["epsilon"], "delta": p["delta"], "sigma": p["sigma"], "alpha": p["alpha"],
            "trees": len(res.model.trees), "seconds": round(res.seconds, 4), "rows": ds.n, "dropped": ds.dropped,
-           "model": str(args.out)}
+           "model": str(args.out), "settings": settings_mode(args, given), "hyperparameters": hp.to_dict()}
+    if choice is not None:
+        out["auto"] = choice.to_dict()
     if hp.filter:
         from .engine import filter_for
         from .rdp_filter import exhausted_share
 
         out["filter_budget_reached"] = exhausted_share(res.local.spent, filter_for(hp, cal))
     noise = f" σ={p['sigma']:.6g}" if p["sigma"] > 0 else ""  # DPBoost and Sarus release with Laplace noise
+    why = ""
+    if choice is not None:
+        s = hp
+        why = (f"\nauto settings: {s.trees} trees, depth {s.depth}, γ={s.subsample:g}, η={s.learning_rate:g}, "
+               f"{'cyclical' if s.cyclical else 'not cyclical'}, {s.tree_builder} trees\n  because: "
+               + "\n  because: ".join(choice.reasons))
     emit(args, out, f"trained {len(res.model.trees)} trees on {ds.n} rows{dropped_text(ds.dropped)} in "
                     f"{res.seconds:.2f}s\n"
                     f"privacy: (ε={p['epsilon']:.6g}, δ={p['delta']:.3g}) accountant={p['accountant']}{noise} "
-                    f"{hp.tree_builder} trees\nmodel written to {args.out}")
+                    f"{hp.tree_builder} trees{why}\nmodel written to {args.out}")
     return 0
 
 
@@ -275,7 +349,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from .model import Ensemble
 
     model = Ensemble.load(args.model)
-    ds = _load_data(args.data, model.schema)
+    ds = _load_data(args, model.schema)
     res = evaluate_model(model, ds)
     base = baseline(model, ds)
     beats = beats_baseline(res, base)
@@ -304,7 +378,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     threshold = 0.5 if args.threshold is None else args.threshold
     if not 0.0 <= threshold <= 1.0:
         raise CliError(f"--threshold {threshold:g}: must be a probability in [0, 1]")
-    ds, id_col = _load_for_prediction(args.data, model.schema)
+    ds, id_col = _load_for_prediction(args, model.schema)
     pred = model.predict(ds.X)
     frame = pd.DataFrame({id_col: ds.id_values} if id_col else {"id": ds.ids})
     if model.task == "regression":
@@ -326,11 +400,13 @@ def cmd_predict(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load_for_prediction(path: str, schema):
-    """(dataset, id column) of a file to predict: the schema's id column if the file has it; a file without
+def _load_for_prediction(args: argparse.Namespace, schema):
+    """(dataset, id column) of the records to predict: the schema's id column if the data has it; data without
     it is read by row number (id column None)."""
     from .data import DataError, load
+    from .sources import source_from_args
 
+    path = source_from_args(args)
     try:
         return load(path, schema, labels=False), schema.id_column  # the label column may be absent
     except DataError as e:
@@ -408,6 +484,8 @@ def _account_plan(args: argparse.Namespace):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .sources import add_source_flags
+
     p = argparse.ArgumentParser(prog="fedsbdt", description=(
         "Federated, differentially private gradient-boosted decision trees (S-BDT)."))
     p.add_argument("--version", action="version", version=f"fedsbdt {__version__}")
@@ -420,7 +498,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
 
     t = sub.add_parser("train", help="train a DP model on one local file (central noise)")
-    t.add_argument("--data", required=True, metavar="FILE", help="CSV or Parquet file described by the schema")
+    t.add_argument("--data", required=True, metavar="SOURCE",
+                   help="CSV or Parquet file described by the schema, or a database URL with --query "
+                        "(docs/data-sources.md)")
     t.add_argument("--schema", required=True, metavar="FILE",
                    help="public schema (TOML), e.g. examples/abalone/schema.toml")
     t.add_argument("--out", required=True, metavar="FILE", help="where to write the model (JSON)")
@@ -428,6 +508,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--quiet", action="store_true", help="no progress output")
     t.add_argument("--sampler", choices=SAMPLERS, default="ours",
                    help="exact noise sampler: ours (default) or opendp (~30x slower)")
+    add_source_flags(t)
+    add_settings_flags(t)
     add_hyperparameter_flags(t)
     t.set_defaults(func=cmd_train, on_interrupt="no model was written and nothing was released; run the same "
                                                  "command again to train")
@@ -435,15 +517,18 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("evaluate", help="rmse (regression), auc/accuracy (binary) or accuracy/macro_auc/log_loss "
                                         "(multiclass) of a model on a file")
     e.add_argument("--model", required=True, metavar="FILE", help="model file written by train (JSON)")
-    e.add_argument("--data", required=True, metavar="FILE",
-                   help="labelled CSV or Parquet file in the model's schema (the label column is required)")
+    e.add_argument("--data", required=True, metavar="SOURCE",
+                   help="labelled CSV or Parquet file in the model's schema (the label column is required), or a "
+                        "database URL with --query")
     e.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    add_source_flags(e)
     e.set_defaults(func=cmd_evaluate)
 
     pr = sub.add_parser("predict", help="write predictions for a file as CSV (id, [probability,] prediction)")
     pr.add_argument("--model", required=True, metavar="FILE", help="model file written by train (JSON)")
-    pr.add_argument("--data", required=True, metavar="FILE",
-                    help="CSV or Parquet file in the model's schema, with or without the label column")
+    pr.add_argument("--data", required=True, metavar="SOURCE",
+                    help="CSV or Parquet file in the model's schema, with or without the label column, or a "
+                         "database URL with --query")
     pr.add_argument("--out", required=True, metavar="FILE",
                     help="where to write the predictions (CSV: the schema's id column, or the data row number "
                          "from 0 as 'id' when the schema or the file has none; then 'probability' for binary "
@@ -453,6 +538,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="binary models: predict the positive label when its probability is at least X "
                          "(default: 0.5)")
     pr.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    add_source_flags(pr)
     pr.set_defaults(func=cmd_predict)
 
     a = sub.add_parser("account", help="noise scale and privacy accounting for hyperparameters (no data needed)")
@@ -472,7 +558,7 @@ def _register_optional(sub) -> None:
     """Further commands live next to their code and register themselves when present."""
     import importlib
 
-    for mod in ("fedsbdt.common.cli_tools", "fedsbdt.server.cli", "fedsbdt.client.cli"):
+    for mod in ("fedsbdt.common.cli_tools", "fedsbdt.common.cli_tune", "fedsbdt.server.cli", "fedsbdt.client.cli"):
         try:
             m = importlib.import_module(mod)
         except ModuleNotFoundError as e:

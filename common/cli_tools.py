@@ -2,6 +2,7 @@
 
     fedsbdt export --model M --format xgboost --out F [--categorical native|numeric] [--feature-names] [--json]
     fedsbdt report --model M --out R.html [--ledger L] [--site NAME] [--json]
+    fedsbdt schema draft --data F|URL [--query Q] --target COL [--out S]   (common/schema_draft.py)
 
 Both follow the CLI contract: ``--json`` prints one JSON object on stdout;
 expected failures exit with status 2 and one line on stderr.
@@ -77,3 +78,7 @@ def register(sub) -> None:
                         "none)")
     r.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     r.set_defaults(func=cmd_report)
+
+    from .schema_draft import register as register_schema
+
+    register_schema(sub)  # fedsbdt schema draft

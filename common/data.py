@@ -70,12 +70,17 @@ class Dataset:
 # ---------------------------------------------------------------------- files
 
 
-def load(path: str | Path, schema: Schema, labels: bool = True) -> Dataset:
-    """Read a CSV (as described by ``schema.format``) or a Parquet file and validate it.
+def load(path, schema: Schema, labels: bool = True) -> Dataset:
+    """Read a CSV (as described by ``schema.format``) or a Parquet file and validate it; or, for a
+    :class:`~fedsbdt.common.sources.DataSource`, run its query (:mod:`fedsbdt.common.sqlread`).
 
     ``labels=False`` (prediction): the target column may be present or absent and is not read;
     the returned dataset has ``y = None``.
     """
+    if not isinstance(path, (str, Path)):  # a DataSource (a query against a database or a file)
+        from .sqlread import load_query
+
+        return load_query(path, schema, labels)
     p = Path(path)
     if not p.exists():
         raise DataError(f"data file not found: {p}")
@@ -207,7 +212,10 @@ def _fail(source: str, problems: list[str], total: int) -> DataError:
 
 
 def _validate(frame: pd.DataFrame, schema: Schema, source: str, lines: np.ndarray, id_col: str | None,
-              row_word: str, labels: bool = True) -> Dataset:
+              row_word: str, labels: bool = True, batch: bool = False) -> Dataset:
+    """Validate one table (or, ``batch``, one batch of a query's rows: a NULL is a missing value, no rows is
+    no error, and the id column is only carried along as ``id_values``: :mod:`fedsbdt.common.sqlread` makes the
+    ids of all batches at once)."""
     needed = (schema.feature_names + ([schema.target] if labels else []) + ([id_col] if id_col else [])
               + ([schema.arrival_column] if schema.arrival_column else []))
     missing_cols = [c for c in needed if c not in frame.columns]
@@ -215,23 +223,24 @@ def _validate(frame: pd.DataFrame, schema: Schema, source: str, lines: np.ndarra
         raise DataError(f"{source}: missing column(s) {', '.join(repr(c) for c in missing_cols)}; "
                         f"found {', '.join(repr(str(c)) for c in frame.columns)}")
     n = len(frame)
-    if n == 0:
+    if n == 0 and not batch:
         raise DataError(f"{source}: the file holds no data rows")
     fmt = schema.format
     keep = np.ones(n, dtype=bool)
     dropped = 0
     kept = {f.name for f in schema.features if f.allow_missing}  # their missing values stay (as NaN)
-    if fmt.missing is not None:
+    if fmt.missing is not None or batch:
         miss = np.zeros(n, dtype=bool)
-        first_col = {}
-        for c in needed:
+        where = np.full(n, -1)  # the first missing column of each row
+        for k, c in enumerate(needed):
             if c in kept:
                 continue
             col = frame[c]
-            m = ((col.astype(str).str.strip() == fmt.missing).to_numpy() if col.dtype.kind not in "fiub"
-                 else np.zeros(n, bool))
-            for i in np.flatnonzero(m & ~miss)[:1]:
-                first_col.setdefault(int(i), c)
+            m = ((col.astype(str).str.strip() == fmt.missing).to_numpy()
+                 if fmt.missing is not None and col.dtype.kind not in "fiub" else np.zeros(n, bool))
+            if batch:
+                m = m | col.isna().to_numpy()  # SQL NULL
+            where[m & ~miss] = k
             miss |= m
         if miss.any():
             if fmt.on_missing == "drop":
@@ -239,9 +248,12 @@ def _validate(frame: pd.DataFrame, schema: Schema, source: str, lines: np.ndarra
                 dropped = int(miss.sum())
             else:
                 bad = np.flatnonzero(miss)
-                probs = [f"{row_word} {lines[i]}: missing value {fmt.missing!r}" for i in bad[:MAX_REPORTED]]
+                marker = "" if fmt.missing is None else f" {fmt.missing!r}"
+                probs = ([f"{row_word} {lines[i]}, column {needed[where[i]]!r}: missing value (NULL or{marker})"
+                          .replace(" or)", ")") for i in bad[:MAX_REPORTED]] if batch else
+                         [f"{row_word} {lines[i]}: missing value{marker}" for i in bad[:MAX_REPORTED]])
                 raise _fail(source, probs, bad.size)
-    if not keep.any():
+    if not keep.any() and not batch:
         raise DataError(f"{source}: no rows left after dropping {rows(dropped)} with missing values")
     frame = frame.loc[keep]
     lines = lines[keep]
@@ -267,7 +279,7 @@ def _validate(frame: pd.DataFrame, schema: Schema, source: str, lines: np.ndarra
     y = _labels(frame[schema.target], schema, source, lines, row_word) if labels else None
     id_values = None
     if id_col:
-        ids = _ids(frame[id_col], id_col, source, lines, row_word)
+        ids = row_index.astype(np.int64) if batch else ids_of(frame[id_col], id_col, source, lines, row_word)
         id_values = frame[id_col].to_numpy()
     else:
         ids = row_index.astype(np.int64)
@@ -374,8 +386,9 @@ def _labels(col, schema: Schema, source, lines, row_word) -> np.ndarray:
             raise _fail(source, [f"{row_word} {lines[i]}, label {name!r}: {v[i]:g} is outside the public label "
                                  f"range [{lo:g}, {hi:g}]" for i in bad[:MAX_REPORTED]], bad.size)
         return v
-    if col.dtype.kind in "fiub":
-        s = pd.Series([_num_str(x) for x in col.to_numpy()])
+    if col.dtype.kind in "fiub":  # (a Parquet or SQL column of numbers: each distinct value spelt once)
+        u, inv = np.unique(col.to_numpy(dtype=np.float64), return_inverse=True)
+        s = pd.Series(np.array([_num_str(x) for x in u], dtype=object)[inv.reshape(-1)])
     else:
         s = col.astype(str).str.strip()
     if schema.task == "multiclass":
@@ -408,8 +421,15 @@ def _num_str(x) -> str:
     return str(int(f)) if f.is_integer() else str(f)
 
 
-def _ids(col, name, source, lines, row_word) -> np.ndarray:
+def ids_of(col, name, source, lines, row_word) -> np.ndarray:
+    """Record ids (int64) of an id column: its integers, or a 63-bit hash of each id string; unique."""
     import pandas as pd
+    if col.dtype.kind in "iu":  # a Parquet or SQL integer column: the same ids as its text would give, faster
+        v = col.to_numpy()
+        if v.size and np.abs(v.astype(np.float64)).max() < 2**62:
+            ids = v.astype(np.int64)
+            check_unique(ids, v, source, lines, row_word)
+            return ids
     missing = np.flatnonzero(col.isna().to_numpy())  # Parquet nulls (a CSV field is never null here)
     if missing.size:
         raise _fail(source, [f"{row_word} {lines[i]}, id column {name!r}: missing record id"
@@ -425,10 +445,21 @@ def _ids(col, name, source, lines, row_word) -> np.ndarray:
     else:
         ids = np.array([int.from_bytes(hashlib.blake2b(x.encode(), digest_size=8).digest(), "big") >> 1
                         for x in s], dtype=np.int64)
+    check_unique(ids, s, source, lines, row_word)
+    return ids
+
+
+def _plain(v):
+    """A numpy scalar as the Python value it holds (so that messages show ``7``, not ``np.int64(7)``)."""
+    return v.item() if isinstance(v, np.generic) else v
+
+
+def check_unique(ids: np.ndarray, shown, source, lines, row_word) -> None:
+    """Refuse duplicate record ids, naming the rows that share one (``shown``: the ids as written)."""
     order = np.argsort(ids, kind="stable")
     dup = np.flatnonzero(ids[order][1:] == ids[order][:-1])
     if dup.size:
-        pairs = [f"{row_word}s {lines[order[i]]} and {lines[order[i + 1]]} share id {s[order[i]]!r}"
+        pairs = [f"{row_word}s {lines[order[i]]} and {lines[order[i + 1]]} share id "
+                 f"{_plain(shown[order[i]])!r}"
                  for i in dup[:MAX_REPORTED]]
         raise _fail(source, ["duplicate record ids: " + "; ".join(pairs)], dup.size)
-    return ids

@@ -406,6 +406,25 @@ def _hyperparameters(hp: dict[str, Any]) -> str:
     return _table(((k, v, _HELP.get(k, "")) for k, v in sorted(hp.items())), head=("name", "value", "meaning"))
 
 
+def _settings(model: Ensemble) -> str | None:
+    """How the hyperparameters were chosen: the auto rule's reasons, or the private tuning's trials."""
+    t = model.training
+    body = ""
+    if t.get("settings"):
+        body += "<p>Chosen by the <strong>auto</strong> rule (docs/auto.md) from public inputs:</p><ul>" + "".join(
+            f"<li>{_e(r)}</li>" for r in t["settings"].get("reasons", [])) + "</ul>"
+    tu = t.get("tuning")
+    if tu:
+        rows = [(f"trial {x['trial']}", ", ".join(f"{k}={v}" for k, v in sorted(x["settings"].items())),
+                 "winner" if x["trial"] == tu.get("winner") else "") for x in tu.get("trials", [])]
+        body += (f"<p>Chosen by <strong>private tuning</strong>: {_e(tu.get('method', ''))}. "
+                 f"{_e(tu.get('trials_run'))} trials (random count, mean {_e(tu.get('mean_trials'))}), each at "
+                 f"ε = {_e(_num(tu.get('epsilon_trial')))}; the winner is {_e(tu.get('chosen_by', ''))}. The receipt's "
+                 "ε covers every trial, the scoring and the selection.</p>"
+                 + _table(rows, head=("trial", "settings", "")))
+    return body or None
+
+
 def _training(model: Ensemble, sites_svg: str | None) -> str:
     rounds = model.training.get("rounds")
     parties = list(model.privacy.get("parties") or [])
@@ -598,7 +617,8 @@ def build_report(model: Ensemble, ledger: LedgerSummary | None = None, model_nam
         _section("summary", "Model", _table(ident, head=("", "", ""))),
         _section("guarantee", "The guarantee in plain words", _guarantee(p, model.task)),
         _section("accountant", "Privacy accounting", _accountant(p, curve)),
-        _section("hyperparameters", "Hyperparameters", _hyperparameters(model.hyperparameters.to_dict())),
+        _section("hyperparameters", "Hyperparameters", _hyperparameters(model.hyperparameters.to_dict())
+                 + (_settings(model) or "")),
         _section("training", "Training and participating sites", _training(model, sites_svg)),
     ]
     if p.get("evaluation"):

@@ -29,14 +29,23 @@ Example (``examples/abalone/schema.toml``)::
     range = [0.0, 1.0]
     allow_missing = true   # optional: keep missing values (NaN), routed by default directions
 
+Feature groups: one block declares many similar features with one type and range, by a list
+(``names = ["lab_a", "lab_b"]``) or a pattern (``pattern = "lab_{1..36}"``, or ``"lab_{01..36}"`` zero-padded);
+the schema holds (and its digest covers) the features one by one, as if written out.
+
+Every key is checked: an unknown key anywhere (top level, ``[format]``, a feature) is refused with the key,
+its place and the closest known key, never ignored.
+
 ``format.on_missing = "keep"`` allows missing values in every feature
 (docs/missing-values.md); ``"drop"`` / ``"error"`` apply to the other columns.
 """
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import math
+import re
 import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -52,6 +61,100 @@ ON_MISSING = ("error", "drop", "keep")
 
 class SchemaError(ValueError):
     """The schema file itself is malformed or inconsistent."""
+
+
+#: every key a schema may hold at its top level; any other key is refused (a misspelt ``id_colum`` would
+#: otherwise key the privacy ledger by row number without a word)
+TOP_KEYS = ("name", "task", "target", "features", "columns", "id_column", "arrival_column", "label_range",
+            "positive", "negative", "classes", "format")
+#: the keys of one ``[[features]]`` block: exactly one of name / names / pattern, then its type's keys
+FEATURE_KEYS = {"numeric": ("name", "names", "pattern", "type", "range", "allow_missing"),
+                "categorical": ("name", "names", "pattern", "type", "levels", "allow_missing")}
+#: a feature group's pattern: ``lab_{1..36}`` or ``lab_{01..36}`` (zero-padded like the first bound)
+_PATTERN = re.compile(r"^(?P<pre>[^{}]*)\{(?P<lo>\d+)\.\.(?P<hi>\d+)\}(?P<post>[^{}]*)$")
+MAX_GROUP = 100_000
+
+
+def _check_keys(table: dict[str, Any], known, place: str, source: str) -> None:
+    """Refuse the first key of ``table`` that is not in ``known``, naming it, its place and the closest known key."""
+    for key in table:
+        if key not in known:
+            close = difflib.get_close_matches(str(key), known, n=1, cutoff=0.6)
+            hint = f"; did you mean {close[0]!r}?" if close else f" (known keys: {', '.join(known)})"
+            raise SchemaError(f"{source}: unknown key {key!r} {place}{hint}")
+
+
+def expand_pattern(pattern: str) -> list[str]:
+    """The names of a feature group's ``pattern``: ``"lab_{1..3}"`` → lab_1, lab_2, lab_3; ``"x{08..10}"`` →
+    x08, x09, x10 (a first bound with a leading zero pads every number to its width)."""
+    m = _PATTERN.match(pattern)
+    if m is None:
+        raise ValueError(f"pattern {pattern!r} must look like 'prefix{{1..36}}suffix' (one numeric range in braces)")
+    lo, hi = int(m["lo"]), int(m["hi"])
+    if not lo <= hi or hi - lo >= MAX_GROUP:
+        raise ValueError(f"pattern {pattern!r}: the range {{{m['lo']}..{m['hi']}}} must run upwards and name at most "
+                         f"{MAX_GROUP} features")
+    width = len(m["lo"]) if m["lo"].startswith("0") and len(m["lo"]) > 1 else 0
+    return [f"{m['pre']}{k:0{width}d}{m['post']}" for k in range(lo, hi + 1)]
+
+
+def _feature_block(f: Any, i: int, source: str) -> list["Feature"]:
+    """The features of ``[[features]]`` block ``i``: one (``name``) or a group of similar features (``names``, a
+    list, or ``pattern``) sharing one type, range or levels and ``allow_missing``."""
+    if not isinstance(f, dict):
+        raise SchemaError(f"{source}: features[{i}] must be a table")
+    given = [k for k in ("name", "names", "pattern") if k in f]
+    label = repr(f.get("name", f.get("pattern", f"features[{i}]")))
+    if len(given) != 1:
+        raise SchemaError(f"{source}: features[{i}] needs exactly one of 'name', 'names' (a list) or 'pattern' "
+                          f"(e.g. 'lab_{{1..36}}'), got {', '.join(given) or 'none'}")
+    kind = f.get("type")
+    if kind not in FEATURE_KEYS:
+        _check_keys(f, sorted(set(FEATURE_KEYS["numeric"] + FEATURE_KEYS["categorical"])), f"in features[{i}]",
+                    source)
+        if kind is None:
+            raise SchemaError(f"{source}: missing required key 'features[{i}].type'")
+        raise SchemaError(f"{source}: feature {label}: type must be 'numeric' or 'categorical', got {kind!r}")
+    place = f"in features[{i}] ({label}, {kind})"
+    _check_keys(f, FEATURE_KEYS[kind], place, source)
+    if "name" in f:
+        names = [f["name"]]
+    elif "names" in f:
+        names = f["names"]
+        if not (isinstance(names, list) and names):
+            raise SchemaError(f"{source}: features[{i}].names must be a non-empty list of feature names")
+    else:
+        if not isinstance(f["pattern"], str):
+            raise SchemaError(f"{source}: features[{i}].pattern must be a string such as 'lab_{{1..36}}'")
+        try:
+            names = expand_pattern(f["pattern"])
+        except ValueError as e:
+            raise SchemaError(f"{source}: features[{i}]: {e}") from None
+    if not all(isinstance(n, str) and n for n in names):
+        raise SchemaError(f"{source}: features[{i}]: feature names must be non-empty strings, got {names!r}")
+    label = repr(names[0]) if len(names) == 1 else f"{names[0]!r}…{names[-1]!r}"
+    allow = f.get("allow_missing", False)
+    if not isinstance(allow, bool):
+        raise SchemaError(f"{source}: feature {label}: allow_missing must be true or false, got {allow!r}")
+    if kind == "numeric":
+        if "range" not in f:
+            raise SchemaError(f"{source}: missing required key 'features[{i}].range'")
+        rng = f["range"]
+        if not (isinstance(rng, list) and len(rng) == 2
+                and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in rng)):
+            raise SchemaError(f"{source}: feature {label}: range must be [lo, hi]")
+        lo, hi = float(rng[0]), float(rng[1])
+        if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
+            raise SchemaError(f"{source}: feature {label}: range must satisfy lo < hi, got {rng}")
+        return [Feature(n, "numeric", lo, hi, allow_missing=allow) for n in names]
+    if "levels" not in f:
+        raise SchemaError(f"{source}: missing required key 'features[{i}].levels'")
+    levels = f["levels"]
+    if not (isinstance(levels, list) and levels and all(isinstance(x, str) for x in levels)):
+        raise SchemaError(f"{source}: feature {label}: levels must be a non-empty list of strings")
+    if len(set(levels)) != len(levels):
+        raise SchemaError(f"{source}: feature {label}: duplicate levels")
+    return [Feature(n, "categorical", levels=tuple(levels), allow_missing=allow) for n in names]
 
 
 @dataclass(frozen=True)
@@ -132,46 +235,21 @@ class Schema:
         task = need("task")
         if task not in TASKS:
             raise SchemaError(f"{source}: task must be one of {TASKS}, got {task!r}")
-        feats = []
+        _check_keys(d, TOP_KEYS, "at the top level", source)
         raw_feats = need("features")
         if not isinstance(raw_feats, list) or not raw_feats:
             raise SchemaError(f"{source}: 'features' must be a non-empty list of [[features]] tables")
-        for i, f in enumerate(raw_feats):
-            ctx = f"features[{i}]."
-            name = str(need("name", f, ctx))
-            kind = need("type", f, ctx)
-            if kind == "numeric":
-                rng = need("range", f, ctx)
-                if not (isinstance(rng, list) and len(rng) == 2 and all(isinstance(x, (int, float)) for x in rng)):
-                    raise SchemaError(f"{source}: feature {name!r}: range must be [lo, hi]")
-                lo, hi = float(rng[0]), float(rng[1])
-                if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
-                    raise SchemaError(f"{source}: feature {name!r}: range must satisfy lo < hi, got {rng}")
-                feats.append(Feature(name, "numeric", lo, hi))
-            elif kind == "categorical":
-                levels = need("levels", f, ctx)
-                if not (isinstance(levels, list) and levels and all(isinstance(x, str) for x in levels)):
-                    raise SchemaError(f"{source}: feature {name!r}: levels must be a non-empty list of strings")
-                if len(set(levels)) != len(levels):
-                    raise SchemaError(f"{source}: feature {name!r}: duplicate levels")
-                feats.append(Feature(name, "categorical", levels=tuple(levels)))
-            else:
-                raise SchemaError(f"{source}: feature {name!r}: type must be 'numeric' or 'categorical', got {kind!r}")
-            allow = f.get("allow_missing", False)
-            if not isinstance(allow, bool):
-                raise SchemaError(f"{source}: feature {name!r}: allow_missing must be true or false, got {allow!r}")
-            if allow:
-                feats[-1] = replace(feats[-1], allow_missing=True)
+        feats = [f for i, block in enumerate(raw_feats) for f in _feature_block(block, i, source)]
         names = [f.name for f in feats]
         if len(set(names)) != len(names):
             raise SchemaError(f"{source}: duplicate feature names")
         target = str(need("target"))
         if target in names:
             raise SchemaError(f"{source}: the target {target!r} is also listed as a feature")
-        fmt_d = dict(d.get("format", {}))
-        unknown = set(fmt_d) - set(FileFormat.__dataclass_fields__)
-        if unknown:
-            raise SchemaError(f"{source}: unknown [format] key(s): {', '.join(sorted(unknown))}")
+        fmt_d = d.get("format", {})
+        if not isinstance(fmt_d, dict):
+            raise SchemaError(f"{source}: 'format' must be a [format] table")
+        _check_keys(fmt_d, tuple(FileFormat.__dataclass_fields__), "in [format]", source)
         fmt = FileFormat(**fmt_d)
         if fmt.on_missing not in ON_MISSING:
             raise SchemaError(f"{source}: format.on_missing must be one of {', '.join(map(repr, ON_MISSING))}, "
@@ -217,6 +295,8 @@ class Schema:
             if set(positive) & set(negative):
                 raise SchemaError(f"{source}: a label is listed as both positive and negative")
         id_column = d.get("id_column")
+        if id_column is not None and not isinstance(id_column, str):
+            raise SchemaError(f"{source}: id_column must be a column name (a string), got {id_column!r}")
         if id_column is not None and columns and id_column not in columns:
             raise SchemaError(f"{source}: id_column {id_column!r} is not in columns")
         arrival_column = d.get("arrival_column")

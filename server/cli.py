@@ -1,6 +1,7 @@
 """``fedsbdt coordinator``, ``fedsbdt plan``, ``fedsbdt ca`` and ``fedsbdt demo``, registered by :mod:`fedsbdt.common.cli`.
 
     fedsbdt coordinator --plan P [--listen ADDR] [--state DIR] [--tls-cert F --tls-key F --tls-ca F | --insecure]
+                        [--status-port PORT [--status-host HOST]]
     fedsbdt plan --schema S --site ID=identity.pub ... --out P [--threshold T] [--dropout-slack S] [hyperparameter flags]
     fedsbdt ca init --out CA_DIR
     fedsbdt ca sign --ca CA_DIR --csr SITE/tls.csr --out SITE/tls.crt
@@ -39,12 +40,13 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
     if plan.noise == "central":
         log.warning("central noise mode: this coordinator sees the noiseless sums and adds the noise itself; "
                     "the sites must trust it", extra={"event": "central_noise"})
+    status = status_page(args)  # --status-port: bound before anything is written (a taken port: exit 2)
     state = Path(args.state)  # one coordinator per --state
     return with_state_lock(state, "coordinator state directory",
-                           lambda: _serve(args, t0, plan, cal, randomness, state))
+                           lambda: _serve(args, t0, plan, cal, randomness, state, status))
 
 
-def _serve(args: argparse.Namespace, t0: float, plan, cal, randomness, state: Path) -> int:
+def _serve(args: argparse.Namespace, t0: float, plan, cal, randomness, state: Path, status) -> int:
     from fedsbdt.client.cli import sha256_file
 
     from .checkpoint import CheckpointError, CoordinatorStore
@@ -80,6 +82,12 @@ def _serve(args: argparse.Namespace, t0: float, plan, cal, randomness, state: Pa
             f"cannot listen on {args.listen}: gRPC could not bind it (not an address of this machine, or in use; "
             "GRPC_VERBOSITY=debug shows gRPC's own reason)" if "bind" in str(e).lower()
             else f"cannot listen on {args.listen}: {e}")) from None
+    if status is not None:
+        from .status import CoordinatorMonitor
+
+        monitor = CoordinatorMonitor(session)
+        server.service.observers.append(monitor.after_step)
+        status.start(monitor.current, monitor.registry)
     server.start()
     log.info(f"coordinator for plan {plan.sha256} listening on {server.address} "
              f"({'mutual TLS' if credentials else 'PLAIN TEXT (--insecure)'}); {plan.n} sites, t = {plan.threshold}, "
@@ -102,6 +110,8 @@ def _serve(args: argparse.Namespace, t0: float, plan, cal, randomness, state: Pa
     finally:
         server.stop()
         session.close()
+        if status is not None:
+            status.close()
         for s, h in old.items():
             signal.signal(s, h)
     if server.fatal is not None:
@@ -132,6 +142,18 @@ def _serve(args: argparse.Namespace, t0: float, plan, cal, randomness, state: Pa
         human += "\n" + line
     emit(args, out, human)
     return session.exit_code
+
+
+def status_page(args: argparse.Namespace):
+    """The bound (not yet serving) status page of ``--status-port``, or None."""
+    from fedsbdt.common.statuspage import StatusPageError, bind
+
+    from .status import COORDINATOR_PAGE
+
+    try:
+        return bind(args, COORDINATOR_PAGE, "coordinator's status page")
+    except StatusPageError as e:
+        raise CliError(str(e)) from None
 
 
 def existing_model(plan, path: str | None):
@@ -278,6 +300,7 @@ def cmd_ca(args: argparse.Namespace) -> int:
 
 def register(sub) -> None:
     from fedsbdt.client.cli import add_tls_flags
+    from fedsbdt.common.statuspage import add_status_flags
 
     c = sub.add_parser("coordinator", help="run the coordinator of a federated training session")
     c.add_argument("--plan", required=True, metavar="FILE", help="the plan (TOML)")
@@ -295,6 +318,7 @@ def register(sub) -> None:
     c.add_argument("--ready-fd", type=int, metavar="FD",
                    help="write the listening address to this inherited file descriptor once serving "
                         "(default: none)")
+    add_status_flags(c)
     c.add_argument("--json", action="store_true", help="print one JSON object on stdout at the end")
     c.set_defaults(func=cmd_coordinator, on_interrupt="the checkpoint in {state} is kept; restart the same "
                                                         "command to resume")

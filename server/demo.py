@@ -1,6 +1,6 @@
 """``fedsbdt demo``: a whole federation on loopback, as separate processes, with mutual TLS.
 
-    fedsbdt demo [--sites N] [--dataset abalone|adult] [--trees N] [--json]
+    fedsbdt demo [--sites N] [--dataset abalone|adult] [--trees N] [--status-port PORT] [--json]
     fedsbdt demo --data FILE --schema S [--sites N] [--split-by COLUMN] [--json]
 
 1. makes a throw-away consortium CA, a coordinator certificate for
@@ -459,6 +459,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         failures: list[str] = []
 
         def on_event(rec: dict) -> None:
+            if rec.get("event") == "status_page" and not args.json:
+                log.info(f"live status page of the coordinator: {rec.get('url')}")
             if rec.get("event") == "tree":
                 prog(int(rec.get("trees_released", 0)), total)
             elif rec.get("event") in ("session_failed", "model_mismatch"):
@@ -468,7 +470,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             log.info(f"starting the coordinator and {args.sites} sites (separate processes, mutual TLS) …")
         # Start everything at once (the sites retry until the coordinator serves): process start-up overlaps.
         address = f"127.0.0.1:{free_port()}"
-        coord, ready = launch_coordinator(layout, procs, listen=address)
+        coord, ready = launch_coordinator(layout, procs, listen=address, extra=status_flags(args))
         keep: list[str] = []
         reader = follow_log(coord.stderr, on_event, keep, layout.logs / "coordinator.log")
         sites = {sid: start_site(layout, sid, address, plan, procs, ["--eval-data", str(layout.site_eval(sid))])
@@ -550,7 +552,16 @@ def hashlib_sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def status_flags(args: argparse.Namespace) -> list[str]:
+    """The coordinator's ``--status-port``/``--status-host`` (the demo's live status page)."""
+    if args.status_port is None:
+        return []
+    return ["--status-port", str(args.status_port), "--status-host", args.status_host]
+
+
 def register(sub) -> None:
+    from fedsbdt.common.statuspage import add_status_flags
+
     d = sub.add_parser("demo", help="a whole federation on loopback: coordinator and sites as processes, mutual TLS")
     from fedsbdt.common.config import Hyperparameters
 
@@ -586,6 +597,7 @@ def register(sub) -> None:
                         "(default: none: run the demo)")
     d.add_argument("--host", action="append", metavar="HOST",
                    help="with --prepare: host names of the coordinator for its certificate (default: localhost)")
+    add_status_flags(d)
     d.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     d.set_defaults(func=cmd_demo, on_interrupt="the sites and the coordinator were stopped; a demo does not "
                                                "resume: run it again")

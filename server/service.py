@@ -201,6 +201,7 @@ class FederationService(pbg.FederationServicer):
         # open Subscribe streams per (site, token): a site that re-subscribes after a network fault may
         # have its new stream open before the server notices the old one closed
         self.streams: dict[tuple[str, bytes], int] = {}
+        self.observers: list = []  # called on the loop after every session step (server/status.py)
 
     # ------------------------------------------------------------------ plumbing
 
@@ -224,6 +225,8 @@ class FederationService(pbg.FederationServicer):
             touched.add(site)
         for site in touched:
             self.outboxes[site].notify()
+        for observe in self.observers:
+            observe()
         testhooks.coordinator_dispatch(outs, len(self.session.trees), "after")
 
     def tick(self) -> None:

@@ -30,3 +30,14 @@ def insecure(seed=0, noise=True):
     from fedsbdt.common.randomness import InsecureTestRandomness
 
     return InsecureTestRandomness(seed=seed, noise=noise, i_understand_this_is_insecure=True)
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """A throw-away PostgreSQL server for the session (tests/postgres_server.py): a failure to start it fails
+    the tests that need it, with the server's words (nothing is skipped)."""
+    from postgres_server import start
+
+    server = start()
+    yield server
+    server.stop()

@@ -85,7 +85,7 @@ def test_first_run_says_that_kernels_are_compiling(caplog):
 #: import name of every core dependency in pyproject.toml
 IMPORT_NAMES = {"numpy": "numpy", "numba": "numba", "grpcio": "grpc", "protobuf": "google", "cryptography": "cryptography",
                 "opendp": "opendp", "dp-accounting": "dp_accounting", "pandas": "pandas", "pyarrow": "pyarrow",
-                "rich": "rich"}
+                "rich": "rich", "prometheus-client": "prometheus_client", "psycopg": "psycopg", "duckdb": "duckdb"}
 #: modules that are a library API for users who installed the extra themselves, never used by a command
 OPTIONAL = {"sklearn": {"common/estimators.py", "common/estimators_multiclass.py"}}
 
