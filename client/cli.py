@@ -117,11 +117,11 @@ def _run_client(args: argparse.Namespace, t0: float, state: Path) -> int:
     from fedsbdt.common.sources import source_from_args
 
     machine = SiteMachine(args.site, identity, source_from_args(args), state, options)
+    status_page(args, machine)  # --status-port: served from now on (a taken port: exit 2 before connecting)
     if args.plan:  # everything checkable here is checked before any connection: plan, policy, keys, data
         machine.accept_plan(pinned.canonical_json, pinned.sha256)  # SiteRefusal: exit 2, nothing contacted
     daemon = Daemon(machine, args.coordinator, files,
                     DaemonOptions(reconnect_timeout=args.reconnect_timeout))
-    status_page(args, machine)  # --status-port: served from now on (a taken port: exit 2 before connecting)
     import sqlite3
 
     from fedsbdt.common.secagg.errors import StorageError

@@ -45,7 +45,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     except AccountingError as e:
         raise CliError(str(e).replace(f"ε = {budget:g}", f"ε = {args.epsilon:g}")) from None
     randomness = SecureRandomness(sampler=args.sampler)
-    ds = _load_data(args.data, schema)
+    ds = _load_data(args, schema)
     source = "declared"
     rows = args.rows
     if rows is None:
