@@ -27,7 +27,7 @@ import resource
 import time
 from pathlib import Path
 
-from fedsbdt.common.cli import CliError, emit
+from fedsbdt.common.cli import CliError, emit, with_state_lock
 
 from fedsbdt.common.lifetime import DEFAULT_LIFETIME_EPSILON
 
@@ -65,18 +65,9 @@ def cmd_keygen(args: argparse.Namespace) -> int:
 
 
 def cmd_client(args: argparse.Namespace) -> int:
-    from fedsbdt.common.instance import InstanceError, StateLock
-
     t0 = time.perf_counter()
-    state = Path(args.state)
-    try:
-        lock = StateLock(state, "site state directory").acquire()  # one client per --state
-    except InstanceError as e:
-        raise CliError(str(e)) from None
-    try:
-        return _run_client(args, t0, state)
-    finally:
-        lock.release()
+    state = Path(args.state)  # one client per --state
+    return with_state_lock(state, "site state directory", lambda: _run_client(args, t0, state))
 
 
 def _run_client(args: argparse.Namespace, t0: float, state: Path) -> int:
@@ -233,7 +224,7 @@ def register(sub) -> None:
     pol.add_argument("--min-colluders", type=int, default=MIN_COLLUDERS, metavar="N",
                      help="refuse a plan that assumes fewer than N colluding sites (the noise and secure "
                           f"aggregation hold against the plan's declared c only; default: {MIN_COLLUDERS})")
-    pol.add_argument("--max-eval-epsilon", type=float, metavar="E", default=MAX_EVAL_EPSILON,
+    pol.add_argument("--max-eval-epsilon", type=float, metavar="X", default=MAX_EVAL_EPSILON,
                      help="refuse a plan whose federated evaluation budget ε_eval exceeds this site's limit "
                           f"(default: {MAX_EVAL_EPSILON:g}; ε + ε_eval must also be within --max-epsilon)")
     pol.add_argument("--max-failed-attempts", type=int, default=MAX_FAILED_ATTEMPTS, metavar="N",
@@ -241,10 +232,10 @@ def register(sub) -> None:
                           "more than N times after this site answered it: each retry that carries data spends "
                           "privacy budget "
                           f"(default: {MAX_FAILED_ATTEMPTS})")
-    pol.add_argument("--lifetime-epsilon", type=float, default=DEFAULT_LIFETIME_EPSILON, metavar="E",
+    pol.add_argument("--lifetime-epsilon", type=float, default=DEFAULT_LIFETIME_EPSILON, metavar="X",
                      help="refuse a plan that would bring the lifetime ε of this site's data (every plan, "
                           "evaluation and central `train --ledger` run on the same records, `fedsbdt ledger "
-                          f"--state DIR`) above E (default: {DEFAULT_LIFETIME_EPSILON:g})")
+                          f"--state DIR`) above X (default: {DEFAULT_LIFETIME_EPSILON:g})")
     c.add_argument("--schema", metavar="FILE",
                    help="this site's copy of the public schema: must equal the plan's (default: none: no check)")
     c.add_argument("--out", metavar="FILE", help="where to write the verified model (default: STATE/model.json)")

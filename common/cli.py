@@ -108,6 +108,21 @@ def hyperparameters_from_args(args: argparse.Namespace, base: Hyperparameters | 
 # --------------------------------------------------------------------------- output helpers
 
 
+def with_state_lock(state, what: str, run):
+    """``run()`` while holding the exclusive lock on the state directory ``state`` (one instance per state
+    directory, :mod:`fedsbdt.common.instance`); a directory in use is a one-line CliError naming the holder."""
+    from .instance import InstanceError, StateLock
+
+    try:
+        lock = StateLock(state, what).acquire()
+    except InstanceError as e:
+        raise CliError(str(e)) from None
+    try:
+        return run()
+    finally:
+        lock.release()
+
+
 def emit(args: argparse.Namespace, result: dict[str, Any], human: str) -> None:
     if getattr(args, "json", False):
         sys.stdout.write(json.dumps(result, sort_keys=True) + "\n")

@@ -125,8 +125,8 @@ def register(sub) -> None:
     t.add_argument("--data", required=True, metavar="SOURCE",
                    help="CSV or Parquet file described by the schema, or a database URL with --query")
     t.add_argument("--schema", required=True, metavar="FILE", help="public schema (TOML)")
-    t.add_argument("--epsilon", type=float, required=True, metavar="E", help="total ε of the whole tuning (all trials)")
-    t.add_argument("--delta", type=float, default=5e-8, metavar="D", help="δ (default: 5e-08)")
+    t.add_argument("--epsilon", type=float, required=True, metavar="X", help="total ε of the whole tuning (all trials)")
+    t.add_argument("--delta", type=float, default=5e-8, metavar="X", help="δ (default: 5e-08)")
     t.add_argument("--out", required=True, metavar="FILE", help="where to write the winning model (JSON)")
     t.add_argument("--rows", type=int, default=None, metavar="N",
                    help="declare the row count public (default: a DP count at 2%% of ε)")
@@ -141,8 +141,8 @@ def register(sub) -> None:
 
     a = sub.add_parser("auto", help="print the auto settings for public inputs (no data read; for plans)")
     a.add_argument("--schema", required=True, metavar="FILE", help="public schema (TOML)")
-    a.add_argument("--epsilon", type=float, required=True, metavar="E", help="the training ε")
-    a.add_argument("--delta", type=float, default=5e-8, metavar="D", help="δ (default: 5e-08)")
+    a.add_argument("--epsilon", type=float, required=True, metavar="X", help="the training ε")
+    a.add_argument("--delta", type=float, default=5e-8, metavar="X", help="δ (default: 5e-08)")
     a.add_argument("--rows", type=int, required=True, metavar="N", help="the public row count n")
     a.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     a.set_defaults(func=cmd_auto)

@@ -17,7 +17,7 @@ import signal
 import time
 from pathlib import Path
 
-from fedsbdt.common.cli import CliError, add_hyperparameter_flags, emit, hyperparameters_from_args
+from fedsbdt.common.cli import CliError, add_hyperparameter_flags, emit, hyperparameters_from_args, with_state_lock
 from fedsbdt.common.config import SAMPLERS
 from fedsbdt.common.instance import address_in_use
 
@@ -29,7 +29,6 @@ log = logging.getLogger("fedsbdt.coordinator")
 
 def cmd_coordinator(args: argparse.Namespace) -> int:
     from fedsbdt.common.federation.plan import Plan
-    from fedsbdt.common.instance import InstanceError, StateLock
 
     t0 = time.perf_counter()
     plan = Plan.load(args.plan)
@@ -42,15 +41,9 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
         log.warning("central noise mode: this coordinator sees the noiseless sums and adds the noise itself; "
                     "the sites must trust it", extra={"event": "central_noise"})
     status = status_page(args)  # --status-port: bound before anything is written (a taken port: exit 2)
-    state = Path(args.state)
-    try:
-        lock = StateLock(state, "coordinator state directory").acquire()  # one coordinator per --state
-    except InstanceError as e:
-        raise CliError(str(e)) from None
-    try:
-        return _serve(args, t0, plan, cal, randomness, state, status)
-    finally:
-        lock.release()
+    state = Path(args.state)  # one coordinator per --state
+    return with_state_lock(state, "coordinator state directory",
+                           lambda: _serve(args, t0, plan, cal, randomness, state, status))
 
 
 def _serve(args: argparse.Namespace, t0: float, plan, cal, randomness, state: Path, status) -> int:

@@ -541,9 +541,9 @@ def federated_text(receipt: dict) -> str:
 
 
 def _rows_text(rows: int, dropped: int) -> str:
-    from fedsbdt.common.data import rows as plural
+    from fedsbdt.common.cli import dropped_text
 
-    return f"{rows} training records" + (f" ({plural(dropped)} with a missing value dropped)" if dropped else "")
+    return f"{rows} training records{dropped_text(dropped)}"
 
 
 def hashlib_sha256(data: bytes) -> str:

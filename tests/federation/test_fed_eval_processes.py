@@ -5,6 +5,7 @@ import json
 import math
 
 import numpy as np
+import pytest
 
 from fedsbdt.common.config import Hyperparameters
 from fedsbdt.common.data import load
@@ -56,6 +57,11 @@ def test_three_sites_train_then_evaluate_and_release_only_the_aggregate_metrics(
     assert ev["metrics"]["n"] == ref["n"] == 300
     assert abs(ev["metrics"]["mae"] - ref["mae"]) <= res["mae"]
     assert abs(ev["metrics"]["rmse"] ** 2 - ref["rmse"] ** 2) <= res["mse"]
+    # each released metric with its 95 % interval for the privacy noise (public scale, 3 summed shares)
+    assert ev["interval_level"] == 0.95 and set(ev["intervals"]) == {"n", "rmse", "mae"}
+    assert all(lo <= ev["metrics"][k] <= hi for k, (lo, hi) in ev["intervals"].items())
+    half = 1.96 * np.sqrt(3 * plan.eval_bins) * plan.eval_spec.noise_scales()[0]
+    assert ev["intervals"]["n"] == pytest.approx([max(300 - half, 0.0), 300 + half], rel=1e-3)
     for s, p in sites.items():
         assert p.wait() == 0, p.errors
         r = p.result()
@@ -70,9 +76,10 @@ def test_three_sites_train_then_evaluate_and_release_only_the_aggregate_metrics(
     assert "evaluation" in summary.sections and summary.epsilon == out["epsilon"]
     text = html.read_text()
     assert "ε_eval = 0.2" in text and "Federated evaluation" in text and f"{ev['metrics']['rmse']:.6g}" in text
+    lo, hi = ev["intervals"]["rmse"]
+    assert f"95 % interval {lo:.4g} – {hi:.4g}" in text
     other = tmp_path / "other.json"
     other.write_text(json.dumps(receipt | {"model_sha256": "0" * 64}))
-    import pytest
 
     with pytest.raises(ReportError, match="another model"):
         write_report(tmp_path / "coordinator" / "model.json", html, evaluation_path=other)
