@@ -81,7 +81,8 @@ def charge_central(run, epsilon: float, delta: float) -> None:
 def add_train_flags(t) -> None:
     t.add_argument("--ledger", metavar="DIR",
                    help="charge this run to the lifetime ledger in DIR (a site's state directory: its federated "
-                        "plans and evaluations on the same file compose with it; `fedsbdt ledger --state DIR`)")
+                        "plans and evaluations on the same file compose with it; `fedsbdt ledger --state DIR`) "
+                        "(default: none: the run is not charged to a lifetime ledger)")
     t.add_argument("--lifetime-epsilon", type=float, default=DEFAULT_LIFETIME_EPSILON, metavar="X",
                    help="with --ledger: refuse to train if the data's lifetime ε would exceed X "
                         f"(default: {DEFAULT_LIFETIME_EPSILON:g})")
