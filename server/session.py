@@ -633,6 +633,8 @@ class Session:
                 self.pipeline = NoSetup(now + self.plan.deadlines.stage)
                 return True
             epoch = p.roster.epoch
+            for e in [e for e in self._routed if e not in self.coord.ready_epochs()]:
+                del self._routed[e]  # used up: a re-joining site needs only the ready epochs' shares
             self._routed[epoch] = {s: m.to_bytes() for s, m in routed.items()}
             for s, data in self._routed[epoch].items():
                 out.append((s, SetupMsg(data)))
