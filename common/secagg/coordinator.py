@@ -56,6 +56,7 @@ from .messages import (
     RoundStart,
     RoutedShares,
     ShareKeys,
+    ShareLayout,
     SignedCommitments,
     UnmaskRequest,
     UnmaskResponse,
@@ -107,6 +108,16 @@ class CoordinatorEpoch:
         self.dealers = tuple(sorted(self.share_keys))
         self.rows = {d: {row.holder: row for row in sk.rows} for d, sk in self.share_keys.items()}
         self._lagrange: dict[tuple[int, ...], tuple[int, ...]] = {}
+        self._layouts: dict[tuple[str, ...], ShareLayout] = {}
+
+    def share_layout(self, participants: tuple[str, ...]) -> ShareLayout:
+        """The expected seed-share list of a fast round over ``participants`` (kept for a few sets)."""
+        lay = self._layouts.get(participants)
+        if lay is None:
+            if len(self._layouts) >= 4:
+                self._layouts.clear()
+            lay = self._layouts[participants] = ShareLayout(participants)
+        return lay
 
     def lagrange(self, xs: tuple[int, ...]) -> tuple[int, ...]:
         """Lagrange coefficients at 0 for holders at ``xs``, kept for the epoch (sparse graph: one set per dealer)."""
@@ -645,6 +656,7 @@ class CoordinatorRound:
         self.slot = epoch.slot(start.round_id)
         self.t = config.threshold
         self.stage: RoundStage = CollectingFastInputs() if start.fast else CollectingInputs()
+        self._layout = epoch.share_layout(self.participants) if start.fast else None
 
     @property
     def fast(self) -> bool:
@@ -654,8 +666,12 @@ class CoordinatorRound:
     # ---------------------------------------------------------------- incoming
     def receive(self, message: Message | bytes) -> None:
         """Validate and record any site→coordinator round message (object or canonical bytes)."""
-        msg = decode_message(message) if isinstance(message, (bytes, bytearray, memoryview)) else message
-        self.stage.receive(self, msg)
+        if isinstance(message, (bytes, bytearray, memoryview)):
+            msg = None
+            if self._layout is not None and isinstance(self.stage, CollectingFastInputs):
+                msg = FastMaskedInput.decode_expected(bytes(message), self._layout)  # the expected shape, in bulk
+            message = decode_message(message) if msg is None else msg
+        self.stage.receive(self, message)
 
     receive_masked_input = receive
     receive_consistency = receive
