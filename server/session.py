@@ -439,9 +439,9 @@ class Session:
 
     # ------------------------------------------------------------------ site messages
 
-    def _decode(self, site_id: str, data: bytes, types: tuple[type, ...]):
+    def _decode(self, site_id: str, data: bytes, types: tuple[type, ...], decode=decode_message):
         try:
-            msg = decode_message(data)
+            msg = decode(data)
         except InvalidMessage as e:
             raise Rejected(f"malformed secure-aggregation message: {e}") from None
         if not isinstance(msg, types):
@@ -468,7 +468,8 @@ class Session:
     def submit_input(self, site_id: str, purpose: Purpose, tree: int, data: bytes, now: float) -> list[Outgoing]:
         ph = self.phase
         fast = isinstance(ph, CollectingInputs) and ph.rnd.fast  # the reply carries the seed shares too
-        msg = self._decode(site_id, data, (FastMaskedInput,) if fast else (MaskedInput,))
+        msg = self._decode(site_id, data, (FastMaskedInput,) if fast else (MaskedInput,),
+                           ph.rnd.decode if fast else decode_message)  # a fast reply: decoded in bulk
         if not isinstance(ph, CollectingInputs) or (purpose, tree if purpose != Purpose.INIT_SCORE else 0) != \
                 (ph.work.purpose, ph.work.tree):
             raise Rejected(f"no round for {Work(purpose, tree)} is collecting inputs now")
