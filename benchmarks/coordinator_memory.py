@@ -34,28 +34,41 @@ import numpy as np  # noqa: E402
 
 from _util import save  # noqa: E402
 from session_scale import _counter_bytes, record, replay_calls  # noqa: E402
-from fedsbdt.server.service import FederationService, Outbox  # noqa: E402
+from fedsbdt.server.service import FederationService  # noqa: E402
+
+try:
+    from fedsbdt.server.outbox import Outbox  # noqa: E402
+except ImportError:  # a checkout before server/outbox.py (``--baseline-python``)
+    from fedsbdt.server.service import Outbox  # noqa: E402
 from fedsbdt.server.session import Session  # noqa: E402
 
 MIB = 1 << 20
 
 
 def held(n: int, trees: int, epoch_rounds: int, graph: str = "complete", neighbours: int = 0,
-         trace: bool = False) -> dict:
+         trace: bool = False, baseline_python: str | None = None) -> dict:
     """Record a session of ``trees`` trees over n sites, then replay the coordinator alone in a fresh process."""
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="fedsbdt-coord-memory-") as tmp:
         rec = record(Path(tmp), n, trees, epoch_rounds=epoch_rounds, graph=graph, neighbours=neighbours)
-        dump = Path(tmp) / "calls.pickle"
+        dump = Path(tempfile.gettempdir()) / f"fedsbdt-coordinator-calls-{graph}-{n}.pickle"  # kept: replay again
+        # with ``--replay FILE`` under another checkout's interpreter
         dump.write_bytes(pickle.dumps((rec["plan"].canonical_json, rec["start"], rec["calls"])))
         recorded_s = time.monotonic() - t0
         ncalls = len(rec["calls"])
         del rec
-        out = subprocess.run([sys.executable, __file__, "--replay", str(dump)] + (["--trace"] if trace else []),
-                             capture_output=True, text=True, check=True).stdout
-    r = json.loads(out.strip().splitlines()[-1])
-    return {"sites": n, "trees": trees, "graph": graph, "neighbours": neighbours, "epoch_rounds": epoch_rounds,
-            "calls": ncalls, "record_s": round(recorded_s, 1), **r}
+        runs = {}
+        for name, python in [("baseline", baseline_python), ("this_tree", sys.executable)]:
+            if python is None:
+                continue
+            out = subprocess.run([python, __file__, "--replay", str(dump)] + (["--trace"] if trace else []),
+                                 capture_output=True, text=True)
+            if out.returncode != 0:
+                raise RuntimeError(f"the replay with {python} failed:\n{out.stderr[-3000:]}")
+            runs[name] = json.loads(out.stdout.strip().splitlines()[-1])
+    head = {"sites": n, "trees": trees, "graph": graph, "neighbours": neighbours, "epoch_rounds": epoch_rounds,
+            "calls": ncalls, "record_s": round(recorded_s, 1)}
+    return {**head, **runs["this_tree"], **({"baseline": runs["baseline"]} if "baseline" in runs else {})}
 
 
 def replay_alone(dump: Path, trace: bool, top: int = 12) -> dict:
@@ -104,7 +117,9 @@ def replay_alone(dump: Path, trace: bool, top: int = 12) -> dict:
          "replay_cpu_ms_per_round_median": round(statistics.median(np.diff(cpu_at[1:])) * 1e3, 3),
          "replay_cpu_ms_per_round_mean": round((cpu_at[-1] - cpu_at[1]) / (len(cpu_at) - 2) * 1e3, 3),
          "outbox_events_held": sum(len(b.events) for b in boxes),
-         "outbox_mib_held": round(sum(_size(e) for b in boxes for e in b.events) / MIB, 2),
+         "outbox_mib_held": round(sum(_size(e) for b in boxes for e in b.events) / MIB, 2),  # per outbox
+         "outbox_mib_distinct": round(sum(_size(e) for e in {id(_body(e)): e for b in boxes
+                                                              for e in b.events}.values()) / MIB, 2),
          "rss_mib_after_release": [(k, round(b / MIB, 1)) for k, b in samples]}
     if trace:
         snap = tracemalloc.take_snapshot()
@@ -115,7 +130,12 @@ def replay_alone(dump: Path, trace: bool, top: int = 12) -> dict:
 
 
 def _size(event) -> int:
-    return len(event) if isinstance(event, (bytes, bytearray)) else event.ByteSize()
+    """Bytes of one held event: an encoded body (server/outbox.py) or a protobuf Event (earlier checkouts)."""
+    return event.body.size if hasattr(event, "body") else event.ByteSize()
+
+
+def _body(event):
+    return event.body if hasattr(event, "body") else event
 
 
 def _status(field: str) -> int:
@@ -147,6 +167,8 @@ def main() -> None:
     ap.add_argument("--epoch-rounds", type=int, default=64, help="round slots per epoch (the plan default, 64)")
     ap.add_argument("--graph", choices=("complete", "sparse"), default="complete")
     ap.add_argument("--neighbours", type=int, default=0, help="k of the sparse graph (default 2·⌈2·log2 n⌉)")
+    ap.add_argument("--baseline-python", help="also replay the same recording with this interpreter (another "
+                                              "checkout's venv), e.g. to compare with main")
     ap.add_argument("--trace", action="store_true", help="also list the top Python allocation sites (tracemalloc)")
     ap.add_argument("--replay", type=Path, help=argparse.SUPPRESS)  # internal: the replay half, in a fresh process
     ap.add_argument("--out", default="coordinator_memory", help="results file in benchmarks/results/ (no .json)")
@@ -161,8 +183,12 @@ def main() -> None:
             import math
             k = min(2 * math.ceil(2 * math.log2(n)), n - 2)
             k -= k % 2
-        r = held(n, args.trees, args.epoch_rounds, args.graph, k if args.graph == "sparse" else 0, args.trace)
-        print({x: r[x] for x in r if x not in ("rss_mib_after_release", "top_allocations_at_end")}, flush=True)
+        r = held(n, args.trees, args.epoch_rounds, args.graph, k if args.graph == "sparse" else 0, args.trace,
+                 args.baseline_python)
+        print({x: r[x] for x in r if x not in ("rss_mib_after_release", "top_allocations_at_end", "baseline")},
+              flush=True)
+        if "baseline" in r:
+            print("  baseline:", {x: v for x, v in r["baseline"].items() if x != "rss_mib_after_release"}, flush=True)
         for s in r.get("top_allocations_at_end", [])[:6]:
             print("   ", s, flush=True)
         runs.append(r)

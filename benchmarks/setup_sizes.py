@@ -20,6 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _util import save  # noqa: E402
+import secagg_scale  # noqa: E402
 from secagg_scale import Federation  # noqa: E402
 from fedsbdt.common.secagg import decode_message  # noqa: E402
 from fedsbdt.common.federation.wire import MAX_MESSAGE_BYTES, estimated_largest_message  # noqa: E402
@@ -31,6 +32,7 @@ def neighbours(n: int) -> int:
 
 
 def one_epoch(n: int, graph: str, e: int) -> dict:
+    secagg_scale.SLOTS = (e,)  # the configuration's max_epoch_rounds
     f = Federation(n, 128, graph=graph)
     t0 = time.process_time()
     setup, ann = f.coord.begin_epoch(e)
@@ -58,12 +60,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[50, 100, 200])
     ap.add_argument("--epoch-rounds", type=int, default=64)
+    ap.add_argument("--complete-up-to", type=int, default=100,
+                    help="measure the complete graph only up to this n (its setup is O(n²·E) CPU per site)")
     ap.add_argument("--out", default="setup_sizes")
     args = ap.parse_args()
     e = args.epoch_rounds
     rows = []
     for n in args.sizes:
-        for graph in ("complete", "sparse"):
+        for graph in ("complete", "sparse") if n <= args.complete_up_to else ("sparse",):
             r = one_epoch(n, graph, e)
             print(r, flush=True)
             rows.append(r)

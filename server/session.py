@@ -278,7 +278,8 @@ class Session:
         self.total_trees = self.hp.total_rounds
         self.attempts: dict[Work, int] = {}
         self.next_epoch_id = max(self.coord.ready_epochs(), default=-1) + 1
-        self._routed: dict[int, dict[str, bytes]] = {}  # ready epoch -> site -> EpochShares bytes
+        # ready epoch -> site -> its EpochShares as parts (the dealers' commitments shared: O(n²) not O(n³))
+        self._routed: dict[int, dict[str, tuple[bytes, ...]]] = {}
         self.pipeline: PipelineStage = NoSetup()
         self.phase: RoundPhase = Between()
         self.model_json: bytes | None = None
@@ -636,9 +637,9 @@ class Session:
             epoch = p.roster.epoch
             for e in [e for e in self._routed if e not in self.coord.ready_epochs()]:
                 del self._routed[e]  # used up: a re-joining site needs only the ready epochs' shares
-            self._routed[epoch] = {s: m.to_bytes() for s, m in routed.items()}
-            for s, data in self._routed[epoch].items():
-                out.append((s, SetupMsg(data)))
+            self._routed[epoch] = {s: m.to_parts() for s, m in routed.items()}
+            for s, parts in self._routed[epoch].items():
+                out.append((s, SetupMsg(b"".join(parts))))
             dealers = sorted(routed)
             log.info(f"epoch {epoch} ready with sites {dealers}",
                      extra={"event": "epoch_ready", "epoch": epoch, "sites": dealers})
@@ -945,9 +946,9 @@ class Session:
         if isinstance(st, (Finishing, Finished)):
             return [(site_id, FinishedMsg(st.model_sha256, len(self.trees)))]
         for e in self.coord.ready_epochs():
-            data = self._routed.get(e, {}).get(site_id)
-            if data is not None:
-                out.append((site_id, SetupMsg(data)))
+            parts = self._routed.get(e, {}).get(site_id)
+            if parts is not None:
+                out.append((site_id, SetupMsg(b"".join(parts))))
         p = self.pipeline
         if isinstance(p, Advertising):
             p.announced.add(site_id)

@@ -72,3 +72,25 @@ def test_a_layout_needs_valid_sorted_dealers():
         ShareLayout(("b", "a"))
     with pytest.raises(InvalidMessage):
         ShareLayout(("a", "a b"))
+
+
+def test_epoch_shares_parts_concatenate_to_the_encoding_and_share_the_commitments():
+    """The coordinator keeps each recipient's EpochShares as parts (server/session.py): their concatenation
+    is the canonical encoding, and a dealer's commitments are one bytes object in every recipient's parts."""
+    from .conftest import make_federation
+
+    fed = make_federation(5)
+    setup, ann = fed.coordinator.begin_epoch(3)
+    for s in fed.config.site_ids:
+        setup.receive_advertise(fed.sites[s].handle_epoch_announce(ann))
+    roster = setup.close_advertise()
+    for s in roster.senders:
+        setup.receive_share_keys(fed.sites[s].handle_epoch_roster(roster))
+    routed = setup.close_share_keys()
+    parts = {s: m.to_parts() for s, m in routed.items()}
+    for s, m in routed.items():
+        assert b"".join(parts[s]) == m.to_bytes()
+        assert decode_message(b"".join(parts[s])) == m
+    ids = [{id(p) for p in ps if len(p) > 100} for ps in parts.values()]
+    common = set.intersection(*ids)
+    assert len(common) == len(routed)  # one shared encoding per dealer, in every recipient's parts
