@@ -23,7 +23,7 @@ from fedsbdt.common.federation.wire import MAX_MESSAGE_BYTES, RoundMsg, SetupMsg
 OUTBOX_EVENTS = 4096
 #: bytes of events an outbox holds beyond its newest OUTBOX_MIN_EVENTS (a stream that broke for longer
 #: than that many bytes of events re-joins instead of resuming)
-OUTBOX_BYTES = 1 << 20
+OUTBOX_BYTES = 1 << 18
 OUTBOX_MIN_EVENTS = 8
 
 _SEQ = b"\x08"  # Event.seq: field 1, varint
