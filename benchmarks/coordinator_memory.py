@@ -71,7 +71,7 @@ def held(n: int, trees: int, epoch_rounds: int, graph: str = "complete", neighbo
     return {**head, **runs["this_tree"], **({"baseline": runs["baseline"]} if "baseline" in runs else {})}
 
 
-def replay_alone(dump: Path, trace: bool, top: int = 12) -> dict:
+def replay_alone(dump: Path, trace: bool, top: int = 12, checkpoint: bool = False) -> dict:
     """The replay half of :func:`held` (this process holds nothing else): RSS after each release, peak RSS,
     the heap's growth per round and, with ``trace``, the top allocation sites at the end (tracemalloc sees
     Python's allocations only; protobuf messages live in C memory and show in RSS)."""
@@ -81,7 +81,12 @@ def replay_alone(dump: Path, trace: bool, top: int = 12) -> dict:
     plan = Plan.from_canonical_json(canonical)
     if trace:
         tracemalloc.start(1)
-    replay = Session(plan, plan.make_randomness(True), start, None, randbytes=_counter_bytes())
+    store = None
+    if checkpoint:  # the SQLite checkpoint of ``fedsbdt coordinator`` (a ready epoch's rows then live on disk)
+        from fedsbdt.server.checkpoint import CoordinatorStore
+
+        store = CoordinatorStore(Path(tempfile.mkdtemp(prefix="fedsbdt-coord-memory-db-")), plan.sha256)
+    replay = Session(plan, plan.make_randomness(True), start, store, randbytes=_counter_bytes())
     base = _rss()  # after the Session's warm-up (its numba kernels compiled): what it holds from here on
     service = FederationService(replay, tls=False)
     samples: list[tuple[int, int]] = []  # (trees released, RSS above the start) after each release
@@ -169,12 +174,14 @@ def main() -> None:
     ap.add_argument("--neighbours", type=int, default=0, help="k of the sparse graph (default 2·⌈2·log2 n⌉)")
     ap.add_argument("--baseline-python", help="also replay the same recording with this interpreter (another "
                                               "checkout's venv), e.g. to compare with main")
+    ap.add_argument("--checkpoint", action="store_true",
+                    help="replay with the coordinator's SQLite checkpoint, as `fedsbdt coordinator` runs")
     ap.add_argument("--trace", action="store_true", help="also list the top Python allocation sites (tracemalloc)")
     ap.add_argument("--replay", type=Path, help=argparse.SUPPRESS)  # internal: the replay half, in a fresh process
     ap.add_argument("--out", default="coordinator_memory", help="results file in benchmarks/results/ (no .json)")
     args = ap.parse_args()
     if args.replay:
-        print(json.dumps(replay_alone(args.replay, args.trace)))
+        print(json.dumps(replay_alone(args.replay, args.trace, checkpoint=args.checkpoint)))
         return
     runs = []
     for n in args.sites:

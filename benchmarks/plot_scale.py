@@ -30,7 +30,8 @@ def main() -> None:
         for name, data, style in (("this tree", r, "-"), ("baseline", r.get("baseline"), ":")):
             if data:
                 xs, ys = zip(*data["rss_mib_after_release"])
-                ax[0].plot(xs, ys, style, label=f"n = {r['sites']}, {name}")
+                ck = ", checkpoint" if r.get("checkpoint") else ""
+                ax[0].plot(xs, ys, style, label=f"n = {r['sites']}{ck}, {name}")
     ax[0].set(xlabel="trees released", ylabel="coordinator RSS above its warm start (MiB)",
               title="memory the coordinator keeps (replayed alone)")
     ax[0].legend(fontsize=8)
