@@ -73,47 +73,13 @@ def run(n: int, trees: int, rows_per_site: int = 40, epoch_rounds: int = 128, ch
     """One in-process session of ``trees`` depth-6 trees over n sites; the coordinator's CPU per round and per
     epoch setup (with its SQLite checkpoint if ``checkpoint``)."""
     with tempfile.TemporaryDirectory(prefix="fedsbdt-session-scale-") as tmp:
-        tmp = Path(tmp)
-        sites = [f"site-{i:03d}" for i in range(n)]
-        schema, raw = abalone_with_ids(rows_per_site * n)
-        paths = write_splits(raw, sites, tmp / "data")
-        keys = {s: Ed25519PrivateKey.generate() for s in sites}
-        hp = Hyperparameters(trees=trees, depth=6, seed=3, epsilon=1.0)
-        plan = make_plan(schema, hp, [SiteEntry(s, keys[s].public_key().public_bytes_raw()) for s in sites],
-                         randomness="insecure-test", test_seed=1, test_noise=True, max_records_per_site=10_000,
-                         deadlines=Deadlines(join=30, stage=10, quorum=10_000, finish=30), epoch_rounds=epoch_rounds)
-        clock = Clock()
-        start = clock.now
-        def store(name):
-            return CoordinatorStore(tmp / name, plan.sha256) if checkpoint else None
-
-        session = Session(plan, plan.make_randomness(True), start, store("coordinator"), randbytes=_counter_bytes())
-        opts = SiteOptions(expected_plan_sha256=plan.sha256, allow_insecure_test_randomness=True,
-                           policy=SitePolicy(allow_central_noise=True))
-        machines = {}
-        for s in sites:
-            machines[s] = SiteMachine(s, keys[s], paths[s], tmp / f"state-{s}", opts)
-            machines[s].accept_plan(plan.canonical_json, plan.sha256)
-        spent, marks, calls, setup = _instrument(session, record=True)
-        fed = InProcess(session, machines, clock)
-        for s in sites:
-            fed.join(s)
-        fed.run()
-        for m in machines.values():
-            m.close()
-        session.close()
-        if session.exit_code != 0:
-            raise RuntimeError(f"the session failed: {session.stage}")
+        rec = record(Path(tmp), n, trees, rows_per_site, epoch_rounds, checkpoint)
+        session, plan, start, store = rec["session"], rec["plan"], rec["start"], rec["store"]
+        spent, marks, calls, setup = rec["spent"], rec["marks"], rec["calls"], rec["setup"]
         # The same coordinator calls again, into a fresh Session, without the sites' work in between.
         replay = Session(plan, plan.make_randomness(True), start, store("replay"), randbytes=_counter_bytes())
         spent2, marks2, _, setup2 = _instrument(replay, record=False)
-        for name, a, k, outcome in calls:
-            try:
-                got = type(getattr(replay, name)(*a, **k)).__name__
-            except Exception as exc:  # noqa: BLE001 - a refused message is refused again
-                got = type(exc).__name__
-            if got != outcome:
-                raise RuntimeError(f"the replay diverged at {name}: {got} instead of {outcome}")
+        replay_calls(replay, calls)
         if replay.model_json is None or replay.model_json != session.model_json:
             raise RuntimeError("the replayed coordinator released a different model")
         for s in (session, replay):
@@ -133,6 +99,59 @@ def run(n: int, trees: int, rows_per_site: int = 40, epoch_rounds: int = 128, ch
                 "setup_cpu_ms_per_round": round(setup[0] / epochs / epoch_rounds * 1e3, 4),
                 "replayed_setup_cpu_ms_per_epoch": round(setup2[0] / epochs * 1e3, 3),
                 "replayed_setup_cpu_ms_per_round": round(setup2[0] / epochs / epoch_rounds * 1e3, 4)}
+
+
+def replay_calls(replay: Session, calls: list, after=None) -> None:
+    """Apply recorded coordinator ``calls`` to a fresh Session in order; each must end as it did
+    (``after(name, args, result)`` sees every call's result, e.g. to fill a service's outboxes)."""
+    for name, a, k, outcome in calls:
+        try:
+            out = getattr(replay, name)(*a, **k)
+            got = type(out).__name__
+        except Exception as exc:  # noqa: BLE001 - a refused message is refused again
+            got, out = type(exc).__name__, None
+        if got != outcome:
+            raise RuntimeError(f"the replay diverged at {name}: {got} instead of {outcome}")
+        if after is not None and out is not None:
+            after(name, a, out)
+
+
+def record(tmp: Path, n: int, trees: int, rows_per_site: int = 40, epoch_rounds: int = 128,
+           checkpoint: bool = False, graph: str = "complete", neighbours: int = 0) -> dict:
+    """Run one in-process session in ``tmp`` with every coordinator call timed and recorded (see :func:`run`)."""
+    sites = [f"site-{i:03d}" for i in range(n)]
+    schema, raw = abalone_with_ids(rows_per_site * n)
+    paths = write_splits(raw, sites, tmp / "data")
+    keys = {s: Ed25519PrivateKey.generate() for s in sites}
+    hp = Hyperparameters(trees=trees, depth=6, seed=3, epsilon=1.0)
+    plan = make_plan(schema, hp, [SiteEntry(s, keys[s].public_key().public_bytes_raw()) for s in sites],
+                     randomness="insecure-test", test_seed=1, test_noise=True, max_records_per_site=10_000,
+                     deadlines=Deadlines(join=30, stage=10, quorum=10_000, finish=30), epoch_rounds=epoch_rounds,
+                     **({"secagg_graph": "sparse", "secagg_neighbours": neighbours} if graph == "sparse" else {}))
+    clock = Clock()
+    start = clock.now
+    def store(name):
+        return CoordinatorStore(tmp / name, plan.sha256) if checkpoint else None
+
+    session = Session(plan, plan.make_randomness(True), start, store("coordinator"), randbytes=_counter_bytes())
+    opts = SiteOptions(expected_plan_sha256=plan.sha256, allow_insecure_test_randomness=True,
+                       policy=SitePolicy(allow_central_noise=True))
+    machines = {}
+    for s in sites:
+        machines[s] = SiteMachine(s, keys[s], paths[s], tmp / f"state-{s}", opts)
+        machines[s].accept_plan(plan.canonical_json, plan.sha256)
+    spent, marks, calls, setup = _instrument(session, record=True)
+    fed = InProcess(session, machines, clock)
+    for s in sites:
+        fed.join(s)
+    fed.run()
+    for m in machines.values():
+        m.close()
+    session.close()
+    if session.exit_code != 0:
+        raise RuntimeError(f"the session failed: {session.stage}")
+    return {"session": session, "plan": plan, "start": start, "store": store, "spent": spent, "marks": marks,
+            "calls": calls, "setup": setup}
 
 
 def _counter_bytes():

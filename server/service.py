@@ -9,8 +9,10 @@
   :class:`Rejected` message becomes ``accepted = false`` with the reason;
   nothing a peer sends can raise out of a handler into the server.
 * ``Subscribe`` streams a site's outbox in order.  Events stay in a bounded
-  outbox (the last ``OUTBOX_EVENTS``), so a site whose stream broke resumes
-  with ``after_seq``; older history is refused with ``OUT_OF_RANGE`` and the
+  outbox (``server/outbox.py``: the last ``OUTBOX_EVENTS``, at most
+  ``OUTBOX_BYTES`` beyond the newest few; a broadcast is encoded once and
+  shared by every outbox), so a site whose stream broke resumes with
+  ``after_seq``; older history is refused with ``OUT_OF_RANGE`` and the
   site re-joins and catches up with ``GetTrees``.  A Join opens a fresh
   outbox and ends the previous incarnation's stream.
 * ``Connect`` (what the site daemon uses) is Subscribe + Submit* + Report on
@@ -39,12 +41,10 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import itertools
 import logging
 import os
 import threading
 import time
-from collections import deque
 from dataclasses import dataclass, field
 
 import grpc
@@ -53,6 +53,7 @@ from fedsbdt.common import testhooks
 from fedsbdt.proto.v1 import federation_pb2 as pb
 from fedsbdt.proto.v1 import federation_pb2_grpc as pbg
 
+from .outbox import Outbox, batches, encode_event, event_bytes, raw_or
 from .session import Rejected, Session
 from fedsbdt.common.federation.wire import (
     MAX_MESSAGE_BYTES,
@@ -60,7 +61,6 @@ from fedsbdt.common.federation.wire import (
     SERVER_OPTIONS,
     Purpose,
     WireError,
-    event_to_proto,
     init_to_proto,
     tree_to_proto,
     verify_join,
@@ -68,7 +68,6 @@ from fedsbdt.common.federation.wire import (
 
 log = logging.getLogger("fedsbdt.coordinator")
 
-OUTBOX_EVENTS = 4096
 TICK_SECONDS = 0.05
 #: Open Subscribe/Connect streams per certificate: a site that reconnects after a network fault may open its
 #: new stream before the server notices that the old one closed.
@@ -84,29 +83,6 @@ RECHECK_SECONDS = 1.0
 def max_concurrent_rpcs(n_sites: int) -> int:
     """Calls the server accepts at once: twice every roster identity's stream quota plus the unary calls."""
     return 2 * (STREAMS_PER_IDENTITY * n_sites + UNARY_CALLS)
-
-
-@dataclass
-class Outbox:
-    token: bytes
-    events: deque = field(default_factory=lambda: deque(maxlen=OUTBOX_EVENTS))
-    next_seq: int = 1
-    superseded: bool = False
-    waiters: set = field(default_factory=set)  # the asyncio.Events of the streams that follow this outbox
-
-    @property
-    def floor(self) -> int:
-        """Lowest sequence number still held (events below it were dropped)."""
-        return self.events[0].seq if self.events else self.next_seq
-
-    def after(self, seq: int) -> list:
-        """The held events with a sequence number above ``seq``, in order (O(result): seqs are contiguous)."""
-        k = min(self.next_seq - 1 - seq, len(self.events))
-        return list(itertools.islice(reversed(self.events), max(k, 0)))[::-1]
-
-    def notify(self) -> None:
-        for w in self.waiters:
-            w.set()
 
 
 class _Abort(Exception):
@@ -163,7 +139,8 @@ def add_service(service: "FederationService", server) -> None:
 
     cap = Capture()
     pbg.add_FederationServicer_to_server(service, cap)
-    handlers = {name: h._replace(request_deserializer=lenient(h.request_deserializer))
+    handlers = {name: h._replace(request_deserializer=lenient(h.request_deserializer),
+                                 response_serializer=raw_or(h.response_serializer))
                 for name, h in cap.handlers.items()}
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(cap.name, handlers),))
     server.add_registered_method_handlers(cap.name, handlers)
@@ -208,20 +185,16 @@ class FederationService(pbg.FederationServicer):
     def dispatch(self, outs) -> None:
         """Append the session's outgoing events to the outboxes and wake the streams that follow them."""
         testhooks.coordinator_dispatch(outs, len(self.session.trees), "before")  # TEST-ONLY kill point (off)
-        cache: dict[int, object] = {}
+        cache: dict[int, object] = {}  # outs holds every event, so ids are not reused during this call
         touched = set()
         for site, ev in outs:
             box = self.outboxes.get(site)
             if box is None:
                 continue
-            if id(ev) in cache:  # one conversion per broadcast event
-                msg = pb.Event()
-                msg.CopyFrom(cache[id(ev)])
-                msg.seq = box.next_seq
-            else:
-                msg = cache[id(ev)] = event_to_proto(ev, box.next_seq)
-            box.events.append(msg)
-            box.next_seq += 1
+            body = cache.get(id(ev))
+            if body is None:  # one encoding per broadcast event, shared by the outboxes
+                body = cache[id(ev)] = encode_event(ev)
+            box.append(body)
             touched.add(site)
         for site in touched:
             self.outboxes[site].notify()
@@ -440,12 +413,13 @@ class FederationService(pbg.FederationServicer):
             last = after
             while True:
                 await _wait(wake, lambda: (self.stopping or box.superseded or context.done()
-                                           or (box.events and box.events[-1].seq > last)))
+                                           or box.last_seq > last))
                 ending = self.stopping or box.superseded or context.done()
                 pending = box.after(last) if (self.stopping or not ending) else []
                 for e in pending:
-                    self.bytes_out += e.ByteSize()
-                    await context.write(e)
+                    data = event_bytes(e)
+                    self.bytes_out += len(data)
+                    await context.write(data)
                     last = e.seq
                 if ending:
                     return
@@ -550,7 +524,7 @@ class FederationService(pbg.FederationServicer):
             while True:
                 await _wait(conn.wake, lambda: (
                     self.stopping or box.superseded or context.done() or conn.failure is not None
-                    or (box.events and box.events[-1].seq > last) or conn.rejected
+                    or box.last_seq > last or conn.rejected
                     or (conn.urgent and conn.processed > told)))
                 failure = conn.failure
                 ending = self.stopping or box.superseded or context.done() or failure is not None
@@ -560,8 +534,8 @@ class FederationService(pbg.FederationServicer):
                 if failure is not None:
                     raise _Abort(*failure)
                 if pending or rejected or processed > told:
-                    for batch in _batches(pending, processed, rejected):
-                        self.bytes_out += batch.ByteSize()
+                    for batch in batches(pending, processed, rejected):
+                        self.bytes_out += len(batch)
                         await context.write(batch)
                     if pending:
                         last = pending[-1].seq
@@ -641,22 +615,6 @@ class _Connection:
     urgent: bool = False  # the site waits for the count (a report)
     failure: tuple | None = None  # (status code, detail): end the stream
     wake: asyncio.Event = field(default_factory=asyncio.Event)  # set when any of the above or the outbox changes
-
-
-def _batches(events: list, processed: int, rejected: list):
-    """EventBatch messages for ``events`` (in order, each well below the message size limit); the last one
-    carries ``processed`` and ``rejected``."""
-    batch, size = pb.EventBatch(), 0
-    for e in events:
-        n = e.ByteSize() if len(events) > 1 else 0  # a single event always fits (wire.py size bound)
-        if batch.events and size + n > MAX_MESSAGE_BYTES // 4:
-            yield batch
-            batch, size = pb.EventBatch(), 0
-        batch.events.append(e)
-        size += n
-    batch.processed = processed
-    batch.rejected.extend(rejected)
-    yield batch
 
 
 class CoordinatorServer:

@@ -278,7 +278,8 @@ class Session:
         self.total_trees = self.hp.total_rounds
         self.attempts: dict[Work, int] = {}
         self.next_epoch_id = max(self.coord.ready_epochs(), default=-1) + 1
-        self._routed: dict[int, dict[str, bytes]] = {}  # ready epoch -> site -> EpochShares bytes
+        # ready epoch -> site -> its EpochShares as parts (the dealers' commitments shared: O(n²) not O(n³))
+        self._routed: dict[int, dict[str, tuple[bytes, ...]]] = {}
         self.pipeline: PipelineStage = NoSetup()
         self.phase: RoundPhase = Between()
         self.model_json: bytes | None = None
@@ -439,9 +440,9 @@ class Session:
 
     # ------------------------------------------------------------------ site messages
 
-    def _decode(self, site_id: str, data: bytes, types: tuple[type, ...]):
+    def _decode(self, site_id: str, data: bytes, types: tuple[type, ...], decode=decode_message):
         try:
-            msg = decode_message(data)
+            msg = decode(data)
         except InvalidMessage as e:
             raise Rejected(f"malformed secure-aggregation message: {e}") from None
         if not isinstance(msg, types):
@@ -468,7 +469,8 @@ class Session:
     def submit_input(self, site_id: str, purpose: Purpose, tree: int, data: bytes, now: float) -> list[Outgoing]:
         ph = self.phase
         fast = isinstance(ph, CollectingInputs) and ph.rnd.fast  # the reply carries the seed shares too
-        msg = self._decode(site_id, data, (FastMaskedInput,) if fast else (MaskedInput,))
+        msg = self._decode(site_id, data, (FastMaskedInput,) if fast else (MaskedInput,),
+                           ph.rnd.decode if fast else decode_message)  # a fast reply: decoded in bulk
         if not isinstance(ph, CollectingInputs) or (purpose, tree if purpose != Purpose.INIT_SCORE else 0) != \
                 (ph.work.purpose, ph.work.tree):
             raise Rejected(f"no round for {Work(purpose, tree)} is collecting inputs now")
@@ -633,9 +635,11 @@ class Session:
                 self.pipeline = NoSetup(now + self.plan.deadlines.stage)
                 return True
             epoch = p.roster.epoch
-            self._routed[epoch] = {s: m.to_bytes() for s, m in routed.items()}
-            for s, data in self._routed[epoch].items():
-                out.append((s, SetupMsg(data)))
+            for e in [e for e in self._routed if e not in self.coord.ready_epochs()]:
+                del self._routed[e]  # used up: a re-joining site needs only the ready epochs' shares
+            self._routed[epoch] = {s: m.to_parts() for s, m in routed.items()}
+            for s, parts in self._routed[epoch].items():
+                out.append((s, SetupMsg(b"".join(parts))))
             dealers = sorted(routed)
             log.info(f"epoch {epoch} ready with sites {dealers}",
                      extra={"event": "epoch_ready", "epoch": epoch, "sites": dealers})
@@ -965,9 +969,9 @@ class Session:
         if isinstance(st, (Finishing, Finished)):
             return [(site_id, FinishedMsg(st.model_sha256, len(self.trees)))]
         for e in self.coord.ready_epochs():
-            data = self._routed.get(e, {}).get(site_id)
-            if data is not None:
-                out.append((site_id, SetupMsg(data)))
+            parts = self._routed.get(e, {}).get(site_id)
+            if parts is not None:
+                out.append((site_id, SetupMsg(b"".join(parts))))
         p = self.pipeline
         if isinstance(p, Advertising):
             p.announced.add(site_id)

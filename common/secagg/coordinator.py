@@ -56,6 +56,8 @@ from .messages import (
     RoundStart,
     RoutedShares,
     ShareKeys,
+    ShareLayout,
+    ShareRow,
     SignedCommitments,
     UnmaskRequest,
     UnmaskResponse,
@@ -105,8 +107,33 @@ class CoordinatorEpoch:
         self.epoch_digest = self.roster.epoch_digest()
         self.mask_keys = {a.sender: a.mask_keys for a in self.roster.adverts}
         self.dealers = tuple(sorted(self.share_keys))
-        self.rows = {d: {row.holder: row for row in sk.rows} for d, sk in self.share_keys.items()}
+        self.commitments = {d: sk.commitments for d, sk in self.share_keys.items()}  # signed: seeds, row digests
+        self._rows: dict[str, dict[str, ShareRow]] | None = {
+            d: {row.holder: row for row in sk.rows} for d, sk in self.share_keys.items()}
+        self._load_rows = None
         self._lagrange: dict[tuple[int, ...], tuple[int, ...]] = {}
+        self._layouts: dict[tuple[str, ...], ShareLayout] = {}
+
+    def share_layout(self, participants: tuple[str, ...]) -> ShareLayout:
+        """The expected seed-share list of a fast round over ``participants`` (kept for a few sets)."""
+        lay = self._layouts.get(participants)
+        if lay is None:
+            if len(self._layouts) >= 4:
+                self._layouts.clear()
+            lay = self._layouts[participants] = ShareLayout(participants)
+        return lay
+
+    @property
+    def rows(self) -> dict[str, dict[str, ShareRow]]:
+        """dealer → holder → its per-share commitment row (the blame path only; reloaded if let go)."""
+        if self._rows is None:
+            self._rows = self._load_rows().rows
+        return self._rows
+
+    def release_rows(self, load) -> None:
+        """Let go of the per-share commitment rows (n·K·E·64 bytes per epoch) and of the dealers' ShareKeys:
+        they are stored, and ``load()`` (the stored epoch) brings them back if a share must be blamed."""
+        self._rows, self._load_rows, self.share_keys = None, load, None
 
     def lagrange(self, xs: tuple[int, ...]) -> tuple[int, ...]:
         """Lagrange coefficients at 0 for holders at ``xs``, kept for the epoch (sparse graph: one set per dealer)."""
@@ -126,6 +153,8 @@ class CoordinatorEpoch:
         return round_id - a.first_round
 
     def to_bytes(self) -> bytes:
+        if self.share_keys is None:
+            raise SecAggError("this epoch's ShareKeys were let go after they were stored")
         w = Writer().var(self.announce.to_bytes()).var(self.roster.to_bytes()).u32(len(self.share_keys))
         for d in self.dealers:
             w.var(self.share_keys[d].to_bytes())
@@ -614,10 +643,26 @@ class CollectingFastInputs(RoundStage):
                                 "(retry in a new round)")
         holders = sorted(p, key=rnd.config.x_coordinate)
         blamed: set[str] = set()
-        seed_tab = {h: dict(self.inputs[h].seed_shares) for h in holders}
-        seeds = rnd._recover(p, seed_tab, holders, KIND_SEED, rnd.seed_matches, blamed)
+        # every reply lists the shares in P_r's order (checked on receipt): the first t holders' values,
+        # one row per dealer, without a per-holder dict (built only if a share must be blamed)
+        rows = list(zip(*[[int.from_bytes(v, "big") for _, v in self.inputs[h].seed_shares]
+                          for h in holders[:rnd.t]]))
+        seed_tab = _Lazy(lambda: {h: dict(self.inputs[h].seed_shares) for h in holders})
+        seeds = rnd._recover(p, seed_tab, holders, KIND_SEED, rnd.seed_matches, blamed, rows=rows)
         total = rnd.unmask([self.inputs[u].masked for u in p], seeds, {})
         return RoundResult(rnd.epoch.epoch, r, p, p, (), total, tuple(sorted(blamed)))
+
+
+class _Lazy:
+    """A mapping built on first use (the per-holder share tables of the blame path)."""
+
+    def __init__(self, build) -> None:
+        self._build, self._table = build, None
+
+    def __getitem__(self, key):
+        if self._table is None:
+            self._table = self._build()
+        return self._table[key]
 
 
 @dataclass
@@ -645,6 +690,7 @@ class CoordinatorRound:
         self.slot = epoch.slot(start.round_id)
         self.t = config.threshold
         self.stage: RoundStage = CollectingFastInputs() if start.fast else CollectingInputs()
+        self._layout = epoch.share_layout(self.participants) if start.fast else None
 
     @property
     def fast(self) -> bool:
@@ -654,8 +700,18 @@ class CoordinatorRound:
     # ---------------------------------------------------------------- incoming
     def receive(self, message: Message | bytes) -> None:
         """Validate and record any site→coordinator round message (object or canonical bytes)."""
-        msg = decode_message(message) if isinstance(message, (bytes, bytearray, memoryview)) else message
-        self.stage.receive(self, msg)
+        if isinstance(message, (bytes, bytearray, memoryview)):
+            message = self.decode(message)
+        self.stage.receive(self, message)
+
+    def decode(self, data: bytes) -> Message:
+        """:func:`decode_message`; a fast round's reply of the expected shape (seed shares for exactly P_r)
+        is decoded in bulk (:meth:`FastMaskedInput.decode_expected`), anything else generically."""
+        if self._layout is not None and isinstance(self.stage, CollectingFastInputs):
+            msg = FastMaskedInput.decode_expected(bytes(data), self._layout)
+            if msg is not None:
+                return msg
+        return decode_message(data)
 
     receive_masked_input = receive
     receive_consistency = receive
@@ -733,7 +789,7 @@ class CoordinatorRound:
         """Does ``secret`` open the dealer's signed commitment to its self-mask seed of this round?"""
         ep, slot = self.epoch, self.slot
         return commit_self_mask_seed(secret, self.config.digest, ep.epoch, slot, dealer) == \
-            ep.share_keys[dealer].commitments.seed_commitments[slot]
+            ep.commitments[dealer].seed_commitments[slot]
 
     def key_matches(self, dealer: str, secret: bytes) -> bool:
         """Is ``secret`` the private key of the dealer's advertised mask key of this round?"""
@@ -753,7 +809,8 @@ class CoordinatorRound:
                 f"not epoch {self.epoch.epoch} round {self.round_id}"
             )
 
-    def _recover(self, dealers, table, holders, kind, check, blamed: set[str], t: int | None = None) -> dict[str, bytes]:
+    def _recover(self, dealers, table, holders, kind, check, blamed: set[str], t: int | None = None,
+                 rows=None) -> dict[str, bytes]:
         """Reconstruct one secret per dealer; verify it against the dealer's commitment.
 
         Fast path: interpolate from the first t responders (one set of Lagrange
@@ -766,9 +823,9 @@ class CoordinatorRound:
         if not dealers:
             return out
         xs = [self.config.x_coordinate(h) for h in holders]
-        fast = shamir.reconstruct_many(
-            xs, [[int.from_bytes(table[h][dlr], "big") for h in holders[:t]] for dlr in dealers], t
-        )
+        if rows is None:  # rows[i]: dealer i's shares from the first t holders, as integers
+            rows = [[int.from_bytes(table[h][dlr], "big") for h in holders[:t]] for dlr in dealers]
+        fast = shamir.reconstruct_many(xs, rows, t)
         for dlr, value in zip(dealers, fast):
             if value < 2**256:
                 secret = value.to_bytes(32, "big")
@@ -847,6 +904,7 @@ class SecAggCoordinator:
                 ep = CoordinatorEpoch.from_bytes(storage.get(key))  # type: ignore[arg-type]
                 ep.graph = config.epoch_graph(ep.roster)
                 if ep.announce.last_round >= self._meta.next_round:
+                    ep.release_rows(lambda key=key: self._stored_epoch(key))
                     self._epochs[ep.epoch] = ep
 
     # ---------------------------------------------------------------- epochs
@@ -861,8 +919,16 @@ class SecAggCoordinator:
 
     def _epoch_ready(self, epoch: CoordinatorEpoch) -> None:
         if self._storage is not None:
-            self._storage.put(f"coordinator/epoch/{epoch.epoch:020d}", epoch.to_bytes())
+            key = f"coordinator/epoch/{epoch.epoch:020d}"
+            self._storage.put(key, epoch.to_bytes())
+            epoch.release_rows(lambda: self._stored_epoch(key))  # O(n²·E) bytes: kept on disk, not in memory
         self._epochs[epoch.epoch] = epoch
+
+    def _stored_epoch(self, key: str) -> CoordinatorEpoch:
+        raw = self._storage.get(key) if self._storage is not None else None
+        if raw is None:
+            raise StorageError(f"stored coordinator epoch {key!r} is missing")
+        return CoordinatorEpoch.from_bytes(raw)
 
     def ready_epochs(self) -> list[int]:
         return sorted(self._epochs)

@@ -501,6 +501,27 @@ class EpochShares(Message):
     def dealers(self) -> tuple[str, ...]:
         return tuple(e.dealer for e in self.entries)
 
+    def to_parts(self) -> tuple[bytes, ...]:
+        """:meth:`to_bytes` as byte strings to concatenate, in which each dealer's signed commitments are its
+        one encoding shared by every recipient's EpochShares: the n recipients' messages of an epoch then
+        hold O(n) distinct commitment bytes (plus their own blobs) instead of n copies of them all."""
+        w = Writer().raw(MAGIC).u8(VERSION).u8(self.TAG)
+        self._write(w)
+        shared = {id(e.commitments._encoded) for e in self.entries}
+        out: list[bytes] = []
+        run: list[bytes] = []
+        for part in w._parts:
+            if id(part) in shared:
+                if run:
+                    out.append(b"".join(run))
+                    run = []
+                out.append(part)
+            else:
+                run.append(part)
+        if run:
+            out.append(b"".join(run))
+        return tuple(out)
+
     def _write(self, w: Writer) -> None:
         w.raw(self.session_digest).u64(self.epoch).text(self.recipient).u32(len(self.entries))
         for e in self.entries:
@@ -825,6 +846,72 @@ class FastMaskedInput(Message):
         sender = r.site_id("sender")
         return cls(digest, epoch, rnd, sender, r.ring("masked vector"), _read_shares(r, "seed shares"))
 
+    @classmethod
+    def decode_expected(cls, data: bytes, layout: "ShareLayout") -> "FastMaskedInput | None":
+        """:func:`decode_message` for a FastMaskedInput whose seed shares name exactly ``layout.dealers``, in
+        order (what a coordinator expects: P_r); None when the bytes are anything else, and then the caller
+        decodes them generically, which names the defect.
+
+        The dealer ids and length prefixes are compared with the expected bytes in one vectorised
+        comparison, the shares' leading bytes (zero: < 2^256 < p) in another, instead of validating n ids
+        per message (docs/federation.md §10).  Same object, same checks, as the generic path.
+        """
+        head = len(MAGIC) + 2
+        if len(data) < head or data[:head] != MAGIC + bytes((VERSION, cls.TAG)):
+            return None
+        try:
+            r = Reader(data[head:], cls.__name__)
+            digest = r.raw(KEY_SIZE, "session digest")
+            epoch, rnd = r.u64("epoch"), r.u64("round")
+            sender = r.site_id("sender")
+            masked = r.ring("masked vector")
+            section = r.raw(len(data) - head - r._pos, "seed shares")
+            r.done()
+        except InvalidMessage:
+            return None
+        shares = layout.shares(section)
+        if shares is None:
+            return None
+        msg = object.__new__(cls)
+        for name, value in (("session_digest", _digest(digest, "session digest")), ("epoch", _id(epoch, "epoch id")),
+                            ("round_id", _id(rnd, "round id")), ("sender", sender),
+                            ("masked", _frozen_ring(masked)), ("seed_shares", tuple(zip(layout.dealers, shares)))):
+            object.__setattr__(msg, name, value)
+        return msg
+
+
+class ShareLayout:
+    """The encoding of a (dealer, share) list for fixed, valid, sorted dealers (``u32`` count, then
+    ``lp(dealer) ‖ share`` each), with the positions of its id bytes and of each share."""
+
+    def __init__(self, dealers: tuple[str, ...]) -> None:
+        self.dealers = check_sorted_ids(dealers, "dealers")
+        w = Writer()
+        _write_shares(w, tuple((d, b"\x00" * SHARE_SIZE) for d in self.dealers))
+        template = np.frombuffer(w.getvalue(), np.uint8)
+        self.size = template.size
+        starts, pos = [], 4
+        for d in self.dealers:
+            pos += 4 + len(d.encode("utf-8"))
+            starts.append(pos)
+            pos += SHARE_SIZE
+        is_id = np.ones(self.size, bool)
+        for o in starts:
+            is_id[o:o + SHARE_SIZE] = False
+        self._id_positions = np.flatnonzero(is_id)
+        self._id_bytes = template[self._id_positions]
+        self._leading = np.array(starts, np.intp)
+        self._starts = starts
+
+    def shares(self, section: bytes) -> list[bytes] | None:
+        """The shares of an encoded list, or None unless it is exactly this layout with shares < 2^256."""
+        if len(section) != self.size:
+            return None
+        arr = np.frombuffer(section, np.uint8)
+        if not np.array_equal(arr[self._id_positions], self._id_bytes) or arr[self._leading].any():
+            return None
+        return [section[o:o + SHARE_SIZE] for o in self._starts]
+
 
 __all__ = [
     "Writer",
@@ -845,6 +932,7 @@ __all__ = [
     "RoutedShares",
     "ShareKeys",
     "ShareRow",
+    "ShareLayout",
     "SignedCommitments",
     "UnmaskRequest",
     "UnmaskResponse",

@@ -48,7 +48,7 @@ def test_a_site_that_resubscribes_before_its_old_stream_closes_stays_connected(s
     the *old* stream's end only afterwards, its close callback marked the site disconnected although the
     new stream was open — the site then never took part in a round again (found by test_network.py)."""
     plan, ids, server = served
-    svc = fedsbdt.server.service
+    svc = server.service
     subscribed, closed = threading.Semaphore(0), threading.Event()
     orig_sub, orig_closed = svc.session.subscribed, svc._stream_closed
 

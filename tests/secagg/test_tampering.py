@@ -7,7 +7,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from fedsbdt.common.secagg import InvalidMessage, ProtocolAbort
+from fedsbdt.common.secagg import InvalidMessage, MemoryStorage, ProtocolAbort
 from fedsbdt.common.secagg import messages as M
 from fedsbdt.common.secagg import primitives as P
 from fedsbdt.common.secagg import shamir
@@ -36,8 +36,8 @@ def resign_commitments(c: M.SignedCommitments, **changes) -> M.SignedCommitments
 class Run:
     """Step-by-step driver so tests can tamper with any single message."""
 
-    def __init__(self, n: int = N, t: int = T, e: int = E) -> None:
-        self.fed = make_federation(n, t)
+    def __init__(self, n: int = N, t: int = T, e: int = E, coordinator_storage=None) -> None:
+        self.fed = make_federation(n, t, coordinator_storage=coordinator_storage)
         self.coord = self.fed.coordinator
         self.sites = self.fed.sites
         self.ids = self.fed.config.site_ids
@@ -320,9 +320,13 @@ def test_coordinator_refuses_bad_round_messages():
         dataclasses.replace(resp, key_shares=resp.seed_shares[:1])
 
 
-def test_tampered_revealed_share_is_detected_blamed_and_survived():
-    run = Run(n=5, t=3)
+@pytest.mark.parametrize("stored", [False, True], ids=["in-memory", "rows-let-go-after-storing"])
+def test_tampered_revealed_share_is_detected_blamed_and_survived(stored):
+    """With a storage the coordinator lets go of the per-share commitment rows once the epoch is stored
+    and reloads them for the blame path."""
+    run = Run(n=5, t=3, coordinator_storage=MemoryStorage() if stored else None)
     run.ready()
+    assert (run.coord.epoch(0)._rows is None) == stored
     run.round_until_unmask()
     bad = run.responses["site-00"]  # site-00 has the smallest x: its share is on the fast path
     shares = list(bad.seed_shares)
