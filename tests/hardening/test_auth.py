@@ -91,7 +91,7 @@ def test_an_expired_site_certificate_is_refused_by_the_client_and_by_the_coordin
         ch.close()
         diagnosis = tls_probe(f"localhost:{server.port}", files)
         assert diagnosis is not None and "rejected this site" in diagnosis and "expired on" in diagnosis, diagnosis
-        assert all(s.joins == 0 for s in fedsbdt.server.session.sites.values())
+        assert all(s.joins == 0 for s in server.session.sites.values())
     finally:
         server.stop(grace=0.5)
 
@@ -150,7 +150,7 @@ def test_a_replayed_join_is_refused_even_after_a_coordinator_restart(tmp_path, p
         finally:
             ch.close()
             server.stop(grace=0.5)
-            fedsbdt.server.session.checkpoint.close()
+            server.session.checkpoint.close()
 
 
 def test_a_join_from_another_session_is_refused(tmp_path, pki):
@@ -171,7 +171,7 @@ def test_a_join_from_another_session_is_refused(tmp_path, pki):
         with pytest.raises(grpc.RpcError) as e:
             stub.Join(relabelled, timeout=10)
         assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED and "identity key" in e.value.details()
-        assert all(s.joins == 0 for s in fedsbdt.server.session.sites.values())
+        assert all(s.joins == 0 for s in server.session.sites.values())
     finally:
         ch.close()
         server.stop(grace=0.5)
