@@ -436,7 +436,17 @@ class Session:
                       extra={"event": "model_mismatch", "site": site_id})
         else:
             log.info(f"{site_id} confirmed the model", extra={"event": "site_finished", "site": site_id})
+        self._say_whom_we_await(now)
         return self._advance(now)
+
+    def _say_whom_we_await(self, now: float) -> None:
+        """While finishing: one line naming the sites whose confirmation the coordinator still waits for."""
+        st = self.stage
+        waiting = [s.site_id for s in self.sites.values() if s.finished_sha256 is None]
+        if isinstance(st, Finishing) and waiting:
+            log.info(f"waiting up to {max(st.deadline - now, 0.0):.0f} s more for {len(waiting)} site(s) to "
+                     f"confirm the model: {', '.join(waiting)}",
+                     extra={"event": "awaiting_confirmations", "sites": waiting})
 
     # ------------------------------------------------------------------ site messages
 
@@ -538,6 +548,10 @@ class Session:
                 mismatched = tuple(s.site_id for s in self.sites.values()
                                    if s.finished_sha256 is not None and s.finished_sha256 != st.model_sha256)
                 self.stage = Finished(st.model_sha256, mismatched)
+                if waiting:
+                    log.warning(f"{len(waiting)} site(s) did not confirm the model within "
+                                f"{self.plan.deadlines.finish:g} s: {', '.join(waiting)}",
+                                extra={"event": "unconfirmed", "sites": waiting})
                 log.info("session finished", extra={"event": "done", "model_sha256": st.model_sha256,
                                                     "unconfirmed": waiting, "mismatched": list(mismatched)})
                 return True
@@ -947,6 +961,7 @@ class Session:
                  extra={"event": "finished", "model_sha256": sha, "trees": len(self.trees),
                         "rounds_failed": self.rounds_failed, "trees_per_site": self.trees_with_data()})
         log.info(self.data_summary(), extra={"event": "trees_per_site", "trees_per_site": self.trees_with_data()})
+        self._say_whom_we_await(now)  # at most deadlines.finish, then the coordinator exits
         for s in self.sites.values():
             if s.token is not None:
                 out.append((s.site_id, FinishedMsg(sha, len(self.trees))))

@@ -200,6 +200,10 @@ def test_the_coordinator_page_renders_in_chromium_names_the_sites_and_refreshes_
     assert late.text["stage"] == "finishing" and late.text["eta"] == "done"
     assert late.text["eps"] == f"{fed.plan.stated_epsilon:.4f}"
     assert late.text["failed"] == str(fed.failed_rounds)
+    # and the coordinator's log says for whom it waits at the end (hospital-3 never joined)
+    said = [e for e in fed.cluster.events if e.get("_proc") == "coordinator"
+            and e.get("event") == "awaiting_confirmations"]
+    assert said and said[-1]["sites"] == ["hospital-3"]
     assert re.fullmatch(r"[0-9.]+ m?s", late.text["lat"]), late.text["lat"]
     assert re.fullmatch(rf"mean [0-9.]+ m?s over {HP.total_rounds + 1} rounds", late.text["latmean"])
     row = {r[0]: r for r in late.rows if r}
