@@ -82,6 +82,17 @@ def load_query(src: DataSource, schema: Schema, labels: bool = True) -> Dataset:
     return Dataset(X, y, ids, schema, where, dropped, arrival, id_values)
 
 
+def read_frame(src: DataSource, schema: Schema):
+    """The query's rows as one pandas frame, unvalidated (categorical features as text, as :func:`load_query`
+    compares them): for ``fedsbdt demo``, which deals the rows to throw-away sites as CSV lines."""
+    import pandas as pd
+
+    frames = [_as_text(f, schema) for f in _batches(src, schema)]
+    if not frames:
+        raise DataError(f"{src.display}: the query returned no rows")
+    return pd.concat(frames, ignore_index=True)
+
+
 def _as_text(frame, schema: Schema):
     """Categorical features typed as numbers in the database compare with the schema's levels as text (as a
     file's fields do): 8507 and 8507.0 both read ``"8507"``; NULL stays NULL."""

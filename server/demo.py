@@ -410,7 +410,50 @@ def follow_log(stream, on_event, keep: list[str], tee: Path | None = None) -> th
     return th
 
 
+def query_to_csv(src, schema, out: Path) -> Path:
+    """``demo --data URL --query Q``: the query's rows as a CSV file in the schema's format (separator, header,
+    column order) at ``out`` — the demo deals CSV lines to its throw-away sites."""
+    import csv
+
+    from fedsbdt.common.data import DataError
+    from fedsbdt.common.sqlread import read_frame
+
+    try:
+        frame = read_frame(src, schema)
+    except DataError as e:
+        raise CliError(str(e)) from None
+    missing = [c for c in schema.columns if c not in frame.columns]
+    if missing:
+        raise CliError(f"{src.display}: the query has no column {missing[0]!r} of the schema")
+    fmt = schema.format
+    with open(out, "w", newline="", encoding="utf-8") as fh:
+        w = csv.writer(fh, delimiter=fmt.separator if len(fmt.separator) == 1 else ",", lineterminator="\n")
+        if fmt.header:
+            w.writerow(schema.columns)
+        for row in frame[list(schema.columns)].itertuples(index=False):
+            w.writerow(["" if v is None or v != v else v for v in row])
+    return out
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
+    from fedsbdt.common.sources import DataSource, source_from_args
+
+    src = source_from_args(args)
+    if not isinstance(src, DataSource):
+        return _demo(args)
+    if args.schema is None:
+        raise CliError("a custom demo needs both --data and --schema S (--split-by is optional)")
+    from fedsbdt.common.schema import Schema
+
+    tmp = Path(tempfile.mkdtemp(prefix="fedsbdt-demo-query-"))
+    try:
+        args.data = str(query_to_csv(src, Schema.load(args.schema), tmp / "query.csv"))
+        return _demo(args, name=src.display)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _demo(args: argparse.Namespace, name: str | None = None) -> int:
     from fedsbdt.common.cli import evaluate_model
     from fedsbdt.common.data import load
     from fedsbdt.common.model import Ensemble
@@ -423,7 +466,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             raise CliError("--dataset picks a bundled dataset; leave it out with --data")
         custom = CustomData(Path(args.data), Path(args.schema), args.split_by)
         args.sites = custom_site_count(custom, args.sites)
-        args.dataset = custom.data.name
+        args.dataset = name or custom.data.name
     else:
         args.dataset = args.dataset or "abalone"
         args.sites = 3 if args.sites is None else args.sites
@@ -560,6 +603,7 @@ def status_flags(args: argparse.Namespace) -> list[str]:
 
 
 def register(sub) -> None:
+    from fedsbdt.common.sources import add_source_flags
     from fedsbdt.common.statuspage import add_status_flags
 
     d = sub.add_parser("demo", help="a whole federation on loopback: coordinator and sites as processes, mutual TLS")
@@ -568,10 +612,10 @@ def register(sub) -> None:
     d.add_argument("--sites", type=int, metavar="N",
                    help="number of sites, 2..20 (default: 3; with --split-by and no --sites, one per value)")
     d.add_argument("--dataset", choices=DATASETS, help="bundled dataset (default: abalone)")
-    d.add_argument("--data", metavar="FILE",
-                   help="your own CSV file instead of a bundled dataset (needs --schema; 20 %% are held out for "
-                        "testing by a fixed public shuffle, the rest dealt to the sites) (default: none: the "
-                        "bundled --dataset)")
+    d.add_argument("--data", metavar="SOURCE",
+                   help="your own CSV file (or a database URL with --query) instead of a bundled dataset (needs "
+                        "--schema; 20 %% are held out for testing by a fixed public shuffle, the rest dealt to "
+                        "the sites) (default: none: the bundled --dataset)")
     d.add_argument("--schema", metavar="FILE", help="the schema (TOML) of --data (required with --data)")
     d.add_argument("--split-by", metavar="COLUMN",
                    help="with --data: deal the rows to the sites by this column's value (e.g. a hospital "
@@ -598,6 +642,7 @@ def register(sub) -> None:
     d.add_argument("--host", action="append", metavar="HOST",
                    help="with --prepare: host names of the coordinator for its certificate (default: localhost)")
     add_status_flags(d)
+    add_source_flags(d)
     d.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     d.set_defaults(func=cmd_demo, on_interrupt="the sites and the coordinator were stopped; a demo does not "
                                                "resume: run it again")

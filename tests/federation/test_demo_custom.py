@@ -48,3 +48,24 @@ def test_custom_demo_refusals_are_one_line(tmp_path, capsys, argv, needle):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and needle in err[0], err
     assert not (tmp_path / "d").exists()  # refused before anything is written
+
+
+def test_a_query_deals_the_same_records_as_the_file(tmp_path, capsys):
+    """``demo --data SOURCE --query Q``: the query's rows (here DuckDB over the bundled file) are dealt to the
+    sites exactly as the file's lines are (equal values; a number may be spelt 0.0 for 0)."""
+    from fedsbdt.common.data import load
+    from fedsbdt.common.schema import Schema
+
+    data, schema = EXAMPLES / "abalone" / "abalone.data", EXAMPLES / "abalone" / "schema.toml"
+    common = ["--schema", str(schema), "--split-by", "Sex", "--json"]
+    assert main(["demo", "--prepare", str(tmp_path / "q"), "--data", str(data), "--query", "SELECT * FROM data",
+                 *common]) == 0
+    assert main(["demo", "--prepare", str(tmp_path / "f"), "--data", str(data), *common]) == 0
+    capsys.readouterr()
+    s = Schema.load(schema)
+    for sid in ("hospital-1", "hospital-2", "hospital-3"):
+        for part in ("data.csv", "eval.csv"):
+            q, f = (load(tmp_path / d / "data" / sid / part, s) for d in ("q", "f"))
+            assert q.n == f.n > 0 and (q.X == f.X).all() and (q.y == f.y).all(), (sid, part)
+    assert main(["demo", "--prepare", str(tmp_path / "x"), "--data", str(data), "--query", "SELECT 1"]) == 2
+    assert "needs both --data and --schema" in capsys.readouterr().err
