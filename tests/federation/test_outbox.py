@@ -92,6 +92,7 @@ def test_a_broadcast_is_encoded_once_and_numbered_per_site():
     svc = FederationService.__new__(FederationService)
     svc.outboxes = {s: ob.Outbox(s.encode()) for s in ("a", "b", "c")}
     svc.session = type("S", (), {"trees": []})()
+    svc.observers = []
     svc.outboxes["c"].append(ob.encode_event(AbortedMsg("earlier")))
     tree, start = EVENTS[7], EVENTS[3]
     svc.dispatch([(s, tree) for s in ("a", "b", "c")] + [(s, start) for s in ("a", "c")] + [("gone", tree)])
