@@ -133,20 +133,28 @@ def _run_until(cmd: list[str], marker: str, timeout: float = 120.0):
                 seen.set()
         seen.set()
 
-    threading.Thread(target=read, daemon=True).start()
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
     assert seen.wait(timeout) and p.poll() is None, "".join(lines[-20:])
-    return p, lines
+
+    def stopped(wait: float) -> int:
+        """Its exit status, once every stderr line it wrote has been read (the reader may lag the exit)."""
+        code = p.wait(timeout=wait)
+        reader.join(timeout=30)
+        return code
+
+    return p, lines, stopped
 
 
 def test_sigterm_stops_train_cleanly_with_exit_130_and_nothing_written(tmp_path):
     from .conftest import ROOT
 
     model = tmp_path / "m.json"
-    p, lines = _run_until(["train", "--data", str(ROOT / "examples/abalone/abalone.data"), "--schema",
+    p, lines, stopped = _run_until(["train", "--data", str(ROOT / "examples/abalone/abalone.data"), "--schema",
                            str(ROOT / "examples/abalone/schema.toml"), "--out", str(model), "--trees", "100000",
                            "--depth", "2"], '"round": ')
     p.send_signal(signal.SIGTERM)
-    assert p.wait(timeout=60) == 130
+    assert stopped(60) == 130
     import json
 
     last = json.loads(lines[-1])
@@ -157,10 +165,10 @@ def test_sigterm_stops_train_cleanly_with_exit_130_and_nothing_written(tmp_path)
 def test_sigterm_stops_the_demo_and_every_child_it_started(tmp_path):
     work = tmp_path / "demo"
     # progress is logged every 10 %: the first line comes after 100 of the 1000 trees, far from the end
-    p, lines = _run_until(["demo", "--sites", "2", "--trees", "1000", "--depth", "2", "--workdir", str(work)],
+    p, lines, stopped = _run_until(["demo", "--sites", "2", "--trees", "1000", "--depth", "2", "--workdir", str(work)],
                           '"round": ', timeout=240)
     p.send_signal(signal.SIGTERM)
-    assert p.wait(timeout=90) == 130, "".join(lines[-10:])
+    assert stopped(90) == 130, "".join(lines[-10:])
     assert "a demo does not resume" in lines[-1]
     children = []
     for pid in os.listdir("/proc"):
