@@ -610,6 +610,16 @@ def interrupted_line(args: argparse.Namespace) -> str:
     return f"fedsbdt {args.command}: interrupted; " + hint.format(**vars(args))
 
 
+def caused_by_interrupt(e: BaseException | None) -> bool:
+    """A KeyboardInterrupt (Ctrl-C, or SIGTERM turned into one), also when it surfaced inside a numba dispatcher:
+    an interrupt that lands while numba unpickles a compiled function comes out as a SystemError caused by it."""
+    while e is not None:
+        if isinstance(e, KeyboardInterrupt):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
 def _run(args: argparse.Namespace, log: logging.Logger) -> int:
     from .accountant import AccountingError
     from .data import DataError
@@ -627,7 +637,9 @@ def _run(args: argparse.Namespace, log: logging.Logger) -> int:
         else:
             print(f"fedsbdt {args.command}: error: {e}", file=sys.stderr)
         return EXIT_USAGE
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, SystemError) as e:
+        if not caused_by_interrupt(e):
+            raise
         if args.log_format == "json":
             log.warning(interrupted_line(args), extra={"event": "interrupted", "command": args.command, "exit": 130})
         else:

@@ -220,3 +220,19 @@ def test_a_failed_write_leaves_nothing_and_names_the_given_path(tmp_path, monkey
         write_atomic(target, "{}", "model")
     assert str(e.value) == f"{target}: cannot write the model: No space left on device"
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_interrupt_inside_a_numba_dispatcher_still_counts_as_an_interrupt():
+    """SIGTERM landing while numba unpickles a compiled kernel surfaces as a SystemError caused by the
+    KeyboardInterrupt (seen as exit 1 in a fresh-clone run); the CLI treats it as the interrupt (exit 130)."""
+    from fedsbdt.common.cli import caused_by_interrupt
+
+    try:
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as k:
+            raise SystemError("CPUDispatcher(...) returned a result with an exception set") from k
+    except SystemError as e:
+        assert caused_by_interrupt(e)
+    assert not caused_by_interrupt(SystemError("a real internal error"))
+    assert caused_by_interrupt(KeyboardInterrupt())
