@@ -98,11 +98,15 @@ def add_settings_flags(p: argparse.ArgumentParser) -> None:
                    help="declare the row count n public for auto (default: a DP count at 2%% of ε)")
 
 
+def given_hyperparameters(args: argparse.Namespace) -> dict[str, Any]:
+    """The hyperparameter flags the user set (plan keys)."""
+    return {f.name: getattr(args, f.name) for f in dataclasses.fields(Hyperparameters)
+            if getattr(args, f.name, None) is not None}
+
+
 def hyperparameters_from_args(args: argparse.Namespace, base: Hyperparameters | None = None) -> Hyperparameters:
     base = base or Hyperparameters()
-    changes = {f.name: getattr(args, f.name) for f in dataclasses.fields(Hyperparameters)
-               if getattr(args, f.name, None) is not None}
-    return base.replace(**builder_defaults(changes))
+    return base.replace(**builder_defaults(given_hyperparameters(args)))
 
 
 # --------------------------------------------------------------------------- output helpers
@@ -199,12 +203,6 @@ def _load_data(args: argparse.Namespace, schema, labels: bool = True):
     from .sources import source_from_args
 
     return load(source_from_args(args), schema, labels=labels)
-
-
-def given_hyperparameters(args: argparse.Namespace) -> dict[str, Any]:
-    """The hyperparameter flags the user set (plan keys)."""
-    return {f.name: getattr(args, f.name) for f in dataclasses.fields(Hyperparameters)
-            if getattr(args, f.name, None) is not None}
 
 
 def settings_mode(args: argparse.Namespace, given: dict[str, Any]) -> str:
