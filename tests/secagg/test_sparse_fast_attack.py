@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import math
 
 import numpy as np
 import pytest
@@ -93,8 +94,9 @@ def mixed_attack(fed, ep, victim: str, w_set: tuple[str, ...]) -> bool:
 
 @pytest.fixture(scope="module")
 def epoch():
+    # every mixed_attack call takes a fresh round id; the two tests try at most C(K, t_k - 1) subsets each
     fed = sparse_federation(N, K, c=0)
-    return fed, fed.run_epoch(8)
+    return fed, fed.run_epoch(2 * max(math.comb(K, j) for j in range(K + 1)))
 
 
 def test_with_the_refusal_lifted_a_mixed_round_opens_an_input_without_colluders(epoch, monkeypatch):
