@@ -35,6 +35,7 @@ from .graph import DEFAULT_SECURITY_BITS, LocalThreshold, NeighbourGraph, check_
 from .primitives import KEY_SIZE, LABEL_SESSION, label, lp, sha256, u32
 
 LABEL_GRAPH_PARAMS = b"graph-params"
+LABEL_FAST_ONLY = b"fast-only"
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,9 @@ class SessionConfig:
             Bell et al.; see ``graph.py`` and docs/secagg.md §10).
         neighbours: k, the degree of the sparse graph (even, below n − 1); ignored for ``"complete"``.
         graph_security_bits: σ of the sparse graph's local-threshold rule.
+        fast_only: a sparse session whose every round is fast (docs/secagg.md §10 "Fast-only sessions"):
+            sites refuse the signed path for the whole session, so no mask-key share is ever revealed and
+            fast rounds are sound on the graph.  Only with ``graph="sparse"``; bound into the digest.
     """
 
     session_id: bytes
@@ -98,6 +102,7 @@ class SessionConfig:
     graph: str = "complete"
     neighbours: int = 0
     graph_security_bits: int = DEFAULT_SECURITY_BITS
+    fast_only: bool = False
     _index: dict = field(init=False, repr=False, compare=False, default=None)  # type: ignore[assignment]
     _graphs: dict = field(init=False, repr=False, compare=False, default=None)  # type: ignore[assignment]
 
@@ -143,6 +148,11 @@ class SessionConfig:
             if not isinstance(self.graph_security_bits, int) or not 1 <= self.graph_security_bits <= 256:
                 raise ConfigError("graph_security_bits must be an integer in [1, 256]")
             check_sparse_parameters(n, self.neighbours, c, self.graph_security_bits)
+        if not isinstance(self.fast_only, bool):
+            raise ConfigError("fast_only must be True or False")
+        if self.fast_only and self.graph != "sparse":
+            raise ConfigError("fast_only is a sparse-graph option (the complete graph mixes fast and signed rounds "
+                              "safely, docs/secagg.md §6)")
         object.__setattr__(self, "_index", {sid: i for i, sid in enumerate(ids)})
         object.__setattr__(self, "_graphs", {})
 
@@ -155,12 +165,14 @@ class SessionConfig:
     def digest(self) -> bytes:
         """The session digest bound into every key, AD, signature and message.
 
-        A sparse graph's parameters are bound too (appended, so complete-graph digests are unchanged).
+        A sparse graph's parameters are bound too (appended, so complete-graph digests are unchanged), and a
+        fast-only session's flag after them (so the other sparse digests are unchanged too).
         """
         base = session_digest(self.session_id, self.threshold, self.roster)
         if self.graph == "complete":
             return base
-        return sha256(label(LABEL_GRAPH_PARAMS), base, u32(self.neighbours), u32(self.graph_security_bits), u32(self.assumed_colluders))
+        params = (u32(self.neighbours), u32(self.graph_security_bits), u32(self.assumed_colluders))
+        return sha256(label(LABEL_GRAPH_PARAMS), base, *params, *((label(LABEL_FAST_ONLY),) if self.fast_only else ()))
 
     @property
     def sparse(self) -> bool:

@@ -583,41 +583,40 @@ class CollectingSharesOnGraph(CollectingShares):
 
     def finalize(self, rnd) -> RoundResult:
         g = rnd.epoch.graph
-        tk = g.threshold
         ep, slot, r = rnd.epoch, rnd.slot, rnd.round_id
-        x = rnd.config.x_coordinate
         blamed: set[str] = set()
         seed_tab = {h: dict(m.seed_shares) for h, m in self.responses.items()}
         key_tab = {h: dict(m.key_shares) for h, m in self.responses.items()}
-
-        def recover(dealers, table, kind, check) -> dict[str, bytes]:
-            out: dict[str, bytes] = {}
-            for v in dealers:
-                holders = sorted((h for h in g.holders(v) if h in table), key=x)
-                if len(holders) < tk:
-                    raise ProtocolAbort(
-                        f"round {r}: only {len(holders)} neighbours of {v!r} revealed shares, local threshold is {tk}"
-                    )
-                # fast path: interpolate from the first t_k holders; on a commitment failure the general
-                # recovery checks every share, blames bad holders and retries with the valid ones
-                lam = ep.lagrange(tuple(x(h) for h in holders[:tk]))
-                value = sum(c * int.from_bytes(table[h][v], "big") for c, h in zip(lam, holders)) % shamir.PRIME
-                secret = value.to_bytes(32, "big") if value < 2**256 else b""
-                if secret and check(v, secret):
-                    out[v] = secret
-                else:
-                    out.update(rnd._recover((v,), table, holders, kind, check, blamed, t=tk))
-            return out
-
         u3, dropped = self.request.survivors, self.request.dropped
-        seeds = recover(u3, seed_tab, KIND_SEED, rnd.seed_matches)
-        keys = recover(dropped, key_tab, KIND_KEY, rnd.key_matches)
+        seeds = _recover_on_graph(rnd, u3, seed_tab, KIND_SEED, rnd.seed_matches, blamed)
+        keys = _recover_on_graph(rnd, dropped, key_tab, KIND_KEY, rnd.key_matches, blamed)
         alive = set(u3)
         total = rnd.unmask(
             [self.inputs[u].masked for u in u3], seeds,
             {w: (keys[w], tuple((v, ep.mask_keys[v][slot]) for v in g.neighbours(w) if v in alive)) for w in dropped},
         )
         return RoundResult(ep.epoch, r, rnd.participants, u3, dropped, total, tuple(sorted(blamed)))
+
+
+def _recover_on_graph(rnd, dealers, table, kind, check, blamed: set[str]) -> dict[str, bytes]:
+    """Each dealer's secret from t_k holders of its closed neighbourhood (sparse graph; ``table``: holder →
+    dealer → share).  Interpolates from the first t_k holders; on a commitment failure the general recovery
+    checks every share, blames bad holders and retries with the valid ones."""
+    g, ep, r, x = rnd.epoch.graph, rnd.epoch, rnd.round_id, rnd.config.x_coordinate
+    tk = g.threshold
+    out: dict[str, bytes] = {}
+    for v in dealers:
+        holders = sorted((h for h in g.holders(v) if h in table), key=x)
+        if len(holders) < tk:
+            raise ProtocolAbort(f"round {r}: only {len(holders)} neighbours of {v!r} revealed shares, local threshold is {tk}")
+        lam = ep.lagrange(tuple(x(h) for h in holders[:tk]))
+        value = sum(c * int.from_bytes(table[h][v], "big") for c, h in zip(lam, holders)) % shamir.PRIME
+        secret = value.to_bytes(32, "big") if value < 2**256 else b""
+        if secret and check(v, secret):
+            out[v] = secret
+        else:
+            out.update(rnd._recover((v,), table, holders, kind, check, blamed, t=tk))
+    return out
 
 
 @dataclass
@@ -631,8 +630,11 @@ class CollectingFastInputs(RoundStage):
         if not isinstance(msg, FastMaskedInput):
             return super().receive(rnd, msg)
         _check_input(rnd, self.inputs, msg, "fast input")
-        if tuple(map(itemgetter(0), msg.seed_shares)) != rnd.participants:
-            raise InvalidMessage(f"round {rnd.round_id}: {msg.sender!r} must send seed shares for exactly the participants")
+        g = rnd.epoch.graph
+        expected = rnd.participants if g is None else tuple(v for v in rnd.participants if g.is_neighbour_or_self(msg.sender, v))
+        if tuple(map(itemgetter(0), msg.seed_shares)) != expected:
+            raise InvalidMessage(f"round {rnd.round_id}: {msg.sender!r} must send seed shares for exactly the participants"
+                                 + ("" if g is None else " in its neighbourhood"))
         self.inputs[msg.sender] = msg
 
     def finalize(self, rnd) -> RoundResult:
@@ -641,8 +643,13 @@ class CollectingFastInputs(RoundStage):
         if missing:  # nobody may drop in a fast round: without their inputs the self-masks would not cancel
             raise ProtocolAbort(f"round {r}: fast round without the inputs of {missing}; nothing is released "
                                 "(retry in a new round)")
-        holders = sorted(p, key=rnd.config.x_coordinate)
         blamed: set[str] = set()
+        if rnd.epoch.graph is not None:  # a fast-only sparse session: each seed from its neighbourhood's shares
+            seeds = _recover_on_graph(rnd, p, {h: dict(self.inputs[h].seed_shares) for h in p}, KIND_SEED,
+                                      rnd.seed_matches, blamed)
+            total = rnd.unmask([self.inputs[u].masked for u in p], seeds, {})
+            return RoundResult(rnd.epoch.epoch, r, p, p, (), total, tuple(sorted(blamed)))
+        holders = sorted(p, key=rnd.config.x_coordinate)
         # every reply lists the shares in P_r's order (checked on receipt): the first t holders' values,
         # one row per dealer, without a per-holder dict (built only if a share must be blamed)
         rows = list(zip(*[[int.from_bytes(v, "big") for _, v in self.inputs[h].seed_shares]
@@ -690,7 +697,7 @@ class CoordinatorRound:
         self.slot = epoch.slot(start.round_id)
         self.t = config.threshold
         self.stage: RoundStage = CollectingFastInputs() if start.fast else CollectingInputs()
-        self._layout = epoch.share_layout(self.participants) if start.fast else None
+        self._layout = epoch.share_layout(self.participants) if start.fast and epoch.graph is None else None
 
     @property
     def fast(self) -> bool:
@@ -959,12 +966,16 @@ class SecAggCoordinator:
         ``participants`` defaults to the epoch's dealers (A2) minus excluded sites.
         A round that fails is retried by calling this again: it gets a new id.
         ``fast=True`` starts a fast round (a :class:`FastRoundStart`: one exchange, every participant's
-        input needed; docs/secagg.md §6); refused with ConfigError on a sparse graph.
+        input needed; docs/secagg.md §6).  On a sparse graph only a fast-only session has fast rounds, and
+        only fast ones (ConfigError otherwise; docs/secagg.md §10).
         """
         if not 1 <= vector_len <= self.config.max_vector_len:
             raise SecAggError(f"vector_len must be in [1, {self.config.max_vector_len}]")
-        if fast and self.config.sparse:
-            raise ConfigError("fast rounds are not allowed on a sparse graph (docs/secagg.md §10); use fast=False")
+        if fast and self.config.sparse and not self.config.fast_only:
+            raise ConfigError("fast rounds are allowed on a sparse graph only in a fast-only session (docs/secagg.md "
+                              "§10); use fast=False")
+        if not fast and self.config.fast_only:
+            raise ConfigError("this session is fast-only: every round must be fast (docs/secagg.md §10)")
         nxt = self._meta.next_round
         candidates = [ep for ep in self._epochs.values() if ep.announce.last_round >= nxt]
         if not candidates:

@@ -774,7 +774,8 @@ class SecAggSite:
         A fast RoundStart (``msg.fast``) is answered with a FastMaskedInput that also carries this site's
         shares of the self-mask seeds of all of P_r; the round is then closed at this site (it signs and
         reveals nothing more for it).  It is refused (ProtocolAbort, persisted) when ``allow_fast`` is
-        off, on a sparse graph, or when |P_r| is below ``min_survivors(msg)``.
+        off, on a sparse graph unless the session is fast-only, or when |P_r| is below ``min_survivors(msg)``;
+        in a fast-only session a signed RoundStart is refused instead.
 
         ``value`` and ``noise`` are int64 vectors of length ``msg.vector_len``
         (fixed-point units); floats are refused.  If this round was already
@@ -815,6 +816,8 @@ class SecAggSite:
                        f"local threshold is {epoch.graph.threshold}: its secrets could not be recovered")
         elif msg.fast:
             problem = self._fast_problem(msg, epoch)
+        elif ctx.config.fast_only:  # no signed round, ever: no mask-key share may leave (docs/secagg.md §10)
+            problem = f"round {r}: this session is fast-only; the signed path is refused"
         if problem is not None:
             self._abort_round(r, problem)
             raise ProtocolAbort(problem)
@@ -843,8 +846,9 @@ class SecAggSite:
         ctx, r = self.ctx, msg.round_id
         if not ctx.allow_fast:
             return f"round {r}: fast rounds are disabled by this site's plan"
-        if epoch.graph is not None:
-            return f"round {r}: fast rounds are not allowed on a sparse graph (docs/secagg.md §10)"
+        if epoch.graph is not None and not ctx.config.fast_only:
+            return (f"round {r}: fast rounds are allowed on a sparse graph only in a fast-only session "
+                    "(docs/secagg.md §10)")
         if ctx.min_survivors is not None:
             need = int(ctx.min_survivors(msg))
             if len(msg.participants) < need:

@@ -35,7 +35,7 @@ def mixed_attack(fed, ep, victim: str, w_set: tuple[str, ...]) -> bool:
     """True iff the mixed fast/signed round opens ``victim``'s exact input (no colluders)."""
     cfg, g = fed.config, ep.graph
     ids, tk = cfg.site_ids, g.threshold
-    _, start = fed.coordinator.begin_round(DIM)  # a fresh round id; the messages below are forged from it
+    _, start = fed.coordinator.begin_round(DIM, fast=cfg.fast_only)  # a fresh round id; the messages below are forged
     xs = random_inputs(ids, DIM, np.random.default_rng(7))
     sites = {s: SecAggSite(cfg, s, identities(N)[s], copy.deepcopy(fed.storages[s]), allow_fast=True) for s in ids}
 
