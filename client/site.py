@@ -312,7 +312,7 @@ class SiteMachine:
         self.local.spent = self.ledger.spent_for(ds.ids)
         self.secagg = SecAggSite(plan.secagg_config(), self.site_id, self.identity_key, self.ledger.storage,
                                  min_survivors=self._min_survivors if plan.noise == "distributed" else None,
-                                 allow_fast=plan.secagg_fast_path != "never" and plan.secagg_graph == "complete")
+                                 allow_fast=plan.secagg_fast_path != "never")  # sparse: fast-only sessions only (secagg)
         self.randomness = randomness
         self.cal = cal
         self.table = filter_for(hp, cal)

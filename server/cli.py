@@ -353,7 +353,8 @@ def register(sub) -> None:
     p.add_argument("--secagg-fast-path", choices=["auto", "always", "never"], default="auto",
                    help="rounds in one message each way, without the consistency and unmask exchanges: auto "
                         "(default: when the round tolerates no missing input anyway), always (any missing input "
-                        "fails the round; complete graph only) or never (docs/federation.md §10)")
+                        "fails the round; with --secagg-graph sparse a fast-only session, docs/secagg.md §10) or never "
+                        "(docs/federation.md §10)")
     p.add_argument("--max-records", type=int, default=1_000_000, metavar="N",
                    help="public upper bound on the records of one site (fixed-point capacity check) "
                         "(default: 1000000)")

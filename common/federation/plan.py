@@ -233,9 +233,6 @@ class Plan:
         if self.secagg_fast_path not in FAST_PATHS:
             raise PlanError(f"secure_aggregation.fast_path = {self.secagg_fast_path!r}: must be one of "
                             f"{', '.join(FAST_PATHS)}")
-        if self.secagg_fast_path == "always" and self.secagg_graph == "sparse":
-            raise PlanError("secure_aggregation.fast_path = \"always\" needs the complete graph: fast rounds are "
-                            "refused on the sparse graph (use \"auto\" or \"never\")")
         if self.noise not in NOISE_MODES:
             raise PlanError(f"session.noise = {self.noise!r}: must be one of {', '.join(NOISE_MODES)}")
         if not 1 <= self.epoch_rounds <= MAX_EPOCH_ROUNDS:
@@ -383,6 +380,9 @@ class Plan:
         if self.secagg_fast_path == "always":
             text += (" Every round takes the fast path (fast_path = \"always\"): a round in which any participant's "
                      "input is missing releases nothing and is retried.")
+            if self.secagg_graph == "sparse":
+                text += (" On the sparse graph this makes the session fast-only: every site refuses the signed path, "
+                         "so no site's mask key is ever revealed (docs/secagg.md §10).")
         return text
 
     def fast_round(self, required_survivors: int, participants: int) -> bool:
@@ -390,11 +390,11 @@ class Plan:
         runs the fast secure-aggregation path (one message each way; docs/federation.md §10).
 
         "auto": on the complete graph when the round tolerates no missing input anyway; "always": every
-        round (complete graph only); "never": no round.
+        round (on the sparse graph a fast-only session, docs/secagg.md §10); "never": no round.
         """
-        if self.secagg_fast_path == "never" or self.secagg_graph != "complete":
-            return False
-        return self.secagg_fast_path == "always" or required_survivors >= participants
+        if self.secagg_fast_path == "always":
+            return True
+        return self.secagg_fast_path == "auto" and self.secagg_graph == "complete" and required_survivors >= participants
 
     @property
     def insecure(self) -> bool:
@@ -588,7 +588,8 @@ class Plan:
                 noise_sigma_units=noise,
                 max_epoch_rounds=self.epoch_rounds,
                 max_vector_len=self.max_vector_len,
-                **({} if self.secagg_graph == "complete" else {"graph": "sparse", "neighbours": self.secagg_neighbours}),
+                **({} if self.secagg_graph == "complete" else {"graph": "sparse", "neighbours": self.secagg_neighbours,
+                                                                "fast_only": self.secagg_fast_path == "always"}),
             )
         except SecAggConfigError as e:
             raise PlanError(f"secure aggregation cannot run this plan: {e}") from None

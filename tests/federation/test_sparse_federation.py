@@ -83,8 +83,22 @@ def test_a_sparse_plan_trains_the_same_model_as_the_complete_graph(tmp_path):
     assert files == {sparse.session.model_json}
 
 
-def test_a_site_that_crashes_mid_session_is_survived_on_the_sparse_graph(tmp_path):
-    _, fed = federation(tmp_path, secagg_graph="sparse", secagg_neighbours=4)
+def test_a_fast_only_sparse_plan_trains_the_same_model(tmp_path):
+    """fast_path = "always" on the sparse graph: a fast-only session (docs/secagg.md §10) — every round is one
+    exchange and no site ever takes the signed path."""
+    plan_c, complete = federation(tmp_path / "complete")
+    complete.run()
+    plan, fed = federation(tmp_path / "fast", secagg_graph="sparse", secagg_neighbours=4, secagg_fast_path="always")
+    assert plan.secagg_config().fast_only and "fast-only" in plan.guarantee
+    fed.run()
+    assert fed.session.exit_code == 0 and trees(fed) == trees(complete)
+    stages = {type(st).__name__ for m in fed.machines.values() for st in m.secagg._rounds.values()}
+    assert stages == {"RoundAnsweredFast"}, stages  # no signed round anywhere
+
+
+@pytest.mark.parametrize("fast_path", ["auto", "always"])
+def test_a_site_that_crashes_mid_session_is_survived_on_the_sparse_graph(tmp_path, fast_path):
+    _, fed = federation(tmp_path, secagg_graph="sparse", secagg_neighbours=4, secagg_fast_path=fast_path)
     fed.run(until=lambda: len(fed.session.trees) >= 1)
     fed.crash("hosp-3")
     fed.run()
