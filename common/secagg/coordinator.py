@@ -114,13 +114,27 @@ class CoordinatorEpoch:
         self._lagrange: dict[tuple[int, ...], tuple[int, ...]] = {}
         self._layouts: dict[tuple[str, ...], ShareLayout] = {}
 
-    def share_layout(self, participants: tuple[str, ...]) -> ShareLayout:
-        """The expected seed-share list of a fast round over ``participants`` (kept for a few sets)."""
+    def share_layout(self, participants: tuple[str, ...]):
+        """The expected seed-share list of a fast round over ``participants`` (kept for a few sets): a
+        ShareLayout, or on a sparse graph a function of the sender giving the layout of P_r ∩ N[sender]
+        (None for a sender outside P_r), each built once."""
         lay = self._layouts.get(participants)
         if lay is None:
             if len(self._layouts) >= 4:
                 self._layouts.clear()
-            lay = self._layouts[participants] = ShareLayout(participants)
+            if self.graph is None:
+                lay = ShareLayout(participants)
+            else:
+                g, pset, built = self.graph, frozenset(participants), {}
+
+                def lay(sender: str) -> ShareLayout | None:
+                    if sender not in pset:
+                        return None
+                    out = built.get(sender)
+                    if out is None:
+                        out = built[sender] = ShareLayout(tuple(v for v in g.holders(sender) if v in pset))
+                    return out
+            self._layouts[participants] = lay
         return lay
 
     @property
@@ -631,7 +645,7 @@ class CollectingFastInputs(RoundStage):
             return super().receive(rnd, msg)
         _check_input(rnd, self.inputs, msg, "fast input")
         g = rnd.epoch.graph
-        expected = rnd.participants if g is None else tuple(v for v in rnd.participants if g.is_neighbour_or_self(msg.sender, v))
+        expected = rnd.participants if g is None else rnd._layout(msg.sender).dealers
         if tuple(map(itemgetter(0), msg.seed_shares)) != expected:
             raise InvalidMessage(f"round {rnd.round_id}: {msg.sender!r} must send seed shares for exactly the participants"
                                  + ("" if g is None else " in its neighbourhood"))
@@ -697,7 +711,7 @@ class CoordinatorRound:
         self.slot = epoch.slot(start.round_id)
         self.t = config.threshold
         self.stage: RoundStage = CollectingFastInputs() if start.fast else CollectingInputs()
-        self._layout = epoch.share_layout(self.participants) if start.fast and epoch.graph is None else None
+        self._layout = epoch.share_layout(self.participants) if start.fast else None
 
     @property
     def fast(self) -> bool:

@@ -847,10 +847,11 @@ class FastMaskedInput(Message):
         return cls(digest, epoch, rnd, sender, r.ring("masked vector"), _read_shares(r, "seed shares"))
 
     @classmethod
-    def decode_expected(cls, data: bytes, layout: "ShareLayout") -> "FastMaskedInput | None":
+    def decode_expected(cls, data: bytes, layout) -> "FastMaskedInput | None":
         """:func:`decode_message` for a FastMaskedInput whose seed shares name exactly ``layout.dealers``, in
-        order (what a coordinator expects: P_r); None when the bytes are anything else, and then the caller
-        decodes them generically, which names the defect.
+        order (what a coordinator expects: P_r, or on a sparse graph P_r ∩ N[sender], when ``layout`` is a
+        function of the sender returning its ShareLayout or None); None when the bytes are anything else, and
+        then the caller decodes them generically, which names the defect.
 
         The dealer ids and length prefixes are compared with the expected bytes in one vectorised
         comparison, the shares' leading bytes (zero: < 2^256 < p) in another, instead of validating n ids
@@ -869,6 +870,10 @@ class FastMaskedInput(Message):
             r.done()
         except InvalidMessage:
             return None
+        if callable(layout):  # a sparse graph: the expected list depends on the sender's neighbourhood
+            layout = layout(sender)
+            if layout is None:
+                return None
         shares = layout.shares(section)
         if shares is None:
             return None
