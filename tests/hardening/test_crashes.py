@@ -54,3 +54,25 @@ def test_seeded_random_kill_soak_short(tmp_path, ca_dir, federation):
     kills = run_with_random_kills(fed, SITES, seed=20261122, kills=4, trees_total=hp.total_rounds, timeout=180)
     assert kills  # (a point whose stage never recurs does not fire: allowed in a random schedule)
     check_outcome(fed, st.plan, SITES, st.records)
+
+
+def test_sites_leave_after_the_coordinator_fails_a_round_they_answered(tmp_path, ca_dir, federation):
+    """Issue 22 (failures), real processes: the coordinator dies after accepting a masked input of tree 1 and
+    comes back; its retry is a second attempt for every site that had answered.  With --max-failed-attempts 0
+    each such site leaves at once: exit 2, one line naming what the coordinator did, nothing more sent."""
+    hp = Hyperparameters(trees=4, depth=2, seed=11, epsilon=1.0)
+    st = make_setup(tmp_path, ca_dir, hp, n_rows=300, epoch_rounds=8, deadlines=DEADLINES,
+                    secagg_fast_path="never")
+    fed = federation(st.plan_path)
+    coord = fed.coordinator(kill_at="masked_input@1:after")
+    for s in SITES:
+        fed.site(s, st.data[s], "--max-failed-attempts", "0")
+    fed.wait_event(lambda e: e.get("event") == "testhook_kill" and e["_proc"] == "coordinator", timeout=120)
+    coord.wait(timeout=30)
+    fed.coordinator()  # restarted: the round in flight failed; the next attempt is a new round
+    left = fed.wait_event(lambda e: e.get("event") == "_exit" and e["_proc"] in SITES, timeout=120)
+    site = fed.current[left["_proc"]]
+    assert left["rc"] == 2, site.errors
+    last = [ln for ln in site.lines if ln.strip()][-1]
+    assert "leaving the session: the coordinator failed the tree round of tree 1 1 times after this site had " \
+           "answered it" in last and "--max-failed-attempts 0" in last, last
