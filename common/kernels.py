@@ -483,6 +483,67 @@ def round_sums(leaf: np.ndarray, pred: np.ndarray, y: np.ndarray, task: int, sca
 
 
 @njit(cache=True, nogil=True)
+def _node_bin_sums(codes, node, slot, gq, present, features, offsets, last, out):
+    per_node = out.shape[2]
+    for i in range(codes.shape[0]):
+        if not present[i]:
+            continue
+        s = slot[node[i]]
+        if s < 0:
+            continue
+        g = gq[i]
+        for k in range(features.shape[0]):
+            c = np.int64(codes[i, features[k]])
+            cell = offsets[k] + (c if c < last[k] else last[k])
+            out[0, s, cell] += g
+            out[1, s, cell] += 1
+    return out
+
+
+def node_bin_sums(codes: np.ndarray, node: np.ndarray, slot: np.ndarray, grad_units: np.ndarray,
+                  present: np.ndarray, features: np.ndarray, bins: np.ndarray) -> np.ndarray:
+    """Greedy-tree level histograms of some nodes, exact int64: ``out[0, s, off_k + b]`` = Σ ``grad_units`` and
+    ``out[1, s, off_k + b]`` = the count of the present records of the node mapped to slot ``s``
+    (``slot[node] = s``; −1: skip the node) whose code of ``features[k]`` is ``b`` (codes ≥ ``bins[k] − 1``
+    share the last bin; ``off_k`` = Σ_{k'<k} bins[k']): :func:`fedsbdt.common.greedy_levels.level_sums` of
+    the slotted nodes in one pass over the records."""
+    features = np.asarray(features, np.int64)
+    bins = np.asarray(bins, np.int64)
+    offsets = np.concatenate([[0], np.cumsum(bins)[:-1]]).astype(np.int64)
+    slot = np.asarray(slot, np.int64)
+    out = np.zeros((2, int(max(slot.max(initial=-1) + 1, 0)), int(bins.sum())), np.int64)
+    return _node_bin_sums(codes, np.asarray(node, np.int64), slot, np.asarray(grad_units, np.int64),
+                          np.asarray(present, np.bool_), features, offsets, bins - 1, out)
+
+
+@njit(cache=True, nogil=True)
+def _route_level(codes, node, first, feature, lo, hi, miss, default_left, directed):
+    out = np.empty(node.shape[0], np.int64)
+    for i in range(node.shape[0]):
+        k = first + node[i]
+        f = feature[k]
+        c = np.int64(codes[i, f])
+        left = lo[k] <= c and c < hi[k]
+        if directed and miss[i, f] and default_left[k]:
+            left = True
+        out[i] = 2 * node[i] + (0 if left else 1)
+    return out
+
+
+def route_level(codes: np.ndarray, node: np.ndarray, first: int, feature: np.ndarray, lo: np.ndarray,
+                hi: np.ndarray, miss: np.ndarray | None = None, default_left: np.ndarray | None = None) -> np.ndarray:
+    """Each record's node one level down (heap order within the level: node q's children are 2q, 2q+1):
+    inner node ``first + q`` tests ``lo ≤ code(feature) < hi`` (left); with ``miss`` (bool ``(n, m)``: the
+    value is missing) a missing value goes left iff ``default_left`` of the node."""
+    directed = miss is not None
+    if not directed:
+        miss, default_left = np.zeros((1, 1), np.bool_), np.zeros(1, np.bool_)
+    return _route_level(codes, np.asarray(node, np.int64), int(first), np.asarray(feature, np.int64),
+                        np.asarray(lo, np.int64), np.asarray(hi, np.int64), np.asarray(miss, np.bool_),
+                        np.asarray(default_left, np.bool_), directed)
+
+
+@njit(cache=True, nogil=True)
 def _leaf_values(sums, n_leaves, h_scale, g_scale, l2, beta):
     out = np.empty(n_leaves, dtype=np.float64)
     for k in range(n_leaves):
