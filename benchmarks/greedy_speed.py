@@ -21,7 +21,8 @@ with ``os.getloadavg()`` before and after.
 
 Run:  python benchmarks/greedy_speed.py [--rows 200000] [--trees 100] [--repeat 3]
       python benchmarks/greedy_speed.py --profile      # cProfile of one greedy run, top 25
-Writes ``benchmarks/results/greedy_speed.json``.
+      python benchmarks/greedy_speed.py --selection histogram   # noisy level histograms (the federated rule)
+Writes ``benchmarks/results/greedy_speed.json`` (``greedy_speed_histogram.json`` with ``--selection histogram``).
 """
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ from fedsbdt.common.builders import GreedyTrees  # noqa: E402
 from fedsbdt.common.config import Hyperparameters, builder_defaults  # noqa: E402
 from fedsbdt.common.data import Dataset  # noqa: E402
 from fedsbdt.common.engine import train  # noqa: E402
+from fedsbdt.common.randomness import SecureRandomness  # noqa: E402
 from fedsbdt.common.schema import Schema  # noqa: E402
 
 SEED = 20261127
@@ -70,16 +72,33 @@ def synthetic(rows: int, seed: int = SEED) -> Dataset:
     return Dataset.from_arrays(X, y, schema, source="greedy_speed.py")
 
 
-def hyperparameters(builder: str, trees: int) -> Hyperparameters:
-    """What ``fedsbdt train --tree-builder BUILDER --trees T --depth 5 --epsilon 1`` uses."""
+def hyperparameters(builder: str, trees: int, selection: str = "exponential") -> Hyperparameters:
+    """What ``fedsbdt train --tree-builder BUILDER --trees T --depth 5 --epsilon 1 [--selection S]`` uses."""
     given = {"tree_builder": builder, "trees": trees, "depth": 5, "epsilon": 1.0}
+    if builder == "greedy":
+        given["selection"] = selection
     return Hyperparameters().replace(**builder_defaults(given))
 
 
-def timed(ds: Dataset, hp: Hyperparameters) -> float:
+class TimedRandomness(SecureRandomness):
+    """``SecureRandomness`` that adds up the wall time of its exact exponential-mechanism draws (OpenDP)."""
+
+    em_seconds: float = 0.0
+
+    def exponential_mechanism(self, scores, scale):
+        t0 = time.perf_counter()
+        try:
+            return super().exponential_mechanism(scores, scale)
+        finally:
+            self.em_seconds += time.perf_counter() - t0
+
+
+def timed(ds: Dataset, hp: Hyperparameters) -> tuple[float, float]:
+    """(wall seconds of one training, of them in the exponential mechanism's exact sampler)."""
+    r = TimedRandomness()
     t0 = time.perf_counter()
-    train(ds, hp)
-    return time.perf_counter() - t0
+    train(ds, hp, randomness=r)
+    return time.perf_counter() - t0, r.em_seconds
 
 
 def main() -> None:
@@ -87,6 +106,8 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=200_000)
     ap.add_argument("--trees", type=int, default=100)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--selection", choices=("exponential", "histogram"), default="exponential",
+                    help="greedy node selection (histogram: noisy level histograms, the federated rule)")
     ap.add_argument("--profile", action="store_true", help="cProfile one greedy run instead (top 25, cumulative)")
     ap.add_argument("--no-save", action="store_true", help="print only (a quick run)")
     args = ap.parse_args()
@@ -95,7 +116,7 @@ def main() -> None:
     ds = synthetic(args.rows)
     print(f"data: {ds.n} rows, {ds.schema.n_features} features ({time.perf_counter() - t0:.1f} s to build)",
           flush=True)
-    hps = {b: hyperparameters(b, args.trees) for b in ("random", "greedy")}
+    hps = {b: hyperparameters(b, args.trees, args.selection) for b in ("random", "greedy")}
     for b, hp in hps.items():  # warm-up: numba compiles, OpenDP loads
         train(ds, hp.replace(trees=3))
     if args.profile:
@@ -109,9 +130,13 @@ def main() -> None:
 
     load_before = os.getloadavg()
     times: dict[str, list[float]] = {"random": [], "greedy": []}
+    em: list[float] = []
     for i in range(args.repeat):
         for b, hp in hps.items():
-            times[b].append(timed(ds, hp))
+            wall, em_s = timed(ds, hp)
+            times[b].append(wall)
+            if b == "greedy":
+                em.append(em_s)
         print(f"run {i + 1}: random {times['random'][-1]:.2f} s, greedy {times['greedy'][-1]:.2f} s "
               f"(load {os.getloadavg()[0]:.2f})", flush=True)
     load_after = os.getloadavg()
@@ -125,6 +150,7 @@ def main() -> None:
         "greedy_candidates": int(cand.feature.size), "trees": args.trees, "depth": 5, "epsilon": 1.0,
         "seconds": {b: round(m, 3) for b, m in med.items()},
         "runs": {b: [round(x, 3) for x in t] for b, t in times.items()},
+        "greedy_exponential_mechanism_seconds": round(statistics.median(em), 3),
         "ratio_of_medians": round(med["greedy"] / med["random"], 3),
         "ratio_back_to_back_median": round(statistics.median(pair_ratios), 3),
         "ratios_back_to_back": [round(x, 3) for x in pair_ratios],
@@ -134,10 +160,12 @@ def main() -> None:
                             for b, hp in hps.items()},
     }
     print(f"random {med['random']:.2f} s, greedy {med['greedy']:.2f} s: greedy/random = "
-          f"{result['ratio_of_medians']:.2f} (back-to-back median {result['ratio_back_to_back_median']:.2f}); "
+          f"{result['ratio_of_medians']:.2f} (back-to-back median {result['ratio_back_to_back_median']:.2f}; "
+          f"{result['greedy_exponential_mechanism_seconds']:.2f} s of greedy in the exponential mechanism); "
           f"load average {load_before[0]:.2f} → {load_after[0]:.2f}")
     if not args.no_save:
-        print(f"saved {save('greedy_speed', result)}")
+        name = "greedy_speed" if args.selection == "exponential" else "greedy_speed_histogram"
+        print(f"saved {save(name, result)}")
 
 
 if __name__ == "__main__":

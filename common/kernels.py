@@ -483,20 +483,17 @@ def round_sums(leaf: np.ndarray, pred: np.ndarray, y: np.ndarray, task: int, sca
 
 
 @njit(cache=True, nogil=True)
-def _node_bin_sums(codes, node, slot, gq, present, features, offsets, last, out):
-    per_node = out.shape[2]
+def _node_bin_sums(codes, node, slot, w, present, features, offsets, last, out):
     for i in range(codes.shape[0]):
         if not present[i]:
             continue
         s = slot[node[i]]
         if s < 0:
             continue
-        g = gq[i]
+        wi = w[i]
         for k in range(features.shape[0]):
             c = np.int64(codes[i, features[k]])
-            cell = offsets[k] + (c if c < last[k] else last[k])
-            out[0, s, cell] += g
-            out[1, s, cell] += 1
+            out[s, offsets[k] + (c if c < last[k] else last[k])] += wi
     return out
 
 
@@ -506,14 +503,28 @@ def node_bin_sums(codes: np.ndarray, node: np.ndarray, slot: np.ndarray, grad_un
     ``out[1, s, off_k + b]`` = the count of the present records of the node mapped to slot ``s``
     (``slot[node] = s``; −1: skip the node) whose code of ``features[k]`` is ``b`` (codes ≥ ``bins[k] − 1``
     share the last bin; ``off_k`` = Σ_{k'<k} bins[k']): :func:`fedsbdt.common.greedy_levels.level_sums` of
-    the slotted nodes in one pass over the records."""
+    the slotted nodes in one pass over the records.
+
+    Where it fits in 63 bits, each record adds the one integer ``g·2^b + 1`` (``2^b`` > the present
+    records), so one sum carries both: count = sum mod 2^b, gradient sum = ⌊sum / 2^b⌋ — half the memory
+    traffic of two sums; otherwise the two are summed separately."""
     features = np.asarray(features, np.int64)
     bins = np.asarray(bins, np.int64)
     offsets = np.concatenate([[0], np.cumsum(bins)[:-1]]).astype(np.int64)
     slot = np.asarray(slot, np.int64)
-    out = np.zeros((2, int(max(slot.max(initial=-1) + 1, 0)), int(bins.sum())), np.int64)
-    return _node_bin_sums(codes, np.asarray(node, np.int64), slot, np.asarray(grad_units, np.int64),
-                          np.asarray(present, np.bool_), features, offsets, bins - 1, out)
+    node = np.asarray(node, np.int64)
+    present = np.asarray(present, np.bool_)
+    gq = np.asarray(grad_units, np.int64)
+    shape = (int(max(slot.max(initial=-1) + 1, 0)), int(bins.sum()))
+    n = int(np.count_nonzero(present))
+    bits = n.bit_length()
+    big = int(np.abs(gq[present]).max()) if n else 0
+    args = (present, features, offsets, bins - 1)
+    if (n * big + n) << bits < 2**63:
+        packed = _node_bin_sums(codes, node, slot, (gq << bits) + 1, *args, np.zeros(shape, np.int64))
+        return np.stack([packed >> bits, packed & ((1 << bits) - 1)])
+    return np.stack([_node_bin_sums(codes, node, slot, gq, *args, np.zeros(shape, np.int64)),
+                     _node_bin_sums(codes, node, slot, np.ones_like(gq), *args, np.zeros(shape, np.int64))])
 
 
 @njit(cache=True, nogil=True)

@@ -99,3 +99,20 @@ def test_greedy_trees_equal_the_float_path(setup, monkeypatch, sketch):
         np.testing.assert_array_equal(fast.thresholds, slow.thresholds)
         np.testing.assert_array_equal(fast.default_left, slow.default_left)
     assert len({tuple(s.features) for s in trees["fast"]}) == 2  # the draws differ: the test sees noise
+
+
+@pytest.mark.parametrize("big", [2**20, 2**58])
+def test_node_bin_sums_pack_or_split_the_two_sums(setup, big):
+    """Small gradients: one packed sum per bin (g·2^b + 1); gradients too large to pack: two sums. Both equal
+    level_sums, negative sums and a skipped node included."""
+    schema, hp, local, rng = setup
+    builder = GreedyTrees(schema, hp, select=0.5)
+    codes = builder._codes(local)[:40]
+    gq = rng.integers(-big, big, 40)
+    gq[:20] = -big  # a negative sum in many bins
+    node = rng.integers(0, 4, 40)
+    present = rng.random(40) < 0.8
+    layout = level_layout(schema, builder.edges, 2, np.arange(schema.n_features))
+    out = kernels.node_bin_sums(codes, node, np.array([0, 1, -1, 2]), gq, present, layout.features, layout.bins)
+    ref = level_sums(codes, node, gq, present, layout).reshape(2, 4, -1)
+    np.testing.assert_array_equal(out, ref[:, [0, 1, 3]])
