@@ -483,14 +483,16 @@ def round_sums(leaf: np.ndarray, pred: np.ndarray, y: np.ndarray, task: int, sca
 
 
 @njit(cache=True, nogil=True)
-def _node_bin_sums(codes, node, slot, w, present, features, offsets, last, out):
+def _node_bin_sums(codes, node, slot, gq, present, features, offsets, last, bits, count, out):
     for i in range(codes.shape[0]):
         if not present[i]:
             continue
         s = slot[node[i]]
         if s < 0:
             continue
-        wi = w[i]
+        wi = 1 if count else gq[i]
+        if bits > 0:
+            wi = (gq[i] << bits) + 1
         for k in range(features.shape[0]):
             c = np.int64(codes[i, features[k]])
             out[s, offsets[k] + (c if c < last[k] else last[k])] += wi
@@ -518,13 +520,13 @@ def node_bin_sums(codes: np.ndarray, node: np.ndarray, slot: np.ndarray, grad_un
     shape = (int(max(slot.max(initial=-1) + 1, 0)), int(bins.sum()))
     n = int(np.count_nonzero(present))
     bits = n.bit_length()
-    big = int(np.abs(gq[present]).max()) if n else 0
-    args = (present, features, offsets, bins - 1)
+    big = int(np.abs(gq).max()) if gq.size else 0  # bounds the present records' gradients
+    args = (codes, node, slot, gq, present, features, offsets, bins - 1)
     if (n * big + n) << bits < 2**63:
-        packed = _node_bin_sums(codes, node, slot, (gq << bits) + 1, *args, np.zeros(shape, np.int64))
+        packed = _node_bin_sums(*args, bits, False, np.zeros(shape, np.int64))
         return np.stack([packed >> bits, packed & ((1 << bits) - 1)])
-    return np.stack([_node_bin_sums(codes, node, slot, gq, *args, np.zeros(shape, np.int64)),
-                     _node_bin_sums(codes, node, slot, np.ones_like(gq), *args, np.zeros(shape, np.int64))])
+    return np.stack([_node_bin_sums(*args, 0, False, np.zeros(shape, np.int64)),
+                     _node_bin_sums(*args, 0, True, np.zeros(shape, np.int64))])
 
 
 @njit(cache=True, nogil=True)
