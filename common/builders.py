@@ -178,7 +178,7 @@ def histogram_scores(sums: np.ndarray, layout, fpos: np.ndarray, lo: np.ndarray,
     A candidate's side is a range of bins, so ``G_L`` is a difference of the bins' prefix sums — exact
     integers, equal to the float sums of ``g = g_units/scale`` in any order while every partial sum stays
     below 2^53 units (``scale`` is a power of two), so the scores equal :func:`level_histograms`' bit for
-    bit (tests/test_greedy.py)."""
+    bit (tests/test_greedy_fast.py)."""
     two, n_nodes, per_node = sums.shape
     P = np.zeros((2, n_nodes, per_node + 1), np.int64)
     np.cumsum(sums, axis=2, out=P[:, :, 1:])
