@@ -32,11 +32,14 @@ from . import kernels, sarus
 from .accountant import PrivacyCalibration
 from .boosting import TASK_CODE, LocalData, split_edges
 from .config import Hyperparameters
-from .greedy_levels import (count_noise, level_layout, level_noise_scales, level_sums, select_splits,
+from .greedy_levels import (child_level_sums, count_noise, level_layout, level_noise_scales, select_splits,
                             sketch_candidates, sketch_noise_scale, sketch_sums)
 from .schema import Schema
 from .splits import Splits, random_splits
 
+
+#: float64 sums of integers are exact while every partial sum stays below this magnitude
+EXACT_FLOAT_SUM = 2**53
 
 #: histogram selection ignores splits with a side whose noisy count is below this many noise stds
 MIN_COUNT_SIGMAS = 3.0
@@ -133,17 +136,63 @@ def pair_gains(G_left: np.ndarray, n_left: np.ndarray, G_missing: np.ndarray, n_
     return np.concatenate([gains(G_left, n_left, G, n, l2), gains(G_left + G_missing, n_left + n_missing, G, n, l2)])
 
 
-def missing_sums(miss: np.ndarray, node: np.ndarray, weight: np.ndarray, present: np.ndarray, n_nodes: int,
+def missing_sums(miss_rows: list, node: np.ndarray, weight: np.ndarray, present: np.ndarray, n_nodes: int,
                  features: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``(G, N)``, each ``(len(features), n_nodes)``: per node the sum of ``weight`` and the count of the present
-    records whose value of ``features[k]`` is missing (NaN), i.e. the mass a default direction moves."""
+    records whose value of ``features[k]`` is missing (``miss_rows[f]``: the rows where feature f is NaN),
+    i.e. the mass a default direction moves."""
     G = np.zeros((len(features), n_nodes))
     N = np.zeros((len(features), n_nodes))
     for k, f in enumerate(features):
-        m = miss[:, f]
+        m = miss_rows[f]
         G[k] = np.bincount(node[m], weights=weight[m], minlength=n_nodes)
         N[k] = np.bincount(node[m], weights=present[m], minlength=n_nodes)
     return G, N
+
+
+def float_scores(codes: np.ndarray, node: np.ndarray, g: np.ndarray, present: np.ndarray, n_nodes: int,
+                 features: np.ndarray, fpos: np.ndarray, lo: np.ndarray, hi: np.ndarray, l2: float,
+                 missing: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+    """:func:`histogram_scores` from float histograms of ``g·present`` (:func:`level_histograms`): the
+    straightforward computation, kept for sums beyond the exact range of float64."""
+    HG = level_histograms(codes, node, g * present, n_nodes, features)
+    HN = level_histograms(codes, node, present, n_nodes, features)
+    out = []
+    for q in range(n_nodes):
+        GL = HG[fpos, q, hi] - HG[fpos, q, lo]
+        NL = HN[fpos, q, hi] - HN[fpos, q, lo]
+        if missing is None:
+            out.append(gains(GL, NL, HG[0, q, 256], HN[0, q, 256], l2))
+        else:
+            out.append(pair_gains(GL, NL, missing[0][fpos, q], missing[1][fpos, q], HG[0, q, 256], HN[0, q, 256],
+                                  l2))
+    return np.array(out)
+
+
+def histogram_scores(sums: np.ndarray, layout, fpos: np.ndarray, lo: np.ndarray, hi: np.ndarray, scale: float,
+                     l2: float, missing: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+    """Eq. 2 of every candidate ``(fpos, lo, hi)`` at every node of a level, ``(n_nodes, C)`` (``2C`` with
+    ``missing``: :func:`pair_gains`), from the level's exact integer histograms ``sums``
+    (:func:`fedsbdt.common.greedy_levels.child_level_sums`; gradients in units of ``1/scale``).
+
+    A candidate's side is a range of bins, so ``G_L`` is a difference of the bins' prefix sums — exact
+    integers, equal to the float sums of ``g = g_units/scale`` in any order while every partial sum stays
+    below 2^53 units (``scale`` is a power of two), so the scores equal :func:`level_histograms`' bit for
+    bit (tests/test_greedy_fast.py)."""
+    two, n_nodes, per_node = sums.shape
+    P = np.zeros((2, n_nodes, per_node + 1), np.int64)
+    np.cumsum(sums, axis=2, out=P[:, :, 1:])
+    off = layout.offsets
+    a, b = off[fpos] + lo, off[fpos] + hi
+    L = P[:, :, b] - P[:, :, a]
+    tot = P[:, :, off[0] + layout.bins[0]] - P[:, :, off[0]]
+    GL, NL = L[0] / scale, L[1].astype(np.float64)
+    G, N = (tot[0] / scale)[:, None], tot[1].astype(np.float64)[:, None]
+    score = gains(GL, NL, G, N, l2)
+    if missing is None:
+        return score
+    GM, NM = missing[0][fpos].T, missing[1][fpos].T
+    return np.concatenate([score, gains(GL + GM, NL + NM, G, N, l2)], axis=1)
 
 
 @dataclass
@@ -174,6 +223,14 @@ class GreedyTrees:
             self._cache["key"] = local.X
         return self._cache["codes"]
 
+    def _missing(self, local: LocalData) -> tuple[np.ndarray, list]:
+        """``(miss, rows)``: the NaN mask of the records and, per feature, the rows where it is NaN."""
+        if self._cache.get("miss_key") is not local.X:
+            miss = np.isnan(local.X)
+            self._cache["missing"] = miss, [np.flatnonzero(miss[:, f]) for f in range(miss.shape[1])]
+            self._cache["miss_key"] = local.X
+        return self._cache["missing"]
+
     def records(self, round_id: int, local: LocalData) -> np.ndarray:
         """The records tree ``round_id`` may use (bool mask): here every record that has arrived."""
         return local.arrival <= round_id
@@ -200,45 +257,41 @@ class GreedyTrees:
         scale = self.scale(enc.grad.bound_units / enc.scale)
         node = np.zeros(local.n, np.int64)
         chosen = np.zeros(hp.leaves - 1, np.int64)  # candidate index per inner node
-        rows = np.arange(local.n)
         # missing values (docs/missing-values.md): the exponential mechanism picks (split, direction) pairs;
         # the noisy level histograms hold missing values in the right-most bin, so there they go right
         directed = self.schema.allows_missing and hp.selection != "histogram"
         default_left = np.zeros(hp.leaves - 1, bool)
-        miss = np.isnan(local.X) if directed else None
+        miss, miss_rows = self._missing(local) if directed else (None, None)
+        # the integer histograms give the float path's gains bit for bit while no float sum of g = gq/scale
+        # can leave the exact range (|sum| < 2^53 units); beyond it the float path runs as it always did
+        exact = hp.selection == "histogram" or local.n * enc.grad.bound_units < EXACT_FLOAT_SUM
+        sums = None
         for level in range(hp.depth):
             n_nodes, first = 2**level, 2**level - 1
+            layout = level_layout(self.schema, self.edges, level, features)
+            if exact:  # == level_sums(codes, node, gq, present > 0, layout), from the parent level's sums
+                sums = child_level_sums(codes, node, gq, present > 0, layout, sums)
             if hp.selection == "histogram":
-                layout = level_layout(self.schema, self.edges, level, features)
-                sums = level_sums(codes, node, gq, present > 0, layout)
-                noisy = sums + randomness.discrete_gaussian(
+                noisy = sums.ravel() + randomness.discrete_gaussian(
                     level_noise_scales(layout, enc.grad.bound_units, self.select))
                 k, j = select_splits(noisy, layout, enc.scale, hp.l2,
                                      min_count=MIN_COUNT_SIGMAS * count_noise(layout, self.select))
                 chosen[first:first + n_nodes] = self.cand_start[features[k]] + j
             else:
-                HG = level_histograms(codes, node, g * present, n_nodes, features)
-                HN = level_histograms(codes, node, present, n_nodes, features)
+                missing = missing_sums(miss_rows, node, g * present, present, n_nodes, features) if directed \
+                    else None
                 lo, hi = cand.lo[idx], cand.hi[idx]
-                if directed:
-                    GM, NM = missing_sums(miss, node, g * present, present, n_nodes, features)
-                for q in range(n_nodes):
-                    GL = HG[fpos, q, hi] - HG[fpos, q, lo]
-                    NL = HN[fpos, q, hi] - HN[fpos, q, lo]
-                    if directed:  # candidates: every split with missing values right, then with them left
-                        score = pair_gains(GL, NL, GM[fpos, q], NM[fpos, q], HG[0, q, 256], HN[0, q, 256], hp.l2)
-                    else:
-                        score = gains(GL, NL, HG[0, q, 256], HN[0, q, 256], hp.l2)
-                    pick = randomness.exponential_mechanism(score, scale)
+                if exact:
+                    score = histogram_scores(sums, layout, fpos, lo, hi, enc.scale, hp.l2, missing)
+                else:
+                    score = float_scores(codes, node, g, present, n_nodes, features, fpos, lo, hi, hp.l2, missing)
+                for q in range(n_nodes):  # candidates (directed: with missing values right, then left)
+                    pick = randomness.exponential_mechanism(score[q], scale)
                     chosen[first + q] = idx[pick % idx.size]
                     default_left[first + q] = pick >= idx.size
             # route every record to its child (heap order: left 2k+1, right 2k+2)
-            c = chosen[first + node]
-            code = codes[rows, cand.feature[c]].astype(np.int64)
-            left = (cand.lo[c] <= code) & (code < cand.hi[c])
-            if directed:
-                left |= miss[rows, cand.feature[c]] & default_left[first + node]
-            node = 2 * node + ~left
+            node = kernels.route_level(codes, node, first, cand.feature[chosen], cand.lo[chosen], cand.hi[chosen],
+                                       miss, default_left)
         return Splits(cand.feature[chosen].astype(np.int32), cand.threshold[chosen].astype(np.float64),
                       default_left if self.schema.allows_missing else None)
 

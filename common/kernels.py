@@ -483,6 +483,80 @@ def round_sums(leaf: np.ndarray, pred: np.ndarray, y: np.ndarray, task: int, sca
 
 
 @njit(cache=True, nogil=True)
+def _node_bin_sums(codes, node, slot, gq, present, features, offsets, last, bits, count, out):
+    for i in range(codes.shape[0]):
+        if not present[i]:
+            continue
+        s = slot[node[i]]
+        if s < 0:
+            continue
+        wi = 1 if count else gq[i]
+        if bits > 0:
+            wi = (gq[i] << bits) + 1
+        for k in range(features.shape[0]):
+            c = np.int64(codes[i, features[k]])
+            out[s, offsets[k] + (c if c < last[k] else last[k])] += wi
+    return out
+
+
+def node_bin_sums(codes: np.ndarray, node: np.ndarray, slot: np.ndarray, grad_units: np.ndarray,
+                  present: np.ndarray, features: np.ndarray, bins: np.ndarray) -> np.ndarray:
+    """Greedy-tree level histograms of some nodes, exact int64: ``out[0, s, off_k + b]`` = Σ ``grad_units`` and
+    ``out[1, s, off_k + b]`` = the count of the present records of the node mapped to slot ``s``
+    (``slot[node] = s``; −1: skip the node) whose code of ``features[k]`` is ``b`` (codes ≥ ``bins[k] − 1``
+    share the last bin; ``off_k`` = Σ_{k'<k} bins[k']): :func:`fedsbdt.common.greedy_levels.level_sums` of
+    the slotted nodes in one pass over the records.
+
+    Where it fits in 63 bits, each record adds the one integer ``g·2^b + 1`` (``2^b`` > the present
+    records), so one sum carries both: count = sum mod 2^b, gradient sum = ⌊sum / 2^b⌋ — half the memory
+    traffic of two sums; otherwise the two are summed separately."""
+    features = np.asarray(features, np.int64)
+    bins = np.asarray(bins, np.int64)
+    offsets = np.concatenate([[0], np.cumsum(bins)[:-1]]).astype(np.int64)
+    slot = np.asarray(slot, np.int64)
+    node = np.asarray(node, np.int64)
+    present = np.asarray(present, np.bool_)
+    gq = np.asarray(grad_units, np.int64)
+    shape = (int(max(slot.max(initial=-1) + 1, 0)), int(bins.sum()))
+    n = int(np.count_nonzero(present))
+    bits = n.bit_length()
+    big = int(np.abs(gq).max()) if gq.size else 0  # bounds the present records' gradients
+    args = (codes, node, slot, gq, present, features, offsets, bins - 1)
+    if (n * big + n) << bits < 2**63:
+        packed = _node_bin_sums(*args, bits, False, np.zeros(shape, np.int64))
+        return np.stack([packed >> bits, packed & ((1 << bits) - 1)])
+    return np.stack([_node_bin_sums(*args, 0, False, np.zeros(shape, np.int64)),
+                     _node_bin_sums(*args, 0, True, np.zeros(shape, np.int64))])
+
+
+@njit(cache=True, nogil=True)
+def _route_level(codes, node, first, feature, lo, hi, miss, default_left, directed):
+    out = np.empty(node.shape[0], np.int64)
+    for i in range(node.shape[0]):
+        k = first + node[i]
+        f = feature[k]
+        c = np.int64(codes[i, f])
+        left = lo[k] <= c and c < hi[k]
+        if directed and miss[i, f] and default_left[k]:
+            left = True
+        out[i] = 2 * node[i] + (0 if left else 1)
+    return out
+
+
+def route_level(codes: np.ndarray, node: np.ndarray, first: int, feature: np.ndarray, lo: np.ndarray,
+                hi: np.ndarray, miss: np.ndarray | None = None, default_left: np.ndarray | None = None) -> np.ndarray:
+    """Each record's node one level down (heap order within the level: node q's children are 2q, 2q+1):
+    inner node ``first + q`` tests ``lo ≤ code(feature) < hi`` (left); with ``miss`` (bool ``(n, m)``: the
+    value is missing) a missing value goes left iff ``default_left`` of the node."""
+    directed = miss is not None
+    if not directed:
+        miss, default_left = np.zeros((1, 1), np.bool_), np.zeros(1, np.bool_)
+    return _route_level(codes, np.asarray(node, np.int64), int(first), np.asarray(feature, np.int64),
+                        np.asarray(lo, np.int64), np.asarray(hi, np.int64), np.asarray(miss, np.bool_),
+                        np.asarray(default_left, np.bool_), directed)
+
+
+@njit(cache=True, nogil=True)
 def _leaf_values(sums, n_leaves, h_scale, g_scale, l2, beta):
     out = np.empty(n_leaves, dtype=np.float64)
     for k in range(n_leaves):

@@ -226,7 +226,7 @@ class SecureRandomness:
                 if len(self._cache) > 256:
                     self._cache.clear()
                 self._cache[key] = m
-        return int(m([float(x) for x in scores]))
+        return int(m(np.ascontiguousarray(scores, np.float64)))  # a float64 vector: OpenDP's fast input path
 
     def describe(self) -> str:
         return describe_secure(self.sampler)
