@@ -24,8 +24,8 @@ Budget (paper §4.4 carried over to Gaussian scales): a Gaussian of noise multip
 over the d levels.  The tree is one :class:`~fedsbdt.common.accountant.PoissonSampledEvent` of the composed
 Gaussians (:func:`tree_event`), charged with the tight subsampling bound of S-BDT's Thm. 14 — valid since a
 composition of Gaussians has an RDP curve linear in α (Lemma 15,
-:func:`fedsbdt.common.accountant.gaussian_multiplier`).  Side-effect free: the coordinator's tree in progress
-(``common/modes/sarus_coordinator.py``) and ``client/sarus_site.py`` call these functions.
+:func:`fedsbdt.common.accountant.gaussian_multiplier`).  Side-effect free: ``server/session.py`` and
+``client/sarus_site.py`` call these functions.
 """
 from __future__ import annotations
 
@@ -343,3 +343,67 @@ def share_coordinates(plan) -> list[tuple[tuple[float, float], ...]]:
     if grid.numeric.size:
         groups.insert(0, ((float(grid.sketch_noise_scales(cal.sigma_sketch)[0]), C),))
     return groups
+
+
+# --------------------------------------------------------------------------- the coordinator's tree in progress
+
+
+class SarusTree:
+    """The state of the Sarus tree in progress: its released sketch (and grid) and which nodes of the chosen
+    levels stopped.  Post-processing only; the coordinator's tree rounds (common/modes/sarus_coordinator.py)
+    hold one, and a site rebuilds one from a request's sketch."""
+
+    def __init__(self, plan, sketch: np.ndarray | None = None, stopped=()) -> None:
+        self.plan, self.grid = plan, plan.sarus_grid
+        self.hp, self.enc, self.cal = plan.hyperparameters, plan.encoding, plan.calibration()
+        self.weight = self.hp.hess_clip_for(plan.schema.task)  # h: every record's Hessian taken as h*
+        self.reset()
+        if sketch is not None:
+            self.set_sketch(sketch)
+        self.stopped = [np.asarray(s, bool) for s in stopped]
+
+    def reset(self) -> None:
+        self.sketch, self.tree_grid, self.stopped = None, None, []
+
+    def set_sketch(self, sketch: np.ndarray) -> None:
+        self.sketch = np.asarray(sketch, np.int64)
+        self.tree_grid = self.grid.tree_grid(self.sketch)
+
+    def next_purpose(self, levels: int):
+        from .wire import Purpose
+
+        if self.sketch is None:
+            return Purpose.SKETCH
+        return Purpose.LEVEL if levels < self.hp.depth else Purpose.TREE
+
+    def vector_len(self, purpose, level: int) -> int:
+        from .wire import Purpose
+
+        if purpose == Purpose.SKETCH:
+            return self.grid.sketch_len
+        if purpose == Purpose.LEVEL:
+            return self.tree_grid.layout(0, level).length
+        return 2 * self.hp.leaves
+
+    def noise_scales(self, purpose, level: int, shares: int = 1) -> np.ndarray:
+        """Per-entry std of one of ``shares`` shares of a release's noise (sites' and central mode's)."""
+        from .wire import Purpose
+
+        g = self.enc.grad.bound_units
+        if purpose == Purpose.SKETCH:
+            return self.grid.sketch_noise_scales(self.cal.sigma_sketch, shares)
+        if purpose == Purpose.LEVEL:
+            return self.grid.level_noise_scales(self.tree_grid.layout(0, level), g, self.cal.sigma_select, shares)
+        return self.grid.leaf_noise_scales(g, self.cal.sigma, shares)
+
+    def choose(self, noisy: np.ndarray, level: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(features, thresholds, stopped) of the level's nodes (:func:`select`); the state does not change."""
+        parent = np.zeros(2**level, bool) if level == 0 else np.repeat(self.stopped[level - 1], 2)
+        c, stopped = select(self.tree_grid, self.grid.counts_of(noisy), level, parent, self.enc.scale,
+                            self.hp.min_child_weight, self.hp.l2, self.weight)
+        cand = self.tree_grid.candidates
+        return cand.feature[c].astype(np.int32), cand.threshold[c].astype(np.float64), stopped
+
+    def leaf_values(self, noisy: np.ndarray) -> np.ndarray:
+        return leaf_values(self.grid.counts_of(noisy), np.concatenate(self.stopped), self.hp.depth, self.enc.scale,
+                           self.hp.min_child_weight, self.hp.l2, self.weight, self.hp.leaf_clip)
