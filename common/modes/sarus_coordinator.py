@@ -21,6 +21,8 @@ class SarusRounds(TreeRounds):
     """Sarus trees' tree in progress: sketch, chosen levels and their stopped nodes."""
 
     leaf_noise_ahead = False  # the leaf noise is the grid's (drawn per tree)
+    # rounds_per_tree stays the base's 1, as the session's slot estimate always had it for Sarus trees (its
+    # d + 2 rounds are undercounted: the next epoch is then set up when a round finds no slot, not ahead)
 
     def __init__(self, plan, records=()) -> None:
         self.tree = SarusTree(plan)
