@@ -5,7 +5,9 @@
     log      one row per released fact, in order: the header (plan hash), the
              initial score, every released tree (with its public record
              ``{tree, round_id, sites}`` and the failed-round counter), the
-             splits chosen per level of a level-round tree, finished
+             released steps of the tree in progress (a mode's rounds before
+             its leaves: ``level``, ``sketch``; common/modes/coordinator.py),
+             finished
     secagg   the secure-aggregation coordinator's storage (epoch and round-id
              counters, ready epochs: common/secagg Storage)
 
@@ -40,6 +42,11 @@ CREATE TABLE IF NOT EXISTS join_nonces (site TEXT NOT NULL, nonce BLOB NOT NULL,
 """
 
 
+#: the log's records of a tree's rounds before its leaves: the round purposes' names (a level's record also
+#: carries its level; every other kind is once per tree)
+STEP_KINDS = ("level", "sketch")
+
+
 class CheckpointError(RuntimeError):
     """The state directory belongs to another plan or is corrupt."""
 
@@ -49,11 +56,10 @@ class Restored:
     init: InitScoreMsg | None = None
     has_init: bool = False
     trees: list[TreeMsg] = field(default_factory=list)
-    levels: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)  # level-round modes: splits of the next tree
     rounds_failed: int = 0
     finished_sha256: str | None = None
-    sketch: np.ndarray | None = None  # sketching modes: the next tree's released sketch
-    stopped: list[np.ndarray] = field(default_factory=list)  # sketching modes: per chosen level, the nodes that stopped
+    # the released steps of the tree in progress, in order: (kind, record) for the mode's TreeRounds.apply
+    steps: list[tuple[str, dict]] = field(default_factory=list)
 
 
 class CoordinatorStore:
@@ -150,18 +156,15 @@ class CoordinatorStore:
                                              np.asarray(rec["thresholds"], np.float64),
                                              np.asarray(rec["leaves"], np.float64)))
                     out.rounds_failed = int(rec.get("rounds_failed", 0))
-                    out.levels, out.sketch, out.stopped = [], None, []
-                elif kind == "sketch":
-                    if rec["tree"] != len(out.trees) or out.sketch is not None:
-                        raise CheckpointError(f"{self.path}: sketch of tree {rec['tree']} out of order")
-                    out.sketch = np.asarray(rec["sketch"], np.int64)
-                    out.rounds_failed = int(rec.get("rounds_failed", 0))
-                elif kind == "level":
-                    if (rec["tree"], rec["level"]) != (len(out.trees), len(out.levels)):
-                        raise CheckpointError(f"{self.path}: level {rec['level']} of tree {rec['tree']} out of order")
-                    out.levels.append((np.asarray(rec["features"], np.int32), np.asarray(rec["thresholds"], np.float64)))
-                    if "stopped" in rec:
-                        out.stopped.append(np.asarray(rec["stopped"], bool))
+                    out.steps = []
+                elif kind in STEP_KINDS:
+                    done = [k for k, _ in out.steps]
+                    if kind == "level":
+                        if (rec["tree"], rec["level"]) != (len(out.trees), done.count("level")):
+                            raise CheckpointError(f"{self.path}: level {rec['level']} of tree {rec['tree']} out of order")
+                    elif rec["tree"] != len(out.trees) or kind in done:
+                        raise CheckpointError(f"{self.path}: {kind} of tree {rec['tree']} out of order")
+                    out.steps.append((kind, rec))
                     out.rounds_failed = int(rec.get("rounds_failed", 0))
                 elif kind == "finished":
                     out.finished_sha256 = str(rec["model_sha256"])
@@ -185,19 +188,15 @@ class CoordinatorStore:
                               "thresholds": [float(x) for x in tree.thresholds],
                               "leaves": [float(x) for x in tree.leaves], "rounds_failed": rounds_failed})
 
-    def append_level(self, tree: int, level: int, round_id: int, sites, features: np.ndarray,
-                     thresholds: np.ndarray, rounds_failed: int, stopped: np.ndarray | None = None) -> None:
-        """Greedy trees: the splits chosen for one level (durable before the next request carries them).
-        Sketching modes add which nodes stopped."""
-        self._append("level", {"tree": tree, "level": level, "round_id": round_id, "sites": list(sites),
-                               "features": np.asarray(features).astype(int).tolist(),
-                               "thresholds": [float(x) for x in thresholds], "rounds_failed": rounds_failed}
-                     | ({} if stopped is None else {"stopped": np.asarray(stopped, bool).tolist()}))
-
-    def append_sketch(self, tree: int, round_id: int, sites, sketch: np.ndarray, rounds_failed: int) -> None:
-        """Sketching modes: a tree's released noisy sketch (durable before a level request carries it)."""
-        self._append("sketch", {"tree": tree, "round_id": round_id, "sites": list(sites),
-                                "sketch": np.asarray(sketch, np.int64).tolist(), "rounds_failed": rounds_failed})
+    def append_step(self, kind: str, tree: int, level: int, round_id: int, sites, record: dict,
+                    rounds_failed: int) -> None:
+        """A released step of the tree in progress (``kind`` in :data:`STEP_KINDS`; ``record`` the mode's JSON),
+        durable before any later request carries it."""
+        if kind not in STEP_KINDS:
+            raise ValueError(f"{kind!r} is not a step kind ({', '.join(STEP_KINDS)})")
+        rec = {"tree": tree, "round_id": round_id, "sites": list(sites), "rounds_failed": rounds_failed} | \
+            ({"level": level} if kind == "level" else {}) | record
+        self._append(kind, rec)
 
     def finish(self, model_json: bytes, model_sha256: str) -> Path:
         """Write ``model.json`` atomically, then record the session as finished."""

@@ -17,9 +17,11 @@ import signal
 import time
 from pathlib import Path
 
-from fedsbdt.common.cli import CliError, add_hyperparameter_flags, emit, hyperparameters_from_args, with_state_lock
+from fedsbdt.common.cli import (CliError, add_hyperparameter_flags, emit, given_hyperparameters, hyperparameters_from_args,
+                                with_state_lock)
 from fedsbdt.common.config import SAMPLERS
 from fedsbdt.common.instance import address_in_use
+from fedsbdt.common.modes import training_mode
 
 log = logging.getLogger("fedsbdt.coordinator")
 
@@ -226,8 +228,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             raise CliError("--schema is required (unless --evaluate-model gives the model's schema)")
         schema = Schema.load(args.schema)
         hp = hyperparameters_from_args(args)
-        if hp.tree_builder == "greedy" and args.selection is None:  # a federation selects from noisy histograms
-            hp = hp.replace(selection="histogram")
+        hp = training_mode(hp).federated_hyperparameters(hp, given_hyperparameters(args))  # the mode's defaults
     sites = [SiteEntry(*_site_arg(s)) for s in args.site]
     session = dict(noise=args.noise, assumed_colluders=args.colluders, dropout_slack=args.dropout_slack,
                    epoch_rounds=args.epoch_rounds,

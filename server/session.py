@@ -48,8 +48,9 @@ from typing import Callable
 
 import numpy as np
 
-from fedsbdt.common.boosting import init_noise_scales, init_score, leaf_noise_scales, leaf_values
-from fedsbdt.common.multiclass import init_vector_len, round_vector_len
+from fedsbdt.common.boosting import init_noise_scales, init_score
+from fedsbdt.common.modes import mode_for
+from fedsbdt.common.multiclass import init_vector_len
 from fedsbdt.common.secagg import (
     AdvertiseKeys,
     ConsistencySignature,
@@ -63,13 +64,10 @@ from fedsbdt.common.secagg import (
 )
 from fedsbdt.common.secagg.errors import InvalidMessage, SecAggError
 from fedsbdt.client.noise import NoiseShares
-from fedsbdt.common.splits import Splits, random_splits
 
 from .checkpoint import CoordinatorStore, Restored
-from fedsbdt.common.federation import dpboost_rounds
 from fedsbdt.common.federation.plan import Plan
 from fedsbdt.common.federation.release import build_model, evaluation_receipt, model_bytes, model_sha256
-from fedsbdt.common.federation.sarus_rounds import SarusTree
 from fedsbdt.common.federation.wire import (
     AbortedMsg,
     Event,
@@ -268,8 +266,8 @@ class Session:
         if self.hp.init_share == 0:  # no initial-score round: the score is 0 (as in fedsbdt.common.engine)
             self.init, self.has_init = InitScoreMsg(0.0, None, ()), True
         self.trees: list[TreeMsg] = restored.trees
-        self.levels: list[tuple[np.ndarray, np.ndarray]] = restored.levels  # greedy: splits of the next tree
-        self.sarus = None if plan.sarus_grid is None else SarusTree(plan, restored.sketch, restored.stopped)
+        # the mode's state of the tree in progress (common/modes/coordinator.py): the session never names the mode
+        self.rounds = mode_for(plan).coordinator_rounds(plan, restored.steps)
         if (released is None) != (plan.eval_model_sha256 is None):
             raise ValueError("an evaluation-only plan needs the existing model's trees, and only such a plan")
         if released is not None:  # nothing is trained: the model's trees count as released
@@ -299,7 +297,7 @@ class Session:
 
     def _warm_up(self) -> None:
         """Compile the leaf-value kernel now rather than under the first round's deadline."""
-        leaf_values(np.zeros(round_vector_len(self.plan.schema, self.hp), np.int64), self.hp, self.enc)
+        self.rounds.warm_up()
         init_score(np.zeros(init_vector_len(self.plan.schema), np.int64), self.plan.schema.task, self.enc)
 
     def close(self) -> None:
@@ -307,6 +305,11 @@ class Session:
             self.central_noise.close()
 
     # ------------------------------------------------------------------ views
+
+    @property
+    def levels(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        """The splits chosen per level of the tree in progress (modes with level rounds)."""
+        return self.rounds.levels
 
     @property
     def t(self) -> int:
@@ -325,12 +328,9 @@ class Session:
     def next_work(self) -> Work | None:
         if not self.has_init:
             return Work(Purpose.INIT_SCORE)
-        if len(self.trees) < self.total_trees:
-            if self.sarus is not None:  # sketch, levels, leaves (docs/sarus.md "Federation")
-                return Work(self.sarus.next_purpose(len(self.levels)), len(self.trees), len(self.levels))
-            if self.plan.greedy_grid is not None and len(self.levels) < self.hp.depth:
-                return Work(Purpose.LEVEL, len(self.trees), len(self.levels))
-            return Work(Purpose.TREE, len(self.trees))
+        if len(self.trees) < self.total_trees:  # the mode's rounds of the tree in progress
+            purpose, level = self.rounds.next_round()
+            return Work(purpose, len(self.trees), level)
         if self.plan.eval_spec is not None and self.evaluation is None:
             return Work(Purpose.EVAL)
         return None
@@ -595,8 +595,7 @@ class Session:
             work = self.next_work()
             if work is None:
                 return False
-            per_tree = 1 if self.plan.greedy_grid is None else self.hp.depth + 1  # greedy: d levels + leaves
-            left = (0 if self.has_init else 1) + (self.total_trees - len(self.trees)) * per_tree - len(self.levels) \
+            left = (0 if self.has_init else 1) + self.rounds.rounds_left(self.total_trees - len(self.trees)) \
                 + (work.purpose != Purpose.EVAL and self.plan.eval_spec is not None)
             slots = self.coord.slots_remaining()
             low = slots <= max(E // 2, 1) and slots < left + 1
@@ -766,15 +765,12 @@ class Session:
         return False
 
     def _begin(self, work: Work, epoch_id: int, participants: list[str], now: float, out: list[Outgoing]) -> bool:
-        if self.sarus is not None and work.purpose in (Purpose.SKETCH, Purpose.LEVEL):
-            d = self.sarus.vector_len(work.purpose, work.level)
-        elif work.purpose == Purpose.LEVEL:
-            d = self.plan.greedy_grid.layout(work.tree, work.level).length
-        elif work.purpose == Purpose.EVAL:
+        if work.purpose == Purpose.EVAL:
             d = self.plan.eval_spec.length
+        elif work.purpose == Purpose.INIT_SCORE:
+            d = init_vector_len(self.plan.schema)
         else:
-            d = (init_vector_len(self.plan.schema) if work.purpose == Purpose.INIT_SCORE
-                 else round_vector_len(self.plan.schema, self.hp))
+            d = self.rounds.vector_len(work.purpose, work.tree, work.level)
         fast = self.plan.fast_round(self._required_survivors(work, len(participants)), len(participants))
         try:
             rnd, start = self.coord.begin_round(d, participants, fast=fast)
@@ -793,43 +789,12 @@ class Session:
         return True
 
     def _round_start_msg(self, work: Work, start) -> RoundStartMsg:
-        """The round request; greedy trees add the level and the tree's splits chosen so far (Sarus trees also
-        the tree's released sketch)."""
-        if self.sarus is not None and work.purpose in (Purpose.LEVEL, Purpose.TREE):
-            features, thresholds = self._greedy_splits()
-            return RoundStartMsg(work.purpose, work.tree, start.to_bytes(), work.level,
-                                 tuple(int(f) for f in features), tuple(float(t) for t in thresholds),
-                                 tuple(int(x) for x in self.sarus.sketch))
-        if self.plan.greedy_grid is None or work.purpose == Purpose.INIT_SCORE:
+        """The round request; a tree's rounds add what the mode's requests carry (the level, the tree's splits
+        chosen so far, a released sketch)."""
+        if work.purpose in (Purpose.INIT_SCORE, Purpose.EVAL):
             return RoundStartMsg(work.purpose, work.tree, start.to_bytes())
-        features, thresholds = self._greedy_splits()
-        return RoundStartMsg(work.purpose, work.tree, start.to_bytes(), work.level,
-                             tuple(int(f) for f in features), tuple(float(t) for t in thresholds))
-
-    def _greedy_splits(self) -> tuple[np.ndarray, np.ndarray]:
-        """The splits chosen for the next tree so far, heap order (all of them once every level is chosen)."""
-        return (np.concatenate([f for f, _ in self.levels] or [np.zeros(0, np.int32)]).astype(np.int32),
-                np.concatenate([t for _, t in self.levels] or [np.zeros(0)]).astype(np.float64))
-
-    def _release_level(self, work: Work, result, now: float) -> None:
-        """Greedy trees: select one split per node of the level from its noisy histograms (post-processing)
-        and checkpoint them before any later request carries them."""
-        total = np.asarray(result.total, dtype=np.int64)
-        cal, grid = self.cal, self.plan.greedy_grid
-        if self.plan.noise == "central":
-            total = total + self.randomness.discrete_gaussian(
-                grid.noise_scales(work.tree, work.level, self.enc.grad.bound_units, cal.sigma_select))
-        features, thresholds = grid.select(total, work.tree, work.level, self.enc.scale, self.hp.l2,
-                                           cal.sigma_select)
-        if self.checkpoint is not None:
-            self.checkpoint.append_level(work.tree, work.level, result.round_id, result.survivors, features,
-                                         thresholds, self.rounds_failed)
-        self.levels.append((features, thresholds))
-        log.info(f"tree {work.tree + 1}/{self.total_trees} level {work.level}: splits chosen (round "
-                 f"{result.round_id}, sites {list(result.survivors)})",
-                 extra={"event": "level", "tree": work.tree, "tree_level": work.level, "round_id": result.round_id,
-                        "sites": list(result.survivors), "vector_len": int(total.size), "at": round(now, 6),
-                        "cpu": round(time.process_time(), 4)})
+        return RoundStartMsg(work.purpose, work.tree, start.to_bytes(),
+                             **self.rounds.request(work.purpose, work.tree, work.level))
 
     def _round_failed(self, ph: RoundInFlight, reason: str, now: float, out: list[Outgoing]) -> None:
         self.rounds_failed += 1
@@ -843,35 +808,28 @@ class Session:
         elif n >= self.plan.max_attempts:
             self._fail(f"{ph.work} failed {n} times (last: {reason})", out)
 
-    def _release_sarus(self, work: Work, result, now: float) -> None:
-        """Sarus trees: the sketch (candidates) or a level's splits from the noisy sums (post-processing),
-        checkpointed before any later request carries them."""
+    def _release_step(self, work: Work, result, now: float) -> None:
+        """A tree's round before its leaves (a level's splits, a sketch): the mode post-processes the noisy sum
+        (central noise mode: plus the coordinator's noise); the step is checkpointed before any later request
+        carries it, then joins the tree in progress."""
         total = np.asarray(result.total, dtype=np.int64)
         if self.plan.noise == "central":
-            total = total + self.randomness.discrete_gaussian(self.sarus.noise_scales(work.purpose, work.level))
-        if work.purpose == Purpose.SKETCH:
-            if self.checkpoint is not None:
-                self.checkpoint.append_sketch(work.tree, result.round_id, result.survivors, total, self.rounds_failed)
-            self.sarus.set_sketch(total)
-            what = "sketch released"
-        else:
-            features, thresholds, stopped = self.sarus.select(total, work.level)
-            if self.checkpoint is not None:
-                self.checkpoint.append_level(work.tree, work.level, result.round_id, result.survivors, features,
-                                             thresholds, self.rounds_failed, stopped)
-            self.levels.append((features, thresholds))
-            what = f"level {work.level}: splits chosen"
-        log.info(f"tree {work.tree + 1}/{self.total_trees} {what} (round {result.round_id}, "
+            total = total + self.randomness.discrete_gaussian(
+                self.rounds.central_noise_scales(work.purpose, work.tree, work.level))
+        step = self.rounds.release(work.purpose, work.tree, work.level, total)
+        if self.checkpoint is not None:
+            self.checkpoint.append_step(step.kind, work.tree, work.level, result.round_id, result.survivors,
+                                        step.record, self.rounds_failed)
+        self.rounds.apply(step.kind, step.record)
+        log.info(f"tree {work.tree + 1}/{self.total_trees} {step.what} (round {result.round_id}, "
                  f"sites {list(result.survivors)})",
-                 extra={"event": work.purpose.name.lower(), "tree": work.tree, "tree_level": work.level,
+                 extra={"event": step.kind, "tree": work.tree, "tree_level": work.level,
                         "round_id": result.round_id, "sites": list(result.survivors), "vector_len": int(total.size),
                         "at": round(now, 6), "cpu": round(time.process_time(), 4)})
 
     def _release(self, work: Work, result, now: float, out: list[Outgoing]) -> None:
-        if self.sarus is not None and work.purpose in (Purpose.SKETCH, Purpose.LEVEL):
-            return self._release_sarus(work, result, now)
-        if work.purpose == Purpose.LEVEL:
-            return self._release_level(work, result, now)
+        if work.purpose not in (Purpose.INIT_SCORE, Purpose.TREE, Purpose.EVAL):
+            return self._release_step(work, result, now)
         total = np.asarray(result.total, dtype=np.int64)
         central = self.plan.noise == "central"
         if work.purpose == Purpose.EVAL:  # sites added the noise in either mode; only metrics are released
@@ -892,32 +850,22 @@ class Session:
             log.info(f"initial score released (round {result.round_id}, sites {list(result.survivors)})",
                      extra={"event": "init", "round_id": result.round_id, "sites": list(result.survivors)})
         else:
-            if central and self.sarus is not None:
-                total = total + self.randomness.discrete_gaussian(self.sarus.noise_scales(work.purpose, 0))
+            if central and not self.rounds.leaf_noise_ahead:
+                total = total + self.randomness.discrete_gaussian(
+                    self.rounds.central_noise_scales(work.purpose, work.tree, work.level))
             elif central:
                 if self.central_noise is None:  # drawn ahead in a background thread (data-independent)
-                    self.central_noise = NoiseShares(self.randomness,
-                                                     leaf_noise_scales(self.hp, self.enc, self.cal.sigma))
+                    self.central_noise = NoiseShares(
+                        self.randomness, self.rounds.central_noise_scales(work.purpose, work.tree, work.level))
                 total = total + self.central_noise.take()
-            if self.hp.tree_builder == "dpboost":  # V = Σg/(n+λ), GLC, clamp: post-processing (docs/dpboost.md)
-                values = dpboost_rounds.leaf_values(total, self.hp, self.enc, work.tree)
-            elif self.sarus is not None:
-                values = self.sarus.leaf_values(total)
-            else:
-                values = leaf_values(total, self.hp, self.enc)
-            if self.plan.greedy_grid is not None or self.sarus is not None:
-                splits = Splits(*self._greedy_splits())
-            else:
-                splits = random_splits(self.plan.schema, self.hp.depth, self.hp.seed, work.tree, self.hp.cyclical,
-                                       self.hp.split_candidates)
+            values = self.rounds.leaf_values(total, work.tree)  # post-processing, the mode's rule
+            splits = self.rounds.splits(work.tree)
             msg = TreeMsg(work.tree, result.round_id, tuple(result.survivors), splits.features,
                           splits.thresholds, np.asarray(values, dtype=np.float64).reshape(-1))
             if self.checkpoint is not None:
                 self.checkpoint.append_tree(msg, self.rounds_failed)
             self.trees.append(msg)
-            self.levels = []
-            if self.sarus is not None:
-                self.sarus.reset()
+            self.rounds.reset()
             log.info(f"tree {work.tree + 1}/{self.total_trees} released (round {result.round_id}, "
                      f"sites {list(result.survivors)})",
                      extra={"event": "tree", "tree": work.tree, "round_id": result.round_id,

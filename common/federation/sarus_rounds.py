@@ -349,8 +349,9 @@ def share_coordinates(plan) -> list[tuple[tuple[float, float], ...]]:
 
 
 class SarusTree:
-    """The coordinator's state of the Sarus tree in progress: its released sketch (and grid) and which nodes
-    of the chosen levels stopped.  Post-processing only; ``server/session.py`` checkpoints what it holds."""
+    """The state of the Sarus tree in progress: its released sketch (and grid) and which nodes of the chosen
+    levels stopped.  Post-processing only; the coordinator's tree rounds (common/modes/sarus_coordinator.py)
+    hold one, and a site rebuilds one from a request's sketch."""
 
     def __init__(self, plan, sketch: np.ndarray | None = None, stopped=()) -> None:
         self.plan, self.grid = plan, plan.sarus_grid
@@ -395,13 +396,12 @@ class SarusTree:
             return self.grid.level_noise_scales(self.tree_grid.layout(0, level), g, self.cal.sigma_select, shares)
         return self.grid.leaf_noise_scales(g, self.cal.sigma, shares)
 
-    def select(self, noisy: np.ndarray, level: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(features, thresholds, stopped) of the level's nodes (:func:`select`)."""
+    def choose(self, noisy: np.ndarray, level: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(features, thresholds, stopped) of the level's nodes (:func:`select`); the state does not change."""
         parent = np.zeros(2**level, bool) if level == 0 else np.repeat(self.stopped[level - 1], 2)
         c, stopped = select(self.tree_grid, self.grid.counts_of(noisy), level, parent, self.enc.scale,
                             self.hp.min_child_weight, self.hp.l2, self.weight)
         cand = self.tree_grid.candidates
-        self.stopped.append(stopped)
         return cand.feature[c].astype(np.int32), cand.threshold[c].astype(np.float64), stopped
 
     def leaf_values(self, noisy: np.ndarray) -> np.ndarray:

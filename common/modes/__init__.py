@@ -31,9 +31,18 @@ def _load_builtin() -> None:
 
 def mode_for(plan):
     """The registered mode of ``plan``."""
+    return _registered("evaluation" if plan.eval_model_sha256 is not None else plan.hyperparameters.tree_builder)
+
+
+
+def training_mode(hp):
+    """The registered mode that trains with hyperparameters ``hp`` (before a plan pins them: ``fedsbdt plan``)."""
+    return _registered(hp.tree_builder)
+
+
+def _registered(name: str):
     if not REGISTRY:
         _load_builtin()
-    name = "evaluation" if plan.eval_model_sha256 is not None else plan.hyperparameters.tree_builder
     try:
         return REGISTRY[name]
     except KeyError:

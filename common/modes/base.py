@@ -130,6 +130,21 @@ class Mode:
     def describe(self) -> str:
         return self.name
 
+    # ------------------------------------------------------------------ coordinator side
+
+    def coordinator_rounds(self, plan, records=()):
+        """The coordinator's state of the tree in progress (:class:`~fedsbdt.common.modes.coordinator.TreeRounds`):
+        what the session asks for every round of a tree, restored from the checkpointed ``records`` ((kind,
+        record) pairs, in order) of that tree.  Base: one leaf round per tree on the public random splits."""
+        from .coordinator import TreeRounds
+
+        return TreeRounds(plan, records)
+
+    def federated_hyperparameters(self, hp, given):
+        """The hyperparameters ``fedsbdt plan`` pins for this mode: ``hp`` with the mode's federation defaults
+        for the keys the user did not give (``given``: the hyperparameter flags set)."""
+        return hp
+
 
 def gaussian(sigma: float) -> GaussianEvent:
     """A Gaussian sum release of unweighted noise σ (noise multiplier σ/√2, common/accountant.py module doc)."""

@@ -29,5 +29,15 @@ class DPBoostTrees(GreedyTrees):
         hp = plan.hyperparameters
         return dpboost.ensembles(hp.accounted_rounds, hp.ensemble_trees)
 
+    # ---- coordinator side
+
+    def coordinator_rounds(self, plan, records=()):
+        from .dpboost_coordinator import DPBoostRounds
+
+        return DPBoostRounds(plan, records)
+
+    def federated_hyperparameters(self, hp, given):
+        return hp  # DPBoost selects with the exponential mechanism (docs/dpboost.md)
+
 
 register(DPBoostTrees())

@@ -32,5 +32,17 @@ class GreedyTrees(Mode):
         n = self.rounds(plan)
         return {"level": n * plan.hyperparameters.depth, "tree": n}
 
+    # ---- coordinator side
+
+    def coordinator_rounds(self, plan, records=()):
+        from .greedy_coordinator import GreedyRounds
+
+        return GreedyRounds(plan, records)
+
+    def federated_hyperparameters(self, hp, given):
+        if "selection" in given:
+            return hp
+        return hp.replace(selection="histogram")  # a federation selects from noisy histograms
+
 
 register(GreedyTrees())

@@ -31,5 +31,12 @@ class SarusTrees(Mode):
         hp = plan.hyperparameters
         return {"sketch": hp.accounted_rounds, "level": hp.accounted_rounds * hp.depth, "tree": hp.accounted_rounds}
 
+    # ---- coordinator side
+
+    def coordinator_rounds(self, plan, records=()):
+        from .sarus_coordinator import SarusRounds
+
+        return SarusRounds(plan, records)
+
 
 register(SarusTrees())

@@ -148,8 +148,8 @@ def test_sites_recompute_the_coordinator_s_candidates_and_keep_one_subsample_per
     hp = sarus_hp(trees=3)
     f = Fed(tmp_path, hp, test_noise=True, store=True).start()
     f.fed.run(until=lambda: len(f.session.trees) == 1 and len(f.session.levels) == 1)
-    sketch = f.session.sarus.sketch
-    coord_grid = f.session.sarus.tree_grid
+    sketch = f.session.rounds.tree.sketch
+    coord_grid = f.session.rounds.tree.tree_grid
     for s in SITES:  # the noisy sketch is stored and the same candidates come out of it
         m = f.machines[s]
         assert np.array_equal(m.ledger.released_sketch(1), sketch)
@@ -166,7 +166,7 @@ def test_sites_recompute_the_coordinator_s_candidates_and_keep_one_subsample_per
     # the coordinator restarts too: it resumes at the next level with the checkpointed sketch
     f.session.checkpoint.close()
     f.session = f.fed.session = f.new_session()
-    assert np.array_equal(f.session.sarus.sketch, sketch) and len(f.session.levels) == 1
+    assert np.array_equal(f.session.rounds.tree.sketch, sketch) and len(f.session.levels) == 1
     for s in SITES:
         f.fed.join(s)
     f.fed.run()
