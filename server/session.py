@@ -894,8 +894,15 @@ class Session:
                 last = max((t.index for t in self.trees if s in t.sites), default=None)
                 parts.append(f"{s} {n}" + (" (none)" if last is None else f" (last at tree {last})"))
         full = sum(n == total for n in per.values())
-        return (f"trained {total} trees; sites in every released sum: {full} of {len(per)} "
+        line = (f"trained {total} trees; sites in every released sum: {full} of {len(per)} "
                 f"(trees per site: {', '.join(parts)})")
+        if self.rounds_failed:  # a failed attempt a site answered spends one of its records' scheduled releases
+            budget = mode_for(self.plan).budget(self.plan)
+            if any(n is not None for k, n in budget.items() if k not in ("init", "eval")):
+                line += (f"; {self.rounds_failed} round(s) failed, and each one a site had answered spent one of the "
+                         f"releases this plan schedules for its records, so up to {min(self.rounds_failed, total)} "
+                         "of the last trees may carry no data from such a site (its receipt lists them)")
+        return line
 
     def _finish(self, now: float, out: list[Outgoing]) -> None:
         model = build_model(self.plan, self.init, self.trees)
