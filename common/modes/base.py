@@ -130,6 +130,17 @@ class Mode:
     def describe(self) -> str:
         return self.name
 
+    # ------------------------------------------------------------------ site side
+
+    def site_rounds(self, plan, site):
+        """The site's part of this mode's tree rounds (common/modes/site_rounds.py ``SiteRounds``): the object
+        a site (client/site.py, duck-typed ``site``) hands every tree round and released tree of ``plan``.
+        The base serves none (a plan that trains nothing)."""
+        from .site_rounds import SiteRounds
+
+        return SiteRounds(plan, site)
+    # ------------------------------------------------------------------ end of site side
+
 
 def gaussian(sigma: float) -> GaussianEvent:
     """A Gaussian sum release of unweighted noise σ (noise multiplier σ/√2, common/accountant.py module doc)."""

@@ -29,5 +29,12 @@ class DPBoostTrees(GreedyTrees):
         hp = plan.hyperparameters
         return dpboost.ensembles(hp.accounted_rounds, hp.ensemble_trees)
 
+    # ---- site side
+    def site_rounds(self, plan, site):
+        """This mode's rounds at a site (common/modes/dpboost_site.py)."""
+        from .dpboost_site import DPBoostSite
+
+        return DPBoostSite(plan, site)
+
 
 register(DPBoostTrees())

@@ -32,5 +32,12 @@ class GreedyTrees(Mode):
         n = self.rounds(plan)
         return {"level": n * plan.hyperparameters.depth, "tree": n}
 
+    # ---- site side
+    def site_rounds(self, plan, site):
+        """This mode's rounds at a site (common/modes/greedy_site.py)."""
+        from .greedy_site import GreedySite
+
+        return GreedySite(plan, site)
+
 
 register(GreedyTrees())
