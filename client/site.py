@@ -59,8 +59,12 @@ docs/federation.md):
   pinned plan does not declare, of another vector length or before the last
   tree is refused.
 
-Every released tree is checked against the plan's public splits before it
-is applied; a coordinator that sends anything else is caught.
+The rounds of the plan's trees are its mode's (``mode_for(plan).site_rounds``,
+common/modes/site_rounds.py: which records a release reads, its vector, its
+splits, its noise share); this module never asks which mode it is.  Every
+released tree is checked by the mode (the plan's public splits, or the splits
+its requests carried) before it is applied; a coordinator that sends anything
+else is caught.
 """
 from __future__ import annotations
 
@@ -481,13 +485,9 @@ class SiteMachine:
         """The initial score: contributed once; a retry resends the stored vector (central noise: with a full
         noise share drawn at the first retry and stored)."""
         plan, local, r = self.plan, self.local, start.round_id
-        expected_len = init_vector_len(plan.schema)
-        if start.vector_len != expected_len:
-            return [Refusal(f"round {r}: vector length {start.vector_len}, expected {expected_len} for "
-                            f"{ev.purpose.name}", r)]
-        replayed = self.replayed_input(ev, start)
-        if replayed is not None:
-            return replayed
+        settled = self.settled_input(ev, start, init_vector_len(plan.schema))
+        if settled is not None:
+            return settled
         new_retry_noise = None
         read = None  # the records this release reads (None: it carries no new data)
         if self.init is not None:
@@ -542,6 +542,15 @@ class SiteMachine:
             if record is not None:
                 record()
         return [InputReply(ev.purpose, ev.tree, masked.to_bytes())]
+
+    def settled_input(self, ev, start, expected_len: int) -> list | None:
+        """The answer to a round that needs no new input — a refusal of a vector length other than
+        ``expected_len``, or the stored input of a round started before (:meth:`replayed_input`) — or None."""
+        r = start.round_id
+        if start.vector_len != expected_len:
+            return [Refusal(f"round {r}: vector length {start.vector_len}, expected {expected_len} for "
+                            f"{ev.purpose.name}", r)]
+        return self.replayed_input(ev, start)
 
     def replayed_input(self, ev, start) -> list | None:
         """The answer to a round started before (e.g. before this process restarted): secagg answers with the

@@ -79,12 +79,9 @@ class RandomSite(SiteRounds):
         if bad is not None:
             return [Refusal(f"round {r}: {bad}", r)]
         expected_len = self.vector_len(ev)
-        if start.vector_len != expected_len:
-            return [Refusal(f"round {r}: vector length {start.vector_len}, expected {expected_len} for "
-                            f"{ev.purpose.name}", r)]
-        replayed = site.replayed_input(ev, start)
-        if replayed is not None:
-            return replayed
+        settled = site.settled_input(ev, start, expected_len)  # another length, or a round answered before
+        if settled is not None:
+            return settled
 
         c = None
         if ev.purpose == Purpose.LEVEL:

@@ -120,12 +120,9 @@ class SarusSite(SiteRounds):
             return [Refusal(f"round {r}: {bad}", r)]
         state = None if ev.purpose == Purpose.SKETCH else self.tree(ev.tree, ev.sketch)[0]
         expected = self.grid.sketch_len if state is None else state.vector_len(ev.purpose, ev.level)
-        if start.vector_len != expected:
-            return [Refusal(f"round {r}: vector length {start.vector_len}, expected {expected} for "
-                            f"{ev.purpose.name}", r)]
-        replayed = m.replayed_input(ev, start)  # answered before (e.g. before a restart): the stored input
-        if replayed is not None:
-            return replayed
+        settled = m.settled_input(ev, start, expected)  # another length, or answered before (e.g. a restart)
+        if settled is not None:
+            return settled
         kind, level = KIND[ev.purpose], (ev.level if ev.purpose == Purpose.LEVEL else None)
         m.gate.attempt(kind, ev.tree, level)
         present = self.subsample(ev.tree)

@@ -13,8 +13,9 @@ the mode names), ``site.gate`` (``attempt``/``admit``/``charge``: client/gate.py
 ``site.noise`` (leaf-noise shares drawn ahead, or None), ``site.table`` (the Rényi filter or None),
 ``site.cal``, ``site.retry_scales``, ``site.trees``/``site.init`` (what was released so far), and calls
 ``site.masked_input`` (masks a vector and runs the round's bookkeeping in one ledger transaction),
-``site.replayed_input``, ``site.remember_leaf_index`` and ``site.abort(reason)`` (an exception that ends
-the session).  Nothing here imports the site.
+``site.settled_input`` (a refusal of another vector length, or the stored input of a round answered
+before), ``site.remember_leaf_index`` and ``site.abort(reason)`` (an exception that ends the session).
+Nothing here imports the site.
 """
 from __future__ import annotations
 
