@@ -18,8 +18,15 @@ table               content
 ``meta``            plan hash, site id, the stored initial-score vector (and,
                     central mode, the noise added to its retries), the stored
                     evaluation vector, its noise and the ε_eval charge record;
-                    partitioning modes: each ensemble's partition of the records
+                    the mode's own state (:meth:`SiteLedger.mode_state`: keys
+                    with a ``/``, named by the mode's module under
+                    common/modes/, e.g. a partition of the records or a
+                    per-tree subsample)
 ==================  ===========================================================
+
+A database of an older version that holds rows in a table this version does
+not know (mode state kept in a table of its own) is refused with one line:
+finish that session with the version that began it, or start afresh.
 
 The privacy-critical rule: the ledger update of round r, its contributions
 row and secagg's ``round/<r>/input`` record are written in **one**
@@ -53,9 +60,8 @@ CREATE TABLE IF NOT EXISTS secagg (key TEXT PRIMARY KEY, value BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS released_splits (
     tree INTEGER NOT NULL, node INTEGER NOT NULL, feature INTEGER NOT NULL, threshold REAL NOT NULL,
     PRIMARY KEY (tree, node));
-CREATE TABLE IF NOT EXISTS sarus_trees (tree INTEGER PRIMARY KEY, records INTEGER NOT NULL, subsample BLOB NOT NULL,
-    sketch BLOB);
 """
+_TABLES = frozenset({"meta", "ledger", "contributions", "secagg", "released_splits"})
 
 
 class LedgerError(RuntimeError):
@@ -82,8 +88,16 @@ class SiteLedger:
             self.db.executescript(_SCHEMA)
             if "level" not in {r[1] for r in self.db.execute("PRAGMA table_info(contributions)")}:
                 self.db.execute("ALTER TABLE contributions ADD COLUMN level INTEGER")  # a database of an older version
+            stale = [(t, n) for (t,) in self.db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+                     if t not in _TABLES and not t.startswith("sqlite_")
+                     and (n := self.db.execute(f'SELECT COUNT(*) FROM "{t}"').fetchone()[0])]
         except sqlite3.Error as e:
             raise LedgerError(f"{self.path}: cannot open the site database: {e}") from None
+        if stale:
+            self.db.close()
+            raise LedgerError(f"{self.path} was written by an older fedsbdt version (its table {stale[0][0]!r} holds "
+                              f"{stale[0][1]} rows this version does not read); finish that session with the "
+                              "version that began it, or move the file away to start the plan afresh")
         self._depth = 0
         for key, want in (("plan_sha256", plan_sha256), ("site_id", site_id)):
             have = self._meta(key)
@@ -180,7 +194,7 @@ class SiteLedger:
                         (int(round_id), kind, tree, int(bool(with_data)), active, sampled, time.time(), level))
 
     def level_contributions(self) -> int:
-        """Greedy level rounds in which this site sent data (each costs one accounted level, retries included)."""
+        """Level rounds in which this site sent data (each costs one accounted level, retries included)."""
         return int(self.db.execute(
             "SELECT COUNT(*) FROM contributions WHERE kind = 'level' AND with_data = 1").fetchone()[0])
 
@@ -204,50 +218,39 @@ class SiteLedger:
         self.db.executemany("INSERT OR IGNORE INTO released_splits (tree, node, feature, threshold) VALUES (?, ?, ?, ?)",
                             ((int(tree), i, int(f), float(t)) for i, (f, t) in enumerate(zip(features, thresholds))))
 
-    # ------------------------------------------------------------------ partitioning modes: the per-ensemble partition
+    # ------------------------------------------------------------------ the mode's own state (common/modes)
 
-    def dpboost_partition(self, ensemble: int) -> bytes | None:
-        """The stored partition of ensemble ``ensemble`` (common/federation/dpboost_rounds.py), or None."""
-        return self._meta(f"dpboost_partition/{int(ensemble)}")
+    @staticmethod
+    def _mode_key(key: str) -> str:
+        if not isinstance(key, str) or "/" not in key:
+            raise LedgerError(f"a mode's state key names its mode's namespace ('name/...'), not {key!r}")
+        return key
 
-    def set_dpboost_partition(self, ensemble: int, blob: bytes) -> None:
-        """Store ensemble ``ensemble``'s partition once (durable before any vector that uses it is sent)."""
-        if self.dpboost_partition(ensemble) is not None:
-            raise LedgerError(f"ensemble {ensemble}'s partition is already stored; it is never drawn twice")
-        self._set_meta(f"dpboost_partition/{int(ensemble)}", bytes(blob))
+    def mode_state(self, key: str) -> bytes | None:
+        """The mode's state stored under ``key`` (the mode's module names its keys), or None."""
+        return self._meta(self._mode_key(key))
+
+    def set_mode_state(self, key: str, blob: bytes) -> None:
+        """Store the mode's state under ``key`` once (durable before anything that depends on it is sent: its own
+        transaction, or the round's); it is never drawn twice."""
+        if self.mode_state(key) is not None:
+            raise LedgerError(f"the mode's state {key!r} is already stored; it is never drawn twice")
+        self._set_meta(self._mode_key(key), bytes(blob))
+
+    def keep_mode_state(self, key: str, blob: bytes) -> None:
+        """Record ``blob`` under ``key`` in the round's transaction, unless a value is stored (the first stays)."""
+        if not self.in_transaction:
+            raise LedgerError("a mode's state must be recorded in the round's transaction")
+        self.db.execute("INSERT OR IGNORE INTO meta (key, value) VALUES (?, ?)", (self._mode_key(key), bytes(blob)))
+
+    # ------------------------------------------------------------------ attempts per stage
+
     def attempts(self, kind: str, tree: int, level: int | None = None, with_data: bool = False) -> int:
         """Masked inputs this site sent for one stage of tree ``tree`` (every attempt; ``with_data``: those
         that carried its data)."""
         return int(self.db.execute(
             "SELECT COUNT(*) FROM contributions WHERE kind = ? AND tree = ? AND level IS ? AND with_data >= ?",
             (kind, int(tree), level, int(with_data))).fetchone()[0])
-
-    # ------------------------------------------------------------------ sketching modes: per-tree subsample and sketch
-
-    def sarus_subsample(self, tree: int, records: int) -> np.ndarray | None:
-        """The Poisson subsample this site drew for tree ``tree`` (a sketching mode) (one bool per local record), or None."""
-        row = self.db.execute("SELECT records, subsample FROM sarus_trees WHERE tree = ?", (int(tree),)).fetchone()
-        if row is None:
-            return None
-        if row[0] != records:
-            raise LedgerError(f"{self.path}: the subsample of tree {tree} covers {row[0]} records, the data {records}")
-        return np.unpackbits(np.frombuffer(row[1], np.uint8), count=records).astype(bool)
-
-    def set_sarus_subsample(self, tree: int, mask: np.ndarray) -> None:
-        with self.transaction():
-            self.db.execute("INSERT INTO sarus_trees (tree, records, subsample) VALUES (?, ?, ?)",
-                            (int(tree), int(mask.size), np.packbits(np.asarray(mask, bool)).tobytes()))
-
-    def released_sketch(self, tree: int) -> np.ndarray | None:
-        """The noisy sketch of tree ``tree`` (a sketching mode) the coordinator's requests carried, or None."""
-        row = self.db.execute("SELECT sketch FROM sarus_trees WHERE tree = ?", (int(tree),)).fetchone()
-        return None if row is None or row[0] is None else np.frombuffer(row[0], np.int64).copy()
-
-    def remember_sketch(self, tree: int, sketch: np.ndarray) -> None:
-        if not self.in_transaction:
-            raise LedgerError("a released sketch must be recorded in the round's transaction")
-        self.db.execute("UPDATE sarus_trees SET sketch = ? WHERE tree = ? AND sketch IS NULL",
-                        (np.asarray(sketch, "<i8").tobytes(), int(tree)))
 
     def attempts_any(self, kind: str, tree: int | None, level: int | None = None) -> int:
         """Masked inputs this site sent for one stage (``kind``, ``tree``, ``level``), with or without data."""

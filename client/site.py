@@ -59,8 +59,12 @@ docs/federation.md):
   pinned plan does not declare, of another vector length or before the last
   tree is refused.
 
-Every released tree is checked against the plan's public splits before it
-is applied; a coordinator that sends anything else is caught.
+The rounds of the plan's trees are its mode's (``mode_for(plan).site_rounds``,
+common/modes/site_rounds.py: which records a release reads, its vector, its
+splits, its noise share); this module never asks which mode it is.  Every
+released tree is checked by the mode (the plan's public splits, or the splits
+its requests carried) before it is applied; a coordinator that sends anything
+else is caught.
 """
 from __future__ import annotations
 
@@ -74,8 +78,8 @@ from pathlib import Path
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from fedsbdt.common import kernels, kernels_numpy
-from fedsbdt.common.boosting import TASK_CODE, split_edges
+from fedsbdt.common import kernels_numpy
+from fedsbdt.common.boosting import split_edges
 from fedsbdt.common.multiclass import init_vector_len, round_vector_len
 from fedsbdt.common.multiclass_boosting import local_data_for
 from fedsbdt.common.config import ConfigError
@@ -87,12 +91,8 @@ from fedsbdt.common.schema import Schema
 from fedsbdt.common.secagg import ProtocolAbort, RoundStart, SecAggSite, decode_message
 from fedsbdt.common.secagg.errors import InvalidMessage
 from fedsbdt.common.secagg.primitives import ed25519_public
-from fedsbdt.common.splits import Splits, random_splits
-from fedsbdt.common.federation.dpboost_rounds import DPBoostRequestError, SitePartition
-from fedsbdt.common.federation.greedy_rounds import GreedyRequestError
-from fedsbdt.common.federation.sarus_rounds import SarusRequestError
+from fedsbdt.common.splits import random_splits
 from fedsbdt.common.federation.plan import Plan, PlanError
-from fedsbdt.common.greedy_levels import level_sums
 from fedsbdt.common.federation.release import build_model, model_bytes, model_content_sha256
 from fedsbdt.common.federation.wire import (
     NONCE_BYTES,
@@ -118,8 +118,8 @@ from .dataload import as_source, load_isolated
 from .evaluation import check_request, eval_input, load_held_out
 from .gate import Gate, LeaveSession
 from fedsbdt.common.modes import mode_for
+from fedsbdt.common.modes.site_rounds import NeedCatchUp
 from .ledger import LedgerError, SiteLedger, ledger_path
-from .sarus_site import SarusSite
 from .isolated_noise import IsolatedSampler
 from .noise import NoiseShares, isolated_shares
 from .policy import MAX_EVAL_EPSILON, SitePolicy
@@ -133,14 +133,6 @@ class SiteRefusal(ConfigError):
 
 class SessionAbort(RuntimeError):
     """The session cannot continue for this site (the coordinator aborted it or sent something false)."""
-
-
-class NeedCatchUp(Exception):
-    """The event needs released trees this site has not applied yet; fetch them (GetTrees) and retry."""
-
-    def __init__(self, have: int, need: int) -> None:
-        super().__init__(f"have {have} trees, need {need}")
-        self.have, self.need = have, need
 
 
 @dataclass(frozen=True)
@@ -319,17 +311,12 @@ class SiteMachine:
         self.leaf_scales, self.init_scales = plan.noise_scales()
         self.retry_scales = plan.central_retry_noise_scales()
         self.plan = plan
-        self.greedy = plan.greedy_grid  # greedy trees: the public grid (None: random trees)
-        self._grid_codes = None if self.greedy is None else self.greedy.codes(ds.X)
-        self.dpboost = None if hp.tree_builder != "dpboost" else SitePartition(  # its partition, kept in the ledger
-            hp, ds.ids, self.ledger.dpboost_partition, self.ledger.set_dpboost_partition)
-        self._splits: dict[int, object] = {}
-        self.sarus = None if plan.sarus_grid is None else SarusSite(self)  # Sarus trees (client/sarus_site.py)
+        self.noise = self._init_share = None
+        self.rounds = gate.mode.site_rounds(plan, self)  # the mode's tree rounds (common/modes/site_rounds.py)
         if hp.init_share == 0:
             self._set_init(InitScoreMsg(0.0, None, ()))
         self._warm_up()
-        self.noise = self._init_share = None
-        if self.leaf_scales is not None and self.sarus is None:  # one scale vector per possible noise divisor k_r
+        if self.leaf_scales is not None and self.rounds.leaf_shares_ahead:  # one scale vector per divisor k_r
             ks = sorted({plan.noise_divisor(p) for p in range(plan.threshold, plan.n + 1)})
             scales, expect = {k: plan.leaf_share_scales(k) for k in ks}, plan.noise_divisor(plan.n)
             if isinstance(randomness, IsolatedSampler):  # one child draws the first block and the initial share
@@ -348,7 +335,7 @@ class SiteMachine:
 
     def _accept_evaluation(self, plan: Plan):
         """The plan's federated evaluation against this site's policy; the held-out data (or None)."""
-        spec, path, cap = plan.eval_spec, self.options.eval_data, self.options.max_eval_epsilon
+        spec, path = plan.eval_spec, self.options.eval_data
         if spec is None:
             if path is not None:
                 log.warning(f"{self.site_id}: --eval-data given, but the plan declares no federated evaluation; "
@@ -371,7 +358,8 @@ class SiteMachine:
         (the deterministic test source must stay in step with a centralised run).
         """
         hp = self.plan.hyperparameters
-        c = self.local.contribution(self.splits(0), 0, self.randomness, self.table)
+        splits = random_splits(self.plan.schema, hp.depth, hp.seed, 0, hp.cyclical, hp.split_candidates)
+        c = self.local.contribution(splits, 0, self.randomness, self.table)
         if self.local.pred.ndim == 1:
             self.local.kernels.apply_leaves(self.local.pred.copy(), c.leaf, np.zeros(hp.leaves), hp.learning_rate)
         if not getattr(self.randomness, "insecure", False) and not isinstance(self.randomness, IsolatedSampler):
@@ -472,7 +460,6 @@ class SiteMachine:
         return [] if reply is None else [reply_type(reply.to_bytes())]
 
     def _round_start(self, ev: RoundStartMsg) -> list[Reply]:
-        plan, hp, local = self.plan, self.plan.hyperparameters, self.local
         try:
             start = RoundStart.from_bytes(ev.secagg)
         except InvalidMessage as e:
@@ -487,103 +474,53 @@ class SiteMachine:
             raise self._abort(str(e)) from None
 
     def _scheduled_round_start(self, ev: RoundStartMsg, start: RoundStart) -> list[Reply]:
-        plan, hp, local = self.plan, self.plan.hyperparameters, self.local
-        r = start.round_id
         if ev.purpose == Purpose.EVAL:
             return self._eval_round_start(ev, start)
-        if self.sarus is not None and ev.purpose != Purpose.INIT_SCORE:
-            return self.sarus.round_start(ev, start)
-        if self.greedy is not None and ev.purpose != Purpose.INIT_SCORE:
-            bad = self._greedy_request_refusal(ev)  # before anything is computed
-            if bad is not None:
-                return [Refusal(f"round {r}: {bad}", r)]
-        if ev.purpose == Purpose.LEVEL:
-            expected_len = self.greedy.layout(ev.tree, ev.level).length
-        else:
-            expected_len = (init_vector_len(plan.schema) if ev.purpose == Purpose.INIT_SCORE
-                            else round_vector_len(plan.schema, hp))
-        if start.vector_len != expected_len:
-            return [Refusal(f"round {r}: vector length {start.vector_len}, expected {expected_len} for "
-                            f"{ev.purpose.name}", r)]
-        replayed = self.replayed_input(ev, start)
-        if replayed is not None:
-            return replayed
+        if ev.purpose != Purpose.INIT_SCORE:
+            return self.rounds.round_start(ev, start)  # the plan's mode (common/modes/site_rounds.py)
+        return self._init_round_start(ev, start)
 
-        c = None
-        stored_init = new_retry_noise = None
+    def _init_round_start(self, ev: RoundStartMsg, start: RoundStart) -> list[Reply]:
+        """The initial score: contributed once; a retry resends the stored vector (central noise: with a full
+        noise share drawn at the first retry and stored)."""
+        plan, local, r = self.plan, self.local, start.round_id
+        settled = self.settled_input(ev, start, init_vector_len(plan.schema))
+        if settled is not None:
+            return settled
+        new_retry_noise = None
         read = None  # the records this release reads (None: it carries no new data)
-        if ev.purpose == Purpose.INIT_SCORE:
-            if self.init is not None:
-                return [Refusal(f"round {r}: the initial score was already released", r)]
-            self.gate.attempt("init", None)
-            stored_init = self.ledger.init_vector()
-            if stored_init is not None:  # a retry: the identical noisy vector, never a second one
-                x, noise = stored_init
-                if plan.noise == "central":  # the un-noised vector was sent once; retries carry a full share
-                    retry_noise = self.ledger.init_retry_noise()
-                    if retry_noise is None:
-                        retry_noise = new_retry_noise = self.randomness.discrete_laplace(self.retry_scales[1])
-                    noise = retry_noise
-            else:
-                read = np.ones(local.n, bool)
-                x = local.init_sums()
-                noise, self._init_share = self._init_share, None  # drawn ahead (isolated sampler), used once
-                if noise is None and self.init_scales is not None:
-                    noise = self.randomness.discrete_laplace(self.init_scales)
-            kind, tree, with_data = "init", None, True
-        elif ev.purpose == Purpose.LEVEL:
-            kind, tree = "level", ev.tree
-            x, noise, read = self._level_input(ev, start)
-            with_data = read is not None
+        if self.init is not None:
+            return [Refusal(f"round {r}: the initial score was already released", r)]
+        self.gate.attempt("init", None)
+        stored_init = self.ledger.init_vector()
+        if stored_init is not None:  # a retry: the identical noisy vector, never a second one
+            x, noise = stored_init
+            if plan.noise == "central":  # the un-noised vector was sent once; retries carry a full share
+                retry_noise = self.ledger.init_retry_noise()
+                if retry_noise is None:
+                    retry_noise = new_retry_noise = self.randomness.discrete_laplace(self.retry_scales[1])
+                noise = retry_noise
         else:
-            k = ev.tree
-            if self.init is None or len(self.trees) < k:
-                raise NeedCatchUp(len(self.trees), k)
-            if len(self.trees) > k:
-                return [Refusal(f"round {r}: tree {k} was already released; refusing to contribute to it again", r)]
-            kind, tree = "tree", k
-            self.gate.attempt("tree", k)
-            read = local.arrival <= k if self.dpboost is None else self._dpboost_call(self.dpboost.records, k, local)
-            read = self.gate.admit("tree", read, tree=k, partial=self.gate.mode.explicit_leaf_records)
-            if read is None:
-                x, with_data = np.zeros(expected_len, np.int64), False
-            else:
-                splits = self.splits(k) if self.greedy is None else \
-                    Splits(np.asarray(ev.features, np.int32), np.asarray(ev.thresholds, np.float64))
-                c = local.contribution(splits, k, self.randomness, self.table) if self.dpboost is None else \
-                    self._dpboost_call(self.dpboost.contribution, splits, k, local, read)
-                x, with_data = np.asarray(c.sums, dtype=np.int64), True
-                if self.table is not None and c.new_spent is not None:  # the filter: the records it charged
-                    read = np.asarray(c.new_spent) != np.asarray(local.spent)
-            noise = None
-            p = len(start.participants)
-            if self.noise is not None and plan.threshold <= p <= plan.n:  # otherwise secagg refuses the round
-                noise = self.noise.take(plan.noise_divisor(p))  # variance σ²/k_r, k_r from the public plan
-            elif plan.noise == "central" and self.ledger.tree_attempts(k) > 0:
-                noise = self.randomness.discrete_gaussian(self.retry_scales[0])  # a retry: a full, fresh share
+            read = np.ones(local.n, bool)
+            x = local.init_sums()
+            noise, self._init_share = self._init_share, None  # drawn ahead (isolated sampler), used once
+            if noise is None and self.init_scales is not None:
+                noise = self.randomness.discrete_laplace(self.init_scales)
 
         def record() -> None:
             if read is not None:  # the gate: this release, charged to exactly the records it read
-                self.gate.charge(kind, read, tree, ev.level if kind == "level" else None, r)
-            if c is not None and c.new_spent is not None:
-                self.ledger.charge(local.ids, local.spent, c.new_spent)
-            self.ledger.log_contribution(r, kind, tree, with_data, None if c is None else c.active,
-                                         None if c is None else c.sampled, ev.level if kind == "level" else None)
-            if self.greedy is not None and kind != "init":
-                self.ledger.remember_splits(ev.tree, ev.features, ev.thresholds)
-            if kind == "init" and stored_init is None:
+                self.gate.charge("init", read, None, None, r)
+            self.ledger.log_contribution(r, "init", None, True, None, None, None)
+            if stored_init is None:
                 self.ledger.set_init_vector(x, noise)
             if new_retry_noise is not None:
                 self.ledger.set_init_retry_noise(new_retry_noise)
 
-        replies = self.masked_input(ev, start, x, noise, record)
-        if isinstance(replies[0], Refusal):
-            return replies
-        # Durable: only now does the masked vector leave this function.
-        if c is not None:
-            local.commit(c)
-            self._leaf_cache = {tree: c.leaf}
-        return replies
+        return self.masked_input(ev, start, x, noise, record)
+
+    def remember_leaf_index(self, tree: int, leaf: np.ndarray) -> None:
+        """Keep the leaf index a tree's contribution computed, to apply the released tree without recomputing it."""
+        self._leaf_cache = {tree: leaf}
 
     def masked_input(self, ev: RoundStartMsg, start: RoundStart, x: np.ndarray | None, noise: np.ndarray | None = None,
                      record=None) -> list[Reply]:
@@ -605,38 +542,14 @@ class SiteMachine:
                 record()
         return [InputReply(ev.purpose, ev.tree, masked.to_bytes())]
 
-    # ------------------------------------------------------------------ greedy trees
-
-    def _greedy_request_refusal(self, ev: RoundStartMsg, grid=None) -> str | None:
-        """Why a greedy tree's request (a level, or the leaves) must not be answered, or None.
-
-        Checked against the pinned plan and this site's records only: the tree is the next one, the
-        level lies below the depth, the splits so far are 2^level − 1 (all of them for the leaves)
-        candidates of the plan's grid, and they repeat every split of this tree released before —
-        no request may rewrite a released split or go back to a released level.
-        """
-        hp, k = self.plan.hyperparameters, ev.tree
-        if self.init is None or len(self.trees) < k:
-            raise NeedCatchUp(len(self.trees), k)
-        if len(self.trees) > k:
-            return f"tree {k} was already released; refusing to contribute to it again"
-        if ev.purpose == Purpose.LEVEL and not 0 <= ev.level < hp.depth:
-            return f"level {ev.level} requested, but the plan's trees have depth {hp.depth} (levels 0..{hp.depth - 1})"
-        n = 2**ev.level - 1 if ev.purpose == Purpose.LEVEL else hp.leaves - 1
-        what = f"level {ev.level}" if ev.purpose == Purpose.LEVEL else "the leaves"
-        if len(ev.features) != n:
-            return f"the request for {what} of tree {k} carries {len(ev.features)} splits, expected {n}"
-        try:
-            (grid or self.greedy).candidate_index(k, ev.features, ev.thresholds)
-        except GreedyRequestError as e:
-            return f"the splits of tree {k} are not the plan's candidates ({e})"
-        known_f, known_t = self.ledger.released_splits(k)
-        if known_f.size > n:
-            return f"{what} of tree {k} was already passed ({known_f.size} of its splits were released)"
-        if not (np.array_equal(known_f, np.asarray(ev.features[:known_f.size], np.int64))
-                and np.array_equal(known_t, np.asarray(ev.thresholds[:known_f.size], np.float64))):
-            return f"the request rewrites splits of tree {k} that were released before"
-        return None
+    def settled_input(self, ev, start, expected_len: int) -> list | None:
+        """The answer to a round that needs no new input — a refusal of a vector length other than
+        ``expected_len``, or the stored input of a round started before (:meth:`replayed_input`) — or None."""
+        r = start.round_id
+        if start.vector_len != expected_len:
+            return [Refusal(f"round {r}: vector length {start.vector_len}, expected {expected_len} for "
+                            f"{ev.purpose.name}", r)]
+        return self.replayed_input(ev, start)
 
     def replayed_input(self, ev, start) -> list | None:
         """The answer to a round started before (e.g. before this process restarted): secagg answers with the
@@ -646,53 +559,6 @@ class SiteMachine:
             return None
         return self.masked_input(ev, start, None)
 
-    def _level_input(self, ev: RoundStartMsg, start: RoundStart) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
-        """(level vector, noise share, the records it reads or None: no data) for a checked level request (docs/greedy.md).
-
-        The gate charges the level to exactly the records it reads, every attempt (client/gate.py).
-        Distributed noise: a share of variance 1/k_r of the level's noise, k_r from the plan and
-        the participant set; central noise: a retry carries a full, fresh share."""
-        plan, local, grid = self.plan, self.local, self.greedy
-        k, enc = ev.tree, local.enc
-        layout = grid.layout(k, ev.level)
-        self.gate.attempt("level", k, ev.level)
-        use = local.arrival <= k if self.dpboost is None else self._dpboost_call(self.dpboost.records, k, local)
-        use = self.gate.admit("level", use, tree=k, partial=True)
-        if use is None:
-            x = np.zeros(layout.length, np.int64)
-        else:
-            node = grid.route(self._grid_codes, grid.candidate_index(k, ev.features, ev.thresholds), ev.level)
-            gq, _ = kernels.grad_hess_units(local.pred, local.y, TASK_CODE[local.task], enc.scale,
-                                            enc.grad.bound_units, enc.hess.bound_units)
-            x = level_sums(self._grid_codes, node, gq, use, layout)
-        noise = None
-        p = len(start.participants)
-        if plan.noise == "distributed" and plan.threshold <= p <= plan.n:  # otherwise secagg refuses the round
-            noise = self.randomness.discrete_gaussian(plan.level_share_scales(k, ev.level, plan.noise_divisor(p)))
-        elif plan.noise == "central" and self.ledger.level_attempts(k, ev.level) > 0:
-            noise = self.randomness.discrete_gaussian(plan.level_share_scales(k, ev.level, 1))
-        return x, noise, use
-
-    def _dpboost_call(self, f, *args):
-        """A DPBoost partition step; a stored partition that does not fit this site's data ends the session."""
-        try:
-            return f(*args)
-        except DPBoostRequestError as e:
-            raise self._abort(str(e)) from None
-
-    def _greedy_tree_splits(self, t: TreeMsg) -> Splits:
-        """A released greedy tree's splits, if they are on the plan's grid and repeat those released before."""
-        if t.features.size != self.plan.hyperparameters.leaves - 1:
-            raise self._abort(f"tree {t.index} has {t.features.size} splits, not a tree of the plan's depth")
-        try:
-            self.greedy.candidate_index(t.index, t.features, t.thresholds)
-        except GreedyRequestError as e:
-            raise self._abort(f"tree {t.index} does not use the plan's candidate grid ({e})") from None
-        known_f, known_t = self.ledger.released_splits(t.index)
-        if not (np.array_equal(known_f, t.features[:known_f.size].astype(np.int64))
-                and np.array_equal(known_t, t.thresholds[:known_f.size])):
-            raise self._abort(f"tree {t.index} has other splits than the coordinator's requests released")
-        return Splits(t.features, t.thresholds)
     def _eval_round_start(self, ev: RoundStartMsg, start: RoundStart) -> list[Reply]:
         """The federated evaluation: the stored (or a new, once-drawn) noisy vector, charged before it leaves."""
         r = start.round_id
@@ -724,15 +590,6 @@ class SiteMachine:
 
     # ------------------------------------------------------------------ releases
 
-    def splits(self, k: int):
-        """The plan's public random splits of tree ``k`` (cached: needed for the contribution and the check)."""
-        sp = self._splits.get(k)
-        if sp is None:
-            hp = self.plan.hyperparameters
-            sp = self._splits[k] = random_splits(self.plan.schema, hp.depth, hp.seed, k, hp.cyclical,
-                                                 hp.split_candidates)
-        return sp
-
     def _set_init(self, init: InitScoreMsg) -> None:
         if self.trees:
             raise self._abort("an initial score arrived after trees were applied")
@@ -746,14 +603,7 @@ class SiteMachine:
         hp = self.plan.hyperparameters
         if self.init is None:
             raise self._abort(f"tree {t.index} arrived before the initial score")
-        if self.sarus is not None:
-            try:
-                splits = self.sarus.released_splits(t)
-            except SarusRequestError as e:
-                raise self._abort(str(e)) from None
-        else:
-            splits = self.splits(t.index) if self.greedy is None else self._greedy_tree_splits(t)
-        self._splits = {k: v for k, v in self._splits.items() if k > t.index}
+        splits = self.rounds.released_splits(t)  # checked by the plan's mode (common/modes/site_rounds.py)
         if not (np.array_equal(t.features, splits.features) and np.array_equal(t.thresholds, splits.thresholds)):
             raise self._abort(f"tree {t.index} does not use the plan's public random splits")
         if t.leaves.shape != (round_vector_len(self.plan.schema, hp) // 2,) or not np.isfinite(t.leaves).all() or \
@@ -826,6 +676,10 @@ class SiteMachine:
             self.noise.close()
         if getattr(self, "gate", None) is not None:
             self.gate.close()
+
+    def abort(self, reason: str) -> SessionAbort:
+        """End the session at this site (``raise site.abort(reason)``): logged, the stage set, samplers closed."""
+        return self._abort(reason)
 
     def _abort(self, reason: str) -> SessionAbort:
         self.close()

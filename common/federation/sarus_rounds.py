@@ -25,7 +25,7 @@ over the d levels.  The tree is one :class:`~fedsbdt.common.accountant.PoissonSa
 Gaussians (:func:`tree_event`), charged with the tight subsampling bound of S-BDT's Thm. 14 — valid since a
 composition of Gaussians has an RDP curve linear in α (Lemma 15,
 :func:`fedsbdt.common.accountant.gaussian_multiplier`).  Side-effect free: ``server/session.py`` and
-``client/sarus_site.py`` call these functions.
+``common/modes/sarus_site.py`` call these functions.
 """
 from __future__ import annotations
 

@@ -145,6 +145,16 @@ class Mode:
         for the keys the user did not give (``given``: the hyperparameter flags set)."""
         return hp
 
+    # ------------------------------------------------------------------ site side
+
+    def site_rounds(self, plan, site):
+        """The site's part of this mode's tree rounds (common/modes/site_rounds.py ``SiteRounds``): the object
+        a site (client/site.py, duck-typed ``site``) hands every tree round and released tree of ``plan``.
+        The base serves none (a plan that trains nothing)."""
+        from .site_rounds import SiteRounds
+
+        return SiteRounds(plan, site)
+
 
 def gaussian(sigma: float) -> GaussianEvent:
     """A Gaussian sum release of unweighted noise σ (noise multiplier σ/√2, common/accountant.py module doc)."""

@@ -39,5 +39,12 @@ class DPBoostTrees(GreedyTrees):
     def federated_hyperparameters(self, hp, given):
         return hp  # DPBoost selects with the exponential mechanism (docs/dpboost.md)
 
+    # ---- site side
+    def site_rounds(self, plan, site):
+        """This mode's rounds at a site (common/modes/dpboost_site.py)."""
+        from .dpboost_site import DPBoostSite
+
+        return DPBoostSite(plan, site)
+
 
 register(DPBoostTrees())

@@ -17,5 +17,13 @@ class EvaluationOnly(Mode):
     def tree_budget(self, plan):  # pragma: no cover - trains nothing
         return {}
 
+    # ---- site side
+    def site_rounds(self, plan, site):
+        """The model's released trees are checked as those of the plan's tree builder (its mode's site rounds);
+        the gate refuses every training round before it reaches them."""
+        from . import REGISTRY
+
+        return REGISTRY[plan.hyperparameters.tree_builder].site_rounds(plan, site)
+
 
 register(EvaluationOnly())

@@ -44,5 +44,12 @@ class GreedyTrees(Mode):
             return hp
         return hp.replace(selection="histogram")  # a federation selects from noisy histograms
 
+    # ---- site side
+    def site_rounds(self, plan, site):
+        """This mode's rounds at a site (common/modes/greedy_site.py)."""
+        from .greedy_site import GreedySite
+
+        return GreedySite(plan, site)
+
 
 register(GreedyTrees())

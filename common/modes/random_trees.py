@@ -24,5 +24,12 @@ class RandomTrees(Mode):
         hp = plan.hyperparameters
         return {"tree": None if hp.filter else hp.accounted_rounds}
 
+    # ---- site side
+    def site_rounds(self, plan, site):
+        """This mode's rounds at a site (common/modes/random_site.py)."""
+        from .random_site import RandomSite
+
+        return RandomSite(plan, site)
+
 
 register(RandomTrees())

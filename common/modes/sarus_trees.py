@@ -4,7 +4,7 @@ one Poisson subsample.
 The tree's releases compose under one subsampling (their Gaussian parts add up to one Gaussian, Thm. 5), so a
 tree costs one :func:`~fedsbdt.common.federation.sarus_rounds.tree_event`, charged with its first release (the
 sketch); its levels and leaves cost nothing more.  Budget per record: ``T`` sketches, ``T·depth`` levels and
-``T`` leaf releases (each stage of a tree carries data once: client/sarus_site.py).
+``T`` leaf releases (each stage of a tree carries data once: common/modes/sarus_site.py).
 """
 from __future__ import annotations
 
@@ -37,6 +37,13 @@ class SarusTrees(Mode):
         from .sarus_coordinator import SarusRounds
 
         return SarusRounds(plan, records)
+
+    # ---- site side
+    def site_rounds(self, plan, site):
+        """This mode's rounds at a site (common/modes/sarus_site.py)."""
+        from .sarus_site import SarusSite
+
+        return SarusSite(plan, site)
 
 
 register(SarusTrees())

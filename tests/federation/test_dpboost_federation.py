@@ -154,15 +154,15 @@ def test_the_partition_survives_a_site_restart(tmp_path):
     hp = dpboost_hp(trees=3, ensemble_trees=3, depth=2, grad_clip=0.4)
     f = Fed(tmp_path, hp).start()
     f.fed.run(until=lambda: len(f.session.trees) == 1)
-    before = {s: f.machines[s].dpboost.parts(0).copy() for s in SITES}
+    before = {s: f.machines[s].rounds.partition.parts(0).copy() for s in SITES}
     b = f.restart_site("hosp-b")  # a new process on the same database, mid-ensemble
-    assert np.array_equal(b.dpboost.parts(0), before["hosp-b"])
+    assert np.array_equal(b.rounds.partition.parts(0), before["hosp-b"])
     f.fed.run()
     assert f.session.exit_code == 0 and not f.fed.rejected
     # the model is the reference on the partition drawn *before* the restart: nothing was redrawn
     assert_equals_reference(f, reference(f, {s: {0: before[s]} for s in SITES}))
     with pytest.raises(Exception, match="never drawn twice"):
-        b.ledger.set_dpboost_partition(0, b"x" * 40)
+        b.ledger.set_mode_state("dpboost_partition/0", b"x" * 40)
 
 
 def test_a_stored_partition_for_other_records_ends_the_session(tmp_path):
@@ -175,7 +175,7 @@ def test_a_stored_partition_for_other_records_ends_the_session(tmp_path):
     db.commit()
     m = f.restart_site("hosp-a")
     with pytest.raises(SessionAbort, match="other records"):
-        m._dpboost_call(m.dpboost.parts, 0)
+        m.rounds.call(m.rounds.partition.parts, 0)
 
 
 def test_site_refuses_tampered_dpboost_requests_and_charges_nothing(tmp_path, monkeypatch):
@@ -185,8 +185,8 @@ def test_site_refuses_tampered_dpboost_requests_and_charges_nothing(tmp_path, mo
     before = _counts(f, "hosp-a")
     parts_before = f.db("hosp-a").execute("SELECT key FROM meta WHERE key LIKE 'dpboost%'").fetchall()
     calls = []
-    monkeypatch.setattr("fedsbdt.client.site.level_sums", lambda *a, **k: calls.append(a))
-    monkeypatch.setattr(m.dpboost, "contribution", lambda *a, **k: calls.append(a))
+    monkeypatch.setattr("fedsbdt.common.modes.greedy_site.level_sums", lambda *a, **k: calls.append(a))
+    monkeypatch.setattr(m.rounds.partition, "contribution", lambda *a, **k: calls.append(a))
     cases = {
         "not a tree of the plan": (4, 0, [], []),  # ensemble 2 of a plan with 2 ensembles
         "not a tree of the plan ": (-1, 0, [], []),

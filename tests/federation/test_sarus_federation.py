@@ -135,8 +135,8 @@ def test_federated_sarus_equals_the_central_rule_with_the_same_subsample(tmp_pat
         assert rows == expect
         m = f.machines[s]
         for k, t in enumerate(fm["trees"]):
-            sketch = m.ledger.released_sketch(k)
-            grid = m.sarus.tree(k, sketch)[0].tree_grid  # candidates recomputed at the site from the sketch
+            sketch = m.rounds.released_sketch(k)
+            grid = m.rounds.tree(k, sketch)[0].tree_grid  # candidates recomputed at the site from the sketch
             c = grid.candidate_index(k, t["features"], t["thresholds"])
             splits_seen += c.size
     assert splits_seen == 3 * hp.trees * (hp.leaves - 1)
@@ -152,14 +152,14 @@ def test_sites_recompute_the_coordinator_s_candidates_and_keep_one_subsample_per
     coord_grid = f.session.rounds.tree.tree_grid
     for s in SITES:  # the noisy sketch is stored and the same candidates come out of it
         m = f.machines[s]
-        assert np.array_equal(m.ledger.released_sketch(1), sketch)
-        g = m.sarus.tree(1, m.ledger.released_sketch(1))[0].tree_grid
+        assert np.array_equal(m.rounds.released_sketch(1), sketch)
+        g = m.rounds.tree(1, m.rounds.released_sketch(1))[0].tree_grid
         assert np.array_equal(g.candidates.threshold, coord_grid.candidates.threshold)
         assert np.array_equal(g.candidates.feature, coord_grid.candidates.feature)
     # a site restarts mid-tree: the same subsample comes back from its database (not a new draw)
-    before = f.machines["hosp-b"].sarus.subsample(1).copy()
+    before = f.machines["hosp-b"].rounds.subsample(1).copy()
     b = f.restart_site("hosp-b")
-    assert np.array_equal(b.sarus.subsample(1), before)
+    assert np.array_equal(b.rounds.subsample(1), before)
     draws = []
     orig = b.randomness.subsample
     b.randomness.subsample = lambda *a: draws.append(a) or orig(*a)
@@ -184,7 +184,7 @@ def _request(f: Fed, site: str, purpose, tree: int, level: int, features, thresh
     if purpose == Purpose.SKETCH or len(sketch) != f.plan.sarus_grid.sketch_len:
         n = f.plan.sarus_grid.sketch_len
     else:
-        n = m.sarus.tree(tree, sketch)[0].vector_len(purpose, level)
+        n = m.rounds.tree(tree, sketch)[0].vector_len(purpose, level)
     start = RoundStart(f.session.coord.config.digest, ep.epoch, r, n, tuple(SITES))
     return RoundStartMsg(purpose, tree, start.to_bytes(), level, tuple(int(x) for x in features),
                          tuple(float(x) for x in thresholds), tuple(int(x) for x in sketch))
@@ -195,9 +195,9 @@ def test_site_refuses_requests_off_the_released_sketch_and_charges_nothing(tmp_p
     f = Fed(tmp_path, hp, test_noise=True).start()
     m = f.machines["hosp-a"]
     f.fed.run(until=lambda: len(f.session.trees) == 1 and m.ledger.released_splits(1)[0].size == 3)
-    sketch = m.ledger.released_sketch(1)
+    sketch = m.rounds.released_sketch(1)
     feats, thr = m.ledger.released_splits(1)
-    grid = m.sarus.tree(1, sketch)[0].tree_grid
+    grid = m.rounds.tree(1, sketch)[0].tree_grid
     fine = f.plan.sarus_grid.fine
     numeric = int(f.plan.sarus_grid.numeric[0])
     off = [t for t in fine.threshold[fine.feature == numeric] if t not in set(grid.candidates.threshold)][0]
@@ -220,7 +220,7 @@ def test_site_refuses_requests_off_the_released_sketch_and_charges_nothing(tmp_p
         out = m.handle(_request(f, "hosp-a", purpose, tree, level, fe, th, sk))
         assert len(out) == 1 and why in out[0].detail, (why, out)
     assert not calls and _counts(f, "hosp-a") == before  # nothing computed, charged, logged or stored
-    assert np.array_equal(m.ledger.released_sketch(1), sketch)
+    assert np.array_equal(m.rounds.released_sketch(1), sketch)
 
 
 def test_a_site_sends_each_stage_s_data_once_however_often_the_coordinator_retries(tmp_path):

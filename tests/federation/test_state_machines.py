@@ -436,7 +436,7 @@ def test_sites_catch_a_coordinator_that_lies_about_trees(tmp_path):
     with pytest.raises(SessionAbort, match="public random splits"):
         m.handle(nxt)
     m2 = f.machines["hosp-b"]
-    sp = m2.splits(1)
+    sp = m2.rounds.splits(1)
     big = TreeMsg(1, 99, ("hosp-a",), sp.features, sp.thresholds, np.full(good.leaves.size, 1e6))
     with pytest.raises(SessionAbort, match="leaf values"):
         m2.handle(big)

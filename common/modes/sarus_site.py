@@ -1,7 +1,8 @@
-"""A site's side of federated Sarus trees (docs/sarus.md "Federation").
+"""The site side of federated Sarus trees (docs/sarus.md "Federation").
 
 Per tree the site draws its Poisson subsample once (from the plan's randomness: the OS CSPRNG in a real
-plan) and keeps it in its database, so the tree's sketch, level and leaf rounds — and a restarted site —
+plan) and keeps it in its database (this mode's state, keys ``sarus_subsample/<tree>`` and
+``sarus_sketch/<tree>``), so the tree's sketch, level and leaf rounds — and a restarted site —
 use the same records.  Before anything is computed a request is checked against the pinned plan and the
 site's database: the tree is the next one; a sketch is asked for once per tree; a level or leaf request
 carries the tree's released sketch (the first one seen is stored; another one is refused), its splits are
@@ -20,18 +21,35 @@ from fedsbdt.common import kernels
 from fedsbdt.common.boosting import TASK_CODE
 from fedsbdt.common.federation.sarus_rounds import SarusRequestError, SarusTree
 from fedsbdt.common.federation.wire import Purpose, Refusal
+from fedsbdt.common.splits import Splits
+
+from .greedy_site import request_refusal
+from .site_rounds import SiteRounds, catch_up_or_refusal
 
 KIND = {Purpose.SKETCH: "sketch", Purpose.LEVEL: "level", Purpose.TREE: "tree"}
 
 
-class SarusSite:
-    """The Sarus part of a :class:`fedsbdt.client.site.SiteMachine` (its plan, data, ledger and randomness)."""
+def subsample_key(tree: int) -> str:
+    """The site database key of tree ``tree``'s subsample (the number of records, 8 bytes, then one bit each)."""
+    return f"sarus_subsample/{int(tree)}"
 
-    def __init__(self, machine) -> None:
-        self.m = machine
-        self.plan = machine.plan
-        self.grid = self.plan.sarus_grid
-        self.codes = self.grid.fine_codes(machine.local.X)
+
+def sketch_key(tree: int) -> str:
+    """The site database key of tree ``tree``'s released sketch (int64 little-endian)."""
+    return f"sarus_sketch/{int(tree)}"
+
+
+class SarusSite(SiteRounds):
+    """Sketch, level and leaf rounds of one tree on one Poisson subsample, at one site (its plan, data, ledger
+    and randomness: ``site``)."""
+
+    leaf_shares_ahead = False  # the tree's rounds draw their own shares
+
+    def __init__(self, plan, site) -> None:
+        super().__init__(plan, site)
+        self.m = site
+        self.grid = plan.sarus_grid
+        self.codes = self.grid.fine_codes(site.local.X)
         self._trees: dict[int, tuple[bytes, SarusTree, np.ndarray]] = {}  # tree -> (sketch, state, grid codes)
 
     # ------------------------------------------------------------------ per-tree public and private state
@@ -39,11 +57,23 @@ class SarusSite:
     def subsample(self, tree: int) -> np.ndarray:
         """This site's Poisson subsample for tree ``tree`` (drawn once, kept in the database), present records."""
         local, ledger = self.m.local, self.m.ledger
-        mask = ledger.sarus_subsample(tree, local.n)
-        if mask is None:
+        blob = ledger.mode_state(subsample_key(tree))
+        if blob is None:
             mask = np.asarray(self.m.randomness.subsample(self.plan.hyperparameters.subsample, local.ids, tree), bool)
-            ledger.set_sarus_subsample(tree, mask)
+            ledger.set_mode_state(subsample_key(tree), np.int64(mask.size).astype("<i8").tobytes()
+                                  + np.packbits(mask).tobytes())
+        else:
+            records = int(np.frombuffer(blob[:8], "<i8")[0])
+            if records != local.n:
+                raise self.m.abort(f"the stored subsample of tree {tree} covers {records} records, the data "
+                                   f"{local.n}")
+            mask = np.unpackbits(np.frombuffer(blob[8:], np.uint8), count=records).astype(bool)
         return mask & (local.arrival <= tree)
+
+    def released_sketch(self, tree: int) -> np.ndarray | None:
+        """The noisy sketch of tree ``tree`` the coordinator's requests carried (the first one seen), or None."""
+        blob = self.m.ledger.mode_state(sketch_key(tree))
+        return None if blob is None else np.frombuffer(blob, "<i8").astype(np.int64)
 
     def tree(self, tree: int, sketch) -> tuple[SarusTree, np.ndarray]:
         """The tree's state from its released sketch (candidates recomputed here) and the records' codes."""
@@ -58,15 +88,12 @@ class SarusSite:
     # ------------------------------------------------------------------ checks
 
     def refusal(self, ev) -> str | None:
-        """Why a Sarus request must not be answered, or None (raises NeedCatchUp for a tree not yet reached)."""
-        from .site import NeedCatchUp
-
+        """Why a request must not be answered, or None (raises NeedCatchUp for a tree not yet reached)."""
         m, k = self.m, ev.tree
-        if m.init is None or len(m.trees) < k:
-            raise NeedCatchUp(len(m.trees), k)
-        if len(m.trees) > k:
-            return f"tree {k} was already released; refusing to contribute to it again"
-        known = m.ledger.released_sketch(k)
+        late = catch_up_or_refusal(m, k)
+        if late is not None:
+            return late
+        known = self.released_sketch(k)
         if ev.purpose == Purpose.SKETCH:
             if ev.features or ev.sketch:
                 return "a sketch request carries no splits and no sketch"
@@ -82,7 +109,7 @@ class SarusSite:
         if known is not None and not np.array_equal(known, sketch):
             return f"the request carries another sketch of tree {k} than the one released before"
         state, _ = self.tree(k, sketch)
-        return m._greedy_request_refusal(ev, state.tree_grid)
+        return request_refusal(m, ev, state.tree_grid)
 
     # ------------------------------------------------------------------ a round
 
@@ -93,12 +120,9 @@ class SarusSite:
             return [Refusal(f"round {r}: {bad}", r)]
         state = None if ev.purpose == Purpose.SKETCH else self.tree(ev.tree, ev.sketch)[0]
         expected = self.grid.sketch_len if state is None else state.vector_len(ev.purpose, ev.level)
-        if start.vector_len != expected:
-            return [Refusal(f"round {r}: vector length {start.vector_len}, expected {expected} for "
-                            f"{ev.purpose.name}", r)]
-        replayed = m.replayed_input(ev, start)  # answered before (e.g. before a restart): the stored input
-        if replayed is not None:
-            return replayed
+        settled = m.settled_input(ev, start, expected)  # another length, or answered before (e.g. a restart)
+        if settled is not None:
+            return settled
         kind, level = KIND[ev.purpose], (ev.level if ev.purpose == Purpose.LEVEL else None)
         m.gate.attempt(kind, ev.tree, level)
         present = self.subsample(ev.tree)
@@ -120,7 +144,7 @@ class SarusSite:
                 m.gate.charge(kind, read, ev.tree, level, r)
             m.ledger.log_contribution(r, kind, ev.tree, with_data, None, int(present.sum()), level)
             if state is not None:
-                m.ledger.remember_sketch(ev.tree, state.sketch)
+                m.ledger.keep_mode_state(sketch_key(ev.tree), np.asarray(state.sketch, "<i8").tobytes())
                 m.ledger.remember_splits(ev.tree, ev.features, ev.thresholds)
 
         return m.masked_input(ev, start, x, noise, record)
@@ -142,14 +166,18 @@ class SarusSite:
     # ------------------------------------------------------------------ released trees
 
     def released_splits(self, t):
-        """A released Sarus tree's splits, checked against the candidates of its released sketch (if this site
-        saw it) and the splits the requests carried; a :class:`SarusRequestError` says why not."""
-        from fedsbdt.common.splits import Splits
+        """A released tree's splits, checked against the candidates of its released sketch (if this site saw
+        it) and the splits the requests carried; ends the session (``site.abort``) if they are not."""
+        try:
+            return self._released_splits(t)
+        except SarusRequestError as e:
+            raise self.m.abort(str(e)) from None
 
+    def _released_splits(self, t):
         hp = self.plan.hyperparameters
         if t.features.size != hp.leaves - 1:
             raise SarusRequestError(f"tree {t.index} has {t.features.size} splits, not a tree of the plan's depth")
-        sketch = self.m.ledger.released_sketch(t.index)
+        sketch = self.released_sketch(t.index)
         if sketch is not None:
             try:
                 self.tree(t.index, sketch)[0].tree_grid.candidate_index(t.index, t.features, t.thresholds)
