@@ -37,6 +37,26 @@ def _status() -> dict[str, float]:
     return out
 
 
+def _mappings(top: int = 15) -> list[dict]:
+    """The largest mappings by resident size (/proc/self/smaps): which heap, arena or library holds the RSS."""
+    maps, cur = [], None
+    with open("/proc/self/smaps") as fh:
+        for line in fh:
+            head = line.split()
+            if "-" in head[0] and not head[0].endswith(":"):
+                cur = {"range": head[0], "name": head[5] if len(head) > 5 else "[anon]", "rss_mb": 0.0}
+                lo, hi = (int(x, 16) for x in head[0].split("-"))
+                cur["size_mb"] = round((hi - lo) / 2**20, 1)
+                maps.append(cur)
+            elif head[0] == "Rss:" and cur is not None:
+                cur["rss_mb"] = round(int(head[1]) / 1024, 1)
+    by_name: dict[str, float] = {}
+    for m in maps:
+        by_name[m["name"]] = round(by_name.get(m["name"], 0.0) + m["rss_mb"], 1)
+    return sorted(maps, key=lambda m: -m["rss_mb"])[:top] + [{"by_name": dict(sorted(
+        by_name.items(), key=lambda kv: -kv[1])[:top])}]
+
+
 def main() -> None:
     out_dir = Path(sys.argv[1])
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -86,6 +106,8 @@ def main() -> None:
     def finish() -> None:
         stop.set()
         th.join(timeout=2)
+        (out_dir / "exit.json").write_text(json.dumps({"numba_loaded": "numba" in sys.modules,
+                                                       "modules": len(sys.modules), "mappings": _mappings()}))
         if frames:
             if best["snap"] is not None:
                 top(best["snap"], "tracemalloc_peak.txt",
