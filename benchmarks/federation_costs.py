@@ -54,7 +54,8 @@ from fedsbdt.server.demo import Layout, follow_log, prepare  # noqa: E402
 
 
 def export_tree(ref: str, dest: Path) -> Path:
-    """The files of git ref ``ref`` under ``dest`` (reused when already there)."""
+    """The files of git ref ``ref`` under ``dest`` (reused when already there), with an importable
+    ``fedsbdt`` package in ``_import/`` (see :func:`import_path`)."""
     commit = subprocess.run(["git", "rev-parse", ref], cwd=ROOT, capture_output=True, text=True,
                             check=True).stdout.strip()
     out = dest / commit[:12]
@@ -62,7 +63,21 @@ def export_tree(ref: str, dest: Path) -> Path:
         out.mkdir(parents=True, exist_ok=True)
         archive = subprocess.run(["git", "archive", commit], cwd=ROOT, capture_output=True, check=True).stdout
         subprocess.run(["tar", "-x", "-C", str(out)], input=archive, check=True)
+    pkg = out / "protos" / "fedsbdt"
+    for sub in ("common", "server", "client"):  # pyproject's package-dir, as links
+        if not (pkg / sub).exists():
+            (pkg / sub).symlink_to(out / sub, target_is_directory=True)
+    (out / "_import").mkdir(exist_ok=True)
+    if not (out / "_import" / "fedsbdt").exists():
+        (out / "_import" / "fedsbdt").symlink_to(pkg, target_is_directory=True)
     return out
+
+
+def import_path(code: Path) -> str:
+    """PYTHONPATH under which ``import fedsbdt`` finds the code under ``code``: an exported tree's
+    ``_import`` (the venv's editable install maps ``fedsbdt`` to this working tree, and PYTHONPATH comes
+    before it: without this a baseline would run this tree's code), or this tree itself."""
+    return str(code / "_import") if (code / "_import").is_dir() else str(code)
 
 
 class PeakMemory:
@@ -110,7 +125,7 @@ def run_federation(code: Path, hp: dict, sites: int, profile: Path | None = None
     RSS timeline; tracemalloc and cProfile as the FEDSBDT_PROBE_* environment variables say).
     """
     from fedsbdt.common.federation.plan import Deadlines
-    env = dict(os.environ, PYTHONPATH=str(code))
+    env = dict(os.environ, PYTHONPATH=import_path(code))
     env.setdefault("NUMBA_CACHE_DIR", str(code / ".numba-cache"))
 
     def cli(*args: str) -> list[str]:
