@@ -94,3 +94,6 @@ def test_epoch_shares_parts_concatenate_to_the_encoding_and_share_the_commitment
     ids = [{id(p) for p in ps if len(p) > 100} for ps in parts.values()]
     common = set.intersection(*ids)
     assert len(common) == len(routed)  # one shared encoding per dealer, in every recipient's parts
+    for s, m in routed.items():  # each blob is the dealer's ShareKeys' ciphertext itself, not a copy
+        held = {id(p) for p in parts[s]}
+        assert all(id(e.encrypted.ciphertext) in held for e in m.entries if e.encrypted is not None)
