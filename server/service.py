@@ -14,7 +14,11 @@
   shared by every outbox), so a site whose stream broke resumes with
   ``after_seq``; older history is refused with ``OUT_OF_RANGE`` and the
   site re-joins and catches up with ``GetTrees``.  A Join opens a fresh
-  outbox and ends the previous incarnation's stream.
+  outbox and ends the previous incarnation's stream.  A message is joined
+  from its (shared) parts only when written, and messages above
+  ``SMALL_WRITE_BYTES`` (an epoch's EpochShares) share a byte budget
+  across all streams (:class:`WriteBudget`), so an epoch setup does not put
+  n copies of them into gRPC's buffers at once.
 * ``Connect`` (what the site daemon uses) is Subscribe + Submit* + Report on
   one bidirectional stream: a reader task per stream applies the site's
   messages in order with the same checks as the unary calls, and the stream
