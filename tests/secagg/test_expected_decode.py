@@ -97,3 +97,28 @@ def test_epoch_shares_parts_concatenate_to_the_encoding_and_share_the_commitment
     for s, m in routed.items():  # each blob is the dealer's ShareKeys' ciphertext itself, not a copy
         held = {id(p) for p in parts[s]}
         assert all(id(e.encrypted.ciphertext) in held for e in m.entries if e.encrypted is not None)
+
+
+def test_a_ready_epoch_encodes_as_each_share_keys_length_prefixed():
+    """CoordinatorEpoch.to_bytes writes each dealer's ShareKeys into its own buffer (no per-dealer copy):
+    the bytes are still ``var(ShareKeys.to_bytes())`` per dealer, and decode to the same epoch."""
+    from fedsbdt.common.secagg.coordinator import CoordinatorEpoch
+    from fedsbdt.common.secagg.encoding import Writer
+
+    from .conftest import make_federation
+
+    fed = make_federation(4)
+    setup, ann = fed.coordinator.begin_epoch(2)
+    for s in fed.config.site_ids:
+        setup.receive_advertise(fed.sites[s].handle_epoch_announce(ann))
+    roster = setup.close_advertise()
+    for s in roster.senders:
+        setup.receive_share_keys(fed.sites[s].handle_epoch_roster(roster))
+    setup.close_share_keys()
+    ep = fed.coordinator.epoch(ann.epoch)
+    w = Writer().var(ep.announce.to_bytes()).var(ep.roster.to_bytes()).u32(len(ep.share_keys))
+    for d in ep.dealers:
+        w.var(ep.share_keys[d].to_bytes())
+    assert ep.to_bytes() == w.getvalue()
+    again = CoordinatorEpoch.from_bytes(ep.to_bytes())
+    assert again.dealers == ep.dealers and again.to_bytes() == ep.to_bytes()
