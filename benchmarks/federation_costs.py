@@ -21,6 +21,12 @@ two plans alternately in the same run and reports each median and the ratio
 never / auto.  A ``--baseline`` ref runs the default plan only (it may not
 know the option).  The JSON notes the load average before and after.
 
+Also per run: bytes each site received and sent per round (the session's total over rounds, setups
+included), and the 1-minute load average every 5 s (min / median / max).  ``--probe DIR`` runs this tree's
+coordinator under ``benchmarks/_coordinator_probe.py`` (RSS timeline, largest mappings at exit;
+tracemalloc with ``FEDSBDT_PROBE_TRACEMALLOC=frames``, cProfile with ``FEDSBDT_PROBE_CPROFILE=1``) and
+copies its log beside it.
+
 Optionally (``--profile FILE``) the working tree's first coordinator runs
 under ``py-spy record`` (``pip install py-spy`` into the venv): a flame
 graph (``.svg``) or collapsed stacks (``.txt``) in FILE.

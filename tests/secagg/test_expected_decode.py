@@ -74,19 +74,24 @@ def test_a_layout_needs_valid_sorted_dealers():
         ShareLayout(("a", "a b"))
 
 
-def test_epoch_shares_parts_concatenate_to_the_encoding_and_share_the_commitments():
-    """The coordinator keeps each recipient's EpochShares as parts (server/session.py): their concatenation
-    is the canonical encoding, and a dealer's commitments are one bytes object in every recipient's parts."""
+def _set_up_epoch(n: int, rounds: int):
+    """An in-process federation of ``n`` sites with one ready epoch: (federation, announcement, routed shares)."""
     from .conftest import make_federation
 
-    fed = make_federation(5)
-    setup, ann = fed.coordinator.begin_epoch(3)
+    fed = make_federation(n)
+    setup, ann = fed.coordinator.begin_epoch(rounds)
     for s in fed.config.site_ids:
         setup.receive_advertise(fed.sites[s].handle_epoch_announce(ann))
     roster = setup.close_advertise()
     for s in roster.senders:
         setup.receive_share_keys(fed.sites[s].handle_epoch_roster(roster))
-    routed = setup.close_share_keys()
+    return fed, ann, setup.close_share_keys()
+
+
+def test_epoch_shares_parts_concatenate_to_the_encoding_and_share_the_commitments():
+    """The coordinator keeps each recipient's EpochShares as parts (server/session.py): their concatenation
+    is the canonical encoding, and a dealer's commitments are one bytes object in every recipient's parts."""
+    _, _, routed = _set_up_epoch(5, 3)
     parts = {s: m.to_parts() for s, m in routed.items()}
     for s, m in routed.items():
         assert b"".join(parts[s]) == m.to_bytes()
@@ -105,16 +110,7 @@ def test_a_ready_epoch_encodes_as_each_share_keys_length_prefixed():
     from fedsbdt.common.secagg.coordinator import CoordinatorEpoch
     from fedsbdt.common.secagg.encoding import Writer
 
-    from .conftest import make_federation
-
-    fed = make_federation(4)
-    setup, ann = fed.coordinator.begin_epoch(2)
-    for s in fed.config.site_ids:
-        setup.receive_advertise(fed.sites[s].handle_epoch_announce(ann))
-    roster = setup.close_advertise()
-    for s in roster.senders:
-        setup.receive_share_keys(fed.sites[s].handle_epoch_roster(roster))
-    setup.close_share_keys()
+    fed, ann, _ = _set_up_epoch(4, 2)
     ep = fed.coordinator.epoch(ann.epoch)
     w = Writer().var(ep.announce.to_bytes()).var(ep.roster.to_bytes()).u32(len(ep.share_keys))
     for d in ep.dealers:
