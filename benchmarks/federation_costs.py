@@ -21,6 +21,12 @@ two plans alternately in the same run and reports each median and the ratio
 never / auto.  A ``--baseline`` ref runs the default plan only (it may not
 know the option).  The JSON notes the load average before and after.
 
+Also per run: bytes each site received and sent per round (the session's total over rounds, setups
+included), and the 1-minute load average every 5 s (min / median / max).  ``--probe DIR`` runs this tree's
+coordinator under ``benchmarks/_coordinator_probe.py`` (RSS timeline, largest mappings at exit;
+tracemalloc with ``FEDSBDT_PROBE_TRACEMALLOC=frames``, cProfile with ``FEDSBDT_PROBE_CPROFILE=1``) and
+copies its log beside it.
+
 Optionally (``--profile FILE``) the working tree's first coordinator runs
 under ``py-spy record`` (``pip install py-spy`` into the venv): a flame
 graph (``.svg``) or collapsed stacks (``.txt``) in FILE.
@@ -34,6 +40,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -53,7 +60,8 @@ from fedsbdt.server.demo import Layout, follow_log, prepare  # noqa: E402
 
 
 def export_tree(ref: str, dest: Path) -> Path:
-    """The files of git ref ``ref`` under ``dest`` (reused when already there)."""
+    """The files of git ref ``ref`` under ``dest`` (reused when already there), with an importable
+    ``fedsbdt`` package in ``_import/`` (see :func:`import_path`)."""
     commit = subprocess.run(["git", "rev-parse", ref], cwd=ROOT, capture_output=True, text=True,
                             check=True).stdout.strip()
     out = dest / commit[:12]
@@ -61,7 +69,21 @@ def export_tree(ref: str, dest: Path) -> Path:
         out.mkdir(parents=True, exist_ok=True)
         archive = subprocess.run(["git", "archive", commit], cwd=ROOT, capture_output=True, check=True).stdout
         subprocess.run(["tar", "-x", "-C", str(out)], input=archive, check=True)
+    pkg = out / "protos" / "fedsbdt"
+    for sub in ("common", "server", "client"):  # pyproject's package-dir, as links
+        if not (pkg / sub).exists():
+            (pkg / sub).symlink_to(out / sub, target_is_directory=True)
+    (out / "_import").mkdir(exist_ok=True)
+    if not (out / "_import" / "fedsbdt").exists():
+        (out / "_import" / "fedsbdt").symlink_to(pkg, target_is_directory=True)
     return out
+
+
+def import_path(code: Path) -> str:
+    """PYTHONPATH under which ``import fedsbdt`` finds the code under ``code``: an exported tree's
+    ``_import`` (the venv's editable install maps ``fedsbdt`` to this working tree, and PYTHONPATH comes
+    before it: without this a baseline would run this tree's code), or this tree itself."""
+    return str(code / "_import") if (code / "_import").is_dir() else str(code)
 
 
 class PeakMemory:
@@ -69,6 +91,7 @@ class PeakMemory:
 
     def __init__(self) -> None:
         self.peak: dict[str, float] = {}
+        self.load: list[float] = []  # the 1-minute load average, every 5 s
         self.pids: dict[str, int] = {}
         self._stop = threading.Event()
         self._th = threading.Thread(target=self._run, daemon=True)
@@ -78,7 +101,11 @@ class PeakMemory:
         self.pids[name] = pid
 
     def _run(self) -> None:
+        n = 0
         while not self._stop.wait(0.2):
+            n += 1
+            if n % 25 == 1:
+                self.load.append(os.getloadavg()[0])
             for name, pid in list(self.pids.items()):
                 try:
                     with open(f"/proc/{pid}/status") as fh:
@@ -95,14 +122,16 @@ class PeakMemory:
 
 
 def run_federation(code: Path, hp: dict, sites: int, profile: Path | None = None, stagger: float = 0.0,
-                   fast_path: str = "auto") -> dict:
+                   fast_path: str = "auto", probe: Path | None = None) -> dict:
     """One federation with the code under ``code``; returns CPU and memory figures.
 
     ``stagger``: seconds between site starts (many sites: their start-up children must not all overlap).
     ``fast_path``: the plan's [secure_aggregation] fast_path ("auto" is left out of the plan).
+    ``probe``: run the coordinator under ``benchmarks/_coordinator_probe.py`` writing into this folder (its
+    RSS timeline; tracemalloc and cProfile as the FEDSBDT_PROBE_* environment variables say).
     """
     from fedsbdt.common.federation.plan import Deadlines
-    env = dict(os.environ, PYTHONPATH=str(code))
+    env = dict(os.environ, PYTHONPATH=import_path(code))
     env.setdefault("NUMBA_CACHE_DIR", str(code / ".numba-cache"))
 
     def cli(*args: str) -> list[str]:
@@ -131,6 +160,8 @@ def run_federation(code: Path, hp: dict, sites: int, profile: Path | None = None
             r, w = os.pipe()
             cmd = cli("coordinator", "--plan", str(layout.plan), "--listen", "127.0.0.1:0", "--state",
                       str(layout.coordinator), "--ready-fd", str(w), "--json")
+            if probe is not None:
+                cmd = [sys.executable, str(ROOT / "benchmarks" / "_coordinator_probe.py"), str(probe)] + cmd[3:]
             if profile is not None:
                 cmd = [str(Path(sys.executable).with_name("py-spy")), "record", "--rate", "200", "--subprocesses",
                        "--nonblocking", "--format", "raw" if profile.suffix == ".txt" else "flamegraph",
@@ -169,12 +200,15 @@ def run_federation(code: Path, hp: dict, sites: int, profile: Path | None = None
                 site_out[sid] = json.loads(sout)
             if coord.returncode != 0:
                 raise RuntimeError(f"coordinator failed: {out[-2000:]}")
+            if probe is not None:  # the coordinator's log beside its RSS timeline
+                shutil.copy(layout.logs / "coordinator.log", probe / "coordinator.log")
         finally:
             for p in procs:
                 if p.poll() is None:
                     p.kill()
                     p.wait()
             peaks = mem.stop()
+            load = [round(x, 2) for x in mem.load]
     rounds = index[-1] - index[0]
     gaps = np.diff(release_at) * 1e3
     return {
@@ -185,6 +219,11 @@ def run_federation(code: Path, hp: dict, sites: int, profile: Path | None = None
         "site_child_cpu_s": {sid: o.get("child_cpu_seconds") for sid, o in site_out.items()},
         "site_noise_processes": {sid: o.get("noise_processes") for sid, o in site_out.items()},
         "peak_rss_mb": peaks,
+        "site_bytes_per_round": {  # everything over the whole session (epoch setups included) / rounds
+            "received_median": statistics.median(o.get("bytes_received", 0) / rounds for o in site_out.values()),
+            "sent_median": statistics.median(o.get("bytes_sent", 0) / rounds for o in site_out.values())},
+        "load_average_1min_during": {"min": min(load, default=None), "median": statistics.median(load) if load else None,
+                                     "max": max(load, default=None)},
         "round_latency_ms_median": round(float(np.median(gaps)), 3),
     }
 
@@ -229,6 +268,9 @@ def main() -> None:
                     help="py-spy the coordinator of this tree's first run: flame graph (.svg) or raw stacks (.txt)")
     ap.add_argument("--fast-path", choices=["auto", "never", "both"], default="auto",
                     help="this tree's plan [secure_aggregation] fast_path; both: auto and never alternately")
+    ap.add_argument("--probe", metavar="DIR",
+                    help="run this tree's coordinators under benchmarks/_coordinator_probe.py, one folder per run "
+                         "in DIR (RSS timeline; FEDSBDT_PROBE_TRACEMALLOC=frames, FEDSBDT_PROBE_CPROFILE=1)")
     ap.add_argument("--out", default="federation_costs")
     args = ap.parse_args()
     hp = {"epsilon": 1.0, "trees": args.trees, "depth": args.depth, "seed": 1}
@@ -244,7 +286,8 @@ def main() -> None:
         for name, (code, mode) in versions.items():
             prof = profile if (profile is not None and name.startswith("this_tree") and rep == 0) else None
             print(f"run {rep + 1}/{args.repeats}: {name} ...", flush=True)
-            r = run_federation(code, hp, args.sites, prof, args.stagger, mode)
+            probe = (Path(args.probe) / f"run{rep + 1}-{mode}") if args.probe and name.startswith("this_tree") else None
+            r = run_federation(code, hp, args.sites, prof, args.stagger, mode, probe)
             print("  " + json.dumps(r), flush=True)
             runs[name].append(r)
     summary = {k: summarise(v) for k, v in runs.items()}

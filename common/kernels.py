@@ -568,14 +568,22 @@ def _leaf_values(sums, n_leaves, h_scale, g_scale, l2, beta):
     return out
 
 
+
 def leaf_values(noisy_sums: np.ndarray, n_leaves: int, h_scale: float, g_scale: float, l2: float,
                 beta: float) -> np.ndarray:
     """``clamp(u/(w + λ), −β, β)`` per leaf from ``[w_0 … w_{L−1}, u_0 … u_{L−1}]`` in units; 0 if w < 0.
 
-    ``w = sum/h_scale`` and ``u = sum/g_scale`` (the fixed-point scales).
+    ``w = sum/h_scale`` and ``u = sum/g_scale`` (the fixed-point scales).  In numpy, not numba (the same IEEE
+    operations, so the same values bit for bit, ``benchmarks/check_kernels.py``): the coordinator calls only
+    this kernel, and loading numba would cost it about 100 MB of memory.
     """
-    return _leaf_values(np.ascontiguousarray(noisy_sums, np.int64), int(n_leaves), float(h_scale), float(g_scale),
-                        float(l2), float(beta))
+    s = np.ascontiguousarray(noisy_sums, np.int64)
+    L = int(n_leaves)
+    w = s[:L].astype(np.float64) / float(h_scale)
+    u = s[L:2 * L].astype(np.float64) / float(g_scale)
+    den = w + float(l2)
+    v = np.divide(u, den, out=np.zeros(L), where=(w >= 0) & (den > 0))
+    return np.minimum(np.maximum(v, -float(beta)), float(beta))
 
 
 @njit(cache=True, nogil=True)

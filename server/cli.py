@@ -32,6 +32,9 @@ log = logging.getLogger("fedsbdt.coordinator")
 def cmd_coordinator(args: argparse.Namespace) -> int:
     from fedsbdt.common.federation.plan import Plan
 
+    from .malloc import map_large_buffers
+
+    map_large_buffers()  # before gRPC's threads exist: an epoch setup's buffers go back when freed
     t0 = time.perf_counter()
     plan = Plan.load(args.plan)
     cal = plan.verify_privacy()

@@ -18,7 +18,7 @@ import itertools
 from collections import deque
 from dataclasses import dataclass, field
 
-from fedsbdt.common.federation.wire import MAX_MESSAGE_BYTES, RoundMsg, SetupMsg, event_to_proto
+from fedsbdt.common.federation.wire import MAX_MESSAGE_BYTES, RoundMsg, SetupMsg, SetupParts, event_to_proto
 
 OUTBOX_EVENTS = 4096
 #: bytes of events an outbox holds beyond its newest OUTBOX_MIN_EVENTS (a stream that broke for longer
@@ -31,7 +31,7 @@ _EVENTS = b"\x0a"  # EventBatch.events: field 1, length-delimited
 _PROCESSED = b"\x10"  # EventBatch.processed: field 2, varint
 _REJECTED = b"\x1a"  # EventBatch.rejected: field 3, length-delimited
 _SECAGG = b"\x0a"  # SecAggMessage.secagg: field 1, length-delimited
-_SECAGG_KIND = {SetupMsg: b"\x12", RoundMsg: b"\x22"}  # Event.setup (2), Event.round (4): length-delimited
+_SECAGG_KIND = {SetupMsg: b"\x12", SetupParts: b"\x12", RoundMsg: b"\x22"}  # Event.setup (2), Event.round (4)
 
 
 def varint(v: int) -> bytes:
@@ -60,10 +60,11 @@ def encode_event(ev) -> Encoded:
     """The encoding of one session event without its sequence number (once per event, however many sites)."""
     kind = _SECAGG_KIND.get(type(ev))
     if kind is not None:
-        inner = ev.secagg
-        head = _SECAGG + varint(len(inner)) if inner else b""  # proto3 leaves an empty bytes field out
-        head = kind + varint(len(head) + len(inner)) + head
-        return Encoded((head, inner), len(head) + len(inner))
+        inner = ev.parts if isinstance(ev, SetupParts) else (ev.secagg,)  # referenced, not joined
+        n = sum(len(x) for x in inner)
+        head = _SECAGG + varint(n) if n else b""  # proto3 leaves an empty bytes field out
+        head = kind + varint(len(head) + n) + head
+        return Encoded((head, *inner), len(head) + n)
     data = event_to_proto(ev, 0).SerializeToString()  # seq 0 is not serialised (proto3 default)
     return Encoded((data,), len(data))
 
@@ -80,9 +81,14 @@ class Held:
         return 1 + len(varint(self.seq)) + self.body.size
 
 
+def event_parts(e: Held) -> list[bytes]:
+    """The serialised ``Event`` (what a Subscribe stream writes) as byte strings to join."""
+    return [_SEQ, varint(e.seq), *e.body.parts]
+
+
 def event_bytes(e: Held) -> bytes:
-    """The serialised ``Event`` (what a Subscribe stream writes)."""
-    return b"".join((_SEQ, varint(e.seq), *e.body.parts))
+    """The serialised ``Event``."""
+    return b"".join(event_parts(e))
 
 
 @dataclass
@@ -123,15 +129,15 @@ class Outbox:
             w.set()
 
 
-def batches(events: list[Held], processed: int, rejected: list[str]):
-    """Serialised ``EventBatch`` messages for ``events`` (in order, each well below the message size limit);
-    the last one carries ``processed`` and ``rejected``."""
+def batch_parts(events: list[Held], processed: int, rejected: list[str]):
+    """Serialised ``EventBatch`` messages for ``events`` (in order, each well below the message size limit),
+    each as byte strings to join; the last one carries ``processed`` and ``rejected``."""
     parts: list[bytes] = []
     size = 0
     for e in events:
         n = e.size
         if parts and size + n > MAX_MESSAGE_BYTES // 4:
-            yield b"".join(parts)
+            yield parts
             parts, size = [], 0
         parts += (_EVENTS, varint(n), _SEQ, varint(e.seq), *e.body.parts)
         size += n
@@ -140,7 +146,13 @@ def batches(events: list[Held], processed: int, rejected: list[str]):
     for r in rejected:
         data = r.encode("utf-8")
         parts += (_REJECTED, varint(len(data)), data)
-    yield b"".join(parts)
+    yield parts
+
+
+def batches(events: list[Held], processed: int, rejected: list[str]):
+    """:func:`batch_parts`, each batch joined."""
+    for parts in batch_parts(events, processed, rejected):
+        yield b"".join(parts)
 
 
 def raw_or(serialize):

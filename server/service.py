@@ -14,7 +14,11 @@
   shared by every outbox), so a site whose stream broke resumes with
   ``after_seq``; older history is refused with ``OUT_OF_RANGE`` and the
   site re-joins and catches up with ``GetTrees``.  A Join opens a fresh
-  outbox and ends the previous incarnation's stream.
+  outbox and ends the previous incarnation's stream.  A message is joined
+  from its (shared) parts only when written, and messages above
+  ``SMALL_WRITE_BYTES`` (an epoch's EpochShares) share a byte budget
+  across all streams (:class:`WriteBudget`), so an epoch setup does not put
+  n copies of them into gRPC's buffers at once.
 * ``Connect`` (what the site daemon uses) is Subscribe + Submit* + Report on
   one bidirectional stream: a reader task per stream applies the site's
   messages in order with the same checks as the unary calls, and the stream
@@ -53,7 +57,7 @@ from fedsbdt.common import testhooks
 from fedsbdt.proto.v1 import federation_pb2 as pb
 from fedsbdt.proto.v1 import federation_pb2_grpc as pbg
 
-from .outbox import Outbox, batches, encode_event, event_bytes, raw_or
+from .outbox import Outbox, batch_parts, encode_event, event_parts, raw_or
 from .session import Rejected, Session
 from fedsbdt.common.federation.wire import (
     MAX_MESSAGE_BYTES,
@@ -78,6 +82,15 @@ FIRST_MESSAGE_SECONDS = 10.0
 UNARY_CALLS = 16
 #: A waiting stream re-checks whether its call is still active at least this often (seconds).
 RECHECK_SECONDS = 1.0
+#: Bytes of large stream messages (an epoch's EpochShares: ≈ 2 MB each at 100 sites) being joined and written
+#: at once, over all streams: their copies and gRPC's buffers of them stay below this instead of n times a
+#: message (see :class:`WriteBudget`).
+WRITE_BUDGET_BYTES = 16 * 1024 * 1024
+#: Messages up to this size (round traffic) are written without waiting for the budget.
+SMALL_WRITE_BYTES = 256 * 1024
+#: A write holds its share of the budget at most this long (seconds): a site that does not read its stream
+#: slows the others' large messages by at most this much each, and never stops them.
+WRITE_HOLD_SECONDS = 2.0
 
 
 def max_concurrent_rpcs(n_sites: int) -> int:
@@ -159,6 +172,67 @@ async def _wait(wake: asyncio.Event, cond) -> None:
             timer.cancel()
 
 
+class WriteBudget:
+    """Bounds the bytes of large messages being written to the streams at once (on the server's event loop).
+
+    A stream message is joined from its parts only when written, and gRPC's ``write`` completes when the
+    transport has taken the bytes (HTTP/2 flow control: about when the site has read them).  A message above
+    ``SMALL_WRITE_BYTES`` waits until the messages in flight leave room for it (or none is in flight), then
+    holds its size until its write completes or ``WRITE_HOLD_SECONDS`` have passed, whichever is first.  So
+    the n EpochShares of an epoch are not all copied into n streams' buffers at once, and a stalled site
+    cannot hold the budget.
+    """
+
+    def __init__(self, limit: int = WRITE_BUDGET_BYTES, small: int = SMALL_WRITE_BYTES,
+                 hold_seconds: float = WRITE_HOLD_SECONDS) -> None:
+        self.limit, self.small, self.hold_seconds = limit, small, hold_seconds
+        self.used = 0
+        self.peak = 0  # most bytes held at once (benchmarks, tests)
+        self._waiters: list[asyncio.Future] = []
+
+    async def write(self, context, parts: list[bytes]) -> int:
+        """Join ``parts`` and write them to ``context``; returns the message's size."""
+        size = sum(len(p) for p in parts)
+        if size <= self.small:
+            await context.write(b"".join(parts))
+            return size
+        loop = asyncio.get_running_loop()
+        while self.used and self.used + size > self.limit:
+            fut = loop.create_future()
+            self._waiters.append(fut)
+            try:
+                await fut
+            finally:
+                if fut in self._waiters:
+                    self._waiters.remove(fut)
+        self.used += size
+        self.peak = max(self.peak, self.used)
+        held = True
+
+        def release() -> None:
+            nonlocal held
+            if held:
+                held = False
+                self.used -= size
+                waiters, self._waiters = self._waiters, []
+                for w in waiters:
+                    if not w.done():
+                        w.set_result(None)
+
+        task = None
+        try:
+            task = asyncio.ensure_future(context.write(b"".join(parts)))
+            del parts
+            await asyncio.wait((task,), timeout=self.hold_seconds)
+            release()
+            await task
+        finally:
+            release()
+            if task is not None and not task.done():
+                task.cancel()
+        return size
+
+
 class FederationService(pbg.FederationServicer):
     """gRPC servicer over one :class:`Session`; every handler runs on the server's event loop."""
 
@@ -179,6 +253,7 @@ class FederationService(pbg.FederationServicer):
         # have its new stream open before the server notices the old one closed
         self.streams: dict[tuple[str, bytes], int] = {}
         self.observers: list = []  # called on the loop after every session step (server/status.py)
+        self.write_budget = WriteBudget()
 
     # ------------------------------------------------------------------ plumbing
 
@@ -417,9 +492,7 @@ class FederationService(pbg.FederationServicer):
                 ending = self.stopping or box.superseded or context.done()
                 pending = box.after(last) if (self.stopping or not ending) else []
                 for e in pending:
-                    data = event_bytes(e)
-                    self.bytes_out += len(data)
-                    await context.write(data)
+                    self.bytes_out += await self.write_budget.write(context, event_parts(e))
                     last = e.seq
                 if ending:
                     return
@@ -534,9 +607,8 @@ class FederationService(pbg.FederationServicer):
                 if failure is not None:
                     raise _Abort(*failure)
                 if pending or rejected or processed > told:
-                    for batch in batches(pending, processed, rejected):
-                        self.bytes_out += len(batch)
-                        await context.write(batch)
+                    for batch in batch_parts(pending, processed, rejected):
+                        self.bytes_out += await self.write_budget.write(context, batch)
                     if pending:
                         last = pending[-1].seq
                     told = processed
@@ -577,6 +649,10 @@ class FederationService(pbg.FederationServicer):
                     conn.wake.set()
                 if tree is not None:
                     testhooks.coordinator_input(tree)  # TEST-ONLY kill point (off by default)
+                # let go of the message before waiting for the next: a site sends nothing after its ShareKeys
+                # until the epoch is ready, and n ShareKeys (≈ 1.7 MB each at 100 sites) held by n idle
+                # readers were one more copy of the whole setup
+                m = None
         except Exception:  # the stream ended (cancelled, broken) or the session stopped on a fatal error
             conn.wake.set()
 

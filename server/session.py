@@ -77,6 +77,7 @@ from fedsbdt.common.federation.wire import (
     RoundMsg,
     RoundStartMsg,
     SetupMsg,
+    SetupParts,
     TreeMsg,
 )
 
@@ -652,7 +653,7 @@ class Session:
                 del self._routed[e]  # used up: a re-joining site needs only the ready epochs' shares
             self._routed[epoch] = {s: m.to_parts() for s, m in routed.items()}
             for s, parts in self._routed[epoch].items():
-                out.append((s, SetupMsg(b"".join(parts))))
+                out.append((s, SetupParts(parts)))
             dealers = sorted(routed)
             log.info(f"epoch {epoch} ready with sites {dealers}",
                      extra={"event": "epoch_ready", "epoch": epoch, "sites": dealers})
@@ -941,7 +942,7 @@ class Session:
         for e in self.coord.ready_epochs():
             parts = self._routed.get(e, {}).get(site_id)
             if parts is not None:
-                out.append((site_id, SetupMsg(b"".join(parts))))
+                out.append((site_id, SetupParts(parts)))
         p = self.pipeline
         if isinstance(p, Advertising):
             p.announced.add(site_id)

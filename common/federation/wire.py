@@ -91,6 +91,22 @@ class SetupMsg:
     secagg: bytes
 
 
+class SetupParts(SetupMsg):
+    """A :class:`SetupMsg` whose secagg bytes are the concatenation of ``parts`` (byte strings shared with other
+    messages: the coordinator's EpochShares, whose dealers' commitments and blobs it holds once).
+
+    The coordinator's outboxes write the parts without joining them first (``server/outbox.py``); anything
+    else reads ``secagg``, which joins them on each access.
+    """
+
+    def __init__(self, parts) -> None:  # noqa: D107 (frozen: set once)
+        object.__setattr__(self, "parts", tuple(parts))
+
+    @property
+    def secagg(self) -> bytes:  # type: ignore[override]
+        return b"".join(self.parts)
+
+
 @dataclass(frozen=True)
 class RoundStartMsg:
     purpose: Purpose

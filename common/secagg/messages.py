@@ -503,11 +503,13 @@ class EpochShares(Message):
 
     def to_parts(self) -> tuple[bytes, ...]:
         """:meth:`to_bytes` as byte strings to concatenate, in which each dealer's signed commitments are its
-        one encoding shared by every recipient's EpochShares: the n recipients' messages of an epoch then
-        hold O(n) distinct commitment bytes (plus their own blobs) instead of n copies of them all."""
+        one encoding shared by every recipient's EpochShares and each blob's ciphertext is the dealer's
+        ShareKeys' own bytes object: the n recipients' messages of an epoch then hold O(n) distinct commitment
+        bytes and no copy of the blobs, instead of n copies of them all."""
         w = Writer().raw(MAGIC).u8(VERSION).u8(self.TAG)
         self._write(w)
         shared = {id(e.commitments._encoded) for e in self.entries}
+        shared.update(id(e.encrypted.ciphertext) for e in self.entries if e.encrypted is not None)
         out: list[bytes] = []
         run: list[bytes] = []
         for part in w._parts:

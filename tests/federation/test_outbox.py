@@ -2,6 +2,8 @@
 a broadcast is encoded once, and what an outbox holds is bounded in events and bytes."""
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
 import pytest
 
@@ -13,16 +15,19 @@ from fedsbdt.common.federation.wire import (
     RoundMsg,
     RoundStartMsg,
     SetupMsg,
+    SetupParts,
     TreeMsg,
     event_to_proto,
 )
 from fedsbdt.proto.v1 import federation_pb2 as pb
 from fedsbdt.server import outbox as ob
-from fedsbdt.server.service import FederationService
+from fedsbdt.server.service import FederationService, WriteBudget
 
 EVENTS = [
     SetupMsg(b""),
     SetupMsg(bytes(range(256)) * 700),  # > 127 and > 16383 bytes: multi-byte length varints
+    SetupParts((b"head", bytes(range(256)) * 70, b"", b"tail" * 40)),  # written as the joined bytes
+    SetupParts(()),
     RoundMsg(b"FSA\x01\x08" + b"x" * 300),
     RoundStartMsg(Purpose.TREE, 7, b"secagg" * 40),
     RoundStartMsg(Purpose.LEVEL, 3, b"s", level=2, features=(1, 4, 0), thresholds=(0.5, -1.25, 3.0), sketch=(9, 0, 2)),
@@ -100,3 +105,49 @@ def test_a_broadcast_is_encoded_once_and_numbered_per_site():
     assert a[0].body is b[0].body is c[1].body and a[1].body is c[2].body
     assert [e.seq for e in a] == [1, 2] and [e.seq for e in b] == [1] and [e.seq for e in c] == [1, 2, 3]
     assert pb.Event.FromString(ob.event_bytes(c[2])) == event_to_proto(start, 3)
+
+
+def test_setup_parts_are_referenced_not_copied():
+    shared = bytes(range(256)) * 4000  # one dealer's commitments, in every recipient's EpochShares
+    a, b = SetupParts((b"to a", shared)), SetupParts((b"to b", shared))
+    assert isinstance(a, SetupMsg) and a.secagg == b"to a" + shared
+    ea, eb = ob.encode_event(a), ob.encode_event(b)
+    assert ea.parts[-1] is shared and eb.parts[-1] is shared  # held once however many outboxes hold it
+    assert ob.event_bytes(ob.Held(3, ea)) == event_to_proto(SetupMsg(a.secagg), 3).SerializeToString()
+
+
+class _Stream:
+    """A stream whose writes complete when the test says (as gRPC's do when the site has read them)."""
+
+    def __init__(self, log):
+        self.log, self.done = log, asyncio.Event()
+
+    async def write(self, data):
+        self.log.append(("start", len(data)))
+        await self.done.wait()
+        self.log.append(("end", len(data)))
+
+
+def test_write_budget_bounds_large_writes_in_flight_and_a_stalled_write_lets_go():
+    async def main():
+        budget = WriteBudget(limit=250, small=10, hold_seconds=0.2)
+        log = []
+        streams = [_Stream(log) for _ in range(4)]
+        tasks = [asyncio.ensure_future(budget.write(s, [b"x" * 50, b"y" * 50])) for s in streams]
+        small = _Stream(log)
+        small.done.set()
+        assert await budget.write(small, [b"z" * 10]) == 10  # small messages never wait
+        await asyncio.sleep(0.05)
+        assert [e for e in log if e[0] == "start"] == [("start", 10)] + [("start", 100)] * 2  # 2 x 100 <= 250
+        assert budget.used == 200
+        streams[0].done.set()  # one site reads: the next large write starts
+        await asyncio.sleep(0.05)
+        assert sum(e == ("start", 100) for e in log) == 3 and budget.used == 200
+        await asyncio.sleep(0.3)  # the other two sites read nothing: their writes let go of the budget
+        assert sum(e == ("start", 100) for e in log) == 4 and budget.peak == 200
+        for s in streams:
+            s.done.set()
+        assert await asyncio.gather(*tasks) == [100] * 4
+        assert budget.used == 0
+
+    asyncio.run(main())

@@ -74,19 +74,24 @@ def test_a_layout_needs_valid_sorted_dealers():
         ShareLayout(("a", "a b"))
 
 
-def test_epoch_shares_parts_concatenate_to_the_encoding_and_share_the_commitments():
-    """The coordinator keeps each recipient's EpochShares as parts (server/session.py): their concatenation
-    is the canonical encoding, and a dealer's commitments are one bytes object in every recipient's parts."""
+def _set_up_epoch(n: int, rounds: int):
+    """An in-process federation of ``n`` sites with one ready epoch: (federation, announcement, routed shares)."""
     from .conftest import make_federation
 
-    fed = make_federation(5)
-    setup, ann = fed.coordinator.begin_epoch(3)
+    fed = make_federation(n)
+    setup, ann = fed.coordinator.begin_epoch(rounds)
     for s in fed.config.site_ids:
         setup.receive_advertise(fed.sites[s].handle_epoch_announce(ann))
     roster = setup.close_advertise()
     for s in roster.senders:
         setup.receive_share_keys(fed.sites[s].handle_epoch_roster(roster))
-    routed = setup.close_share_keys()
+    return fed, ann, setup.close_share_keys()
+
+
+def test_epoch_shares_parts_concatenate_to_the_encoding_and_share_the_commitments():
+    """The coordinator keeps each recipient's EpochShares as parts (server/session.py): their concatenation
+    is the canonical encoding, and a dealer's commitments are one bytes object in every recipient's parts."""
+    _, _, routed = _set_up_epoch(5, 3)
     parts = {s: m.to_parts() for s, m in routed.items()}
     for s, m in routed.items():
         assert b"".join(parts[s]) == m.to_bytes()
@@ -94,3 +99,22 @@ def test_epoch_shares_parts_concatenate_to_the_encoding_and_share_the_commitment
     ids = [{id(p) for p in ps if len(p) > 100} for ps in parts.values()]
     common = set.intersection(*ids)
     assert len(common) == len(routed)  # one shared encoding per dealer, in every recipient's parts
+    for s, m in routed.items():  # each blob is the dealer's ShareKeys' ciphertext itself, not a copy
+        held = {id(p) for p in parts[s]}
+        assert all(id(e.encrypted.ciphertext) in held for e in m.entries if e.encrypted is not None)
+
+
+def test_a_ready_epoch_encodes_as_each_share_keys_length_prefixed():
+    """CoordinatorEpoch.to_bytes writes each dealer's ShareKeys into its own buffer (no per-dealer copy):
+    the bytes are still ``var(ShareKeys.to_bytes())`` per dealer, and decode to the same epoch."""
+    from fedsbdt.common.secagg.coordinator import CoordinatorEpoch
+    from fedsbdt.common.secagg.encoding import Writer
+
+    fed, ann, _ = _set_up_epoch(4, 2)
+    ep = fed.coordinator.epoch(ann.epoch)
+    w = Writer().var(ep.announce.to_bytes()).var(ep.roster.to_bytes()).u32(len(ep.share_keys))
+    for d in ep.dealers:
+        w.var(ep.share_keys[d].to_bytes())
+    assert ep.to_bytes() == w.getvalue()
+    again = CoordinatorEpoch.from_bytes(ep.to_bytes())
+    assert again.dealers == ep.dealers and again.to_bytes() == ep.to_bytes()
