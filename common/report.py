@@ -441,7 +441,10 @@ def _training(model: Ensemble, sites_svg: str | None) -> str:
         for a, b, s in round_groups(rounds))
     body = (f"<p><strong>Federated training</strong> over {len(rounds)} rounds with {len(all_sites)} site(s): "
             f"{_e(', '.join(all_sites))}. Each released tree is the noisy sum of the sites alive in that round; "
-            "the coordinator saw only masked vectors and that noisy sum.</p>")
+            "the coordinator saw only masked vectors and that noisy sum. A site in a round's sum carried no data "
+            "there once its records had been charged every release the plan schedules for them (failed rounds it "
+            "had answered spend them): its receipt (<code>fedsbdt client --json</code>: trees_with_data, "
+            "trees_without_data) and the coordinator's summary say how many.</p>")
     facts = [(label, t[key], meaning) for key, label, meaning in (
         ("session_id", "session", "the plan's session id"),
         ("plan_sha256", "plan SHA-256", "fingerprint of the public plan every site checked"),
