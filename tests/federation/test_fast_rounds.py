@@ -271,15 +271,15 @@ def test_fast_path_is_validated_and_serialised_only_when_not_the_default(tmp_pat
     assert "fast path" in Plan.from_dict(d | {"secure_aggregation": {"fast_path": "always"}}).guarantee
 
 
-def test_fast_path_needs_the_complete_graph_and_follows_the_rule():
+def test_fast_path_on_the_sparse_graph_is_fast_only_and_follows_the_rule():
     from .test_plan_and_wire import plan
 
     d = json.loads(plan(8, secagg_graph="sparse", secagg_neighbours=4).canonical_json)
     assert set(d["secure_aggregation"]) == {"graph", "neighbours"}  # sparse plans keep their form too
-    with pytest.raises(PlanError, match="complete graph"):
-        Plan.from_dict(d | {"secure_aggregation": d["secure_aggregation"] | {"fast_path": "always"}})
-    never_fast = Plan.from_dict(d)  # "auto" on the sparse graph: no fast round
-    assert not never_fast.fast_round(8, 8)
+    fast_only = Plan.from_dict(d | {"secure_aggregation": d["secure_aggregation"] | {"fast_path": "always"}})
+    assert fast_only.secagg_config().fast_only and fast_only.fast_round(6, 8)  # every round (docs/secagg.md §10)
+    never_fast = Plan.from_dict(d)  # "auto" on the sparse graph: no fast round (mixing the paths is unsafe there)
+    assert not never_fast.fast_round(8, 8) and not never_fast.secagg_config().fast_only
     p = plan(3)
     assert p.fast_round(3, 3) and not p.fast_round(2, 3)
     always = Plan.from_dict(json.loads(p.canonical_json) | {"secure_aggregation": {"fast_path": "always"}})
@@ -304,9 +304,9 @@ def test_fedsbdt_plan_writes_the_fast_path_option(tmp_path, capsys):
     assert out["secagg_fast_path"] == "never" and Plan.load(tmp_path / "n.toml").secagg_fast_path == "never"
     assert out["plan_sha256"] != Plan.load(tmp_path / "a.toml").sha256
     assert main([*base(8), "--out", str(tmp_path / "s.toml"), "--secagg-graph", "sparse", "--neighbours", "4",
-                 "--secagg-fast-path", "always"]) == 2
-    err = capsys.readouterr().err
-    assert "complete graph" in err and len(err.strip().splitlines()) == 1 and not (tmp_path / "s.toml").exists()
+                 "--secagg-fast-path", "always"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert "fast-only" in out["guarantee"] and Plan.load(tmp_path / "s.toml").secagg_config().fast_only
     with pytest.raises(SystemExit) as e:
         main([*base(3), "--out", str(tmp_path / "x.toml"), "--secagg-fast-path", "sometimes"])
     assert e.value.code == 2
