@@ -99,8 +99,9 @@ class SetupParts(SetupMsg):
     else reads ``secagg``, which joins them on each access.
     """
 
-    def __init__(self, parts) -> None:  # noqa: D107 (frozen: set once)
-        object.__setattr__(self, "parts", tuple(parts))
+    def __init__(self, parts=(), secagg: bytes | None = None) -> None:  # noqa: D107 (frozen: set once)
+        # ``secagg``: one part (what ``dataclasses.replace(msg, secagg=...)`` passes)
+        object.__setattr__(self, "parts", tuple(parts) if secagg is None else (bytes(secagg),))
 
     @property
     def secagg(self) -> bytes:  # type: ignore[override]
