@@ -82,6 +82,38 @@ from .site import share_blob_size
 from .storage import Storage
 
 _META_KEY = "coordinator/meta"
+_EPOCHS = "coordinator/epoch/"
+
+
+def _epoch_key(epoch_id: int, name: str) -> str:
+    return f"{_EPOCHS}{epoch_id:020d}/{name}"
+
+
+def _stored_epochs(storage: Storage) -> list[int]:
+    """The ids of the epochs with records in ``storage`` (ready or not)."""
+    ids = set()
+    for key in storage.keys(_EPOCHS):
+        head, sep, _ = key[len(_EPOCHS):].partition("/")
+        if not sep or not head.isdigit():
+            raise StorageError(f"stored coordinator epoch {key!r} is in an earlier version's format; finish this "
+                               "session with the version that began it")
+        ids.add(int(head))
+    return sorted(ids)
+
+
+def _decode_head(data: bytes) -> tuple[EpochAnnounce, EpochRoster, tuple[str, ...]]:
+    """A stored ready epoch's announcement, roster and dealers (``CoordinatorEpoch`` storage layout)."""
+    try:
+        r = Reader(data, "coordinator epoch")
+        ann = decode_message(r.var("announce", 1 << 20))
+        roster = decode_message(r.var("roster", 1 << 30))
+        if not isinstance(ann, EpochAnnounce) or not isinstance(roster, EpochRoster):
+            raise InvalidMessage("unexpected record types")
+        dealers = tuple(roster.senders[r.u32("dealer")] for _ in range(r.count("dealers", 1 << 16)))
+        r.done()
+    except (InvalidMessage, IndexError) as exc:
+        raise StorageError(f"corrupt stored coordinator epoch: {exc}") from None
+    return ann, roster, dealers
 
 
 def _check_digest(config: SessionConfig, msg) -> None:
@@ -96,23 +128,23 @@ def _known(config: SessionConfig, site: str) -> None:
 
 # =========================================================================== ready epoch
 
-@dataclass
 class CoordinatorEpoch:
-    """Everything the coordinator keeps about a set-up epoch (public material only)."""
+    """Everything the coordinator keeps about a set-up epoch (public material only).
 
-    announce: EpochAnnounce
-    roster: EpochRoster
-    share_keys: dict[str, ShareKeys]  # dealer -> its ShareKeys (blobs stripped)
-    graph: NeighbourGraph | None = None  # the epoch's public graph in sparse mode; None = complete graph
+    ``rows`` is each dealer's per-share commitment rows (dealer → holder → row; n·K·E·64 bytes per epoch, used
+    only to blame a bad share), or, when the epoch is stored, a function of a dealer giving its rows from the
+    storage (each dealer's record is read back only if one of its shares must be blamed).
+    """
 
-    def __post_init__(self) -> None:
-        self.epoch_digest = self.roster.epoch_digest()
-        self.mask_keys = {a.sender: a.mask_keys for a in self.roster.adverts}
-        self.dealers = tuple(sorted(self.share_keys))
-        self.commitments = {d: sk.commitments for d, sk in self.share_keys.items()}  # signed: seeds, row digests
-        self._rows: dict[str, dict[str, ShareRow]] | None = {
-            d: {row.holder: row for row in sk.rows} for d, sk in self.share_keys.items()}
-        self._load_rows = None
+    def __init__(self, announce: EpochAnnounce, roster: EpochRoster, commitments: Mapping[str, SignedCommitments],
+                 rows, graph: NeighbourGraph | None = None) -> None:
+        self.announce, self.roster, self.graph = announce, roster, graph  # graph: sparse mode's; None = complete
+        self.epoch_digest = roster.epoch_digest()
+        self.mask_keys = {a.sender: a.mask_keys for a in roster.adverts}
+        self.dealers = tuple(sorted(commitments))
+        self.commitments = dict(commitments)  # signed: seeds, row digests
+        self._rows: dict[str, dict[str, ShareRow]] = rows if isinstance(rows, dict) else {}
+        self._load_rows = None if isinstance(rows, dict) else rows
         self._lagrange: dict[tuple[int, ...], tuple[int, ...]] = {}
         self._layouts: dict[tuple[str, ...], ShareLayout] = {}
 
@@ -139,17 +171,12 @@ class CoordinatorEpoch:
             self._layouts[participants] = lay
         return lay
 
-    @property
-    def rows(self) -> dict[str, dict[str, ShareRow]]:
-        """dealer → holder → its per-share commitment row (the blame path only; reloaded if let go)."""
-        if self._rows is None:
-            self._rows = self._load_rows().rows
-        return self._rows
-
-    def release_rows(self, load) -> None:
-        """Let go of the per-share commitment rows (n·K·E·64 bytes per epoch) and of the dealers' ShareKeys:
-        they are stored, and ``load()`` (the stored epoch) brings them back if a share must be blamed."""
-        self._rows, self._load_rows, self.share_keys = None, load, None
+    def row(self, dealer: str, holder: str) -> ShareRow:
+        """The commitment row of ``dealer``'s shares held by ``holder`` (the blame path; read back if stored)."""
+        rows = self._rows.get(dealer)
+        if rows is None:
+            rows = self._rows[dealer] = {row.holder: row for row in self._load_rows(dealer)}
+        return rows[holder]
 
     def lagrange(self, xs: tuple[int, ...]) -> tuple[int, ...]:
         """Lagrange coefficients at 0 for holders at ``xs``, kept for the epoch (sparse graph: one set per dealer)."""
@@ -167,32 +194,6 @@ class CoordinatorEpoch:
         if not a.first_round <= round_id <= a.last_round:
             raise SecAggError(f"round {round_id} is not a slot of epoch {a.epoch}")
         return round_id - a.first_round
-
-    def to_bytes(self) -> bytes:
-        if self.share_keys is None:
-            raise SecAggError("this epoch's ShareKeys were let go after they were stored")
-        w = Writer().var(self.announce.to_bytes()).var(self.roster.to_bytes()).u32(len(self.share_keys))
-        for d in self.dealers:  # ``w.var(share_keys.to_bytes())`` without that intermediate copy (O(n²·E) bytes)
-            sub = Writer().raw(MAGIC).u8(VERSION).u8(ShareKeys.TAG)
-            self.share_keys[d]._write(sub)
-            w.u32(sum(len(part) for part in sub._parts))
-            w._parts.extend(sub._parts)
-        return w.getvalue()
-
-    @classmethod
-    def from_bytes(cls, data: bytes) -> "CoordinatorEpoch":
-        try:
-            r = Reader(data, "coordinator epoch")
-            ann = decode_message(r.var("announce", 1 << 20))
-            roster = decode_message(r.var("roster", 1 << 30))
-            n = r.count("dealers", 1 << 16)
-            sks = [decode_message(r.var("share keys", 1 << 30)) for _ in range(n)]
-            r.done()
-        except InvalidMessage as exc:
-            raise StorageError(f"corrupt stored coordinator epoch: {exc}") from None
-        if not isinstance(ann, EpochAnnounce) or not isinstance(roster, EpochRoster) or not all(isinstance(s, ShareKeys) for s in sks):
-            raise StorageError("corrupt stored coordinator epoch: unexpected record types")
-        return cls(ann, roster, {s.sender: s for s in sks})
 
 
 # =========================================================================== epoch setup stages
@@ -269,8 +270,9 @@ class CollectingShareKeys(SetupStage):
         if s not in self.holders:
             raise InvalidMessage(f"ShareKeys from {s!r}, which did not advertise keys this epoch")
         prev = self.received.get(s)
-        if prev is not None:
-            if prev == msg:
+        if prev is not None:  # a resent ShareKeys (its rows may have been stored and let go: same signed digests)
+            if prev == setup._coordinator._kept(msg) and all(
+                    row_digest(row.commitments) == dig for (_, dig), row in zip(msg.commitments.row_digests, msg.rows)):
                 return
             raise InvalidMessage(f"{s!r} already sent different ShareKeys for epoch {ann.epoch}")
         c = msg.commitments
@@ -294,7 +296,7 @@ class CollectingShareKeys(SetupStage):
         for b in msg.encrypted:
             if len(b.ciphertext) != share_blob_size(s, b.recipient, e):
                 raise InvalidMessage(f"encrypted shares from {s!r} to {b.recipient!r} have the wrong size")
-        self.received[s] = msg
+        self.received[s] = setup._coordinator._keep_rows(self.roster, msg)
 
     def close(self, setup):
         cfg, ann = setup.config, setup.announce
@@ -317,11 +319,8 @@ class CollectingShareKeys(SetupStage):
                 for d in (dealers if self.graph is None else [d for d in dealers if self.graph.is_neighbour_or_self(h, d)])
             )
             routed[h] = EpochShares(cfg.digest, ann.epoch, h, entries)
-        stripped = {
-            d: ShareKeys(m.session_digest, m.epoch, m.sender, m.commitments, m.rows, ()) for d, m in self.received.items()
-            if d in routed
-        }
-        epoch = CoordinatorEpoch(ann, self.roster, stripped, self.graph)
+        rows = setup._coordinator._rows_of(self.roster, {d: self.received[d].rows for d in dealers})
+        epoch = CoordinatorEpoch(ann, self.roster, {d: self.received[d].commitments for d in dealers}, rows, self.graph)
         if self.graph is not None:  # per-epoch work: each dealer's reconstruction set when nobody drops out
             for d in dealers:
                 epoch.lagrange(tuple(sorted(cfg.x_coordinate(h) for h in self.graph.holders(d) if h in routed)[: self.graph.threshold]))
@@ -861,7 +860,7 @@ class CoordinatorRound:
             good = []
             for h, x in zip(holders, xs):
                 share = table[h][dlr]
-                expected = ep.rows[dlr][h].commitment(slot, kind)
+                expected = ep.row(dlr, h).commitment(slot, kind)
                 if commit_share(share, self.config.digest, ep.epoch, slot, kind, dlr, h) == expected:
                     good.append((x, int.from_bytes(share, "big")))
                 else:
@@ -926,11 +925,15 @@ class SecAggCoordinator:
             raw = storage.get(_META_KEY)
             if raw is not None:
                 self._meta = _Meta.from_bytes(raw)
-            for key in storage.keys("coordinator/epoch/"):
-                ep = CoordinatorEpoch.from_bytes(storage.get(key))  # type: ignore[arg-type]
-                ep.graph = config.epoch_graph(ep.roster)
-                if ep.announce.last_round >= self._meta.next_round:
-                    ep.release_rows(lambda key=key: self._stored_epoch(key))
+            for e in _stored_epochs(storage):
+                head = storage.get(_epoch_key(e, "head"))
+                if head is None:
+                    continue  # an epoch whose setup did not finish: its dealers' rows go at the next begin_epoch
+                ann, roster, dealers = _decode_head(head)
+                if ann.last_round >= self._meta.next_round:
+                    commitments = {d: self._stored_share_keys(roster, d).commitments for d in dealers}
+                    ep = CoordinatorEpoch(ann, roster, commitments, self._rows_of(roster, None),
+                                          config.epoch_graph(roster))
                     self._epochs[ep.epoch] = ep
 
     # ---------------------------------------------------------------- epochs
@@ -939,22 +942,61 @@ class SecAggCoordinator:
         if not 1 <= num_rounds <= self.config.max_epoch_rounds:
             raise SecAggError(f"num_rounds must be in [1, {self.config.max_epoch_rounds}]")
         m = self._meta
+        if self._storage is not None:  # the stored rows of setups that never finished
+            for e in _stored_epochs(self._storage):
+                if e not in self._epochs and self._storage.get(_epoch_key(e, "head")) is None:
+                    self._delete_epoch(e)
         ann = EpochAnnounce(self.config.digest, m.next_epoch, max(m.next_round, m.free_round), num_rounds)
         self._set_meta(_Meta(ann.epoch + 1, m.next_round, ann.last_round + 1))
         return CoordinatorEpochSetup(self, ann), ann
 
     def _epoch_ready(self, epoch: CoordinatorEpoch) -> None:
-        if self._storage is not None:
-            key = f"coordinator/epoch/{epoch.epoch:020d}"
-            self._storage.put(key, epoch.to_bytes())
-            epoch.release_rows(lambda: self._stored_epoch(key))  # O(n²·E) bytes: kept on disk, not in memory
+        if self._storage is not None:  # its dealers' rows were stored as their ShareKeys arrived
+            w = Writer().var(epoch.announce.to_bytes()).var(epoch.roster.to_bytes()).u32(len(epoch.dealers))
+            index = {s: i for i, s in enumerate(epoch.roster.senders)}
+            for d in epoch.dealers:
+                w.u32(index[d])
+            self._storage.put(_epoch_key(epoch.epoch, "head"), w.getvalue())
         self._epochs[epoch.epoch] = epoch
 
-    def _stored_epoch(self, key: str) -> CoordinatorEpoch:
-        raw = self._storage.get(key) if self._storage is not None else None
-        if raw is None:
-            raise StorageError(f"stored coordinator epoch {key!r} is missing")
-        return CoordinatorEpoch.from_bytes(raw)
+    # Storage layout of an epoch (``coordinator/epoch/<id>/…``): ``dealer/<i>`` is the ShareKeys of the roster's
+    # i-th site without its encrypted shares (signed commitments and per-share commitment rows: O(n·E) bytes),
+    # written as it arrives, so no step holds or writes the whole epoch's O(n²·E) rows at once; ``head`` (the
+    # announcement, the roster and the dealers) is written when the epoch is ready.
+
+    def _keep_rows(self, roster: EpochRoster, msg: ShareKeys) -> ShareKeys:
+        """What the setup keeps of a validated ShareKeys: all of it, or with a storage, the message without its
+        rows once they are stored."""
+        if self._storage is not None:
+            i = roster.senders.index(msg.sender)
+            self._storage.put(_epoch_key(roster.epoch, f"dealer/{i:05d}"),
+                              ShareKeys(msg.session_digest, msg.epoch, msg.sender, msg.commitments, msg.rows, ()).to_bytes())
+        return self._kept(msg)
+
+    def _kept(self, msg: ShareKeys) -> ShareKeys:
+        return msg if self._storage is None else \
+            ShareKeys(msg.session_digest, msg.epoch, msg.sender, msg.commitments, (), msg.encrypted)
+
+    def _rows_of(self, roster: EpochRoster, rows: Mapping[str, Sequence[ShareRow]] | None):
+        """A ready epoch's ``rows`` argument: the rows in memory, or with a storage a loader of one dealer's."""
+        if self._storage is None:
+            return {d: {row.holder: row for row in rs} for d, rs in rows.items()}
+        return lambda dealer: self._stored_share_keys(roster, dealer).rows
+
+    def _stored_share_keys(self, roster: EpochRoster, dealer: str) -> ShareKeys:
+        key = _epoch_key(roster.epoch, f"dealer/{roster.senders.index(dealer):05d}")
+        raw = self._storage.get(key)
+        try:
+            msg = decode_message(raw) if raw is not None else None
+        except InvalidMessage as exc:
+            raise StorageError(f"corrupt stored ShareKeys {key!r}: {exc}") from None
+        if not isinstance(msg, ShareKeys) or msg.sender != dealer or msg.epoch != roster.epoch:
+            raise StorageError(f"stored ShareKeys {key!r} is missing or corrupt")
+        return msg
+
+    def _delete_epoch(self, epoch_id: int) -> None:
+        for key in self._storage.keys(_epoch_key(epoch_id, "")):
+            self._storage.delete(key)
 
     def ready_epochs(self) -> list[int]:
         return sorted(self._epochs)
@@ -1015,7 +1057,7 @@ class SecAggCoordinator:
         for e in [e for e, x in self._epochs.items() if x.announce.last_round < round_id + 1]:
             del self._epochs[e]
             if self._storage is not None:
-                self._storage.delete(f"coordinator/epoch/{e:020d}")
+                self._delete_epoch(e)
         start = (FastRoundStart if fast else RoundStart)(self.config.digest, ep.epoch, round_id, vector_len, participants)
         return CoordinatorRound(self.config, ep, start), start
 

@@ -102,19 +102,3 @@ def test_epoch_shares_parts_concatenate_to_the_encoding_and_share_the_commitment
     for s, m in routed.items():  # each blob is the dealer's ShareKeys' ciphertext itself, not a copy
         held = {id(p) for p in parts[s]}
         assert all(id(e.encrypted.ciphertext) in held for e in m.entries if e.encrypted is not None)
-
-
-def test_a_ready_epoch_encodes_as_each_share_keys_length_prefixed():
-    """CoordinatorEpoch.to_bytes writes each dealer's ShareKeys into its own buffer (no per-dealer copy):
-    the bytes are still ``var(ShareKeys.to_bytes())`` per dealer, and decode to the same epoch."""
-    from fedsbdt.common.secagg.coordinator import CoordinatorEpoch
-    from fedsbdt.common.secagg.encoding import Writer
-
-    fed, ann, _ = _set_up_epoch(4, 2)
-    ep = fed.coordinator.epoch(ann.epoch)
-    w = Writer().var(ep.announce.to_bytes()).var(ep.roster.to_bytes()).u32(len(ep.share_keys))
-    for d in ep.dealers:
-        w.var(ep.share_keys[d].to_bytes())
-    assert ep.to_bytes() == w.getvalue()
-    again = CoordinatorEpoch.from_bytes(ep.to_bytes())
-    assert again.dealers == ep.dealers and again.to_bytes() == ep.to_bytes()

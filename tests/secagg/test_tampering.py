@@ -326,7 +326,7 @@ def test_tampered_revealed_share_is_detected_blamed_and_survived(stored):
     and reloads them for the blame path."""
     run = Run(n=5, t=3, coordinator_storage=MemoryStorage() if stored else None)
     run.ready()
-    assert (run.coord.epoch(0)._rows is None) == stored
+    assert (run.coord.epoch(0)._rows == {}) == stored
     run.round_until_unmask()
     bad = run.responses["site-00"]  # site-00 has the smallest x: its share is on the fast path
     shares = list(bad.seed_shares)
