@@ -32,7 +32,7 @@ under ``py-spy record`` (``pip install py-spy`` into the venv): a flame
 graph (``.svg``) or collapsed stacks (``.txt``) in FILE.
 
 Run:  python benchmarks/federation_costs.py [--baseline REF] [--trees 1000] [--repeats 2] [--profile F.svg]
-                                              [--fast-path auto|never|both] [--out NAME]
+                                              [--fast-path auto|never|both] [--graph complete|sparse] [--out NAME]
 Writes ``benchmarks/results/federation_costs.json``.
 """
 from __future__ import annotations
@@ -122,11 +122,13 @@ class PeakMemory:
 
 
 def run_federation(code: Path, hp: dict, sites: int, profile: Path | None = None, stagger: float = 0.0,
-                   fast_path: str = "auto", probe: Path | None = None) -> dict:
+                   fast_path: str = "auto", probe: Path | None = None, graph: str = "complete") -> dict:
     """One federation with the code under ``code``; returns CPU and memory figures.
 
     ``stagger``: seconds between site starts (many sites: their start-up children must not all overlap).
     ``fast_path``: the plan's [secure_aggregation] fast_path ("auto" is left out of the plan).
+    ``graph``: "sparse" runs a fast-only session on the sparse graph (k = ``suggested_neighbours(n)``,
+    ``fast_path = "always"``; docs/secagg.md §10).
     ``probe``: run the coordinator under ``benchmarks/_coordinator_probe.py`` writing into this folder (its
     RSS timeline; tracemalloc and cProfile as the FEDSBDT_PROBE_* environment variables say).
     """
@@ -141,8 +143,13 @@ def run_federation(code: Path, hp: dict, sites: int, profile: Path | None = None
         layout = Layout(Path(tmp))
         deadlines = Deadlines(join=60.0 + (stagger + 20.0) * sites, stage=max(10.0, 1.5 * sites), quorum=600.0,
                               finish=max(10.0, 1.0 * sites))  # the demo's deadlines for 3 sites
+        secagg = {} if fast_path == "auto" else {"secagg_fast_path": fast_path}
+        if graph == "sparse":
+            from fedsbdt.common.secagg.graph import suggested_neighbours
+            secagg = {"secagg_graph": "sparse", "secagg_neighbours": suggested_neighbours(sites),
+                      "secagg_fast_path": "always"}
         plan, rows = prepare(layout, sites, "adult", hp, ["localhost", "127.0.0.1"], epoch_rounds=128,
-                             deadlines=deadlines, **({} if fast_path == "auto" else {"secagg_fast_path": fast_path}))
+                             deadlines=deadlines, **secagg)
         layout.logs.mkdir(parents=True, exist_ok=True)
         mem = PeakMemory()
         procs: list[subprocess.Popen] = []
@@ -271,6 +278,8 @@ def main() -> None:
     ap.add_argument("--probe", metavar="DIR",
                     help="run this tree's coordinators under benchmarks/_coordinator_probe.py, one folder per run "
                          "in DIR (RSS timeline; FEDSBDT_PROBE_TRACEMALLOC=frames, FEDSBDT_PROBE_CPROFILE=1)")
+    ap.add_argument("--graph", choices=["complete", "sparse"], default="complete",
+                    help="sparse: a fast-only session on the sparse graph (this tree only; default: complete)")
     ap.add_argument("--out", default="federation_costs")
     args = ap.parse_args()
     hp = {"epsilon": 1.0, "trees": args.trees, "depth": args.depth, "seed": 1}
@@ -287,7 +296,7 @@ def main() -> None:
             prof = profile if (profile is not None and name.startswith("this_tree") and rep == 0) else None
             print(f"run {rep + 1}/{args.repeats}: {name} ...", flush=True)
             probe = (Path(args.probe) / f"run{rep + 1}-{mode}") if args.probe and name.startswith("this_tree") else None
-            r = run_federation(code, hp, args.sites, prof, args.stagger, mode, probe)
+            r = run_federation(code, hp, args.sites, prof, args.stagger, mode, probe, args.graph)
             print("  " + json.dumps(r), flush=True)
             runs[name].append(r)
     summary = {k: summarise(v) for k, v in runs.items()}
@@ -300,7 +309,7 @@ def main() -> None:
         "description": f"{args.sites}-site federation on Adult over gRPC/mTLS on loopback: coordinator CPU per round, "
                        "site CPU per round, peak RSS per process (VmHWM); versions alternated in one run",
         "setting": {"dataset": "adult", "sites": args.sites, **hp, "noise": "distributed", "epoch_rounds": 128,
-                    "repeats": args.repeats, "fast_path": args.fast_path},
+                    "repeats": args.repeats, "fast_path": args.fast_path, "graph": args.graph},
         "load_average_1_5_15": {"before": [round(x, 2) for x in load_before],
                                 "after": [round(x, 2) for x in os.getloadavg()], "cpus": os.cpu_count()},
         "summary": summary, "runs": runs,
