@@ -18,7 +18,8 @@ import itertools
 from collections import deque
 from dataclasses import dataclass, field
 
-from fedsbdt.common.federation.wire import MAX_MESSAGE_BYTES, RoundMsg, SetupMsg, SetupParts, event_to_proto
+from fedsbdt.common.federation.wire import (MAX_MESSAGE_BYTES, RoundMsg, SetupMsg, SetupParts, event_to_proto,
+                                            join_parts)
 
 OUTBOX_EVENTS = 4096
 #: bytes of events an outbox holds beyond its newest OUTBOX_MIN_EVENTS (a stream that broke for longer
@@ -88,7 +89,7 @@ def event_parts(e: Held) -> list[bytes]:
 
 def event_bytes(e: Held) -> bytes:
     """The serialised ``Event``."""
-    return b"".join(event_parts(e))
+    return join_parts(event_parts(e))
 
 
 @dataclass
@@ -152,7 +153,7 @@ def batch_parts(events: list[Held], processed: int, rejected: list[str]):
 def batches(events: list[Held], processed: int, rejected: list[str]):
     """:func:`batch_parts`, each batch joined."""
     for parts in batch_parts(events, processed, rejected):
-        yield b"".join(parts)
+        yield join_parts(parts)
 
 
 def raw_or(serialize):

@@ -66,9 +66,11 @@ from fedsbdt.common.federation.wire import (
     Purpose,
     WireError,
     init_to_proto,
+    join_parts,
     tree_to_proto,
     verify_join,
 )
+from fedsbdt.common.secagg import StorageError
 
 log = logging.getLogger("fedsbdt.coordinator")
 
@@ -172,6 +174,15 @@ async def _wait(wake: asyncio.Event, cond) -> None:
             timer.cancel()
 
 
+def _joined(parts: list) -> bytes:
+    """A stream message's bytes; a deferred part whose stored bytes are gone (an epoch used up since the event
+    was queued) ends the stream with OUT_OF_RANGE: the site joins again and gets what it still needs."""
+    try:
+        return join_parts(parts)
+    except StorageError as e:
+        raise _Abort(grpc.StatusCode.OUT_OF_RANGE, f"{e}; join again") from None
+
+
 class WriteBudget:
     """Bounds the bytes of large messages being written to the streams at once (on the server's event loop).
 
@@ -194,7 +205,7 @@ class WriteBudget:
         """Join ``parts`` and write them to ``context``; returns the message's size."""
         size = sum(len(p) for p in parts)
         if size <= self.small:
-            await context.write(b"".join(parts))
+            await context.write(_joined(parts))
             return size
         loop = asyncio.get_running_loop()
         while self.used and self.used + size > self.limit:
@@ -221,7 +232,7 @@ class WriteBudget:
 
         task = None
         try:
-            task = asyncio.ensure_future(context.write(b"".join(parts)))
+            task = asyncio.ensure_future(context.write(_joined(parts)))
             del parts
             await asyncio.wait((task,), timeout=self.hold_seconds)
             release()

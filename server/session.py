@@ -62,6 +62,7 @@ from fedsbdt.common.secagg import (
     UnmaskResponse,
     decode_message,
 )
+from fedsbdt.common.secagg.coordinator import StoredRouting
 from fedsbdt.common.secagg.errors import InvalidMessage, SecAggError
 from fedsbdt.client.noise import NoiseShares
 
@@ -70,6 +71,7 @@ from fedsbdt.common.federation.plan import Plan
 from fedsbdt.common.federation.release import build_model, evaluation_receipt, model_bytes, model_sha256
 from fedsbdt.common.federation.wire import (
     AbortedMsg,
+    Deferred,
     Event,
     FinishedMsg,
     InitScoreMsg,
@@ -84,6 +86,14 @@ from fedsbdt.common.federation.wire import (
 log = logging.getLogger("fedsbdt.coordinator")
 
 Outgoing = tuple[str, Event]
+
+
+def _routed_parts(routed, site: str) -> tuple:
+    """The parts of ``site``'s EpochShares for its SetupParts: with the coordinator's storage, one part read
+    from the stored blobs when the transport writes it (n recipients' messages are never all in memory)."""
+    if isinstance(routed, StoredRouting):
+        return (Deferred(lambda: routed[site].to_parts(), routed.size(site)),)
+    return routed[site].to_parts()
 
 
 class Rejected(Exception):
@@ -651,7 +661,7 @@ class Session:
             epoch = p.roster.epoch
             for e in [e for e in self._routed if e not in self.coord.ready_epochs()]:
                 del self._routed[e]  # used up: a re-joining site needs only the ready epochs' shares
-            self._routed[epoch] = {s: m.to_parts() for s, m in routed.items()}
+            self._routed[epoch] = {s: _routed_parts(routed, s) for s in routed}
             for s, parts in self._routed[epoch].items():
                 out.append((s, SetupParts(parts)))
             dealers = sorted(routed)

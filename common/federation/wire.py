@@ -91,12 +91,38 @@ class SetupMsg:
     secagg: bytes
 
 
+class Deferred:
+    """A part of a message read only when the message is written: ``load()`` returns byte strings of exactly
+    ``size`` bytes in all (the coordinator's EpochShares built from its stored blobs, server/session.py)."""
+
+    __slots__ = ("load", "size")
+
+    def __init__(self, load, size: int) -> None:
+        self.load, self.size = load, size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def resolve(self) -> tuple[bytes, ...]:
+        parts = tuple(self.load())
+        got = sum(len(p) for p in parts)
+        if got != self.size:
+            raise ValueError(f"a deferred message part is {got} bytes, {self.size} were declared")
+        return parts
+
+
+def join_parts(parts) -> bytes:
+    """``b"".join(parts)``, reading each :class:`Deferred` part."""
+    return b"".join([x for p in parts for x in (p.resolve() if isinstance(p, Deferred) else (p,))])
+
+
 class SetupParts(SetupMsg):
     """A :class:`SetupMsg` whose secagg bytes are the concatenation of ``parts`` (byte strings shared with other
     messages: the coordinator's EpochShares, whose dealers' commitments and blobs it holds once).
 
     The coordinator's outboxes write the parts without joining them first (``server/outbox.py``); anything
-    else reads ``secagg``, which joins them on each access.
+    else reads ``secagg``, which joins them on each access.  A part may be :class:`Deferred` (read when
+    written).
     """
 
     def __init__(self, parts=(), secagg: bytes | None = None) -> None:  # noqa: D107 (frozen: set once)
@@ -105,7 +131,7 @@ class SetupParts(SetupMsg):
 
     @property
     def secagg(self) -> bytes:  # type: ignore[override]
-        return b"".join(self.parts)
+        return join_parts(self.parts)
 
 
 @dataclass(frozen=True)

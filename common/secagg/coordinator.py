@@ -27,6 +27,7 @@ secrets of one site for one round.
 """
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from itertools import filterfalse
 from operator import itemgetter
@@ -50,6 +51,7 @@ from .messages import (
     ConsistencySignature,
     EpochAnnounce,
     EpochRoster,
+    EncryptedShares,
     EpochShares,
     FastMaskedInput,
     FastRoundStart,
@@ -67,6 +69,7 @@ from .messages import (
     decode_message,
 )
 from .primitives import (
+    NONCE_SIZE,
     commit_self_mask_seed,
     commit_share,
     ed25519_verify,
@@ -196,6 +199,52 @@ class CoordinatorEpoch:
         return round_id - a.first_round
 
 
+def _blobs_digest(msg: ShareKeys) -> bytes:
+    """A digest of a ShareKeys' blobs (recipients, nonces, ciphertexts): a resent ShareKeys must repeat them."""
+    h = hashlib.sha256()
+    for b in msg.encrypted:
+        h.update(b.recipient.encode() + b"\0" + b.nonce)
+        h.update(b.ciphertext)
+    return h.digest()
+
+
+class StoredRouting(Mapping):
+    """The EpochShares of each recipient of an epoch whose blobs are stored (a coordinator with a storage),
+    read from the storage when asked for: the coordinator never holds an epoch's O(n²·E) blobs at once, and
+    ``size(h)`` gives the encoded size of h's message without reading anything (the transport writes it
+    when it has room; server/session.py)."""
+
+    def __init__(self, coordinator: "SecAggCoordinator", roster: EpochRoster, num_rounds: int,
+                 commitments: Mapping[str, SignedCommitments], senders: Mapping[str, Sequence[str]]) -> None:
+        self._coord, self._roster, self._num_rounds = coordinator, roster, num_rounds
+        self._commitments, self._senders = commitments, senders
+
+    def __getitem__(self, recipient: str) -> EpochShares:
+        return self._message(recipient, lambda d: self._coord._stored_blob(self._roster, d, recipient))
+
+    def __contains__(self, recipient: object) -> bool:
+        return recipient in self._senders
+
+    def __iter__(self):
+        return iter(self._senders)
+
+    def __len__(self) -> int:
+        return len(self._senders)
+
+    def size(self, recipient: str) -> int:
+        zeros: dict[int, bytes] = {}
+
+        def blank(d: str) -> EncryptedShares:
+            n = share_blob_size(d, recipient, self._num_rounds)
+            return EncryptedShares(recipient, bytes(NONCE_SIZE), zeros.setdefault(n, bytes(n)))
+        return sum(len(p) for p in self._message(recipient, blank).to_parts())
+
+    def _message(self, recipient: str, blob) -> EpochShares:
+        cfg = self._coord.config
+        return EpochShares(cfg.digest, self._roster.epoch, recipient, tuple(
+            RoutedShares(self._commitments[d], None if d == recipient else blob(d)) for d in self._senders[recipient]))
+
+
 # =========================================================================== epoch setup stages
 
 class SetupStage:
@@ -259,6 +308,7 @@ class CollectingShareKeys(SetupStage):
         self.epoch_digest = self.roster.epoch_digest()
         self.holders = self.roster.senders
         self.graph: NeighbourGraph | None = None  # set by CollectingAdverts.close in sparse mode
+        self.blobs_digest: dict[str, bytes] = {}  # sender → a digest of its blobs (a resent ShareKeys must match)
 
     def receive_share_keys(self, setup, msg):
         cfg, ann = setup.config, setup.announce
@@ -270,8 +320,8 @@ class CollectingShareKeys(SetupStage):
         if s not in self.holders:
             raise InvalidMessage(f"ShareKeys from {s!r}, which did not advertise keys this epoch")
         prev = self.received.get(s)
-        if prev is not None:  # a resent ShareKeys (its rows may have been stored and let go: same signed digests)
-            if prev == setup._coordinator._kept(msg) and all(
+        if prev is not None:  # a resent ShareKeys (its rows and blobs may have been stored and let go)
+            if prev == setup._coordinator._kept(msg) and self.blobs_digest[s] == _blobs_digest(msg) and all(
                     row_digest(row.commitments) == dig for (_, dig), row in zip(msg.commitments.row_digests, msg.rows)):
                 return
             raise InvalidMessage(f"{s!r} already sent different ShareKeys for epoch {ann.epoch}")
@@ -296,7 +346,8 @@ class CollectingShareKeys(SetupStage):
         for b in msg.encrypted:
             if len(b.ciphertext) != share_blob_size(s, b.recipient, e):
                 raise InvalidMessage(f"encrypted shares from {s!r} to {b.recipient!r} have the wrong size")
-        self.received[s] = setup._coordinator._keep_rows(self.roster, msg)
+        self.received[s] = setup._coordinator._keep(self.roster, msg)
+        self.blobs_digest[s] = _blobs_digest(msg)
 
     def close(self, setup):
         cfg, ann = setup.config, setup.announce
@@ -311,16 +362,17 @@ class CollectingShareKeys(SetupStage):
                     f"epoch {ann.epoch}: only {len(dealers)} sites shared keys with at least {self.graph.threshold} "
                     f"neighbours that did too, threshold is {cfg.threshold}"
                 )
-        routed: dict[str, EpochShares] = {}
-        blobs = {d: {b.recipient: b for b in self.received[d].encrypted} for d in dealers}
-        for h in dealers:
-            entries = tuple(
-                RoutedShares(self.received[d].commitments, None if d == h else blobs[d][h])
-                for d in (dealers if self.graph is None else [d for d in dealers if self.graph.is_neighbour_or_self(h, d)])
-            )
-            routed[h] = EpochShares(cfg.digest, ann.epoch, h, entries)
+        commitments = {d: self.received[d].commitments for d in dealers}
+        senders = {h: dealers if self.graph is None else [d for d in dealers if self.graph.is_neighbour_or_self(h, d)]
+                   for h in dealers}
+        if setup._coordinator._storage is not None:
+            routed = StoredRouting(setup._coordinator, self.roster, ann.num_rounds, commitments, senders)
+        else:
+            blobs = {d: {b.recipient: b for b in self.received[d].encrypted} for d in dealers}
+            routed = {h: EpochShares(cfg.digest, ann.epoch, h, tuple(
+                RoutedShares(commitments[d], None if d == h else blobs[d][h]) for d in senders[h])) for h in dealers}
         rows = setup._coordinator._rows_of(self.roster, {d: self.received[d].rows for d in dealers})
-        epoch = CoordinatorEpoch(ann, self.roster, {d: self.received[d].commitments for d in dealers}, rows, self.graph)
+        epoch = CoordinatorEpoch(ann, self.roster, commitments, rows, self.graph)
         if self.graph is not None:  # per-epoch work: each dealer's reconstruction set when nobody drops out
             for d in dealers:
                 epoch.lagrange(tuple(sorted(cfg.x_coordinate(h) for h in self.graph.holders(d) if h in routed)[: self.graph.threshold]))
@@ -964,18 +1016,28 @@ class SecAggCoordinator:
     # written as it arrives, so no step holds or writes the whole epoch's O(n²·E) rows at once; ``head`` (the
     # announcement, the roster and the dealers) is written when the epoch is ready.
 
-    def _keep_rows(self, roster: EpochRoster, msg: ShareKeys) -> ShareKeys:
-        """What the setup keeps of a validated ShareKeys: all of it, or with a storage, the message without its
-        rows once they are stored."""
+    def _keep(self, roster: EpochRoster, msg: ShareKeys) -> ShareKeys:
+        """What the setup keeps of a validated ShareKeys: all of it, or with a storage its signed commitments only,
+        once its rows and its blobs (one record per recipient) are stored."""
         if self._storage is not None:
-            i = roster.senders.index(msg.sender)
+            index = {h: i for i, h in enumerate(roster.senders)}
+            i = index[msg.sender]
             self._storage.put(_epoch_key(roster.epoch, f"dealer/{i:05d}"),
                               ShareKeys(msg.session_digest, msg.epoch, msg.sender, msg.commitments, msg.rows, ()).to_bytes())
+            for b in msg.encrypted:
+                self._storage.put(_epoch_key(roster.epoch, f"blob/{index[b.recipient]:05d}/{i:05d}"), b.nonce + b.ciphertext)
         return self._kept(msg)
 
     def _kept(self, msg: ShareKeys) -> ShareKeys:
         return msg if self._storage is None else \
-            ShareKeys(msg.session_digest, msg.epoch, msg.sender, msg.commitments, (), msg.encrypted)
+            ShareKeys(msg.session_digest, msg.epoch, msg.sender, msg.commitments, (), ())
+
+    def _stored_blob(self, roster: EpochRoster, dealer: str, recipient: str) -> EncryptedShares:
+        key = _epoch_key(roster.epoch, f"blob/{roster.senders.index(recipient):05d}/{roster.senders.index(dealer):05d}")
+        raw = self._storage.get(key)
+        if raw is None or len(raw) <= NONCE_SIZE:
+            raise StorageError(f"the stored shares {key!r} are gone (the epoch was used up) or corrupt")
+        return EncryptedShares(recipient, raw[:NONCE_SIZE], raw[NONCE_SIZE:])
 
     def _rows_of(self, roster: EpochRoster, rows: Mapping[str, Sequence[ShareRow]] | None):
         """A ready epoch's ``rows`` argument: the rows in memory, or with a storage a loader of one dealer's."""

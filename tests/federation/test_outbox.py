@@ -15,13 +15,15 @@ from fedsbdt.common.federation.wire import (
     RoundMsg,
     RoundStartMsg,
     SetupMsg,
+    Deferred,
     SetupParts,
     TreeMsg,
     event_to_proto,
 )
+from fedsbdt.common.secagg import StorageError
 from fedsbdt.proto.v1 import federation_pb2 as pb
 from fedsbdt.server import outbox as ob
-from fedsbdt.server.service import FederationService, WriteBudget
+from fedsbdt.server.service import FederationService, WriteBudget, _Abort
 
 EVENTS = [
     SetupMsg(b""),
@@ -149,5 +151,52 @@ def test_write_budget_bounds_large_writes_in_flight_and_a_stalled_write_lets_go(
             s.done.set()
         assert await asyncio.gather(*tasks) == [100] * 4
         assert budget.used == 0
+
+    asyncio.run(main())
+
+
+def test_a_deferred_part_is_read_only_when_written_and_the_bytes_are_the_same():
+    body = bytes(range(256)) * 3000  # an EpochShares read from the coordinator's storage
+    reads = []
+
+    def load():
+        reads.append(1)
+        return (body[:100], body[100:])
+
+    ev = SetupParts((b"head", Deferred(load, len(body))))
+    held = ob.Held(4, ob.encode_event(ev))
+    assert reads == [] and held.size == len(ob.event_bytes(ob.Held(4, ob.encode_event(SetupParts((b"head", body))))))
+    assert reads == []
+    assert ob.event_bytes(held) == event_to_proto(SetupMsg(b"head" + body), 4).SerializeToString()
+    assert list(ob.batches([held], 1, [])) == [pb.EventBatch(events=[event_to_proto(SetupMsg(b"head" + body), 4)],
+                                                             processed=1).SerializeToString()]
+    with pytest.raises(ValueError, match="declared"):
+        SetupParts((Deferred(load, len(body) + 1),)).secagg
+
+
+def test_write_budget_reads_a_deferred_message_only_once_it_has_room_and_gone_shares_end_the_stream():
+    async def main():
+        budget = WriteBudget(limit=150, small=10, hold_seconds=5)
+        log, reads = [], []
+
+        def deferred(tag):
+            return Deferred(lambda: reads.append(tag) or (b"x" * 100,), 100)
+
+        first, second = _Stream(log), _Stream(log)
+        t1 = asyncio.ensure_future(budget.write(first, [deferred("a")]))
+        t2 = asyncio.ensure_future(budget.write(second, [deferred("b")]))
+        await asyncio.sleep(0.05)
+        assert reads == ["a"]  # the second message is not read while the first holds the budget
+        first.done.set()
+        await asyncio.sleep(0.05)
+        assert reads == ["a", "b"]
+        second.done.set()
+        assert await asyncio.gather(t1, t2) == [100, 100]
+
+        def gone():
+            raise StorageError("the stored shares 'x' are gone")
+        with pytest.raises(_Abort) as exc:
+            await budget.write(_Stream(log), [Deferred(gone, 100)])
+        assert exc.value.code.name == "OUT_OF_RANGE" and budget.used == 0
 
     asyncio.run(main())
