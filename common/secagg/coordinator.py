@@ -44,8 +44,6 @@ from .messages import (
     CONSISTENCY_DOMAIN,
     KIND_KEY,
     KIND_SEED,
-    MAGIC,
-    VERSION,
     AdvertiseKeys,
     ConsistencyRequest,
     ConsistencySignature,
