@@ -238,9 +238,15 @@ class StoredRouting(Mapping):
         return sum(len(p) for p in self._message(recipient, blank).to_parts())
 
     def _message(self, recipient: str, blob) -> EpochShares:
-        cfg = self._coord.config
-        return EpochShares(cfg.digest, self._roster.epoch, recipient, tuple(
-            RoutedShares(self._commitments[d], None if d == recipient else blob(d)) for d in self._senders[recipient]))
+        return _epoch_shares(self._coord.config, self._roster.epoch, recipient, self._commitments,
+                             self._senders[recipient], blob)
+
+
+def _epoch_shares(cfg: SessionConfig, epoch: int, recipient: str, commitments: Mapping[str, SignedCommitments],
+                  dealers: Sequence[str], blob) -> EpochShares:
+    """``recipient``'s EpochShares: each dealer's signed commitments and ``blob(dealer)`` (none for itself)."""
+    return EpochShares(cfg.digest, epoch, recipient, tuple(
+        RoutedShares(commitments[d], None if d == recipient else blob(d)) for d in dealers))
 
 
 # =========================================================================== epoch setup stages
@@ -367,8 +373,8 @@ class CollectingShareKeys(SetupStage):
             routed = StoredRouting(setup._coordinator, self.roster, ann.num_rounds, commitments, senders)
         else:
             blobs = {d: {b.recipient: b for b in self.received[d].encrypted} for d in dealers}
-            routed = {h: EpochShares(cfg.digest, ann.epoch, h, tuple(
-                RoutedShares(commitments[d], None if d == h else blobs[d][h]) for d in senders[h])) for h in dealers}
+            routed = {h: _epoch_shares(cfg, ann.epoch, h, commitments, senders[h], lambda d, h=h: blobs[d][h])
+                      for h in dealers}
         rows = setup._coordinator._rows_of(self.roster, {d: self.received[d].rows for d in dealers})
         epoch = CoordinatorEpoch(ann, self.roster, commitments, rows, self.graph)
         if self.graph is not None:  # per-epoch work: each dealer's reconstruction set when nobody drops out
