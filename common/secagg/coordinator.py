@@ -90,6 +90,11 @@ def _epoch_key(epoch_id: int, name: str) -> str:
     return f"{_EPOCHS}{epoch_id:020d}/{name}"
 
 
+def _blob_key(epoch_id: int, recipient_i: int, dealer_i: int) -> str:
+    """The record of the blob from the roster's ``dealer_i``-th site to its ``recipient_i``-th."""
+    return _epoch_key(epoch_id, f"blob/{recipient_i:05d}/{dealer_i:05d}")
+
+
 def _stored_epochs(storage: Storage) -> list[int]:
     """The ids of the epochs with records in ``storage`` (ready or not)."""
     ids = set()
@@ -216,9 +221,11 @@ class StoredRouting(Mapping):
                  commitments: Mapping[str, SignedCommitments], senders: Mapping[str, Sequence[str]]) -> None:
         self._coord, self._roster, self._num_rounds = coordinator, roster, num_rounds
         self._commitments, self._senders = commitments, senders
+        self._index = {s: i for i, s in enumerate(roster.senders)}  # a site's record number in the storage
 
     def __getitem__(self, recipient: str) -> EpochShares:
-        return self._message(recipient, lambda d: self._coord._stored_blob(self._roster, d, recipient))
+        index, epoch = self._index, self._roster.epoch
+        return self._message(recipient, lambda d: self._coord._stored_blob(epoch, index[recipient], index[d], recipient))
 
     def __contains__(self, recipient: object) -> bool:
         return recipient in self._senders
@@ -1029,15 +1036,15 @@ class SecAggCoordinator:
             self._storage.put(_epoch_key(roster.epoch, f"dealer/{i:05d}"),
                               ShareKeys(msg.session_digest, msg.epoch, msg.sender, msg.commitments, msg.rows, ()).to_bytes())
             for b in msg.encrypted:
-                self._storage.put(_epoch_key(roster.epoch, f"blob/{index[b.recipient]:05d}/{i:05d}"), b.nonce + b.ciphertext)
+                self._storage.put(_blob_key(roster.epoch, index[b.recipient], i), b.nonce + b.ciphertext)
         return self._kept(msg)
 
     def _kept(self, msg: ShareKeys) -> ShareKeys:
         return msg if self._storage is None else \
             ShareKeys(msg.session_digest, msg.epoch, msg.sender, msg.commitments, (), ())
 
-    def _stored_blob(self, roster: EpochRoster, dealer: str, recipient: str) -> EncryptedShares:
-        key = _epoch_key(roster.epoch, f"blob/{roster.senders.index(recipient):05d}/{roster.senders.index(dealer):05d}")
+    def _stored_blob(self, epoch_id: int, recipient_i: int, dealer_i: int, recipient: str) -> EncryptedShares:
+        key = _blob_key(epoch_id, recipient_i, dealer_i)
         raw = self._storage.get(key)
         if raw is None or len(raw) <= NONCE_SIZE:
             raise StorageError(f"the stored shares {key!r} are gone (the epoch was used up) or corrupt")
