@@ -25,8 +25,14 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from auto_grid import EPSILONS, GRID, RESULTS, settings  # noqa: E402
 
-#: band layouts tried: (width, offset) — edges at offset + k·width
-LAYOUTS = [(w, o) for w in (1.0, 1.5, 2.0) for o in (0.0, 0.5, 1.0, 1.5) if o < w] + [(100.0, -50.0)]  # or one band
+#: rule families tried by the inner leave-one-dataset-out: bands of b, ("bands", width, offset) with edges at
+#: offset + k·width (or one band), where each band takes the setting with the smallest mean gap over its cells;
+#: or ("kernel", h): at b, the setting with the smallest mean gap over the group's cells weighted by
+#: exp(−½((b_cell − b)/h)²) — a smoothed band that does not jump with which cells fall on which side of an edge
+LAYOUTS = ([("bands", w, o) for w in (1.0, 1.5, 2.0) for o in (0.0, 0.5, 1.0, 1.5) if o < w] + [("bands", 100.0, -50.0)]
+           + [("kernel", h) for h in (0.25, 0.5, 0.75, 1.0)])
+#: the b grid on which a kernel rule is written out as a band table (common/auto.py TABLES)
+B_GRID = np.round(np.arange(0.0, 8.0001, 0.05), 2)
 #: the rule keeps one band table per group: regression trees behave differently (a leaf's Hessian sum is its
 #: noisy record count, so small leaves blow up) from classification trees
 GROUPS = {"binary": "classification", "multiclass": "classification", "regression": "regression"}
@@ -74,7 +80,7 @@ def signal(meta: dict, ds: str, eps: float) -> float:
 
 
 def band(b: float, layout) -> int:
-    w, o = layout
+    _, w, o = layout
     return math.floor((b - o) / w)
 
 
@@ -82,8 +88,22 @@ def group(meta, ds) -> str:
     return GROUPS[meta[ds]["task"]]
 
 
-def fit(cells, score, meta, layout) -> dict:
-    """(group, band) -> grid key with the smallest mean gap over the group's cells in the band."""
+def fit(cells, score, meta, layout):
+    """The rule fitted on ``cells``: a function (group, b) -> grid key (module doc, :data:`LAYOUTS`)."""
+    if layout[0] == "kernel":
+        h = layout[1]
+        by_group = defaultdict(list)
+        for c in cells:
+            best = max(score[c].values())
+            by_group[group(meta, c[0])].append((signal(meta, *c), [best - score[c][g] for g in GRID]))
+
+        def pick(grp: str, b: float) -> str:
+            cs = by_group.get(grp) or [x for v in by_group.values() for x in v]
+            w = np.exp(-0.5 * ((np.array([x[0] for x in cs]) - b) / h) ** 2)
+            mean_gap = w @ np.array([x[1] for x in cs]) / w.sum()
+            return list(GRID)[int(np.argmin(mean_gap))]
+
+        return pick
     by = defaultdict(list)
     for c in cells:
         by[(group(meta, c[0]), band(signal(meta, *c), layout))].append(c)
@@ -91,21 +111,27 @@ def fit(cells, score, meta, layout) -> dict:
     for key, cs in by.items():
         gaps = {g: np.mean([max(score[c].values()) - score[c][g] for c in cs]) for g in GRID}
         rule[key] = min(gaps, key=gaps.get)
-    return rule
+
+    def pick(grp: str, b: float) -> str:
+        """The band's setting; a band without training cells takes the nearest band of its group."""
+        k = band(b, layout)
+        if (grp, k) in rule:
+            return rule[(grp, k)]
+        same = [(g, j) for g, j in rule if g == grp] or list(rule)  # a group without cells: any group's bands
+        return rule[min(same, key=lambda gj: (abs(gj[1] - k), gj[1], gj[0]))]
+
+    return pick
 
 
-def apply(rule: dict, grp: str, b: float, layout) -> str:
-    """The band's setting; a band without training cells takes the nearest band of its group."""
-    k = band(b, layout)
-    if (grp, k) in rule:
-        return rule[(grp, k)]
-    same = [(g, j) for g, j in rule if g == grp] or list(rule)  # a group without cells: any group's bands
-    return rule[min(same, key=lambda gj: (abs(gj[1] - k), gj[1], gj[0]))]
+def table_of(pick, grp: str) -> list[tuple[float, str]]:
+    """The rule written as bands: (upper edge of b, grid key), the last edge ∞ (scanned on :data:`B_GRID`)."""
+    keys = [pick(grp, b) for b in B_GRID]
+    out = [(float(B_GRID[i]), keys[i - 1]) for i in range(1, len(keys)) if keys[i] != keys[i - 1]]
+    return out + [(math.inf, keys[-1])]
 
 
-def gap_of(rule, layout, cells, score, meta) -> list[float]:
-    return [max(score[c].values()) - score[c][apply(rule, group(meta, c[0]), signal(meta, *c), layout)]
-            for c in cells]
+def gap_of(pick, cells, score, meta) -> list[float]:
+    return [max(score[c].values()) - score[c][pick(group(meta, c[0]), signal(meta, *c))] for c in cells]
 
 
 def choose_layout(datasets, score, meta) -> tuple:
@@ -116,7 +142,7 @@ def choose_layout(datasets, score, meta) -> tuple:
         for d in datasets:
             train = [c for c in score if c[0] in datasets and c[0] != d]
             test = [c for c in score if c[0] == d]
-            gaps += gap_of(fit(train, score, meta, layout), layout, test, score, meta)
+            gaps += gap_of(fit(train, score, meta, layout), test, score, meta)
         m = float(np.mean(gaps))
         if best is None or m < best[0]:
             best = (m, layout)
@@ -133,14 +159,14 @@ def main() -> None:
     for d in datasets:  # outer leave-one-dataset-out
         others = [x for x in datasets if x != d]
         layout = choose_layout(others, score, meta)
-        rule = fit([c for c in score if c[0] != d], score, meta, layout)
+        pick_of = fit([c for c in score if c[0] != d], score, meta, layout)
         # the best single setting on the others (a rule without any signal) and today's default g01
         single = min(GRID, key=lambda g: np.mean([max(score[c].values()) - score[c][g] for c in score
                                                    if c[0] != d]))
         for e in EPSILONS:
             c = (d, e)
             best_key = max(score[c], key=score[c].get)
-            pick = apply(rule, group(meta, d), signal(meta, d, e), layout)
+            pick = pick_of(group(meta, d), signal(meta, d, e))
             cells_out.append({
                 "dataset": d, "task": meta[d]["task"], "n_train": meta[d]["n_train"], "epsilon": e,
                 "signal": signal(meta, d, e), "auto": pick, "auto_score": score[c][pick],
@@ -159,8 +185,8 @@ def main() -> None:
                            for k in ("gap_auto", "gap_single", "gap_default", "gap_xgboost_auto")}
     layout = choose_layout(datasets, score, meta)
     final = fit(list(score), score, meta, layout)
-    table = {grp: [(layout[1] + (k + 1) * layout[0], settings(final[(g, k)]), final[(g, k)])
-                   for g, k in sorted(final) if g == grp] for grp in sorted(set(GROUPS.values()))}
+    table = {grp: [(edge, settings(key), key) for edge, key in table_of(final, grp)]
+             for grp in sorted(set(GROUPS.values()))}
     out = {"datasets": datasets, "grid": {k: settings(k) for k in GRID}, "epsilons": list(EPSILONS),
            "cells": cells_out, "summary": summary, "final_layout": layout,
            "final_table": {g: [{"upper_edge": t[0], "setting": t[2], **t[1]} for t in ts] for g, ts in table.items()}}
@@ -188,18 +214,17 @@ def shipped(score, meta, xgb) -> None:
     f = RESULTS / "auto_verify.jsonl"
     if not f.exists():
         return
-    rows = [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
+    runs = defaultdict(list)  # (dataset, ε) -> the shipped rule's runs (--rep), averaged like the grid's
+    for r in (json.loads(line) for line in f.read_text().splitlines() if line.strip()):
+        if (r["dataset"], r["epsilon"]) in score:
+            runs[(r["dataset"], r["epsilon"])].append(r)
     out = []
-    for r in rows:
-        c = (r["dataset"], r["epsilon"])
-        if c not in score:
-            continue
-        s = max(r["score"], FLOOR[r["task"]])
-        out.append({"dataset": r["dataset"], "epsilon": r["epsilon"], "auto_score": s,
+    for c, rs in runs.items():
+        s = float(np.mean([max(r["score"], FLOOR[r["task"]]) for r in rs]))
+        out.append({"dataset": c[0], "epsilon": c[1], "runs": len(rs), "auto_score": s,
                     "grid_best": max(score[c].values()), "gap": max(score[c].values()) - s,
-                    "old_default": score[c]["g01"], "xgboost": xgb.get(r["dataset"]),
-                    "xgboost_minus_auto": xgb[r["dataset"]] - s if r["dataset"] in xgb else None,
-                    "hp": r.get("hp")})
+                    "old_default": score[c]["g01"], "xgboost": xgb.get(c[0]),
+                    "xgboost_minus_auto": xgb[c[0]] - s if c[0] in xgb else None, "hp": rs[0].get("hp")})
     summ = {}
     for e in [*EPSILONS, "all"]:
         cs = [c for c in out if e == "all" or c["epsilon"] == e]

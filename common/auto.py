@@ -8,7 +8,7 @@ The rule's one signal is the *budget per model*, ``b = log10(ε·n)`` (``ε·n/K
 tree sees the same noise with 1/K of the signal).  Leaf noise scales like ``1/ε`` and the leaf sums like
 ``n·γ/2^d``, so ``ε·n`` is what decides how many leaves (depth), trees, and how much of the data per tree
 (γ) the noise can afford.  :data:`TABLES` maps bands of ``b`` to settings, one table per task group; it was fitted offline
-(benchmarks/auto_rule.py) on the 17-dataset suite (benchmarks/suite.py) as, in each band, the grid
+(benchmarks/auto_rule.py) on the 22-dataset suite (benchmarks/suite.py) as, in each band, the grid
 setting with the smallest mean gap to the best grid setting of each (dataset, ε); docs/auto.md has the
 leave-one-dataset-out evaluation.  Settings the table does not vary are fixed with a reason each.
 """
@@ -30,19 +30,19 @@ AUTO_KEYS = ("trees", "depth", "subsample", "learning_rate", "cyclical", "split_
 #: (fitted by benchmarks/auto_rule.py on benchmarks/results/auto_grid*.jsonl; see docs/auto.md)
 TABLES: dict[str, tuple[tuple[float, dict[str, Any]], ...]] = {
     "classification": (
-        (1.0, dict(trees=300, depth=5, subsample=0.3, learning_rate=0.1, cyclical=True)),  # g17
+        (1.0, dict(trees=100, depth=3, subsample=0.1, learning_rate=0.1, cyclical=True)),  # g01
         (2.5, dict(trees=20, depth=4, subsample=1.0, learning_rate=0.3, cyclical=False)),  # g04
         (5.5, dict(trees=300, depth=5, subsample=0.3, learning_rate=0.1, cyclical=True)),  # g17
-        (math.inf, dict(trees=300, depth=6, subsample=0.5, learning_rate=0.2, cyclical=False)),  # g20
+        (math.inf, dict(trees=1000, depth=6, subsample=0.3, learning_rate=0.1, cyclical=False)),  # g21
     ),
     "regression": (  # fitted on the grid with λ matched to the noise (auto_grid.py --l2-auto)
-        (2.5, dict(trees=100, depth=3, subsample=0.1, learning_rate=0.1, cyclical=True)),  # g01
-        (4.0, dict(trees=50, depth=4, subsample=0.3, learning_rate=0.2, cyclical=True)),  # g08
-        (math.inf, dict(trees=300, depth=6, subsample=0.3, learning_rate=0.1, cyclical=False)),  # g18
+        (2.5, dict(trees=50, depth=3, subsample=0.1, learning_rate=0.1, cyclical=True)),  # g02
+        (4.0, dict(trees=200, depth=4, subsample=0.2, learning_rate=0.1, cyclical=False)),  # g14
+        (math.inf, dict(trees=500, depth=6, subsample=0.3, learning_rate=0.1, cyclical=False)),  # g19
     ),
 }
 #: where TABLES come from (shown with the reason)
-FITTED_ON = "17 public datasets × ε ∈ {0.1, 1, 4, 10} × 20 settings (benchmarks/auto_rule.py)"
+FITTED_ON = "22 public datasets × ε ∈ {0.1, 1, 4, 10} × 22 settings × 4 runs (benchmarks/auto_rule.py)"
 
 
 @dataclass(frozen=True)
@@ -106,7 +106,7 @@ def auto_settings(inp: AutoInputs) -> AutoChoice:
         f"{per} = {10 ** b:.4g} (log10 {b:.2f}, n = {inp.rows} {'declared public' if inp.rows_source == 'declared' else 'from a DP count'}) "
         f"is in the {group} band {band}: on the suite the setting T={s['trees']}, depth {s['depth']}, γ={s['subsample']:g}, "
         f"η={s['learning_rate']:g}, {'cyclical' if s['cyclical'] else 'all features per tree'} had the smallest mean "
-        f"gap to the best of 20 settings there ({FITTED_ON})",
+        f"gap to the best of 22 settings there ({FITTED_ON})",
     ]
     s["split_candidates"] = 32
     reasons.append("32 equidistant split candidates: benchmarks/defaults.py found no gain from more (docs/choosing-"
