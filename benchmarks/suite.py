@@ -13,7 +13,6 @@ owner "declares" them public; a real deployment writes them from domain knowledg
 """
 from __future__ import annotations
 
-import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
