@@ -287,8 +287,11 @@ class Session:
         self.total_trees = self.hp.total_rounds
         self.attempts: dict[Work, int] = {}
         self.next_epoch_id = max(self.coord.ready_epochs(), default=-1) + 1
-        # ready epoch -> site -> its EpochShares as parts (the dealers' commitments shared: O(n²) not O(n³))
-        self._routed: dict[int, dict[str, tuple[bytes, ...]]] = {}
+        # ready epoch -> site -> its EpochShares as parts (the dealers' commitments shared: O(n²) not O(n³));
+        # a restarted coordinator reads its ready epochs' shares back from its checkpoint
+        self._routed: dict[int, dict[str, tuple[bytes, ...]]] = {
+            e: {s: _routed_parts(r, s) for s in r} for e in self.coord.ready_epochs()
+            if (r := self.coord.stored_routing(e)) is not None}
         self.pipeline: PipelineStage = NoSetup()
         self.phase: RoundPhase = Between()
         self.model_json: bytes | None = None

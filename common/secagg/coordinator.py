@@ -374,8 +374,7 @@ class CollectingShareKeys(SetupStage):
                     f"neighbours that did too, threshold is {cfg.threshold}"
                 )
         commitments = {d: self.received[d].commitments for d in dealers}
-        senders = {h: dealers if self.graph is None else [d for d in dealers if self.graph.is_neighbour_or_self(h, d)]
-                   for h in dealers}
+        senders = _dealers_of_each(self.graph, dealers)
         if setup._coordinator._storage is not None:
             routed = StoredRouting(setup._coordinator, self.roster, ann.num_rounds, commitments, senders)
         else:
@@ -388,6 +387,12 @@ class CollectingShareKeys(SetupStage):
             for d in dealers:
                 epoch.lagrange(tuple(sorted(cfg.x_coordinate(h) for h in self.graph.holders(d) if h in routed)[: self.graph.threshold]))
         return SetupComplete(epoch), routed
+
+
+def _dealers_of_each(graph: NeighbourGraph | None, dealers: Sequence[str]) -> dict[str, list[str]]:
+    """Each dealer's EpochShares carries these dealers' shares: all of them, or its closed neighbourhood's."""
+    return {h: list(dealers) if graph is None else [d for d in dealers if graph.is_neighbour_or_self(h, d)]
+            for h in dealers}
 
 
 def _threshold_core(graph: NeighbourGraph, dealers: list[str]) -> list[str]:
@@ -1073,6 +1078,15 @@ class SecAggCoordinator:
 
     def ready_epochs(self) -> list[int]:
         return sorted(self._epochs)
+
+    def stored_routing(self, epoch_id: int) -> StoredRouting | None:
+        """A ready epoch's EpochShares, read from the stored blobs (None without a storage): what a restarted
+        coordinator sends a site that joins again, which may not have received its shares before the restart."""
+        if self._storage is None:
+            return None
+        ep = self._epochs[epoch_id]
+        return StoredRouting(self, ep.roster, ep.announce.num_rounds, ep.commitments,
+                             _dealers_of_each(ep.graph, ep.dealers))
 
     def epoch(self, epoch_id: int) -> CoordinatorEpoch:
         return self._epochs[epoch_id]

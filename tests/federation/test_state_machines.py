@@ -477,6 +477,34 @@ def test_coordinator_restart_resumes_at_the_next_tree(tmp_path):
     assert (f.store_dir / "model.json").read_bytes() == f.session.model_json
 
 
+def test_a_restarted_coordinator_routes_the_ready_epochs_shares_again(tmp_path):
+    """The coordinator dies right after an epoch is ready, before one site got its EpochShares: the restarted
+    coordinator builds that epoch's routing from its storage and sends them when the site joins again."""
+    from fedsbdt.common.federation.wire import SetupParts
+
+    f = Fed(tmp_path, tree_hp(trees=4), store=True).start()
+    lost = []
+
+    def drop_c_shares(site, ev):
+        if site == "hosp-c" and isinstance(ev, SetupParts) and not lost:
+            lost.append(ev)  # never reaches hosp-c: the coordinator process dies now
+            return False
+        return True
+
+    f.fed.intercept = drop_c_shares
+    f.fed.run(until=lambda: bool(lost))
+    assert f.session.coord.ready_epochs()  # the epoch was ready (and stored) when the shares went out
+    f.fed.intercept = None
+    f.session.checkpoint.close()
+    f.session = f.fed.session = f.new_session()
+    for s in SITES:
+        f.fed.join(s)
+    f.fed.run()
+    assert f.session.exit_code == 0
+    ref = f.central()  # noise off, every site in every tree: hosp-c got its shares from the restored routing
+    assert [t["leaves"] for t in f.model()["trees"]] == [t.leaves.tolist() for t in ref.model.trees]
+
+
 # --------------------------------------------------------------------------- what a site refuses up front
 
 
