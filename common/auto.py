@@ -108,6 +108,10 @@ def auto_settings(inp: AutoInputs) -> AutoChoice:
         f"η={s['learning_rate']:g}, {'cyclical' if s['cyclical'] else 'all features per tree'} had the smallest mean "
         f"gap to the best of 22 settings there ({FITTED_ON})",
     ]
+    if s["cyclical"]:
+        reasons.append("cyclical trees fit one feature per tree (an additive model): if your outcome depends on "
+                       "features together, pass --no-cyclical or let fedsbdt tune try it (docs/auto.md 'Cyclical "
+                       "trees and interactions')")
     s["split_candidates"] = 32
     reasons.append("32 equidistant split candidates: benchmarks/defaults.py found no gain from more (docs/choosing-"
                    "epsilon.md 'Split settings')")

@@ -24,6 +24,8 @@ def test_every_band_gives_valid_hyperparameters_with_reasons():
             assert set(c.settings) == set(AUTO_KEYS) - {"l2"}  # λ follows the calibrated noise (resolve)
             Hyperparameters.from_dict({**c.settings, "epsilon": eps})  # validates
             assert len(c.reasons) >= 4 and str(round(c.budget, 2)) in c.reasons[0]
+            # a cyclical choice says what it cannot fit and how to override it
+            assert any("--no-cyclical" in r for r in c.reasons) == c.settings["cyclical"]
 
 
 def test_the_band_follows_epsilon_times_rows_and_classes_share_it():
