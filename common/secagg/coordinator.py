@@ -373,16 +373,16 @@ class CollectingShareKeys(SetupStage):
                     f"epoch {ann.epoch}: only {len(dealers)} sites shared keys with at least {self.graph.threshold} "
                     f"neighbours that did too, threshold is {cfg.threshold}"
                 )
+        coord = setup._coordinator
         commitments = {d: self.received[d].commitments for d in dealers}
-        senders = _dealers_of_each(self.graph, dealers)
-        if setup._coordinator._storage is not None:
-            routed = StoredRouting(setup._coordinator, self.roster, ann.num_rounds, commitments, senders)
-        else:
+        rows = coord._rows_of(self.roster, {d: self.received[d].rows for d in dealers})
+        epoch = CoordinatorEpoch(ann, self.roster, commitments, rows, self.graph)
+        routed = coord._stored_routing(epoch)
+        if routed is None:
+            senders = _dealers_of_each(self.graph, dealers)
             blobs = {d: {b.recipient: b for b in self.received[d].encrypted} for d in dealers}
             routed = {h: _epoch_shares(cfg, ann.epoch, h, commitments, senders[h], lambda d, h=h: blobs[d][h])
                       for h in dealers}
-        rows = setup._coordinator._rows_of(self.roster, {d: self.received[d].rows for d in dealers})
-        epoch = CoordinatorEpoch(ann, self.roster, commitments, rows, self.graph)
         if self.graph is not None:  # per-epoch work: each dealer's reconstruction set when nobody drops out
             for d in dealers:
                 epoch.lagrange(tuple(sorted(cfg.x_coordinate(h) for h in self.graph.holders(d) if h in routed)[: self.graph.threshold]))
@@ -1082,9 +1082,11 @@ class SecAggCoordinator:
     def stored_routing(self, epoch_id: int) -> StoredRouting | None:
         """A ready epoch's EpochShares, read from the stored blobs (None without a storage): what a restarted
         coordinator sends a site that joins again, which may not have received its shares before the restart."""
+        return self._stored_routing(self._epochs[epoch_id])
+
+    def _stored_routing(self, ep: CoordinatorEpoch) -> StoredRouting | None:
         if self._storage is None:
             return None
-        ep = self._epochs[epoch_id]
         return StoredRouting(self, ep.roster, ep.announce.num_rounds, ep.commitments,
                              _dealers_of_each(ep.graph, ep.dealers))
 
