@@ -88,12 +88,12 @@ log = logging.getLogger("fedsbdt.coordinator")
 Outgoing = tuple[str, Event]
 
 
-def _routed_parts(routed, site: str) -> tuple:
-    """The parts of ``site``'s EpochShares for its SetupParts: with the coordinator's storage, one part read
-    from the stored blobs when the transport writes it (n recipients' messages are never all in memory)."""
+def _routed_parts(routed) -> dict[str, tuple]:
+    """Each recipient's EpochShares as the parts of its SetupParts: with the coordinator's storage, one part
+    read from the stored blobs when the transport writes it (n recipients' messages are never all in memory)."""
     if isinstance(routed, StoredRouting):
-        return (Deferred(lambda: routed[site].to_parts(), routed.size(site)),)
-    return routed[site].to_parts()
+        return {s: (Deferred(lambda s=s: routed[s].to_parts(), routed.size(s)),) for s in routed}
+    return {s: m.to_parts() for s, m in routed.items()}
 
 
 class Rejected(Exception):
@@ -290,8 +290,7 @@ class Session:
         # ready epoch -> site -> its EpochShares as parts (the dealers' commitments shared: O(n²) not O(n³));
         # a restarted coordinator reads its ready epochs' shares back from its checkpoint
         self._routed: dict[int, dict[str, tuple[bytes, ...]]] = {
-            e: {s: _routed_parts(r, s) for s in r} for e in self.coord.ready_epochs()
-            if (r := self.coord.stored_routing(e)) is not None}
+            e: _routed_parts(r) for e in self.coord.ready_epochs() if (r := self.coord.stored_routing(e)) is not None}
         self.pipeline: PipelineStage = NoSetup()
         self.phase: RoundPhase = Between()
         self.model_json: bytes | None = None
@@ -664,7 +663,7 @@ class Session:
             epoch = p.roster.epoch
             for e in [e for e in self._routed if e not in self.coord.ready_epochs()]:
                 del self._routed[e]  # used up: a re-joining site needs only the ready epochs' shares
-            self._routed[epoch] = {s: _routed_parts(routed, s) for s in routed}
+            self._routed[epoch] = _routed_parts(routed)
             for s, parts in self._routed[epoch].items():
                 out.append((s, SetupParts(parts)))
             dealers = sorted(routed)
