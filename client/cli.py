@@ -74,11 +74,10 @@ def _run_client(args: argparse.Namespace, t0: float, state: Path) -> int:
     from fedsbdt.common.schema import Schema
     from fedsbdt.common.federation.pki import PkiError, TlsFiles
     from fedsbdt.common.federation.plan import Plan
+    from fedsbdt.common.federation.tuning import FederatedTuning, is_tuning_plan
 
-    from .daemon import Daemon, DaemonError, DaemonOptions
     from .keys import IDENTITY_KEY, load_identity
     from .policy import SitePolicy
-    from .site import SessionAbort, SiteMachine, SiteOptions
 
     if args.plan and args.plan_hash:
         raise CliError("give either --plan or --plan-hash, not both")
@@ -87,17 +86,22 @@ def _run_client(args: argparse.Namespace, t0: float, state: Path) -> int:
                        "band); a site never takes part in whatever plan the coordinator serves")
     policy = SitePolicy(args.allow_central_noise, args.min_sites, args.min_threshold, args.min_colluders,
                         max_failed_attempts=args.max_failed_attempts, lifetime_epsilon=args.lifetime_epsilon)
-    if args.plan:
-        pinned = Plan.load(args.plan)
-        refusal = policy.refusal(pinned)  # known before connecting; the served plan is checked again
-        if refusal is not None:
-            raise CliError(f"{args.plan}: {refusal}")
-        expected = pinned.sha256
-    elif args.plan_hash:
+    tuning = None
+    if args.plan and is_tuning_plan(args.plan):
+        tuning = FederatedTuning.load(args.plan)
+        _check_tuning(args, tuning)
+        pinned: list = list(tuning.trials)
+    elif args.plan:
+        pinned = [Plan.load(args.plan)]
+    else:
         h = args.plan_hash.strip().lower()
         if len(h) != 64 or any(c not in "0123456789abcdef" for c in h):
             raise CliError("--plan-hash must be 64 hex digits (the SHA-256 printed by `fedsbdt plan`)")
-        expected = h
+        pinned = [h]
+    for p in pinned:
+        refusal = None if isinstance(p, str) else policy.refusal(p)  # known before connecting; checked again
+        if refusal is not None:
+            raise CliError(f"{args.plan}: {refusal}")
     try:
         identity = load_identity(Path(args.identity_key) if args.identity_key else state / IDENTITY_KEY)
         files = None
@@ -109,22 +113,70 @@ def _run_client(args: argparse.Namespace, t0: float, state: Path) -> int:
                 raise CliError(f"{files.cert} is issued to {name!r}, not to site {args.site!r}")
     except PkiError as e:
         raise CliError(str(e)) from None
-    options = SiteOptions(
-        max_epsilon=args.max_epsilon, expected_plan_sha256=expected,
-        local_schema=Schema.load(args.schema) if args.schema else None,
-        allow_insecure_test_randomness=args.allow_insecure_test_randomness,
-        model_out=Path(args.out) if args.out else None, policy=policy,
-        eval_data=Path(args.eval_data) if args.eval_data else None, max_eval_epsilon=args.max_eval_epsilon)
     if not (args.data or args.eval_data):
         raise CliError("pass this site's data with --data (and, for a federated evaluation, --eval-data)")
+    local_schema = Schema.load(args.schema) if args.schema else None
+    if tuning is None:
+        out, human = _take_part(args, t0, state, pinned[0], identity, files, local_schema, policy)
+        emit(args, out, human)
+        return 0
+    trials, lines = [], []
+    for i, plan in enumerate(tuning.trials):
+        model_out = (Path(args.out) if args.out else state / "model.json").with_suffix(f".trial-{i + 1}.json")
+        if model_out.exists():  # verified and written before a restart: not joined again
+            trials.append({"trial": i + 1, "plan_sha256": plan.sha256, "model": str(model_out),
+                           "model_sha256": sha256_file(model_out), "resumed": True})
+            continue
+        log.info(f"{args.site}: tuning trial {i + 1} of {len(tuning.trials)} (plan {plan.sha256[:16]}…)",
+                 extra={"event": "tuning_trial", "site": args.site, "trial": i + 1})
+        out, human = _take_part(args, t0, state, plan, identity, files, local_schema, policy, model_out=model_out,
+                                earlier=frozenset(p.sha256 for p in tuning.trials[:i]))
+        trials.append({"trial": i + 1, **out})
+        lines.append(f"trial {i + 1}: {human}")
+    emit(args, {"site": args.site, "tuning_plan_sha256": tuning.sha256, "epsilon": tuning.stated_epsilon,
+                "epsilon_eval": tuning.stated_epsilon_eval, "trials": trials,
+                "seconds": round(time.perf_counter() - t0, 3)},
+         "\n".join(lines) + f"\n{args.site}: took part in {len(trials)} tuning trials; all trials composed: ε = "
+         f"{tuning.stated_epsilon:.6g} (training file), ε_eval = {tuning.stated_epsilon_eval:.6g} (held-out file); "
+         "the coordinator's tuning.json names the winner by its model hash")
+    return 0
+
+
+def _check_tuning(args: argparse.Namespace, tuning) -> None:
+    """A tuning plan's totals against this site's caps, before anything runs (each trial is checked again as
+    it is accepted, its lifetime ledger holding the earlier trials' releases)."""
+    if getattr(args, "status_port", None) is not None:
+        raise CliError("a tuning plan runs its trials in turn: --status-port is not available with it")
+    if args.max_epsilon is not None and tuning.stated_epsilon > args.max_epsilon:
+        raise CliError(f"{args.plan}: the tuning plan's trials together spend ε = {tuning.stated_epsilon:.6g} of the "
+                       f"training records, above this site's --max-epsilon {args.max_epsilon:g}; refusing to take part")
+    if args.eval_data and tuning.stated_epsilon_eval > args.max_eval_epsilon:
+        raise CliError(f"{args.plan}: the tuning plan's evaluations together spend ε_eval = "
+                       f"{tuning.stated_epsilon_eval:.6g} of the held-out records, above this site's "
+                       f"--max-eval-epsilon {args.max_eval_epsilon:g}; refusing to take part")
+
+
+def _take_part(args: argparse.Namespace, t0: float, state: Path, pinned, identity, files, local_schema, policy,
+               model_out: Path | None = None, earlier: frozenset = frozenset()) -> tuple[dict, str]:
+    """Take part in one session (``pinned``: the plan, or the hash of the plan the coordinator must serve) until
+    the model is verified; (the JSON result, its line for people)."""
+    from .daemon import Daemon, DaemonError, DaemonOptions
+    from .site import SessionAbort, SiteMachine, SiteOptions
+
+    options = SiteOptions(
+        max_epsilon=args.max_epsilon, expected_plan_sha256=pinned if isinstance(pinned, str) else pinned.sha256,
+        local_schema=local_schema, allow_insecure_test_randomness=args.allow_insecure_test_randomness,
+        model_out=model_out or (Path(args.out) if args.out else None), policy=policy,
+        eval_data=Path(args.eval_data) if args.eval_data else None, max_eval_epsilon=args.max_eval_epsilon)
     from fedsbdt.common.sources import source_from_args
 
     machine = SiteMachine(args.site, identity, source_from_args(args), state, options)
-    status_page(args, machine)  # --status-port: served from now on (a taken port: exit 2 before anything else)
-    if args.plan:  # everything checkable here is checked before any connection: plan, policy, keys, data
+    if not earlier:
+        status_page(args, machine)  # --status-port: served from now on (a taken port: exit 2 before anything else)
+    if not isinstance(pinned, str):  # everything checkable here is checked before any connection: plan, policy, keys, data
         machine.accept_plan(pinned.canonical_json, pinned.sha256)  # SiteRefusal: exit 2, nothing contacted
     daemon = Daemon(machine, args.coordinator, files,
-                    DaemonOptions(reconnect_timeout=args.reconnect_timeout))
+                    DaemonOptions(reconnect_timeout=args.reconnect_timeout, earlier_plans=earlier))
     import sqlite3
 
     from fedsbdt.common.secagg.errors import StorageError
@@ -152,15 +204,14 @@ def _run_client(args: argparse.Namespace, t0: float, state: Path) -> int:
         out["cpu_ms_per_round"] = round((time.process_time() - machine.cpu_at_first_tree)
                                         / (machine.trees_applied - 1) * 1e3, 3)
     without = out["trees_without_data"]
-    emit(args, out, f"{args.site}: model with {machine.trees_applied} trees verified "
-                    + (f"({out['trees_with_data']} carried this site's data; {len(without)} did not, from tree "
-                       f"{without[0]} on: failed attempts spent the budget) " if without else "")
-                    + f"(sha256 {done.model_sha256}) and written to {done.model_path}"
-                    + (f"\n{args.site}: held-out file evaluated: {charge['records']} records, ε_eval = "
-                       f"{charge['epsilon_eval']:g} (within --max-epsilon with the training ε = "
-                       f"{machine.cal.epsilon:.6g})"
-                       if charge is not None else ""))
-    return 0
+    return out, (f"{args.site}: model with {machine.trees_applied} trees verified "
+                 + (f"({out['trees_with_data']} carried this site's data; {len(without)} did not, from tree "
+                    f"{without[0]} on: failed attempts spent the budget) " if without else "")
+                 + f"(sha256 {done.model_sha256}) and written to {done.model_path}"
+                 + (f"\n{args.site}: held-out file evaluated: {charge['records']} records, ε_eval = "
+                    f"{charge['epsilon_eval']:g} (within --max-epsilon with the training ε = "
+                    f"{machine.cal.epsilon:.6g})"
+                    if charge is not None else ""))
 
 
 def status_page(args: argparse.Namespace, machine):

@@ -71,6 +71,9 @@ class DaemonOptions:
     backoff_initial: float = 0.1
     backoff_max: float = 5.0
     tls_failures_fatal: int = 3  # consecutive UNAVAILABLE failures before a diagnostic TLS handshake
+    #: hashes of plans this site has finished (a tuning plan's earlier trials): while the coordinator still serves
+    #: one of them, the site waits for the next (up to ``reconnect_timeout``) instead of refusing
+    earlier_plans: frozenset = frozenset()
 
 
 class Daemon:
@@ -152,10 +155,7 @@ class Daemon:
 
     def run(self) -> SiteDone:
         """Take part until the model is verified; returns the final stage or raises DaemonError/SessionAbort."""
-        try:
-            plan = self._call("fetching the plan", self.stub.GetPlan, pb.GetPlanRequest())
-        except grpc.RpcError as e:
-            raise self._fatal_status(e, "to serve its plan") from None
+        plan = self._fetch_plan()
         if self.m.plan is None:
             self.m.accept_plan(bytes(plan.plan), plan.plan_sha256)  # SiteRefusal: the site does not take part
         else:  # accepted before connecting (--plan FILE): the coordinator must serve that very plan
@@ -185,6 +185,23 @@ class Daemon:
         if isinstance(stage, SiteDone):
             return stage
         raise SessionAbort(getattr(stage, "reason", "the session ended without a model"))
+
+    def _fetch_plan(self):
+        """The served plan; while it is one this site has finished (:attr:`DaemonOptions.earlier_plans`), ask
+        again each second until ``reconnect_timeout``."""
+        since = time.monotonic()
+        while True:
+            try:
+                plan = self._call("fetching the plan", self.stub.GetPlan, pb.GetPlanRequest())
+            except grpc.RpcError as e:
+                raise self._fatal_status(e, "to serve its plan") from None
+            if plan.plan_sha256 not in self.options.earlier_plans:
+                return plan
+            if time.monotonic() - since > self.options.reconnect_timeout:
+                raise DaemonError(f"the coordinator at {self.target} still serves the finished plan "
+                                  f"{plan.plan_sha256} after {self.options.reconnect_timeout:g} s; restart the client "
+                                  "to resume")
+            self._sleep.wait(1.0)
 
     def _join(self) -> None:
         nonce, sig = self.m.join_material()

@@ -36,6 +36,17 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
 
     map_large_buffers()  # before gRPC's threads exist: an epoch setup's buffers go back when freed
     t0 = time.perf_counter()
+    from fedsbdt.common.federation.tuning import FederatedTuning, is_tuning_plan
+
+    if is_tuning_plan(args.plan):
+        tuning = FederatedTuning.load(args.plan)
+        if args.model is not None or getattr(args, "status_port", None) is not None:
+            raise CliError("a tuning plan trains its trials in turn: --model and --status-port are not available "
+                           "with it")
+        for p in tuning.trials:
+            p.make_randomness(args.allow_insecure_test_randomness)  # refuse test randomness before anything runs
+        state = Path(args.state)
+        return with_state_lock(state, "coordinator state directory", lambda: _tune(args, t0, tuning, state))
     plan = Plan.load(args.plan)
     cal = plan.verify_privacy()
     randomness = plan.make_randomness(args.allow_insecure_test_randomness)
@@ -47,11 +58,81 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
                     "the sites must trust it", extra={"event": "central_noise"})
     status = status_page(args)  # --status-port: bound before anything is written (a taken port: exit 2)
     state = Path(args.state)  # one coordinator per --state
-    return with_state_lock(state, "coordinator state directory",
-                           lambda: _serve(args, t0, plan, cal, randomness, state, status))
+
+    def serve() -> int:
+        code, out, human, _ = _serve(args, args.listen, t0, plan, cal, randomness, state, status)
+        emit(args, out, human)
+        return code
+
+    return with_state_lock(state, "coordinator state directory", serve)
 
 
-def _serve(args: argparse.Namespace, t0: float, plan, cal, randomness, state: Path, status) -> int:
+def _tune(args: argparse.Namespace, t0: float, tuning, state: Path) -> int:
+    """A tuning plan: serve its trial plans in turn (each in ``STATE/trial-<i>``, on the address the first one
+    bound), then keep the trial whose released evaluation metric is best: ``STATE/model.json`` and the receipt
+    ``STATE/tuning.json``.  A trial finished before a restart (its ``result.json``) is not run again."""
+    import json
+    import shutil
+
+    from fedsbdt.common.federation.tuning import WINNER_METRIC, pick_winner
+    from fedsbdt.common.files import write_atomic
+
+    listen, results = args.listen, []
+    args.tls_dir = args.tls_dir or str(state)  # the certificate stays in STATE, the trials' state below it
+    for i, plan in enumerate(tuning.trials):
+        trial_state = state / f"trial-{i + 1}"
+        done = trial_state / "result.json"
+        if done.exists():
+            results.append(json.loads(done.read_text()))
+            continue
+        log.info(f"tuning: trial {i + 1} of {len(tuning.trials)} (plan {plan.sha256[:16]}…)",
+                 extra={"event": "tuning_trial", "trial": i + 1, "plan_sha256": plan.sha256})
+        code, out, human, listen = _serve(args, listen, t0, plan, plan.verify_privacy(),
+                                          plan.make_randomness(args.allow_insecure_test_randomness), trial_state, None)
+        args.ready_fd = None  # the address is announced once; later trials serve the same one
+        if code != 0:
+            emit(args, {**out, "trial": i + 1}, f"tuning stopped in trial {i + 1}: {human}")
+            return code
+        write_atomic(done, json.dumps(out, sort_keys=True), "trial result")
+        results.append(out)
+    metric, larger = WINNER_METRIC[tuning.task]
+    scores = [r.get("evaluation", {}).get("metrics") for r in results]
+    win = pick_winner(tuning.task, scores)
+    if win is None:
+        raise CliError("no trial's federated evaluation was released: no winner can be chosen (the trials' models "
+                       f"are in {state}/trial-*/model.json)")
+    shutil.copyfile(results[win]["model"], state / "model.json.tmp")
+    os.replace(state / "model.json.tmp", state / "model.json")
+    trials = [{"trial": i + 1, "plan_sha256": p.sha256, "settings": tuning.settings(i), "model_sha256": r["model_sha256"],
+               "metrics": scores[i], "intervals": r.get("evaluation", {}).get("intervals")}
+              for i, (p, r) in enumerate(zip(tuning.trials, results))]
+    receipt = {
+        "tuning_plan_sha256": tuning.sha256, "epsilon": tuning.stated_epsilon, "epsilon_eval": tuning.stated_epsilon_eval,
+        "delta": tuning.delta, "method": "K fixed trial plans run in turn; the coordinator sees every trial, so all "
+        "trainings (training records) and all evaluations (held-out records) are composed (RDP, Cor. 6)",
+        "chosen_by": f"the {'highest' if larger else 'lowest'} released (noisy) {metric} of the trials' federated "
+                     "evaluations (post-processing)",
+        "trials": trials, "winner": win + 1, "model_sha256": results[win]["model_sha256"]}
+    write_atomic(state / "tuning.json", json.dumps(receipt, sort_keys=True, indent=1), "tuning receipt")
+    out = {"model": str(state / "model.json"), "tuning": str(state / "tuning.json"), **receipt,
+           "seconds": round(time.perf_counter() - t0, 3)}
+    lines = [f"tuned over {len(trials)} trial plans; all trials composed: ε = {tuning.stated_epsilon:.6g} (training "
+             f"records), ε_eval = {tuning.stated_epsilon_eval:.6g} (held-out records)"]
+    lines += [f"  trial {t['trial']}: {t['settings']['trees']} trees, depth {t['settings']['depth']}, "
+              f"γ={t['settings']['subsample']:g}, η={t['settings']['learning_rate']:g}, "
+              f"{'cyclical' if t['settings']['cyclical'] else 'all features'}: {metric} = "
+              + (f"{t['metrics'][metric]:.4g}" if t["metrics"] and t["metrics"].get(metric) is not None else "not released")
+              for t in trials]
+    lines.append(f"winner: trial {win + 1} (the {'highest' if larger else 'lowest'} released {metric}); model "
+                 f"{state / 'model.json'} (sha256 {results[win]['model_sha256']}), receipt {state / 'tuning.json'}")
+    emit(args, out, "\n".join(lines))
+    return 0
+
+
+def _serve(args: argparse.Namespace, listen: str, t0: float, plan, cal, randomness, state: Path,
+           status) -> tuple[int, dict, str, str]:
+    """Serve one plan's session until it ends: (exit code, the JSON result, its line for people, the address
+    served)."""
     from fedsbdt.client.cli import sha256_file
 
     from .checkpoint import CheckpointError, CoordinatorStore
@@ -68,7 +149,7 @@ def _serve(args: argparse.Namespace, t0: float, plan, cal, randomness, state: Pa
             raise CliError(f"{e} (the coordinator needs a server certificate from the consortium CA; "
                            "`fedsbdt ca server` makes one, or pass --insecure for a local test)") from None
     released = existing_model(plan, args.model)
-    busy = address_in_use(args.listen)  # before the session opens its store: nothing written on a refusal
+    busy = address_in_use(listen)  # before the session opens its store: nothing written on a refusal
     if busy is not None:
         raise CliError(busy)
     try:
@@ -81,12 +162,12 @@ def _serve(args: argparse.Namespace, t0: float, plan, cal, randomness, state: Pa
                     f"from {state} into it, or pass --tls-dir {state}")
         raise CliError(f"{e}{hint}") from None
     try:
-        server = CoordinatorServer(session, args.listen, credentials)
+        server = CoordinatorServer(session, listen, credentials)
     except (OSError, RuntimeError) as e:
-        raise CliError(address_in_use(args.listen) or (
-            f"cannot listen on {args.listen}: gRPC could not bind it (not an address of this machine, or in use; "
+        raise CliError(address_in_use(listen) or (
+            f"cannot listen on {listen}: gRPC could not bind it (not an address of this machine, or in use; "
             "GRPC_VERBOSITY=debug shows gRPC's own reason)" if "bind" in str(e).lower()
-            else f"cannot listen on {args.listen}: {e}")) from None
+            else f"cannot listen on {listen}: {e}")) from None
     if status is not None:
         from .status import CoordinatorMonitor
 
@@ -129,12 +210,11 @@ def _serve(args: argparse.Namespace, t0: float, plan, cal, randomness, state: Pa
                 "restart with the same command to resume")
         if args.json:  # stdout holds the JSON object: the line goes to the log (stderr)
             log.warning(line, extra={"event": "interrupted", "trees": len(session.trees)})
-        emit(args, {"error": "interrupted", "trees": len(session.trees), "seconds": secs, "resume": line}, line)
-        return 130
+        return 130, {"error": "interrupted", "trees": len(session.trees), "seconds": secs, "resume": line}, line, \
+            server.address
     if session.exit_code and getattr(st, "reason", None):
-        emit(args, {"error": st.reason, "trees": len(session.trees), "seconds": secs},
-             f"session failed: {st.reason}")
-        return 1
+        return 1, {"error": st.reason, "trees": len(session.trees), "seconds": secs}, \
+            f"session failed: {st.reason}", server.address
     model = state / "model.json"
     out = {"model": str(model), "model_sha256": sha256_file(model), "trees": len(session.trees),
            "epsilon": cal.epsilon, "rounds_failed": session.rounds_failed, "seconds": secs,
@@ -145,8 +225,7 @@ def _serve(args: argparse.Namespace, t0: float, plan, cal, randomness, state: Pa
     if session.evaluation is not None:
         out["evaluation"], line = write_evaluation(state, session.evaluation, out["model_sha256"])
         human += "\n" + line
-    emit(args, out, human)
-    return session.exit_code
+    return session.exit_code, out, human, server.address
 
 
 def status_page(args: argparse.Namespace):
@@ -251,6 +330,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.insecure_test_randomness is not None:
         session.update(randomness="insecure-test", test_seed=args.insecure_test_randomness,
                        test_noise=args.test_noise)
+    if args.tune_trials is not None:
+        return write_tuning_plan(args, schema, hp, sites, session)
     plan = make_plan(schema, hp, sites, args.threshold, args.session_id, **session)
     plan.save(args.out)
     emit(args, {"plan": str(args.out), "plan_sha256": plan.sha256, "sigma": plan.stated_sigma,
@@ -264,6 +345,49 @@ def cmd_plan(args: argparse.Namespace) -> int:
          + (f"\nfederated evaluation: ε_eval = {plan.eval_epsilon:g} on the sites' held-out files "
             f"({plan.eval_bins} bins)" if plan.eval_epsilon is not None else "")
          + f"\nguarantee: {plan.guarantee}\nplan hash (give it to every site out of band): {plan.sha256}")
+    return 0
+
+
+def write_tuning_plan(args: argparse.Namespace, schema, hp, sites, session: dict) -> int:
+    """``fedsbdt plan --tune-trials K``: K trial plans around the plan's settings and the tuning plan pinning them
+    (common/federation/tuning.py); ``--epsilon`` and ``--eval-epsilon`` are the totals over all trials."""
+    import secrets
+
+    from fedsbdt.common.federation.plan import make_plan
+    from fedsbdt.common.federation.tuning import plan_trials
+
+    if args.evaluate_model:
+        raise CliError("--tune-trials trains its trials; it cannot evaluate an existing model (--evaluate-model)")
+    session = {k: v for k, v in session.items() if not k.startswith("eval_")}
+    if hp.seed is None:  # one public split seed for all trials (and the public order of the neighbours)
+        hp = hp.replace(seed=secrets.randbits(63))
+    eval_total = args.eval_epsilon if args.eval_epsilon is not None else 0.1
+
+    def make(h, suffix: str, eval_epsilon: float):
+        return make_plan(schema, h, sites, args.threshold, args.session_id + suffix, eval_epsilon=eval_epsilon,
+                         eval_bins=args.eval_bins, eval_residual_clip=args.eval_residual_clip, **session)
+
+    tuning = plan_trials(make, hp, schema.task, args.tune_trials, hp.epsilon, eval_total,
+                         matched_l2="l2" not in given_hyperparameters(args))
+    written = tuning.save(args.out)
+    first = tuning.trials[0]
+    trials = [{"plan": str(p), "plan_sha256": t.sha256, **tuning.settings(i)}
+              for i, (p, t) in enumerate(zip(written[1:], tuning.trials))]
+    emit(args, {"plan": str(args.out), "plan_sha256": tuning.sha256, "epsilon": tuning.stated_epsilon,
+                "epsilon_eval": tuning.stated_epsilon_eval, "epsilon_trial": first.stated_epsilon,
+                "epsilon_eval_trial": first.eval_epsilon, "trials": trials, "sites": list(first.site_ids),
+                "threshold": first.threshold, "assumed_colluders": first.assumed_colluders, "noise": first.noise,
+                "guarantee": first.guarantee, "seed": first.hyperparameters.seed},
+         f"wrote {args.out} and {len(trials)} trial plans: {first.n} sites, t = {first.threshold}, "
+         f"c = {first.assumed_colluders}, noise {first.noise}\n"
+         + "".join(f"  trial {i + 1}: {t['trees']} trees, depth {t['depth']}, γ={t['subsample']:g}, "
+                   f"η={t['learning_rate']:g}, {'cyclical' if t['cyclical'] else 'all features'}, λ={t['l2']:.3g} "
+                   f"({written[i + 1].name})\n" for i, t in enumerate(trials))
+         + f"each trial: ε = {first.stated_epsilon:.6g} training, ε_eval = {first.eval_epsilon:.6g} on the held-out "
+           f"files; all trials composed: ε = {tuning.stated_epsilon:.6g} (training records), ε_eval = "
+           f"{tuning.stated_epsilon_eval:.6g} (held-out records)\n"
+           f"guarantee: {first.guarantee}\n"
+           f"tuning plan hash (give it to every site out of band, with the plan files): {tuning.sha256}")
     return 0
 
 
@@ -390,6 +514,12 @@ def register(sub) -> None:
                    help="a plan that only evaluates this existing model (schema and hyperparameters from it; "
                         "needs --eval-epsilon; run the coordinator with --model FILE) (default: none: a "
                         "training plan)")
+    p.add_argument("--tune-trials", type=int, metavar="K",
+                   help="federated tuning: write K trial plans around these settings (the centre, the cyclical "
+                        "flag flipped, then other one-step neighbours) and a tuning plan (--out) that runs them in "
+                        "turn, each scored by a federated evaluation on the sites' held-out files; the coordinator "
+                        "keeps the best. --epsilon and --eval-epsilon (default 0.1) are then the totals over all "
+                        "trials (default: none: one training plan; docs/auto.md)")
     p.add_argument("--out", required=True, metavar="FILE", help="where to write the plan")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     add_hyperparameter_flags(p)

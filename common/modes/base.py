@@ -109,9 +109,10 @@ class Mode:
     def tree_budget(self, plan) -> dict[str, int | None]:  # pragma: no cover
         raise NotImplementedError
 
-    def plan_event(self, plan) -> ComposedEvent:
-        """The whole plan for a worst-case record (training and evaluation): what joining it may cost."""
-        budget = self.budget(plan)
+    def plan_event(self, plan, without: tuple[str, ...] = ()) -> ComposedEvent:
+        """The whole plan for a worst-case record (training and evaluation): what joining it may cost; ``without``
+        leaves out releases of those kinds (e.g. ``("eval",)``: what the training records alone may cost)."""
+        budget = {k: n for k, n in self.budget(plan).items() if k not in without}
         parts = [compose(self.event(plan, k), count=n or 0) for k, n in budget.items()
                  if n and self.event(plan, k) is not None]
         parts += [self.unbudgeted_event(plan, k) for k, n in budget.items() if n is None]
