@@ -4,11 +4,13 @@ diffprivlib needs scikit-learn < 1.8, so it runs in a separate environment in tw
 
     python benchmarks/diffprivlib_compare.py --export            # this venv: the suite's splits → /tmp npz
     /path/to/dpl-venv/bin/python benchmarks/diffprivlib_compare.py --run   # diffprivlib env (numpy, sklearn<1.8)
+    python benchmarks/diffprivlib_compare.py --table             # beside auto as shipped (results/auto_verify.jsonl)
 
 The same 80/20 splits and public bounds as benchmarks/auto_grid.py (numeric: the schema range; categorical:
 level codes in [0, levels − 1]).  RandomForestClassifier (10 trees, depth 5, the library's defaults otherwise)
 and LogisticRegression (data_norm = the norm of the public bounds); scores are AUC (binary) and accuracy
-(multi-class), one run each.  Results: results/diffprivlib.json.
+(multi-class), one run each.  Results: results/diffprivlib.json; ``--table`` sets them beside the shipped rule's
+scores (the mean of its runs per cell in results/auto_verify.jsonl) → results/diffprivlib_table.json.
 """
 from __future__ import annotations
 
@@ -80,12 +82,37 @@ def run() -> None:
     (HERE / "results" / "diffprivlib.json").write_text(json.dumps(out, indent=1) + "\n")
 
 
+def table() -> list[dict]:
+    """Per ε: the mean score over :data:`DATASETS` of ``auto`` as shipped (mean of its runs per cell) and of
+    diffprivlib's two models, and on how many sets ``auto`` scores at least as well as both."""
+    dpl = json.loads((HERE / "results" / "diffprivlib.json").read_text())
+    runs: dict = {}
+    for line in (HERE / "results" / "auto_verify.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        if r["setting"] == "auto" and r["dataset"] in DATASETS:
+            runs.setdefault((r["dataset"], r["epsilon"]), []).append(r["score"])
+    out = []
+    for eps in EPSILONS:
+        cells = [(float(np.mean(runs[(r["dataset"], eps)])), r["random_forest"] or 0.0, r["logistic_regression"] or 0.0)
+                 for r in dpl if r["epsilon"] == eps]
+        a, rf, lr = (np.array(c) for c in zip(*cells))
+        out.append({"epsilon": eps, "datasets": len(cells), "auto": round(float(a.mean()), 3),
+                    "random_forest": round(float(rf.mean()), 3), "logistic_regression": round(float(lr.mean()), 3),
+                    "auto_best": int(np.sum((a >= rf) & (a >= lr)))})
+        print(json.dumps(out[-1]))
+    (HERE / "results" / "diffprivlib_table.json").write_text(json.dumps(out, indent=1) + "\n")
+    return out
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--export", action="store_true")
     ap.add_argument("--run", action="store_true")
+    ap.add_argument("--table", action="store_true")
     a = ap.parse_args()
     if a.export:
         export()
     if a.run:
         run()
+    if a.table:
+        table()

@@ -425,7 +425,10 @@ def _load_for_prediction(args: argparse.Namespace, schema):
 
 def cmd_account(args: argparse.Namespace) -> int:
     from .engine import calibration_for
+    from .federation.tuning import is_tuning_plan
 
+    if getattr(args, "plan", None) is not None and is_tuning_plan(args.plan):
+        return _account_tuning(args)
     plan = _account_plan(args)  # `--plan`: what the federation's parties compute for it (None: flags)
     hp = hyperparameters_from_args(args) if plan is None else plan.hyperparameters
     cal = calibration_for(hp) if plan is None else plan.verify_privacy()  # refuses a σ or ε the plan misstates
@@ -470,13 +473,35 @@ def cmd_account(args: argparse.Namespace) -> int:
     return 0
 
 
+def _account_tuning(args: argparse.Namespace) -> int:
+    """``fedsbdt account --plan TUNING``: every trial's ε and the composed totals, recomputed (a misstated tuning
+    plan is refused like a misstated plan)."""
+    from .federation.tuning import FederatedTuning
+
+    _no_hyperparameter_flags(args)
+    t = FederatedTuning.load(args.plan)
+    trials = [{"plan_sha256": p.sha256, "epsilon_eval": p.eval_epsilon, **t.settings(i)} for i, p in enumerate(t.trials)]
+    emit(args, {"epsilon": t.stated_epsilon, "epsilon_eval": t.stated_epsilon_eval, "delta": t.delta,
+                "trials": trials, "tuning_plan_sha256": t.sha256},
+         "\n".join(f"trial {i + 1}     ε = {x['epsilon']:.6g}, ε_eval = {x['epsilon_eval']:.6g}   ({x['trees']} trees, "
+                   f"depth {x['depth']}, γ={x['subsample']:g}, η={x['learning_rate']:g}, "
+                   f"{'cyclical' if x['cyclical'] else 'all features'})" for i, x in enumerate(trials))
+         + f"\nall trials   ε = {t.stated_epsilon:.6g} (training records), ε_eval = {t.stated_epsilon_eval:.6g} "
+           f"(held-out records); δ = {t.delta:.3g}; composed (RDP), the coordinator sees every trial")
+    return 0
+
+
+def _no_hyperparameter_flags(args: argparse.Namespace) -> None:
+    given = [f.name for f in dataclasses.fields(Hyperparameters) if getattr(args, f.name, None) is not None]
+    if given:
+        raise CliError(f"--plan takes the hyperparameters from the plan; drop --{given[0].replace('_', '-')}")
+
+
 def _account_plan(args: argparse.Namespace):
     """The plan of ``fedsbdt account --plan`` (its hyperparameters replace the flags), or None."""
     if getattr(args, "plan", None) is None:
         return None
-    given = [f.name for f in dataclasses.fields(Hyperparameters) if getattr(args, f.name, None) is not None]
-    if given:
-        raise CliError(f"--plan takes the hyperparameters from the plan; drop --{given[0].replace('_', '-')}")
+    _no_hyperparameter_flags(args)
     from .federation.plan import Plan
 
     return Plan.load(args.plan)
