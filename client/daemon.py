@@ -197,6 +197,8 @@ class Daemon:
                 raise self._fatal_status(e, "to serve its plan") from None
             if plan.plan_sha256 not in self.options.earlier_plans:
                 return plan
+            log.info(f"{self.m.site_id}: the coordinator still serves the finished plan {plan.plan_sha256[:16]}…; "
+                     "waiting for the next", extra={"event": "waiting_for_plan", "site": self.m.site_id})
             if time.monotonic() - since > self.options.reconnect_timeout:
                 raise DaemonError(f"the coordinator at {self.target} still serves the finished plan "
                                   f"{plan.plan_sha256} after {self.options.reconnect_timeout:g} s; restart the client "

@@ -143,3 +143,28 @@ def test_three_site_processes_run_the_trials_and_the_coordinator_keeps_the_best(
         # the site's lifetime ledger composes both trials: more than one trial's ε, within the tuning's total
         life = r["trials"][-1]["lifetime"]["train"]["epsilon"]
         assert tuning.trials[0].stated_epsilon < life <= tuning.stated_epsilon * (1 + 1e-6)
+
+
+def test_a_site_skips_a_trial_it_finished_and_waits_while_the_coordinator_serves_it(tmp_path, ca_dir,
+                                                                                   cluster_factory):
+    """Resumed after trial 1 (its model file is there), the site takes part in trial 2 only; a coordinator still
+    serving trial 1 is waited for (``waiting_for_plan``), not refused as a plan mismatch, until the reconnect
+    timeout."""
+    from fedsbdt.common.federation.pki import ca_server
+
+    schema, raw = abalone_with_ids(90)
+    ids = make_identities(tmp_path, SITES, ca_dir)
+    ca_server(ca_dir, tmp_path / "coordinator", ["localhost", "127.0.0.1"], days=2)
+    data = write_splits(raw, SITES, tmp_path / "data")
+    tuning = tuning_for(schema, ids, Hyperparameters(trees=2, depth=2, seed=7, epsilon=2.0),
+                        randomness="insecure-test", test_seed=3)
+    tuning.save(tmp_path / "tune.toml")
+    c = cluster_factory(tmp_path / "tune.trial-1.toml")  # this coordinator serves trial 1 and waits for sites
+    c.coordinator()
+    (tmp_path / SITES[0]).mkdir(exist_ok=True)
+    (tmp_path / SITES[0] / "model.trial-1.json").write_text("{}")
+    site = c.site(SITES[0], data[SITES[0]], "--allow-insecure-test-randomness", "--plan", str(tmp_path / "tune.toml"),
+                  "--reconnect-timeout", "3")
+    c.wait_event(lambda ev: ev.get("_proc") == SITES[0] and ev.get("event") == "waiting_for_plan", timeout=60)
+    assert site.wait(timeout=60) == 2
+    assert "still serves the finished plan" in site.errors and tuning.trials[0].sha256 in site.errors
