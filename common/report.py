@@ -417,11 +417,16 @@ def _settings(model: Ensemble) -> str | None:
     if tu:
         rows = [(f"trial {x['trial']}", ", ".join(f"{k}={v}" for k, v in sorted(x["settings"].items())),
                  "winner" if x["trial"] == tu.get("winner") else "") for x in tu.get("trials", [])]
-        body += (f"<p>Chosen by <strong>private tuning</strong>: {_e(tu.get('method', ''))}. "
-                 f"{_e(tu.get('trials_run'))} trials (random count, mean {_e(tu.get('mean_trials'))}), each at "
-                 f"ε = {_e(_num(tu.get('epsilon_trial')))}; the winner is {_e(tu.get('chosen_by', ''))}. The receipt's "
-                 "ε covers every trial, the scoring and the selection.</p>"
-                 + _table(rows, head=("trial", "settings", "")))
+        if "trials_run" in tu:  # fedsbdt tune (central, Papernot & Steinke)
+            how = (f"{_e(tu.get('trials_run'))} trials (random count, mean {_e(tu.get('mean_trials'))}), each at "
+                   f"ε = {_e(_num(tu.get('epsilon_trial')))}; the winner is {_e(tu.get('chosen_by', ''))}. The "
+                   "receipt's ε covers every trial, the scoring and the selection.")
+        else:  # a federated tuning plan (common/federation/tuning.py)
+            how = (f"{len(rows)} trial plans, each at ε = {_e(_num(tu.get('epsilon_trial')))}; the winner is "
+                   f"{_e(tu.get('chosen_by', ''))}. The receipt's ε covers every trial's training; the "
+                   "evaluations were charged to the sites' held-out files.")
+        body += (f"<p>Chosen by <strong>{'private' if 'trials_run' in tu else 'federated'} tuning</strong>: "
+                 f"{_e(tu.get('method', ''))}. {how}</p>" + _table(rows, head=("trial", "settings", "")))
     return body or None
 
 

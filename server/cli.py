@@ -72,7 +72,6 @@ def _tune(args: argparse.Namespace, t0: float, tuning, state: Path) -> int:
     bound), then keep the trial whose released evaluation metric is best: ``STATE/model.json`` and the receipt
     ``STATE/tuning.json``.  A trial finished before a restart (its ``result.json``) is not run again."""
     import json
-    import shutil
 
     from fedsbdt.common.federation.tuning import WINNER_METRIC, pick_winner
     from fedsbdt.common.files import write_atomic
@@ -101,18 +100,18 @@ def _tune(args: argparse.Namespace, t0: float, tuning, state: Path) -> int:
     if win is None:
         raise CliError("no trial's federated evaluation was released: no winner can be chosen (the trials' models "
                        f"are in {state}/trial-*/model.json)")
-    shutil.copyfile(results[win]["model"], state / "model.json.tmp")
-    os.replace(state / "model.json.tmp", state / "model.json")
     trials = [{"trial": i + 1, "plan_sha256": p.sha256, "settings": tuning.settings(i), "model_sha256": r["model_sha256"],
                "metrics": scores[i], "intervals": r.get("evaluation", {}).get("intervals")}
               for i, (p, r) in enumerate(zip(tuning.trials, results))]
     receipt = {
         "tuning_plan_sha256": tuning.sha256, "epsilon": tuning.stated_epsilon, "epsilon_eval": tuning.stated_epsilon_eval,
-        "delta": tuning.delta, "method": "K fixed trial plans run in turn; the coordinator sees every trial, so all "
-        "trainings (training records) and all evaluations (held-out records) are composed (RDP, Cor. 6)",
+        "delta": tuning.delta, "epsilon_trial": tuning.trials[0].stated_epsilon,
+        "method": "K fixed trial plans run in turn; the coordinator sees every trial, so all trainings (training "
+                  "records) and all evaluations (held-out records) are composed (RDP, Cor. 6)",
         "chosen_by": f"the {'highest' if larger else 'lowest'} released (noisy) {metric} of the trials' federated "
                      "evaluations (post-processing)",
-        "trials": trials, "winner": win + 1, "model_sha256": results[win]["model_sha256"]}
+        "trials": trials, "winner": win + 1, "trial_model_sha256": results[win]["model_sha256"]}
+    receipt["model_sha256"] = _write_winner(Path(results[win]["model"]), state / "model.json", tuning, receipt)
     write_atomic(state / "tuning.json", json.dumps(receipt, sort_keys=True, indent=1), "tuning receipt")
     out = {"model": str(state / "model.json"), "tuning": str(state / "tuning.json"), **receipt,
            "seconds": round(time.perf_counter() - t0, 3)}
@@ -124,9 +123,31 @@ def _tune(args: argparse.Namespace, t0: float, tuning, state: Path) -> int:
               + (f"{t['metrics'][metric]:.4g}" if t["metrics"] and t["metrics"].get(metric) is not None else "not released")
               for t in trials]
     lines.append(f"winner: trial {win + 1} (the {'highest' if larger else 'lowest'} released {metric}); model "
-                 f"{state / 'model.json'} (sha256 {results[win]['model_sha256']}), receipt {state / 'tuning.json'}")
+                 f"{state / 'model.json'} (sha256 {receipt['model_sha256']}; the sites verified it as trial {win + 1}'s "
+                 f"model {receipt['trial_model_sha256']}), receipt {state / 'tuning.json'}")
     emit(args, out, "\n".join(lines))
     return 0
+
+
+def _write_winner(trial_model: Path, out: Path, tuning, receipt: dict) -> str:
+    """The winning trial's model with the privacy statement of the whole tuning (every trial is released to the
+    coordinator) and the tuning's record (``training.tuning``, shown by ``fedsbdt report``); its SHA-256."""
+    from fedsbdt.client.cli import sha256_file
+    from fedsbdt.common.model import Ensemble
+
+    m = Ensemble.load(trial_model)
+    p = m.privacy
+    p.update(epsilon=tuning.stated_epsilon, target_epsilon=tuning.stated_epsilon, epsilon_trial=p["epsilon"],
+             epsilon_eval_total=tuning.stated_epsilon_eval,
+             guarantee=(f"({tuning.stated_epsilon:.6g}, {tuning.delta:.3g})-differential privacy for every training "
+                        f"record (add/remove one record), covering all {len(tuning.trials)} trials of the tuning "
+                        f"plan; the held-out records: ({tuning.stated_epsilon_eval:.6g}, {tuning.delta:.3g}) over all "
+                        "trials' evaluations"))
+    m.training["tuning"] = {k: receipt[k] for k in ("tuning_plan_sha256", "method", "chosen_by", "winner",
+                                                    "epsilon_trial", "trial_model_sha256")} | {
+        "trials": [{k: t[k] for k in ("trial", "settings", "plan_sha256", "model_sha256")} for t in receipt["trials"]]}
+    m.save(out)
+    return sha256_file(out)
 
 
 def _serve(args: argparse.Namespace, listen: str, t0: float, plan, cal, randomness, state: Path,

@@ -128,8 +128,17 @@ def test_three_site_processes_run_the_trials_and_the_coordinator_keeps_the_best(
     rmse = [t["metrics"]["rmse"] for t in receipt["trials"]]
     assert receipt["winner"] == int(np.argmin(rmse)) + 1 and len(rmse) == 2  # regression: the lowest RMSE
     win = receipt["winner"]
-    assert (tmp_path / "coordinator" / "model.json").read_bytes() == \
-        (tmp_path / "coordinator" / f"trial-{win}" / "model.json").read_bytes()
+    # the winner, stating the whole tuning's privacy: its trees are trial `win`'s, which every site verified
+    model = json.loads((tmp_path / "coordinator" / "model.json").read_text())
+    trial_model = json.loads((tmp_path / "coordinator" / f"trial-{win}" / "model.json").read_text())
+    assert model["trees"] == trial_model["trees"] and receipt["trial_model_sha256"] == \
+        receipt["trials"][win - 1]["model_sha256"] == out["trial_model_sha256"]
+    assert model["privacy"]["epsilon"] == tuning.stated_epsilon and trial_model["privacy"]["epsilon"] < 0.9 * \
+        tuning.stated_epsilon and model["training"]["tuning"]["winner"] == win
+    from fedsbdt.common.report import write_report
+
+    write_report(tmp_path / "coordinator" / "model.json", tmp_path / "report.html")
+    assert "federated tuning" in (tmp_path / "report.html").read_text()
     for i, plan in enumerate(tuning.trials):  # every trial: the sites' models are the coordinator's, = central
         ref = (tmp_path / "coordinator" / f"trial-{i + 1}" / "model.json").read_bytes()
         for s in SITES:
