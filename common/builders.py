@@ -289,9 +289,9 @@ class GreedyTrees:
                     pick = randomness.exponential_mechanism(score[q], scale)
                     chosen[first + q] = idx[pick % idx.size]
                     default_left[first + q] = pick >= idx.size
-            # route every record to its child (heap order: left 2k+1, right 2k+2)
-            node = kernels.route_level(codes, node, first, cand.feature[chosen], cand.lo[chosen], cand.hi[chosen],
-                                       miss, default_left)
+            if level + 1 < hp.depth:  # route every record to its child (heap order: left 2k+1, right 2k+2)
+                node = kernels.route_level(codes, node, first, cand.feature[chosen], cand.lo[chosen],
+                                           cand.hi[chosen], miss, default_left)
         return Splits(cand.feature[chosen].astype(np.int32), cand.threshold[chosen].astype(np.float64),
                       default_left if self.schema.allows_missing else None)
 

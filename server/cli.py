@@ -539,8 +539,8 @@ def register(sub) -> None:
                    help="federated tuning: write K trial plans around these settings (the centre, the cyclical "
                         "flag flipped, then other one-step neighbours) and a tuning plan (--out) that runs them in "
                         "turn, each scored by a federated evaluation on the sites' held-out files; the coordinator "
-                        "keeps the best. --epsilon and --eval-epsilon (default 0.1) are then the totals over all "
-                        "trials (default: none: one training plan; docs/auto.md)")
+                        "keeps the best. --epsilon and --eval-epsilon (then 0.1 if not given) are the totals over "
+                        "all trials (default: none: one training plan; docs/auto.md)")
     p.add_argument("--out", required=True, metavar="FILE", help="where to write the plan")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     add_hyperparameter_flags(p)

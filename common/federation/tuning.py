@@ -70,9 +70,8 @@ def composed_epsilons(trials: list[Plan] | tuple[Plan, ...], delta: float) -> tu
     events = [trial_events(p) for p in trials]
     train = compose(*[t for t, _ in events])
     held = compose(*[e for _, e in events])
-    eps_t = event_epsilon_rdp(train, delta, _alpha_max(trials, delta))[0]
-    eps_e = event_epsilon_rdp(held, delta, _alpha_max(trials, delta))[0]
-    return eps_t, eps_e
+    amax = _alpha_max(trials, delta)
+    return event_epsilon_rdp(train, delta, amax)[0], event_epsilon_rdp(held, delta, amax)[0]
 
 
 def _alpha_max(trials, delta: float) -> int:
