@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import json
 import os
 import pstats
 import statistics
@@ -127,21 +128,27 @@ def cli_times(ds: Dataset, trees: int, repeat: int) -> dict:
     frame.to_csv(d / "data.csv", index=False)
     (d / "schema.toml").write_text(dumps(ds.schema.to_dict()))
     times: dict[str, list[float]] = {"random": [], "greedy": []}
+    reported: dict[str, list[float]] = {"random": [], "greedy": []}  # the "seconds" train prints: training alone
     for i in range(repeat + 1):  # the first round warms numba's cache and the page cache, not counted
         for b in times:
             cmd = [sys.executable, "-m", "fedsbdt.common.cli", "train", "--data", str(d / "data.csv"), "--schema",
                    str(d / "schema.toml"), "--out", str(d / f"{b}.json"), "--settings", "paper", "--tree-builder", b,
                    "--trees", str(trees), "--depth", "5", "--epsilon", "1", "--quiet", "--json"]
             t0 = time.perf_counter()
-            subprocess.run(cmd, check=True, capture_output=True)
+            out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
             if i:
                 times[b].append(time.perf_counter() - t0)
+                reported[b].append(json.loads(out)["seconds"])
         if i:
-            print(f"cli run {i}: random {times['random'][-1]:.2f} s, greedy {times['greedy'][-1]:.2f} s", flush=True)
+            print(f"cli run {i}: random {times['random'][-1]:.2f} s ({reported['random'][-1]:.2f} s training), greedy "
+                  f"{times['greedy'][-1]:.2f} s ({reported['greedy'][-1]:.2f} s training)", flush=True)
     med = {b: statistics.median(t) for b, t in times.items()}
+    rep = {b: statistics.median(t) for b, t in reported.items()}
     return {"rows": ds.n, "trees": trees, "depth": 5, "epsilon": 1.0, "seconds": {b: round(m, 3) for b, m in med.items()},
             "runs": {b: [round(x, 3) for x in t] for b, t in times.items()},
-            "ratio_of_medians": round(med["greedy"] / med["random"], 3), "loadavg": list(os.getloadavg()),
+            "ratio_of_medians": round(med["greedy"] / med["random"], 3),
+            "training_seconds": {b: round(m, 3) for b, m in rep.items()},
+            "training_ratio_of_medians": round(rep["greedy"] / rep["random"], 3), "loadavg": list(os.getloadavg()),
             "command": "fedsbdt train --settings paper --tree-builder B --trees T --depth 5 --epsilon 1 --quiet --json"}
 
 
@@ -164,7 +171,8 @@ def main() -> None:
     if args.cli:
         result = cli_times(ds, args.trees, args.repeat)
         print(f"fedsbdt train: random {result['seconds']['random']:.2f} s, greedy {result['seconds']['greedy']:.2f} s: "
-              f"greedy/random = {result['ratio_of_medians']:.2f}")
+              f"greedy/random = {result['ratio_of_medians']:.2f} end to end, "
+              f"{result['training_ratio_of_medians']:.2f} in the training seconds train reports")
         if not args.no_save:
             print(f"saved {save('greedy_speed_cli', result)}")
         return
