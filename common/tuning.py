@@ -163,12 +163,9 @@ def plan_tuning(settings: list[dict], epsilon: float, delta: float, mean_trials:
     gamma = 1.0 / mean_trials
     orders = orders_for(epsilon, delta)
 
-    def total(eps_t: float) -> TuningPlan | None:
-        try:
-            curves = [_train_curve(Hyperparameters.from_dict({**s, "epsilon": eps_t, "delta": delta}), orders)
-                      for s in settings]
-        except (AccountingError, ValueError):
-            return None
+    def total(eps_t: float) -> TuningPlan:
+        curves = [_train_curve(Hyperparameters.from_dict({**s, "epsilon": eps_t, "delta": delta}), orders)
+                  for s in settings]
         rho0, a0 = curves[0]
         i0 = int(np.searchsorted(orders, a0))
         i0 = min(i0, len(orders) - 1)
@@ -176,26 +173,33 @@ def plan_tuning(settings: list[dict], epsilon: float, delta: float, mean_trials:
         eps, order = tuning_epsilon(orders, trial_rdp(orders, [c for c, _ in curves], sigma_score), gamma, delta)
         return TuningPlan(eps_t, sigma_score, mean_trials, gamma, eps, delta, order)
 
-    hi, lo, best = epsilon, epsilon / 2, None
-    while best is None:  # halve the per-trial ε until the total fits; a trial that cannot be calibrated: refuse
-        p = total(lo)
-        if p is None or lo < epsilon * 1e-4:
-            raise AccountingError(
-                f"ε = {epsilon:g} is too small for private tuning: no per-trial budget fits once the random number "
-                f"of trials (mean {mean_trials}) is accounted (Papernot & Steinke Thm. 2); use fedsbdt train, "
-                "or raise ε")
-        if p.epsilon <= epsilon:
-            best = p
-        else:
-            hi, lo = lo, lo / 2
+    too_small = (f"ε = {epsilon:g} is too small for private tuning: no per-trial budget fits once the random number "
+                 f"of trials (mean {mean_trials}) is accounted (Papernot & Steinke Thm. 2); use fedsbdt train, or raise ε")
+    return total(largest_fitting(lambda e: total(e).epsilon, epsilon, too_small, rel_tol))
+
+
+def largest_fitting(total_of, budget: float, too_small: str, rel_tol: float = 1e-3) -> float:
+    """The largest per-trial budget x ≤ ``budget`` (to ``rel_tol``, bisection after halving from budget/2) whose
+    total ``total_of(x)`` is ≤ ``budget``; ``total_of`` may raise ValueError (AccountingError, ConfigError) where x
+    cannot be calibrated (it does not fit).  Raises AccountingError(``too_small``) if nothing down to budget·10⁻⁴
+    fits."""
+    from .accountant import AccountingError
+
+    def fits(x: float) -> bool:
+        try:
+            return total_of(x) <= budget
+        except ValueError:
+            return False
+
+    hi, lo = budget, budget / 2
+    while not fits(lo):
+        if lo < budget * 1e-4:
+            raise AccountingError(too_small)
+        hi, lo = lo, lo / 2
     while hi / lo > 1 + rel_tol:
         mid = math.sqrt(lo * hi)
-        p = total(mid)
-        if p is not None and p.epsilon <= epsilon:
-            lo, best = mid, p
-        else:
-            hi = mid
-    return best
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
 
 
 # --------------------------------------------------------------------------- the run (side effects: training, noise)

@@ -40,8 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedsbdt.common.accountant import AccountingError, compose, default_alpha_max, event_epsilon_rdp
-from fedsbdt.common.config import ConfigError
+from fedsbdt.common.accountant import compose, default_alpha_max, event_epsilon_rdp
 
 from .plan import PRIVACY_RTOL, Plan, PlanError
 
@@ -78,27 +77,6 @@ def _alpha_max(trials, delta: float) -> int:
     """Orders up to where Cor. 6's log(1/δ)/(α−1) is well below the smallest per-trial ε (as calibration does)."""
     eps = min(min(p.hyperparameters.epsilon, p.eval_epsilon) for p in trials)
     return default_alpha_max(eps, delta)
-
-
-def largest_fitting(total_of, budget: float, rel_tol: float = 1e-3) -> float:
-    """The largest per-trial x ≤ ``budget`` (to ``rel_tol``) with ``total_of(x) ≤ budget``; ``total_of`` may raise
-    :class:`AccountingError` / :class:`ConfigError` where x cannot be calibrated (treated as not fitting)."""
-    def fits(x: float) -> bool:
-        try:
-            return total_of(x) <= budget * (1 + 1e-9)
-        except (AccountingError, ConfigError):
-            return False
-
-    hi, lo = budget, budget / 2
-    while not fits(lo):
-        if lo < budget * 1e-4:
-            raise AccountingError(f"ε = {budget:g} is too small for this many trials: no per-trial budget fits "
-                                  "once all trials are composed")
-        hi, lo = lo, lo / 2
-    while hi / lo > 1 + rel_tol:
-        mid = math.sqrt(lo * hi)
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-    return lo
 
 
 # --------------------------------------------------------------------------- the tuning plan
@@ -260,6 +238,7 @@ def plan_trials(make, hp, task: str, k: int, epsilon: float, epsilon_eval: float
     ≤ ``epsilon_eval``.  ``make(hp, session_suffix, eval_epsilon)`` builds one trial plan (``make_plan`` with the
     session's other parameters); ``matched_l2``: each trial's λ matched to its own leaf noise (as ``auto``)."""
     from fedsbdt.common.auto import noise_matched_l2
+    from fedsbdt.common.tuning import largest_fitting
 
     if hp.tree_builder != "random":
         raise PlanError("federated tuning searches S-BDT's random trees (the auto rule's builder); leave out "
@@ -276,13 +255,15 @@ def plan_trials(make, hp, task: str, k: int, epsilon: float, epsilon_eval: float
         plans = [make(trial_hp(s, eps), f"-trial-{i + 1}", 1.0) for i, s in enumerate(settings)]
         return composed_epsilons(plans, hp.delta)[0]
 
-    eps_t = largest_fitting(trainings, epsilon)
+    eps_t = largest_fitting(trainings, epsilon, f"ε = {epsilon:g} is too small for {k} trials: no per-trial budget "
+                            "fits once all trials are composed")
 
     def evaluations(eps: float) -> float:
         plan = make(trial_hp(settings[0], eps_t), "-trial-1", eps)
         return composed_epsilons([plan] * k, hp.delta)[1]
 
-    eps_e = largest_fitting(evaluations, epsilon_eval)
+    eps_e = largest_fitting(evaluations, epsilon_eval, f"ε_eval = {epsilon_eval:g} is too small for {k} trials' "
+                            "evaluations once they are composed")
     plans = tuple(make(trial_hp(s, eps_t), f"-trial-{i + 1}", eps_e) for i, s in enumerate(settings))
     total = composed_epsilons(plans, hp.delta)
     return FederatedTuning(plans, total[0], total[1])
