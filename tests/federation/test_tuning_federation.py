@@ -177,3 +177,42 @@ def test_a_site_skips_a_trial_it_finished_and_waits_while_the_coordinator_serves
     c.wait_event(lambda ev: ev.get("_proc") == SITES[0] and ev.get("event") == "waiting_for_plan", timeout=60)
     assert site.wait(timeout=60) == 2
     assert "still serves the finished plan" in site.errors and tuning.trials[0].sha256 in site.errors
+
+
+def test_a_coordinator_killed_in_the_second_trial_resumes_it_and_keeps_the_first(tmp_path, ca_dir, cluster_factory):
+    """SIGKILL after trial 2's first tree: the restarted coordinator does not rerun trial 1 (its result.json),
+    resumes trial 2 from its checkpoint, and every trial's model is still the centralised engine's."""
+    from fedsbdt.common.federation.pki import ca_server
+
+    schema, raw = abalone_with_ids(600)
+    ids = make_identities(tmp_path, SITES, ca_dir)
+    ca_server(ca_dir, tmp_path / "coordinator", ["localhost", "127.0.0.1"], days=2)
+    data = write_splits(raw.iloc[:450], SITES, tmp_path / "data")
+    held = write_splits(raw.iloc[450:], SITES, tmp_path / "held-out")
+    tuning = tuning_for(schema, ids, Hyperparameters(trees=12, depth=2, seed=9, epsilon=2.0),
+                        randomness="insecure-test", test_seed=4, test_noise=False)
+    tuning.save(tmp_path / "tune.toml")
+    c = cluster_factory(tmp_path / "tune.toml")
+    first = c.coordinator()
+    sites = [c.site(s, data[s], "--allow-insecure-test-randomness", "--eval-data", str(held[s]), "--max-eval-epsilon",
+                    "0.2") for s in SITES]
+    c.wait_event(lambda ev: ev.get("_proc") == "coordinator" and ev.get("event") == "tuning_trial"
+                 and ev.get("trial") == 2, timeout=120)
+    mark = c.mark()
+    c.wait_event(lambda ev: ev.get("_proc") == "coordinator" and ev.get("event") == "tree", timeout=120, after=mark)
+    first.kill()
+    assert (tmp_path / "coordinator" / "trial-1" / "result.json").exists()
+    trial1 = (tmp_path / "coordinator" / "trial-1" / "model.json").read_bytes()
+    second = c.coordinator()
+    assert second.wait(timeout=180) == 0, second.errors
+    for p in sites:
+        assert p.wait() == 0, p.errors
+    assert (tmp_path / "coordinator" / "trial-1" / "model.json").read_bytes() == trial1  # not trained again
+    assert not any(ev.get("_proc") == "coordinator" and ev.get("event") == "tuning_trial" and ev.get("trial") == 1
+                   for ev in c.events[mark:])
+    receipt = json.loads((tmp_path / "coordinator" / "tuning.json").read_text())
+    assert [t["trial"] for t in receipt["trials"]] == [1, 2]
+    for i, plan in enumerate(tuning.trials):
+        ref = json.loads((tmp_path / "coordinator" / f"trial-{i + 1}" / "model.json").read_text())
+        _, res = central_training(tmp_path, schema, raw.iloc[:450], plan.hyperparameters, seed=4)
+        assert_same_trees(ref, res.model)
