@@ -180,8 +180,10 @@ def test_a_site_skips_a_trial_it_finished_and_waits_while_the_coordinator_serves
 
 
 def test_a_coordinator_killed_in_the_second_trial_resumes_it_and_keeps_the_first(tmp_path, ca_dir, cluster_factory):
-    """SIGKILL after trial 2's first tree: the restarted coordinator does not rerun trial 1 (its result.json),
-    resumes trial 2 from its checkpoint, and every trial's model is still the centralised engine's."""
+    """SIGKILL after trial 2's first tree: the restarted coordinator does not rerun trial 1 (its result.json) and
+    resumes trial 2 from its checkpoint; trial 1's model is the centralised engine's, and no site's lifetime ε
+    exceeds the tuning's total (a round the kill interrupted is retried and charged again, so trial 2 may have
+    trees a site sat out: the gate's rule, tests/federation/test_processes.py)."""
     from fedsbdt.common.federation.pki import ca_server
 
     schema, raw = abalone_with_ids(600)
@@ -212,7 +214,8 @@ def test_a_coordinator_killed_in_the_second_trial_resumes_it_and_keeps_the_first
                    for ev in c.events[mark:])
     receipt = json.loads((tmp_path / "coordinator" / "tuning.json").read_text())
     assert [t["trial"] for t in receipt["trials"]] == [1, 2]
-    for i, plan in enumerate(tuning.trials):
-        ref = json.loads((tmp_path / "coordinator" / f"trial-{i + 1}" / "model.json").read_text())
-        _, res = central_training(tmp_path, schema, raw.iloc[:450], plan.hyperparameters, seed=4)
-        assert_same_trees(ref, res.model)
+    _, res = central_training(tmp_path, schema, raw.iloc[:450], tuning.trials[0].hyperparameters, seed=4)
+    assert_same_trees(json.loads(trial1), res.model)
+    assert len(json.loads((tmp_path / "coordinator" / "trial-2" / "model.json").read_text())["trees"]) == 12
+    for p in sites:
+        assert p.result()["trials"][-1]["lifetime"]["train"]["epsilon"] <= tuning.stated_epsilon * (1 + 1e-6)
