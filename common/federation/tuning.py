@@ -89,7 +89,6 @@ class FederatedTuning:
     trials: tuple[Plan, ...]
     stated_epsilon: float  # the training records, all trainings composed
     stated_epsilon_eval: float  # the held-out records, all evaluations composed
-    files: tuple[str, ...] = ()  # the trial plans' file names (relative to the tuning plan), not hashed
 
     def __post_init__(self) -> None:
         if len(self.trials) < 2:
@@ -156,9 +155,7 @@ class FederatedTuning:
         for p, name in zip(self.trials, names):
             p.save(path.parent / name)
             written.append(path.parent / name)
-        doc = {"format": FORMAT, "version": VERSION,
-               "tuning": {"epsilon": float(self.stated_epsilon), "epsilon_eval": float(self.stated_epsilon_eval)},
-               "trials": [{"plan": n, "sha256": p.sha256} for n, p in zip(names, self.trials)]}
+        doc = self.to_dict() | {"trials": [{"plan": n, "sha256": p.sha256} for n, p in zip(names, self.trials)]}
         write_atomic(path, dumps(doc, header=(
             "fedsbdt tuning plan: K trial plans run in turn, each scored by a federated evaluation.\n"
             f"tuning plan hash (give it to every site out of band with this file and the trial plans): {self.sha256}\n"
@@ -186,7 +183,7 @@ class FederatedTuning:
                 or set(t) != {"epsilon", "epsilon_eval"} or not isinstance(trials, list):
             raise PlanError(f"{path}: a tuning plan has exactly format, version, [tuning] (epsilon, epsilon_eval) "
                             "and [[trials]] (plan, sha256)")
-        plans, names = [], []
+        plans = []
         for i, e in enumerate(trials):
             if not isinstance(e, dict) or set(e) != {"plan", "sha256"} or not isinstance(e["plan"], str):
                 raise PlanError(f"{path}: trials[{i}] must have exactly 'plan' (a file name) and 'sha256'")
@@ -196,9 +193,8 @@ class FederatedTuning:
                                 f"{e['sha256']}; refusing it")
             p.verify_privacy()
             plans.append(p)
-            names.append(e["plan"])
         try:
-            return cls(tuple(plans), t["epsilon"], t["epsilon_eval"], tuple(names))
+            return cls(tuple(plans), t["epsilon"], t["epsilon_eval"])
         except PlanError as e:
             raise PlanError(f"{path}: {e}") from None
 
