@@ -476,6 +476,7 @@ def cmd_account(args: argparse.Namespace) -> int:
 def _account_tuning(args: argparse.Namespace) -> int:
     """``fedsbdt account --plan TUNING``: every trial's ε and the composed totals, recomputed (a misstated tuning
     plan is refused like a misstated plan)."""
+    from .cli_tune import settings_line
     from .federation.tuning import FederatedTuning
 
     _no_hyperparameter_flags(args)
@@ -483,9 +484,8 @@ def _account_tuning(args: argparse.Namespace) -> int:
     trials = [{"plan_sha256": p.sha256, "epsilon_eval": p.eval_epsilon, **t.settings(i)} for i, p in enumerate(t.trials)]
     emit(args, {"epsilon": t.stated_epsilon, "epsilon_eval": t.stated_epsilon_eval, "delta": t.delta,
                 "trials": trials, "tuning_plan_sha256": t.sha256},
-         "\n".join(f"trial {i + 1}     ε = {x['epsilon']:.6g}, ε_eval = {x['epsilon_eval']:.6g}   ({x['trees']} trees, "
-                   f"depth {x['depth']}, γ={x['subsample']:g}, η={x['learning_rate']:g}, "
-                   f"{'cyclical' if x['cyclical'] else 'all features'})" for i, x in enumerate(trials))
+         "\n".join(f"trial {i + 1}     ε = {x['epsilon']:.6g}, ε_eval = {x['epsilon_eval']:.6g}   ({settings_line(x)})"
+                   for i, x in enumerate(trials))
          + f"\nall trials   ε = {t.stated_epsilon:.6g} (training records), ε_eval = {t.stated_epsilon_eval:.6g} "
            f"(held-out records); δ = {t.delta:.3g}; composed (RDP), the coordinator sees every trial")
     return 0

@@ -16,7 +16,8 @@ import secrets
 from .cli import CliError, Progress, _load_data, emit
 
 
-def _settings_line(s: dict) -> str:
+def settings_line(s: dict) -> str:
+    """One trial's tuned settings for people (``fedsbdt tune``, tuning plans)."""
     return (f"T={s['trees']} depth={s['depth']} γ={s['subsample']:g} η={s['learning_rate']:g} "
             f"{'cyclical' if s['cyclical'] else 'not cyclical'}")
 
@@ -93,8 +94,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
            "seconds": round(res.seconds, 3), "model": str(args.out), "tuning": tuning}
     lines = [f"tuned over {len(res.trials)} trials (random count, mean {plan.mean_trials}) on {ds.n} rows in "
              f"{res.seconds:.1f}s; each trial ε={plan.epsilon_trial:.4g}, score noise σ={plan.sigma_score:.4g}"]
-    lines += [f"  trial {t['trial']}: {_settings_line(t['settings'])}" for t in res.trials]
-    lines.append(f"winner: trial {res.winner + 1} ({_settings_line(tuning['winner_settings'])}), the highest noisy "
+    lines += [f"  trial {t['trial']}: {settings_line(t['settings'])}" for t in res.trials]
+    lines.append(f"winner: trial {res.winner + 1} ({settings_line(tuning['winner_settings'])}), the highest noisy "
                  "held-out score")
     lines.append(f"privacy: (ε={p['epsilon']:.6g}, δ={p['delta']:.3g}) for the whole tuning, target {args.epsilon:g}")
     lines.append(f"model written to {args.out}")

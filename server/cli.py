@@ -73,6 +73,7 @@ def _tune(args: argparse.Namespace, t0: float, tuning, state: Path) -> int:
     ``STATE/tuning.json``.  A trial finished before a restart (its ``result.json``) is not run again."""
     import json
 
+    from fedsbdt.common.cli_tune import settings_line
     from fedsbdt.common.federation.tuning import WINNER_METRIC, pick_winner
     from fedsbdt.common.files import write_atomic
 
@@ -117,9 +118,7 @@ def _tune(args: argparse.Namespace, t0: float, tuning, state: Path) -> int:
            "seconds": round(time.perf_counter() - t0, 3)}
     lines = [f"tuned over {len(trials)} trial plans; all trials composed: ε = {tuning.stated_epsilon:.6g} (training "
              f"records), ε_eval = {tuning.stated_epsilon_eval:.6g} (held-out records)"]
-    lines += [f"  trial {t['trial']}: {t['settings']['trees']} trees, depth {t['settings']['depth']}, "
-              f"γ={t['settings']['subsample']:g}, η={t['settings']['learning_rate']:g}, "
-              f"{'cyclical' if t['settings']['cyclical'] else 'all features'}: {metric} = "
+    lines += [f"  trial {t['trial']}: {settings_line(t['settings'])}: {metric} = "
               + (f"{t['metrics'][metric]:.4g}" if t["metrics"] and t["metrics"].get(metric) is not None else "not released")
               for t in trials]
     lines.append(f"winner: trial {win + 1} (the {'highest' if larger else 'lowest'} released {metric}); model "
@@ -374,6 +373,7 @@ def write_tuning_plan(args: argparse.Namespace, schema, hp, sites, session: dict
     (common/federation/tuning.py); ``--epsilon`` and ``--eval-epsilon`` are the totals over all trials."""
     import secrets
 
+    from fedsbdt.common.cli_tune import settings_line
     from fedsbdt.common.federation.plan import make_plan
     from fedsbdt.common.federation.tuning import plan_trials
 
@@ -401,9 +401,8 @@ def write_tuning_plan(args: argparse.Namespace, schema, hp, sites, session: dict
                 "guarantee": first.guarantee, "seed": first.hyperparameters.seed},
          f"wrote {args.out} and {len(trials)} trial plans: {first.n} sites, t = {first.threshold}, "
          f"c = {first.assumed_colluders}, noise {first.noise}\n"
-         + "".join(f"  trial {i + 1}: {t['trees']} trees, depth {t['depth']}, γ={t['subsample']:g}, "
-                   f"η={t['learning_rate']:g}, {'cyclical' if t['cyclical'] else 'all features'}, λ={t['l2']:.3g} "
-                   f"({written[i + 1].name})\n" for i, t in enumerate(trials))
+         + "".join(f"  trial {i + 1}: {settings_line(t)} λ={t['l2']:.3g} ({written[i + 1].name})\n"
+                   for i, t in enumerate(trials))
          + f"each trial: ε = {first.stated_epsilon:.6g} training, ε_eval = {first.eval_epsilon:.6g} on the held-out "
            f"files; all trials composed: ε = {tuning.stated_epsilon:.6g} (training records), ε_eval = "
            f"{tuning.stated_epsilon_eval:.6g} (held-out records)\n"
