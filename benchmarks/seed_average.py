@@ -29,7 +29,6 @@ from fedsbdt.common.config import Hyperparameters  # noqa: E402
 from fedsbdt.common.engine import train  # noqa: E402
 from fedsbdt.common.tuning import _train_curve, orders_for  # noqa: E402
 
-OUT = ag.RESULTS / "seed_average.jsonl"
 DATASETS = ("adult", "weather", "cells", "nasscds", "flights", "rodents", "storms", "deliveries", "hotel_rates",
             "abalone")
 EPSILONS = (1.0, 4.0)
@@ -62,19 +61,8 @@ def averaged(tr, te, hp: Hyperparameters, m: int, seed: int, eta_scale: bool = F
         sub = sub.replace(epsilon=sub_epsilon(sub, m))
     sub = sub.replace(l2=noise_matched_l2(sub, tr.schema.task))
     models = [train(tr, sub.replace(seed=seed * 100 + j)).model for j in range(m)]
-    margin = np.mean([md.predict_margin(te.X) for md in models], axis=0)
-    ref = models[0]
+    pred = models[0].from_margin(np.mean([md.predict_margin(te.X) for md in models], axis=0))
     task = tr.schema.task
-    if task == "multiclass":
-        from fedsbdt.common.multiclass import softmax
-
-        pred = softmax(margin)
-    elif task == "regression":
-        from fedsbdt.common.model import unscale_labels
-
-        pred = unscale_labels(margin, ref.schema.label_range)
-    else:
-        pred = 1.0 / (1.0 + np.exp(-margin))
     y = te.y.astype(int) if task == "multiclass" else te.y
     return {**ag.score(task, y, pred), "epsilon_sub": sub.epsilon, "trees_sub": sub.trees, "l2_sub": sub.l2,
             "seconds": round(time.perf_counter() - t0, 3)}
@@ -102,12 +90,11 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--eta-scale", action="store_true", help="η·M for the sub-ensembles (results/seed_average_eta.*)")
     a = ap.parse_args()
-    global OUT
     tag = "_eta" if a.eta_scale else ""
-    OUT = ag.RESULTS / f"seed_average{tag}.jsonl"
+    out = ag.RESULTS / f"seed_average{tag}.jsonl"
     done = set()
-    if OUT.exists():
-        done = {(r["dataset"], r["epsilon"], r["m"], r["rep"]) for r in map(json.loads, OUT.read_text().splitlines())}
+    if out.exists():
+        done = {(r["dataset"], r["epsilon"], r["m"], r["rep"]) for r in map(json.loads, out.read_text().splitlines())}
     for name in a.datasets.split(","):
         ds, tr, te = ag.load(name)
         for eps in EPSILONS:
@@ -117,11 +104,11 @@ def main() -> None:
                     if (name, eps, m, rep) in done:
                         continue
                     r = averaged(tr, te, hp, m, seed=1 + rep + 10 * m, eta_scale=a.eta_scale)
-                    ag._write(OUT, {"dataset": name, "task": ds.schema.task, "epsilon": eps, "m": m, "rep": rep,
+                    ag._write(out, {"dataset": name, "task": ds.schema.task, "epsilon": eps, "m": m, "rep": rep,
                                     "trees": hp.trees, "eta_scale": a.eta_scale, **r})
                     print(f"{name} ε={eps} M={m} rep {rep}: {r['score']:.4f} (ε_sub {r['epsilon_sub']:.3g}, "
                           f"{r['seconds']:.1f}s)", file=sys.stderr, flush=True)
-    s = summary([json.loads(x) for x in OUT.read_text().splitlines()])
+    s = summary([json.loads(x) for x in out.read_text().splitlines()])
     print(json.dumps(s, indent=1))
     (ag.RESULTS / f"seed_average{tag}.json").write_text(json.dumps(s, indent=1) + "\n")
 

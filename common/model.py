@@ -116,7 +116,10 @@ class Ensemble:
     def predict(self, X: np.ndarray) -> np.ndarray:
         """Regression: predicted label in original units.  Binary: probability of the positive class.
         Multiclass: ``(n, K)`` class probabilities (softmax of the margins)."""
-        m = self.predict_margin(X)
+        return self.from_margin(self.predict_margin(X))
+
+    def from_margin(self, m: np.ndarray) -> np.ndarray:
+        """:meth:`predict` of raw scores ``m`` (:meth:`predict_margin`'s form; e.g. averaged over ensembles)."""
         if self.task == "multiclass":
             from .multiclass import softmax
             return softmax(m)
