@@ -87,14 +87,14 @@ def hyperparameters(builder: str, trees: int, selection: str = "exponential") ->
 
 
 class TimedRandomness(SecureRandomness):
-    """``SecureRandomness`` that adds up the wall time of its exact exponential-mechanism draws (OpenDP)."""
+    """``SecureRandomness`` that adds up the wall time of its exact exponential-mechanism draws."""
 
     em_seconds: float = 0.0
 
-    def exponential_mechanism(self, scores, scale):
+    def exponential_mechanism(self, scores, scale, sensitivity):
         t0 = time.perf_counter()
         try:
-            return super().exponential_mechanism(scores, scale)
+            return super().exponential_mechanism(scores, scale, sensitivity)
         finally:
             self.em_seconds += time.perf_counter() - t0
 

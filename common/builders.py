@@ -223,6 +223,14 @@ class GreedyTrees:
             self._cache["key"] = local.X
         return self._cache["codes"]
 
+    def _bin_index(self, local: LocalData, layout) -> np.ndarray:
+        """``layout.bin_index`` of the records, kept while the records and the carried features stay."""
+        key = (local.X, layout.features.tobytes())
+        cached = self._cache.get("bin_index")
+        if cached is None or cached[0][0] is not key[0] or cached[0][1] != key[1]:
+            cached = self._cache["bin_index"] = key, layout.bin_index(self._codes(local))
+        return cached[1]
+
     def _missing(self, local: LocalData) -> tuple[np.ndarray, list]:
         """``(miss, rows)``: the NaN mask of the records and, per feature, the rows where it is NaN."""
         if self._cache.get("miss_key") is not local.X:
@@ -254,7 +262,8 @@ class GreedyTrees:
         idx = np.flatnonzero(allowed)
         features = np.unique(cand.feature[idx])
         fpos = np.searchsorted(features, cand.feature[idx])
-        scale = self.scale(enc.grad.bound_units / enc.scale)
+        g_star = enc.grad.bound_units / enc.scale
+        scale, sensitivity = self.scale(g_star), score_sensitivity(g_star)
         node = np.zeros(local.n, np.int64)
         chosen = np.zeros(hp.leaves - 1, np.int64)  # candidate index per inner node
         # missing values (docs/missing-values.md): the exponential mechanism picks (split, direction) pairs;
@@ -270,7 +279,7 @@ class GreedyTrees:
             n_nodes, first = 2**level, 2**level - 1
             layout = level_layout(self.schema, self.edges, level, features)
             if exact:  # == level_sums(codes, node, gq, present > 0, layout), from the parent level's sums
-                sums = child_level_sums(codes, node, gq, present > 0, layout, sums)
+                sums = child_level_sums(self._bin_index(local, layout), node, gq, present > 0, layout, sums)
             if hp.selection == "histogram":
                 noisy = sums.ravel() + randomness.discrete_gaussian(
                     level_noise_scales(layout, enc.grad.bound_units, self.select))
@@ -285,10 +294,10 @@ class GreedyTrees:
                     score = histogram_scores(sums, layout, fpos, lo, hi, enc.scale, hp.l2, missing)
                 else:
                     score = float_scores(codes, node, g, present, n_nodes, features, fpos, lo, hi, hp.l2, missing)
-                for q in range(n_nodes):  # candidates (directed: with missing values right, then left)
-                    pick = randomness.exponential_mechanism(score[q], scale)
-                    chosen[first + q] = idx[pick % idx.size]
-                    default_left[first + q] = pick >= idx.size
+                # one draw per node over its candidates (directed: with missing values right, then left)
+                pick = randomness.exponential_mechanism(score, scale, sensitivity)
+                chosen[first:first + n_nodes] = idx[pick % idx.size]
+                default_left[first:first + n_nodes] = pick >= idx.size
             if level + 1 < hp.depth:  # route every record to its child (heap order: left 2k+1, right 2k+2)
                 node = kernels.route_level(codes, node, first, cand.feature[chosen], cand.lo[chosen],
                                            cand.hi[chosen], miss, default_left)
@@ -371,7 +380,8 @@ class SarusTrees:
         features = np.unique(cand.feature[idx])
         fpos = np.searchsorted(features, cand.feature[idx])
         lo, hi = cand.lo[idx], cand.hi[idx]
-        em_scale = 2.0 * sarus.score_sensitivity(g_star, h) / self.budget.select
+        em_sensitivity = sarus.score_sensitivity(g_star, h)
+        em_scale = 2.0 * em_sensitivity / self.budget.select
         inner = hp.leaves - 1
         node = np.zeros(local.n, np.int64)
         chosen = np.zeros(inner, np.int64)  # candidate index per inner node
@@ -393,7 +403,7 @@ class SarusTrees:
                     continue
                 GL, NL = HG[fpos, q, hi] - HG[fpos, q, lo], HN[fpos, q, hi] - HN[fpos, q, lo]
                 u = sarus.split_utilities(GL, NL, G_node[q], n_node[q], N, hp.l2, h)
-                chosen[k] = idx[randomness.exponential_mechanism(u, em_scale)]
+                chosen[k] = idx[randomness.exponential_mechanism(u, em_scale, em_sensitivity)]
             c = chosen[first + node]  # a stopped node keeps candidate 0: its records' region is the node
             code = codes[rows, cand.feature[c]].astype(np.int64)
             node = 2 * node + ~((cand.lo[c] <= code) & (code < cand.hi[c]))

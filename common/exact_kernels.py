@@ -375,3 +375,66 @@ def fill(out, kind, which, params, buf, st, start):
         out[i] = y
         i += 1
     return i
+
+
+# ------------------------------------------------------------------ the exponential mechanism
+
+
+@njit(cache=True, nogil=True)
+def bern_exp_dyadic(buf, st, lo, hi, z):
+    """Bernoulli(exp(−N/2^z)) for the 128-bit N = (lo, hi) and 0 ≤ z ≤ 63 (Alg. 1): one Bernoulli(exp(−1))
+    per unit of ⌊N/2^z⌋ (a 128-bit count, stopping at the first failure), then Bernoulli(exp(−f/2^z)) for
+    the fraction f = N mod 2^z (:func:`bern_exp` with t = 2^z)."""
+    zz = np.uint64(z)
+    f = lo & ((_1 << zz) - _1) if z < 64 else lo
+    k0 = lo >> zz if z > 0 else lo
+    k1 = hi >> zz if z > 0 else hi
+    if z > 0:
+        k0 |= hi << np.uint64(64 - z)
+    while k0 != _0 or k1 != _0:
+        if not bern_exp_one(buf, st) or st[2] != 0:
+            return False
+        if k0 == _0:
+            k1 -= _1
+        k0 -= _1
+    return bern_exp(buf, st, f, _1, 0, z)
+
+
+@njit(cache=True, nogil=True)
+def em_one(buf, st, a, p, z, trials):
+    """One index c of ``a`` (uint64 distances) with probability ∝ exp(−a[c]·p/2^z), exactly: a uniform
+    proposal c accepted with probability exp(−a[c]·p/2^z) ≤ 1 (:func:`bern_exp_dyadic`), repeated until one
+    is accepted — rejection sampling, so the accepted index has exactly the normalised weights
+    (McSherry–Talwar's exponential mechanism when a = max score − score in units).  Each trial starts
+    afresh on new bits, so one trial's law (c with probability exp(−a[c]·p/2^z)/m, else rejection: what
+    ``trials = 1`` returns, −2 for the rejection) fixes the whole; ``trials = 0``: until accepted."""
+    m = np.uint64(a.shape[0])
+    mbits = bit_length(m - _1)
+    t = 0
+    while st[2] == 0:
+        c = uniform(buf, st, m, mbits)
+        if st[2] != 0:
+            break
+        lo, hi = mul64(a[np.int64(c)], p)
+        if bern_exp_dyadic(buf, st, lo, hi, z) and st[2] == 0:
+            return np.int64(c)
+        t += 1
+        if t == trials:
+            return np.int64(-2)
+    return np.int64(-1)
+
+
+@njit(cache=True, nogil=True)
+def em_fill(out, a, p, z, trials, buf, st, start):
+    """out[i] ← :func:`em_one` on row ``a[i]`` for i ≥ start until done or the bits run out (then st[0] is
+    rewound to where value i started, as in :func:`fill`); returns the next index."""
+    i = start
+    while i < out.shape[0]:
+        pos = st[0]
+        y = em_one(buf, st, a[i], p, z, trials)
+        if st[2] != 0:
+            st[0] = pos
+            return i
+        out[i] = y
+        i += 1
+    return i

@@ -58,6 +58,16 @@ class LevelLayout:
     def offsets(self) -> np.ndarray:
         return np.concatenate([[0], np.cumsum(self.bins)[:-1]]).astype(np.int64)
 
+    def bin_index(self, codes: np.ndarray) -> np.ndarray:
+        """Each record's entry within a node's histograms, per carried feature: ``off_k + min(code, bins[k] − 1)``
+        (codes past the last bin share it), ``(n, F)`` uint16 (uint32 for nodes of ≥ 2^16 entries) — what
+        :func:`child_level_sums` adds up; a function of the public grid, so it can be kept across trees."""
+        dtype = np.uint16 if self.per_node < 2**16 else np.uint32
+        sub = codes[:, self.features].astype(dtype)
+        np.minimum(sub, (self.bins - 1).astype(dtype), out=sub)
+        sub += self.offsets.astype(dtype)
+        return sub
+
 
 def level_layout(schema: Schema, edges: list, level: int, features: np.ndarray) -> LevelLayout:
     """Layout of level ``level`` carrying ``features`` (all of them, or tree r's feature when cyclical)."""
@@ -84,10 +94,11 @@ def level_sums(codes: np.ndarray, node: np.ndarray, grad_units: np.ndarray, pres
     return out.ravel()
 
 
-def child_level_sums(codes: np.ndarray, node: np.ndarray, grad_units: np.ndarray, present: np.ndarray,
+def child_level_sums(index: np.ndarray, node: np.ndarray, grad_units: np.ndarray, present: np.ndarray,
                      layout: LevelLayout, parent: np.ndarray | None = None) -> np.ndarray:
     """:func:`level_sums`, equal bit for bit, as ``(2, n_nodes, per_node)`` int64, in one numba pass over the
-    records (:func:`fedsbdt.common.kernels.node_bin_sums`).
+    records (:func:`fedsbdt.common.kernels.node_bin_sums`) from their bin indices ``index`` =
+    ``layout.bin_index(codes)``.
 
     With ``parent`` — the previous level's sums of the same features, ``(2, n_nodes / 2, per_node)`` — only
     the child holding fewer present records of each parent is summed; its sibling is the parent minus it
@@ -95,13 +106,13 @@ def child_level_sums(codes: np.ndarray, node: np.ndarray, grad_units: np.ndarray
     present = np.asarray(present, np.bool_)
     n_nodes = layout.n_nodes
     if parent is None or n_nodes == 1:
-        return kernels.node_bin_sums(codes, node, np.arange(n_nodes), grad_units, present, layout.features,
-                                     layout.bins).reshape(2, n_nodes, layout.per_node)
-    count = np.bincount(node[present], minlength=n_nodes).reshape(-1, 2)
+        return kernels.node_bin_sums(index, node, np.arange(n_nodes), grad_units, present,
+                                     layout.per_node).reshape(2, n_nodes, layout.per_node)
+    count = np.bincount(node if present.all() else node[present], minlength=n_nodes).reshape(-1, 2)
     small = 2 * np.arange(n_nodes // 2) + (count[:, 1] < count[:, 0])  # the smaller child of each parent
     slot = np.full(n_nodes, -1, np.int64)
     slot[small] = np.arange(small.size)
-    part = kernels.node_bin_sums(codes, node, slot, grad_units, present, layout.features, layout.bins)
+    part = kernels.node_bin_sums(index, node, slot, grad_units, present, layout.per_node)
     out = np.empty((2, n_nodes, layout.per_node), np.int64)
     out[:, small] = part
     out[:, small ^ 1] = parent - part

@@ -42,6 +42,9 @@ class LazyKernel:
 
                     namespace = sys.modules[self.__module__].__dict__
                     for name, obj in list(namespace.items()):
+                        if obj is prange:
+                            namespace[name] = numba.prange
+                    for name, obj in list(namespace.items()):
                         if isinstance(obj, LazyKernel) and obj.dispatcher is None:
                             obj.dispatcher = numba.njit(**obj.options)(obj.py_func)
                             namespace[name] = obj.dispatcher
@@ -54,6 +57,18 @@ class LazyKernel:
         if name.startswith("__"):
             raise AttributeError(name)
         return getattr(self.compile_module(), name)
+
+
+class _Prange:
+    """Stands for ``numba.prange`` in a module of lazy kernels (``from .numba_lazy import njit, prange``) until
+    they compile: then the module's name is bound to ``numba.prange`` itself.  Called from Python, it is
+    ``range``."""
+
+    def __call__(self, *args):
+        return range(*args)
+
+
+prange = _Prange()
 
 
 def njit(*args, **options):

@@ -136,12 +136,14 @@ def _bernoulli_from_u64(u: np.ndarray, p: float) -> np.ndarray:
 
 
 def _check_scores(scores: np.ndarray, scale: float) -> np.ndarray:
-    scores = np.asarray(scores, dtype=np.float64).ravel()
-    if scores.size == 0 or not np.all(np.isfinite(scores)):
+    """``scores`` as rows (a vector is one row) of finite float64 scores."""
+    scores = np.asarray(scores, dtype=np.float64)
+    rows = scores.reshape(1, -1) if scores.ndim == 1 else scores
+    if rows.ndim != 2 or rows.size == 0 or not np.all(np.isfinite(rows)):
         raise ValueError("the exponential mechanism needs a non-empty vector of finite scores")
     if not (scale > 0 and math.isfinite(scale)):
         raise ValueError(f"the exponential mechanism's scale must be positive and finite, got {scale}")
-    return scores
+    return rows
 
 
 @dataclass
@@ -209,10 +211,25 @@ class SecureRandomness:
         """Poisson subsample: each record independently with probability ≤ p (exactly floor(p·2^64)/2^64)."""
         return _bernoulli_from_u64(_csprng_uint64_scratch(len(record_ids)), p)
 
-    def exponential_mechanism(self, scores: np.ndarray, scale: float) -> int:
-        """Index i drawn with probability ∝ exp(scores[i]/scale), exactly (OpenDP ``make_noisy_max`` with
-        zCDP output: report-noisy-max with exactly sampled Gumbel noise = the exponential mechanism)."""
-        scores = _check_scores(scores, scale)
+    def exponential_mechanism(self, scores: np.ndarray, scale: float, sensitivity: float):
+        """Index i drawn with probability ∝ exp(scores[i]/scale), exactly, for scores of sensitivity
+        ``sensitivity`` (ε = 2·sensitivity/scale); a 2-D ``scores`` gives one independent index per row.
+        Ours: :func:`fedsbdt.common.exact_noise.exponential_mechanism` (integer scores, rejection sampling on
+        exact Bernoulli(exp(−γ))); OpenDP: ``make_noisy_max`` with zCDP output (report-noisy-max with exactly
+        sampled Gumbel noise = the exponential mechanism)."""
+        rows = _check_scores(scores, scale)
+        if self.sampler == "ours":
+            from . import exact_noise
+
+            try:
+                picks = exact_noise.exponential_mechanism(rows, scale, sensitivity)
+            except exact_noise.NoiseParameterError as e:
+                raise ValueError(str(e)) from None
+        else:
+            picks = np.array([self._noisy_max(row, scale) for row in rows], np.int64)
+        return int(picks[0]) if np.ndim(scores) == 1 else picks
+
+    def _noisy_max(self, scores: np.ndarray, scale: float) -> int:
         key = ("noisy_max", float(scale), scores.size)
         with self._lock:
             m = self._cache.get(key)
@@ -273,12 +290,13 @@ class InsecureTestRandomness:
             return np.zeros(scales.shape, dtype=np.int64)
         return np.rint(self._rng.laplace(0.0, 1.0, scales.shape) * scales).astype(np.int64)
 
-    def exponential_mechanism(self, scores: np.ndarray, scale: float) -> int:
-        """Gumbel-max on numpy floats (insecure); without noise the arg max."""
-        scores = _check_scores(scores, scale)
-        if not self.noise:
-            return int(np.argmax(scores))
-        return int(np.argmax(scores / scale + self._rng.gumbel(size=scores.size)))
+    def exponential_mechanism(self, scores: np.ndarray, scale: float, sensitivity: float):
+        """Gumbel-max on numpy floats (insecure), per row of a 2-D ``scores``; without noise the arg max."""
+        rows = _check_scores(scores, scale)
+        if self.noise:
+            rows = rows / scale + self._rng.gumbel(size=rows.shape)
+        picks = np.argmax(rows, axis=1)
+        return int(picks[0]) if np.ndim(scores) == 1 else picks
 
     def subsample(self, p: float, record_ids: np.ndarray, round_id: int) -> np.ndarray:
         """A public function of (seed, round, record id): identical wherever the record lives."""

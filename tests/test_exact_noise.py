@@ -313,6 +313,91 @@ def test_matches_opendp(kind, scale):
     assert stats.chi2_contingency(table)[1] > P
 
 
+# ------------------------------------------------------------------ the exponential mechanism
+
+
+def em_runner(a, p, z, trials=1):
+    return kernel_runner(K.em_fill, np.array([a], dtype=np.uint64), np.uint64(p), z, trials)
+
+
+def em_trial(a, p, z):
+    """Exact law of one trial: c with probability exp(−a_c·p/2^z)/m, −2 (rejected) with the rest."""
+    w = [Fraction(dexp(-Fraction(x * p, 2**z))) for x in a]
+    return lambda c: w[c] / len(a) if c >= 0 else 1 - sum(w) / len(a)
+
+
+EM_CASES = [([0, 1, 2], 1, 1), ([3, 0, 5, 1], 3, 2), ([0, 0], 5, 2), ([7, 2, 0], 1, 0), ([0, 9], 2, 3),
+            ([2**63 - 1, 0, 2**40, 1], 2**63 - 1, 3)]
+
+
+@pytest.mark.parametrize("a,p,z", EM_CASES)
+def test_exponential_mechanism_trial_is_exact(a, p, z):
+    """One trial of the rejection sampler proposes c uniformly and keeps it with probability
+    exp(−a_c·p/2^z) exactly (weights below, at and above exp(−1), a 127-bit exponent): every closed-form
+    probability lies in the enumerated interval.  Trials start afresh, so the sampler's output is exactly
+    ∝ exp(−a_c·p/2^z); the whole loop's enumeration agrees too (wider intervals)."""
+    probs, pending = enumerate_kernel(em_runner(a, p, z))
+    assert pending < Fraction(5, 100), float(pending)
+    check_interval(probs, pending, em_trial(a, p, z))
+    probs, pending = enumerate_kernel(em_runner(a, p, z, trials=0))
+    w = [Fraction(dexp(-Fraction(x * p, 2**z))) for x in a]
+    check_interval(probs, pending, lambda c: w[c] / sum(w))
+
+
+def test_exponential_mechanism_enumeration_catches_a_wrong_weight():
+    """The interval check has teeth: a trial keeping with exp(−a·3/4) does not pass for exp(−a·0.7)."""
+    probs, pending = enumerate_kernel(em_runner([3, 0, 5, 1], 3, 2))
+    w = [Fraction(dexp(-Fraction(x * 7, 10))) for x in (3, 0, 5, 1)]
+    with pytest.raises(AssertionError):
+        check_interval(probs, pending, lambda c: w[c] / 4 if c >= 0 else 1 - sum(w) / 4)
+
+
+def test_exponential_mechanism_parameters_keep_epsilon():
+    """The integer form never spends more than ε = 2Δ/scale: scores moved by at most Δ move the unit scores
+    by at most Δ_S, and the rate p/2^63 times 2Δ_S is ≤ ε (and within 2^-20 of it)."""
+    rng = np.random.default_rng(5)
+    for delta, scale, mag in [(3.0, 6.0, 1e4), (0.75 * 2**-20, 1e-5, 1.0), (12.0, 0.37, 1e9), (1.0, 1e6, 1e12)]:
+        s = rng.normal(0, mag, (50, 40))
+        moved = s + rng.uniform(-delta, delta, s.shape)
+        moved[:, :5] = s[:, :5] + delta * np.sign(rng.normal(size=(50, 5)))  # moved by exactly ±Δ
+        a, p = E.em_parameters(s, scale, delta)
+        b, q = E.em_parameters(moved, scale, delta)
+        assert p == q
+        k = math.frexp(delta)[1] - 1 - E.EM_UNIT_BITS
+        k = max(k, math.frexp(float(max(np.abs(s).max(), np.abs(moved).max())))[1] - E.EM_SCORE_BITS)
+        delta_s = -(-Fraction(delta) // Fraction(2) ** k) + 1
+        S = np.floor(np.ldexp(s, -k)).astype(np.int64)
+        T = np.floor(np.ldexp(moved, -k)).astype(np.int64)
+        assert int(np.abs(S - T).max()) <= delta_s
+        eps = Fraction(2) * Fraction(delta) / Fraction(scale)
+        used = Fraction(p, 2**63) * 2 * delta_s
+        assert used <= eps and used >= eps * (1 - Fraction(1, 2**20)), (float(used), float(eps))
+        np.testing.assert_array_equal(a, (S.max(axis=1, keepdims=True) - S).astype(np.uint64))
+    with pytest.raises(E.NoiseParameterError):
+        E.em_parameters(np.array([1.0, np.inf]), 1.0, 1.0)
+    with pytest.raises(E.NoiseParameterError):
+        E.em_parameters(np.array([1.0, 2.0]), 1.0, 0.0)
+
+
+@pytest.mark.parametrize("sampler", ["ours", "opendp"])
+def test_exponential_mechanism_matches_the_closed_form(sampler):
+    """χ² of 20,000 draws (rows of one 2-D call for ours) against exp(score/scale) / Σ, p = 1e-6, on a
+    spread (13 candidates, weights 1 … e^-12) and a near-tie; and OpenDP against ours (homogeneity)."""
+    rnd = SecureRandomness(sampler=sampler)
+    for scores, scale in [(np.linspace(0.0, 24.0, 13), 2.0), (np.array([5.0, 5.0 - 1e-3, 4.0, -30.0]), 0.5)]:
+        n = 20_000 if sampler == "ours" else 4_000
+        picks = rnd.exponential_mechanism(np.tile(scores, (n, 1)), scale, 1.0)
+        w = np.exp((scores - scores.max()) / scale)
+        expect = n * w / w.sum()
+        obs = np.bincount(picks, minlength=scores.size)
+        keep = expect >= 5
+        rest = (obs[~keep].sum(), expect[~keep].sum())
+        o = np.append(obs[keep], rest[0]) if rest[1] > 0 else obs[keep]
+        e = np.append(expect[keep], rest[1]) if rest[1] > 0 else expect[keep]
+        assert float(((o - e) ** 2 / e).sum()) < stats.chi2.isf(P, o.size - 1), (obs, expect)
+    assert isinstance(rnd.exponential_mechanism(scores, scale, 1.0), int)
+
+
 # ------------------------------------------------------------------ no floats
 
 
@@ -326,6 +411,7 @@ from fedsbdt.common import exact_kernels as K, exact_noise as E
 
 E.discrete_gaussian(Fraction(5, 3), 50)
 E.discrete_laplace(Fraction(7, 2), 50)
+E.exponential_mechanism(np.array([[0.0, 1.0, 5.0], [2.0, 2.0, 9.0]]), 1.0, 1.0)
 for kind in (K.BERN_WIDE, K.BERN_SMALL):
     st = np.array([0, 64 * 8, 0], dtype=np.int64)
     K.fill(np.zeros(3, np.int64), kind, np.zeros(3, np.int64), np.array([E._bernoulli_row(1, 2)], dtype=np.uint64),
@@ -374,7 +460,7 @@ def test_no_float_in_the_sampling_path(tmp_path):
     assert p.returncode == 0, p.stderr[-3000:]
     res = json.loads(p.stdout.strip().splitlines()[-1])
     assert {"fill", "draw_one", "gaussian_one", "laplace_one", "bern_exp_wide", "bern_exp", "bern_exp_one",
-            "uniform_below"} <= set(res["checked"])
+            "uniform_below", "em_fill", "em_one", "bern_exp_dyadic"} <= set(res["checked"])
     assert res["bad"] == []
 
 

@@ -172,13 +172,13 @@ def test_exponential_mechanism_selection_frequencies():
     probs = np.exp(scores / scale) / np.exp(scores / scale).sum()
     n = 6000
     r = SecureRandomness()
-    counts = np.bincount([r.exponential_mechanism(scores, scale) for _ in range(n)], minlength=5)
+    counts = np.bincount([r.exponential_mechanism(scores, scale, 1.0) for _ in range(n)], minlength=5)
     chi2 = float(((counts - n * probs) ** 2 / (n * probs)).sum())
     assert chi2 < stats.chi2.isf(1e-6, df=4), (counts, n * probs)
     with pytest.raises(ValueError):
-        r.exponential_mechanism(np.array([1.0, np.nan]), 1.0)
+        r.exponential_mechanism(np.array([1.0, np.nan]), 1.0, 1.0)
     with pytest.raises(ValueError):
-        r.exponential_mechanism(np.array([1.0]), 0.0)
+        r.exponential_mechanism(np.array([1.0]), 0.0, 1.0)
 
 
 # --------------------------------------------------------------------------- builder

@@ -62,7 +62,7 @@ def test_level_scores_and_sums_equal_the_float_histograms_bit_for_bit(setup):
     for level in range(4):
         n_nodes = 2**level
         layout = level_layout(schema, builder.edges, level, features)
-        sums = child_level_sums(codes, node, gq, present > 0, layout, sums)
+        sums = child_level_sums(layout.bin_index(codes), node, gq, present > 0, layout, sums)
         np.testing.assert_array_equal(sums.ravel(), level_sums(codes, node, gq, present > 0, layout))
         missing = missing_sums(rows, node, g * present, present, n_nodes, features)
         for m in (None, missing):
@@ -113,6 +113,6 @@ def test_node_bin_sums_pack_or_split_the_two_sums(setup, big):
     node = rng.integers(0, 4, 40)
     present = rng.random(40) < 0.8
     layout = level_layout(schema, builder.edges, 2, np.arange(schema.n_features))
-    out = kernels.node_bin_sums(codes, node, np.array([0, 1, -1, 2]), gq, present, layout.features, layout.bins)
+    out = kernels.node_bin_sums(layout.bin_index(codes), node, np.array([0, 1, -1, 2]), gq, present, layout.per_node)
     ref = level_sums(codes, node, gq, present, layout).reshape(2, 4, -1)
     np.testing.assert_array_equal(out, ref[:, [0, 1, 3]])

@@ -216,9 +216,9 @@ class Recording:
     def __init__(self):
         self.inner, self.scores, self.laplace = SecureRandomness(), [], []
 
-    def exponential_mechanism(self, scores, scale):
+    def exponential_mechanism(self, scores, scale, sensitivity):
         self.scores.append(np.asarray(scores))
-        return self.inner.exponential_mechanism(scores, scale)
+        return self.inner.exponential_mechanism(scores, scale, sensitivity)
 
     def discrete_laplace(self, scales):
         self.laplace.append(np.asarray(scales))
