@@ -8,7 +8,7 @@ categorical × categorical), so greedy trees have something to find.
 
 Both builders are trained centrally with the engine ``fedsbdt train`` runs
 (:func:`fedsbdt.common.engine.train`, ``SecureRandomness``: the real noise and
-the OpenDP exponential mechanism), 100 trees of depth 5, ε = 1, every other
+our exact exponential mechanism), 100 trees of depth 5, ε = 1, every other
 hyperparameter at the CLI's defaults for the builder (greedy: ``--subsample 1
 --split-candidates 32 --no-cyclical``, exponential mechanism; random: S-BDT's
 γ = 0.1, cyclical).  Each configuration is first trained once as a warm-up (numba
@@ -177,7 +177,7 @@ def main() -> None:
             print(f"saved {save('greedy_speed_cli', result)}")
         return
     hps = {b: hyperparameters(b, args.trees, args.selection) for b in ("random", "greedy")}
-    for b, hp in hps.items():  # warm-up: numba compiles, OpenDP loads
+    for b, hp in hps.items():  # warm-up: numba compiles
         train(ds, hp.replace(trees=3))
     if args.profile:
         prof = cProfile.Profile()
