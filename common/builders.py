@@ -32,8 +32,8 @@ from . import kernels, sarus
 from .accountant import PrivacyCalibration
 from .boosting import TASK_CODE, LocalData, split_edges
 from .config import Hyperparameters
-from .greedy_levels import (child_level_sums, count_noise, level_layout, level_noise_scales, select_splits,
-                            sketch_candidates, sketch_noise_scale, sketch_sums)
+from .greedy_levels import (child_level_sums, count_noise, left_counts, level_layout, level_noise_scales,
+                            select_splits, sketch_candidates, sketch_noise_scale, sketch_sums)
 from .schema import Schema
 from .splits import Splits, random_splits
 
@@ -278,8 +278,8 @@ class GreedyTrees:
         for level in range(hp.depth):
             n_nodes, first = 2**level, 2**level - 1
             layout = level_layout(self.schema, self.edges, level, features)
-            if exact:  # == level_sums(codes, node, gq, present > 0, layout), from the parent level's sums
-                sums = child_level_sums(self._bin_index(local, layout), node, gq, present > 0, layout, sums)
+            if exact and sums is None:  # the root; below it the routing pass sums the levels
+                sums = child_level_sums(self._bin_index(local, layout), node, gq, present > 0, layout)
             if hp.selection == "histogram":
                 noisy = sums.ravel() + randomness.discrete_gaussian(
                     level_noise_scales(layout, enc.grad.bound_units, self.select))
@@ -299,8 +299,16 @@ class GreedyTrees:
                 chosen[first:first + n_nodes] = idx[pick % idx.size]
                 default_left[first:first + n_nodes] = pick >= idx.size
             if level + 1 < hp.depth:  # route every record to its child (heap order: left 2k+1, right 2k+2)
-                node = kernels.route_level(codes, node, first, cand.feature[chosen], cand.lo[chosen],
-                                           cand.hi[chosen], miss, default_left)
+                c = chosen[first:first + n_nodes]
+                split = (codes, first, cand.feature[chosen], cand.lo[chosen], cand.hi[chosen], miss, default_left)
+                if exact:  # == level_sums(codes, routed node, gq, present > 0, next layout), from these sums
+                    below = level_layout(self.schema, self.edges, level + 1, features)
+                    pos = np.searchsorted(features, cand.feature[c])
+                    left = left_counts(sums, layout, pos, cand.lo[c], cand.hi[c])
+                    node, sums = child_level_sums(self._bin_index(local, below), node, gq, present > 0, below, sums,
+                                                  route=split, left=left)
+                else:
+                    node = kernels.route_level(codes, node, *split[1:])
         return Splits(cand.feature[chosen].astype(np.int32), cand.threshold[chosen].astype(np.float64),
                       default_left if self.schema.allows_missing else None)
 

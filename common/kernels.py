@@ -27,6 +27,9 @@ Performance notes (results never depend on which path runs):
 * :func:`round_sums` fuses gradient/Hessian computation, the individual
   filter and the leaf-sum accumulation in one pass; without the filter it
   computes gradients for the subsampled records only.
+* Greedy trees' level histograms (routing fused in) run over chunks of
+  records in parallel (``prange``), each chunk into its own histograms:
+  exact integers, so the sums never depend on the chunks or their order.
 """
 from __future__ import annotations
 
@@ -36,6 +39,10 @@ import os
 from .numba_lazy import njit, prange  # numba is imported at the first call of a kernel
 
 REGRESSION, BINARY = 0, 1
+
+# The parallel kernels' OpenMP threads sleep between kernels instead of spinning: a busy machine (site
+# processes, a test suite) otherwise makes them slower than one thread.  A value the user set is kept.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 #: records walked together by the interleaved tree walks
 BLOCK = 8
@@ -484,15 +491,34 @@ def round_sums(leaf: np.ndarray, pred: np.ndarray, y: np.ndarray, task: int, sca
     return sums, new_spent, int(n_active), int(n_sampled)
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _child(codes, i, q, first, feature, lo, hi, miss, default_left, directed):
+    """Record i's node one level down from node q of the level starting at ``first`` (see :func:`route_level`)."""
+    k = first + q
+    f = feature[k]
+    c = np.int64(codes[i, f])
+    left = lo[k] <= c and c < hi[k]
+    if directed and miss[i, f] and default_left[k]:
+        left = True
+    return 2 * q + (0 if left else 1)
+
+
 @njit(cache=True, nogil=True, parallel=True)
-def _node_bin_sums(index, node, slot, gq, present, bits, count, out):
+def _node_bin_sums(index, node, slot, gq, present, bits, count, out, routed, codes, first, feature, lo, hi, miss,
+                   default_left, directed):
     chunks = out.shape[0]
-    step = (index.shape[0] + chunks - 1) // chunks
+    n = index.shape[0]
+    route = routed.shape[0] == n
+    step = (n + chunks - 1) // chunks
     for t in prange(chunks):  # each chunk of records into its own histograms (exact integers: any order)
-        for i in range(t * step, min(index.shape[0], (t + 1) * step)):
+        for i in range(t * step, min(n, (t + 1) * step)):
+            q = node[i]
+            if route:
+                q = _child(codes, i, q, first, feature, lo, hi, miss, default_left, directed)
+                routed[i] = q
             if not present[i]:
                 continue
-            s = slot[node[i]]
+            s = slot[q]
             if s < 0:
                 continue
             wi = 1 if count else gq[i]
@@ -509,13 +535,25 @@ def parallel_chunks(n: int) -> int:
     return max(1, min(16, 4 * (os.cpu_count() or 1), n >> 14))
 
 
+def _split_args(codes, first, feature, lo, hi, miss=None, default_left=None) -> tuple:
+    directed = miss is not None
+    if not directed:
+        miss, default_left = np.zeros((1, 1), np.bool_), np.zeros(1, np.bool_)
+    return (codes, int(first), np.asarray(feature, np.int64), np.asarray(lo, np.int64), np.asarray(hi, np.int64),
+            np.asarray(miss, np.bool_), np.asarray(default_left, np.bool_), directed)
+
+
 def node_bin_sums(index: np.ndarray, node: np.ndarray, slot: np.ndarray, grad_units: np.ndarray,
-                  present: np.ndarray, width: int) -> np.ndarray:
+                  present: np.ndarray, width: int, route: tuple | None = None):
     """Greedy-tree level histograms of some nodes, exact int64: ``out[0, s, j]`` = Σ ``grad_units`` and
     ``out[1, s, j]`` = the count of the present records of the node mapped to slot ``s`` (``slot[node] = s``;
     −1: skip the node) with ``j`` among their bin indices ``index[i]`` (one per carried feature, each below
     ``width``: :meth:`fedsbdt.common.greedy_levels.LevelLayout.bin_index`) —
     :func:`fedsbdt.common.greedy_levels.level_sums` of the slotted nodes in one pass over the records.
+
+    With ``route`` = ``(codes, first, feature, lo, hi[, miss, default_left])`` (:func:`route_level`'s
+    arguments) the records are first moved one level down in the same pass, and ``(their new nodes, the
+    sums by new node)`` is returned.
 
     Where it fits in 63 bits, each record adds the one integer ``g·2^b + 1`` (``2^b`` > the present
     records), so one sum carries both: count = sum mod 2^b, gradient sum = ⌊sum / 2^b⌋ — half the memory
@@ -528,25 +566,25 @@ def node_bin_sums(index: np.ndarray, node: np.ndarray, slot: np.ndarray, grad_un
     n = int(np.count_nonzero(present))
     bits = n.bit_length()
     big = int(np.abs(gq).max()) if gq.size else 0  # bounds the present records' gradients
-    args = (index, node, slot, gq, present)
+    routed = np.empty(node.size if route is not None else 0, np.int64)
+    split = _split_args(*route) if route is not None else _split_args(np.zeros((1, 1), np.uint8), 0, [0], [0], [0])
+
+    def run(b, count):
+        return _node_bin_sums(index, node, slot, gq, present, b, count, np.zeros(shape, np.int64), routed, *split)
+
     if (n * big + n) << bits < 2**63:
-        packed = _node_bin_sums(*args, bits, False, np.zeros(shape, np.int64))
-        return np.stack([packed >> bits, packed & ((1 << bits) - 1)])
-    return np.stack([_node_bin_sums(*args, 0, False, np.zeros(shape, np.int64)),
-                     _node_bin_sums(*args, 0, True, np.zeros(shape, np.int64))])
+        packed = run(bits, False)
+        sums = np.stack([packed >> bits, packed & ((1 << bits) - 1)])
+    else:
+        sums = np.stack([run(0, False), run(0, True)])
+    return sums if route is None else (routed, sums)
 
 
 @njit(cache=True, nogil=True, parallel=True)
 def _route_level(codes, node, first, feature, lo, hi, miss, default_left, directed):
     out = np.empty(node.shape[0], np.int64)
     for i in prange(node.shape[0]):
-        k = first + node[i]
-        f = feature[k]
-        c = np.int64(codes[i, f])
-        left = lo[k] <= c and c < hi[k]
-        if directed and miss[i, f] and default_left[k]:
-            left = True
-        out[i] = 2 * node[i] + (0 if left else 1)
+        out[i] = _child(codes, i, node[i], first, feature, lo, hi, miss, default_left, directed)
     return out
 
 
@@ -555,12 +593,8 @@ def route_level(codes: np.ndarray, node: np.ndarray, first: int, feature: np.nda
     """Each record's node one level down (heap order within the level: node q's children are 2q, 2q+1):
     inner node ``first + q`` tests ``lo ≤ code(feature) < hi`` (left); with ``miss`` (bool ``(n, m)``: the
     value is missing) a missing value goes left iff ``default_left`` of the node."""
-    directed = miss is not None
-    if not directed:
-        miss, default_left = np.zeros((1, 1), np.bool_), np.zeros(1, np.bool_)
-    return _route_level(codes, np.asarray(node, np.int64), int(first), np.asarray(feature, np.int64),
-                        np.asarray(lo, np.int64), np.asarray(hi, np.int64), np.asarray(miss, np.bool_),
-                        np.asarray(default_left, np.bool_), directed)
+    codes, *split = _split_args(codes, first, feature, lo, hi, miss, default_left)
+    return _route_level(codes, np.asarray(node, np.int64), *split)
 
 
 @njit(cache=True, nogil=True)

@@ -9,7 +9,7 @@ from fedsbdt.common import builders, kernels
 from fedsbdt.common.boosting import TASK_CODE, LocalData
 from fedsbdt.common.builders import GreedyTrees, float_scores, histogram_scores, missing_sums
 from fedsbdt.common.config import Hyperparameters
-from fedsbdt.common.greedy_levels import child_level_sums, level_layout, level_sums
+from fedsbdt.common.greedy_levels import child_level_sums, left_counts, level_layout, level_sums
 from fedsbdt.common.schema import Schema
 from conftest import insecure
 
@@ -80,6 +80,16 @@ def test_level_scores_and_sums_equal_the_float_histograms_bit_for_bit(setup):
         go_left = ((cand.lo[c] <= code) & (code < cand.hi[c])) | (miss[np.arange(local.n), cand.feature[c]] &
                                                                   left[first + node])
         np.testing.assert_array_equal(new, 2 * node + ~go_left)
+        # routing and the next level's sums in one pass: the same nodes and sums whichever child each parent
+        # sums (the hint of left_counts, or any other)
+        below = level_layout(schema, builder.edges, level + 1, features)
+        split = (codes, first, cand.feature[chosen], cand.lo[chosen], cand.hi[chosen], miss, left)
+        c = chosen[first:first + n_nodes]
+        for hint in (left_counts(sums, layout, fpos[c], cand.lo[c], cand.hi[c]), rng.integers(0, 1500, n_nodes)):
+            routed, fused = child_level_sums(below.bin_index(codes), node, gq, present > 0, below, sums, route=split,
+                                             left=hint)
+            np.testing.assert_array_equal(routed, new)
+            np.testing.assert_array_equal(fused.ravel(), level_sums(codes, new, gq, present > 0, below))
         node = new
 
 
