@@ -102,6 +102,7 @@ def _run_client(args: argparse.Namespace, t0: float, state: Path) -> int:
         refusal = None if isinstance(p, str) else policy.refusal(p)  # known before connecting; checked again
         if refusal is not None:
             raise CliError(f"{args.plan}: {refusal}")
+    page = status_page(args)  # --status-port: bound before anything else (a taken port: exit 2)
     try:
         identity = load_identity(Path(args.identity_key) if args.identity_key else state / IDENTITY_KEY)
         files = None
@@ -117,7 +118,7 @@ def _run_client(args: argparse.Namespace, t0: float, state: Path) -> int:
         raise CliError("pass this site's data with --data (and, for a federated evaluation, --eval-data)")
     local_schema = Schema.load(args.schema) if args.schema else None
     if tuning is None:
-        out, human = _take_part(args, t0, state, pinned[0], identity, files, local_schema, policy)
+        out, human = _take_part(args, t0, state, pinned[0], identity, files, local_schema, policy, page)
         emit(args, out, human)
         return 0
     trials, lines = [], []
@@ -129,8 +130,9 @@ def _run_client(args: argparse.Namespace, t0: float, state: Path) -> int:
             continue
         log.info(f"{args.site}: tuning trial {i + 1} of {len(tuning.trials)} (plan {plan.sha256[:16]}…)",
                  extra={"event": "tuning_trial", "site": args.site, "trial": i + 1})
-        out, human = _take_part(args, t0, state, plan, identity, files, local_schema, policy, model_out=model_out,
-                                earlier=frozenset(p.sha256 for p in tuning.trials[:i]))
+        out, human = _take_part(args, t0, state, plan, identity, files, local_schema, policy, page,
+                                model_out=model_out, earlier=frozenset(p.sha256 for p in tuning.trials[:i]),
+                                trial={"trial": i + 1, "trials": len(tuning.trials)})
         trials.append({"trial": i + 1, **out})
         lines.append(f"trial {i + 1}: {human}")
     emit(args, {"site": args.site, "tuning_plan_sha256": tuning.sha256, "epsilon": tuning.stated_epsilon,
@@ -145,8 +147,6 @@ def _run_client(args: argparse.Namespace, t0: float, state: Path) -> int:
 def _check_tuning(args: argparse.Namespace, tuning) -> None:
     """A tuning plan's totals against this site's caps, before anything runs (each trial is checked again as
     it is accepted, its lifetime ledger holding the earlier trials' releases)."""
-    if getattr(args, "status_port", None) is not None:
-        raise CliError("a tuning plan runs its trials in turn: --status-port is not available with it")
     if args.max_epsilon is not None and tuning.stated_epsilon > args.max_epsilon:
         raise CliError(f"{args.plan}: the tuning plan's trials together spend ε = {tuning.stated_epsilon:.6g} of the "
                        f"training records, above this site's --max-epsilon {args.max_epsilon:g}; refusing to take part")
@@ -157,9 +157,11 @@ def _check_tuning(args: argparse.Namespace, tuning) -> None:
 
 
 def _take_part(args: argparse.Namespace, t0: float, state: Path, pinned, identity, files, local_schema, policy,
-               model_out: Path | None = None, earlier: frozenset = frozenset()) -> tuple[dict, str]:
+               page=None, model_out: Path | None = None, earlier: frozenset = frozenset(),
+               trial: dict | None = None) -> tuple[dict, str]:
     """Take part in one session (``pinned``: the plan, or the hash of the plan the coordinator must serve) until
-    the model is verified; (the JSON result, its line for people)."""
+    the model is verified, shown on the status page ``page`` (``trial``: which trial of a tuning plan it is);
+    (the JSON result, its line for people)."""
     from .daemon import Daemon, DaemonError, DaemonOptions
     from .site import SessionAbort, SiteMachine, SiteOptions
 
@@ -171,8 +173,8 @@ def _take_part(args: argparse.Namespace, t0: float, state: Path, pinned, identit
     from fedsbdt.common.sources import source_from_args
 
     machine = SiteMachine(args.site, identity, source_from_args(args), state, options)
-    if not earlier:
-        status_page(args, machine)  # --status-port: served from now on (a taken port: exit 2 before anything else)
+    if page is not None:
+        page.show(machine, trial)  # --status-port: this session's state from now on
     if not isinstance(pinned, str):  # everything checkable here is checked before any connection: plan, policy, keys, data
         machine.accept_plan(pinned.canonical_json, pinned.sha256)  # SiteRefusal: exit 2, nothing contacted
     daemon = Daemon(machine, args.coordinator, files,
@@ -214,14 +216,15 @@ def _take_part(args: argparse.Namespace, t0: float, state: Path, pinned, identit
                     if charge is not None else ""))
 
 
-def status_page(args: argparse.Namespace, machine):
-    """``--status-port``: the site's own status page (client/status.py), serving until the process ends."""
+def status_page(args: argparse.Namespace):
+    """``--status-port``: the site's own status page (client/status.py), bound now, serving from the first
+    session on until the process ends; None without the flag."""
     from fedsbdt.common.statuspage import StatusPageError
 
-    from .status import serve
+    from .status import bind_page
 
     try:
-        return serve(args, machine)
+        return bind_page(args)
     except StatusPageError as e:
         raise CliError(str(e)) from None
 

@@ -54,8 +54,9 @@ class RefusalCounter(logging.Handler):
 class SiteMonitor:
     """Snapshots of one site (machine: :class:`~fedsbdt.client.site.SiteMachine`) for the page and /metrics."""
 
-    def __init__(self, machine, max_epsilon: float | None, clock=time.monotonic) -> None:
+    def __init__(self, machine, max_epsilon: float | None, clock=time.monotonic, tuning: dict | None = None) -> None:
         self.m = machine
+        self.tuning = tuning  # {"trial": i, "trials": K} for a trial of a tuning plan
         self.max_epsilon = max_epsilon
         self.clock = clock
         self.started = clock()
@@ -66,6 +67,14 @@ class SiteMonitor:
         self._cached: tuple[float, dict] | None = None
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_Collector(self))
+
+    def follow(self, machine, tuning: dict | None) -> None:
+        """Show ``machine`` from now on: the next trial of a tuning plan (its own plan, ledger file and session)."""
+        with self._lock:
+            if self._db is not None:
+                self._db.close()
+                self._db = None
+            self.m, self.tuning, self._cached = machine, tuning, None
 
     def close(self) -> None:
         logging.getLogger("fedsbdt.site").removeHandler(self.refusals)
@@ -95,7 +104,8 @@ class SiteMonitor:
         plan = m.plan  # set last by accept_plan: cal, table and the ledger exist once it is
         out = {"role": "site", "site_id": m.site_id, "stage": m.stage.name, "uptime_seconds": round(now - self.started, 3),
                "time": time.time(), "refusals": self.refusals.count, "last_refusal": self.refusals.last,
-               "max_epsilon": self.max_epsilon, "plan_sha256": None, "trees_applied": m.trees_applied}
+               "max_epsilon": self.max_epsilon, "plan_sha256": None, "trees_applied": m.trees_applied,
+               "tuning": self.tuning}
         if plan is None:
             return out | {"trees_total": None, "rounds_answered": 0, "tree_rounds_with_data": 0,
                           "epsilon": None}
@@ -177,20 +187,34 @@ def _gauge(name: str, doc: str, value) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, doc, value=float(value))
 
 
-def serve(args, machine):
-    """``--status-port``: bind the site's page (StatusPageError if the port is taken) and serve it, or None."""
+class SitePage:
+    """``--status-port``: the site's page, on one port for the whole process (every trial of a tuning plan)."""
+
+    def __init__(self, server, max_epsilon: float | None) -> None:
+        self.server, self.max_epsilon = server, max_epsilon
+        self.monitor: SiteMonitor | None = None
+
+    def show(self, machine, tuning: dict | None = None) -> None:
+        """Serve ``machine``'s state from now on (the first call starts serving)."""
+        if self.monitor is None:
+            self.monitor = SiteMonitor(machine, self.max_epsilon, tuning=tuning)
+            self.server.start(self.monitor.current, self.monitor.registry)
+        else:
+            self.monitor.follow(machine, tuning)
+
+
+def bind_page(args) -> SitePage | None:
+    """``--status-port``: the site's page, bound (StatusPageError if the port is taken), not yet serving; or None."""
     from fedsbdt.common.statuspage import bind
 
     server = bind(args, SITE_PAGE, "site's status page")
-    if server is None:
-        return None
-    monitor = SiteMonitor(machine, args.max_epsilon)
-    return server.start(monitor.current, monitor.registry)
+    return None if server is None else SitePage(server, args.max_epsilon)
 
 
 SITE_PAGE = page("fedsbdt site", """
 <h1>fedsbdt site <span id="site">—</span></h1>
-<div class="sub">stage <b id="stage">—</b> · plan <code id="plan">—</code> · noise <span id="noise">—</span></div>
+<div class="sub">stage <b id="stage">—</b> · plan <code id="plan">—</code><span id="tuning"></span> · noise
+ <span id="noise">—</span></div>
 <h2>This site</h2>
 <div class="grid">
  <div class="card"><div class="k">trees applied</div><div class="v"><span id="trees">—</span> / <span id="total">—</span></div>
@@ -210,6 +234,7 @@ SITE_PAGE = page("fedsbdt site", """
 """, """
 function render(s){
   setText("site",s.site_id);setText("stage",s.stage);setText("plan",s.plan_sha256?s.plan_sha256.slice(0,16)+"…":"not yet accepted");
+  setText("tuning",s.tuning?" · tuning trial "+s.tuning.trial+" of "+s.tuning.trials:"");
   setText("noise",s.noise);setText("trees",s.trees_applied);setText("total",s.trees_total);
   bar("treebar",s.trees_total?s.trees_applied/s.trees_total:0);
   setText("answered",s.rounds_answered);setText("treerounds",s.tree_rounds_with_data);

@@ -110,11 +110,13 @@ class StatusServer:
         return f"http://{host}:{self.port}/"
 
     def start(self, snapshot: Callable[[], dict], registry: "CollectorRegistry") -> "StatusServer":
-        """Serve ``snapshot()`` and ``registry`` from now on (the port is bound from construction on)."""
+        """Serve ``snapshot()`` and ``registry`` from now on (the port is bound from construction on); called
+        again — the next session of a tuning plan — it serves the new ones on the same port."""
         self.snapshot, self.registry = snapshot, registry
-        self._thread.start()
-        log.info(f"status page at {self.url} (Prometheus metrics at {self.url}metrics)",
-                 extra={"event": "status_page", "url": self.url, "port": self.port})
+        if not self._thread.is_alive():
+            self._thread.start()
+            log.info(f"status page at {self.url} (Prometheus metrics at {self.url}metrics)",
+                     extra={"event": "status_page", "url": self.url, "port": self.port})
         return self
 
     def close(self) -> None:

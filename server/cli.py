@@ -40,13 +40,14 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
 
     if is_tuning_plan(args.plan):
         tuning = FederatedTuning.load(args.plan)
-        if args.model is not None or getattr(args, "status_port", None) is not None:
-            raise CliError("a tuning plan trains its trials in turn: --model and --status-port are not available "
-                           "with it")
+        if args.model is not None:
+            raise CliError("a tuning plan trains its trials in turn: --model is not available with it")
         for p in tuning.trials:
             p.make_randomness(args.allow_insecure_test_randomness)  # refuse test randomness before anything runs
+        status = status_page(args)  # one page on one port for every trial
         state = Path(args.state)
-        return with_state_lock(state, "coordinator state directory", lambda: _tune(args, t0, tuning, state))
+        return with_state_lock(state, "coordinator state directory", lambda: _closing(
+            status, lambda: _tune(args, t0, tuning, state, status)))
     plan = Plan.load(args.plan)
     cal = plan.verify_privacy()
     randomness = plan.make_randomness(args.allow_insecure_test_randomness)
@@ -64,10 +65,19 @@ def cmd_coordinator(args: argparse.Namespace) -> int:
         emit(args, out, human)
         return code
 
-    return with_state_lock(state, "coordinator state directory", serve)
+    return with_state_lock(state, "coordinator state directory", lambda: _closing(status, serve))
 
 
-def _tune(args: argparse.Namespace, t0: float, tuning, state: Path) -> int:
+def _closing(status, run) -> int:
+    """``run()``, then the status page (if any) closed."""
+    try:
+        return run()
+    finally:
+        if status is not None:
+            status.close()
+
+
+def _tune(args: argparse.Namespace, t0: float, tuning, state: Path, status=None) -> int:
     """A tuning plan: serve its trial plans in turn (each in ``STATE/trial-<i>``, on the address the first one
     bound), then keep the trial whose released evaluation metric is best: ``STATE/model.json`` and the receipt
     ``STATE/tuning.json``.  A trial finished before a restart (its ``result.json``) is not run again."""
@@ -88,7 +98,8 @@ def _tune(args: argparse.Namespace, t0: float, tuning, state: Path) -> int:
         log.info(f"tuning: trial {i + 1} of {len(tuning.trials)} (plan {plan.sha256[:16]}…)",
                  extra={"event": "tuning_trial", "trial": i + 1, "plan_sha256": plan.sha256})
         code, out, human, listen = _serve(args, listen, t0, plan, plan.verify_privacy(),
-                                          plan.make_randomness(args.allow_insecure_test_randomness), trial_state, None)
+                                          plan.make_randomness(args.allow_insecure_test_randomness), trial_state,
+                                          status, {"trial": i + 1, "trials": len(tuning.trials)})
         args.ready_fd = None  # the address is announced once; later trials serve the same one
         if code != 0:
             emit(args, {**out, "trial": i + 1}, f"tuning stopped in trial {i + 1}: {human}")
@@ -150,9 +161,10 @@ def _write_winner(trial_model: Path, out: Path, tuning, receipt: dict) -> str:
 
 
 def _serve(args: argparse.Namespace, listen: str, t0: float, plan, cal, randomness, state: Path,
-           status) -> tuple[int, dict, str, str]:
+           status, trial: dict | None = None) -> tuple[int, dict, str, str]:
     """Serve one plan's session until it ends: (exit code, the JSON result, its line for people, the address
-    served)."""
+    served).  ``status``: the status page to show it on (the caller closes it); ``trial``: which trial of a
+    tuning plan this session is, shown there."""
     from fedsbdt.client.cli import sha256_file
 
     from .checkpoint import CheckpointError, CoordinatorStore
@@ -191,7 +203,7 @@ def _serve(args: argparse.Namespace, listen: str, t0: float, plan, cal, randomne
     if status is not None:
         from .status import CoordinatorMonitor
 
-        monitor = CoordinatorMonitor(session)
+        monitor = CoordinatorMonitor(session, tuning=trial)
         server.service.observers.append(monitor.after_step)
         status.start(monitor.current, monitor.registry)
     server.start()
@@ -216,8 +228,6 @@ def _serve(args: argparse.Namespace, listen: str, t0: float, plan, cal, randomne
     finally:
         server.stop()
         session.close()
-        if status is not None:
-            status.close()
         for s, h in old.items():
             signal.signal(s, h)
     if server.fatal is not None:

@@ -38,8 +38,9 @@ ROUND_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 
 class CoordinatorMonitor:
     """The session's state for the status page and ``/metrics``; :meth:`after_step` runs on the event loop."""
 
-    def __init__(self, session, clock=time.monotonic, wall=time.time) -> None:
+    def __init__(self, session, clock=time.monotonic, wall=time.time, tuning: dict | None = None) -> None:
         self.session = session
+        self.tuning = tuning  # {"trial": i, "trials": K} for a trial of a tuning plan
         self.plan = session.plan
         self.cal = session.cal
         self.clock, self.wall = clock, wall
@@ -169,7 +170,7 @@ class CoordinatorMonitor:
             "epsilon": {"spent": spent, "planned": self.cal.epsilon, "delta": self.cal.delta,
                         "exact": self.exact_epsilon},
             "eta_seconds": _r(eta), "model_sha256": st["model_sha256"], "sites": sites,
-            "uptime_seconds": round(now - self.started, 3), "time": wall,
+            "uptime_seconds": round(now - self.started, 3), "time": wall, "tuning": self.tuning,
         }
         self._snapshot_at = now
 
@@ -217,8 +218,8 @@ def _r(x: float | None) -> float | None:
 
 COORDINATOR_PAGE = page("fedsbdt coordinator", """
 <h1>fedsbdt coordinator</h1>
-<div class="sub">session <b id="session">—</b> · plan <code id="plan">—</code> · stage <b id="stage">—</b>
- · <span id="detail"></span></div>
+<div class="sub">session <b id="session">—</b> · plan <code id="plan">—</code><span id="tuning"></span> · stage
+ <b id="stage">—</b> · <span id="detail"></span></div>
 <h2>Progress</h2>
 <div class="grid">
  <div class="card"><div class="k">trees released</div><div class="v"><span id="trees">—</span> / <span id="total">—</span></div>
@@ -237,6 +238,7 @@ COORDINATOR_PAGE = page("fedsbdt coordinator", """
 function yes(b,good){return {text:b?"yes":"no",cls:b?(good?"ok":"warn"):(good?"warn":"")};}
 function render(s){
   setText("session",s.session_id);setText("plan",s.plan_sha256.slice(0,16)+"…");setText("stage",s.stage);
+  setText("tuning",s.tuning?" · tuning trial "+s.tuning.trial+" of "+s.tuning.trials:"");
   setText("detail",s.detail);setText("trees",s.trees_released);setText("total",s.trees_total);
   bar("treebar",s.trees_total?s.trees_released/s.trees_total:0);
   setText("round",s.round?("#"+s.round.round_id):"—");

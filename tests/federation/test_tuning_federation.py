@@ -103,6 +103,13 @@ def test_the_plan_command_refuses_a_budget_too_small_for_the_trials(tmp_path, id
     assert r.returncode == 2 and "random trees" in r.stderr and not list(tmp_path.glob("t*.toml"))
 
 
+def status_json(url: str) -> dict:
+    import urllib.request
+
+    with urllib.request.urlopen(url + "status.json", timeout=30) as r:
+        return json.loads(r.read())
+
+
 def _root():
     from pathlib import Path
 
@@ -173,8 +180,11 @@ def test_a_site_skips_a_trial_it_finished_and_waits_while_the_coordinator_serves
     (tmp_path / SITES[0]).mkdir(exist_ok=True)
     (tmp_path / SITES[0] / "model.trial-1.json").write_text("{}")
     site = c.site(SITES[0], data[SITES[0]], "--allow-insecure-test-randomness", "--plan", str(tmp_path / "tune.toml"),
-                  "--reconnect-timeout", "3")
+                  "--reconnect-timeout", "6", "--status-port", "0")
+    page = c.wait_event(lambda ev: ev.get("_proc") == SITES[0] and ev.get("event") == "status_page", timeout=60)
     c.wait_event(lambda ev: ev.get("_proc") == SITES[0] and ev.get("event") == "waiting_for_plan", timeout=60)
+    status = status_json(page["url"])  # the site's page shows the trial it waits to take part in
+    assert status["tuning"] == {"trial": 2, "trials": 2} and status["plan_sha256"] == tuning.trials[1].sha256
     assert site.wait(timeout=60) == 2
     assert "still serves the finished plan" in site.errors and tuning.trials[0].sha256 in site.errors
 
@@ -195,13 +205,19 @@ def test_a_coordinator_killed_in_the_second_trial_resumes_it_and_keeps_the_first
                         randomness="insecure-test", test_seed=4, test_noise=False)
     tuning.save(tmp_path / "tune.toml")
     c = cluster_factory(tmp_path / "tune.toml")
-    first = c.coordinator()
+    first = c.coordinator("--status-port", "0")
+    page = c.wait_event(lambda ev: ev.get("_proc") == "coordinator" and ev.get("event") == "status_page", timeout=60)
     sites = [c.site(s, data[s], "--allow-insecure-test-randomness", "--eval-data", str(held[s]), "--max-eval-epsilon",
-                    "0.2") for s in SITES]
+                    "0.2", *(["--status-port", "0"] if s == SITES[0] else [])) for s in SITES]
+    site_page = c.wait_event(lambda ev: ev.get("_proc") == SITES[0] and ev.get("event") == "status_page", timeout=60)
     c.wait_event(lambda ev: ev.get("_proc") == "coordinator" and ev.get("event") == "tuning_trial"
                  and ev.get("trial") == 2, timeout=120)
     mark = c.mark()
     c.wait_event(lambda ev: ev.get("_proc") == "coordinator" and ev.get("event") == "tree", timeout=120, after=mark)
+    for url in (page["url"], site_page["url"]):  # one page, one port each: trial 1's, now showing trial 2
+        status = status_json(url)
+        assert status["tuning"] == {"trial": 2, "trials": 2} and status["plan_sha256"] == tuning.trials[1].sha256
+        assert status["trees_total"] == 12
     first.kill()
     assert (tmp_path / "coordinator" / "trial-1" / "result.json").exists()
     trial1 = (tmp_path / "coordinator" / "trial-1" / "model.json").read_bytes()
