@@ -333,50 +333,6 @@ def gaussian_one(buf, st, p):
     return np.int64(0)
 
 
-# ------------------------------------------------------------------ batch kernels
-
-
-#: What :func:`fill` draws; the Bernoulli kinds exist for the exactness tests.
-GAUSSIAN, LAPLACE, BERN_WIDE, BERN_SMALL = 0, 1, 2, 3
-# Bernoulli(exp(−n/d)) parameter row (uint64): n, d, bits(d), m, bits(m − 1), z with d = m·2^z, m odd.
-B_N, B_D, B_DL, B_M, B_MBITS, B_Z = range(6)
-
-
-@njit(cache=True, nogil=True)
-def draw_one(kind, buf, st, p):
-    """One value of ``kind`` with the parameter row ``p`` (Bernoulli kinds: 0/1).
-
-    BERN_WIDE goes through :func:`bern_exp_wide` (Alg. 3's acceptance step, any n);
-    BERN_SMALL through :func:`bern_exp` (Alg. 2's step, n < d).
-    """
-    if kind == GAUSSIAN:
-        return gaussian_one(buf, st, p)
-    if kind == LAPLACE:
-        return laplace_one(buf, st, p, p[L_S])
-    if kind == BERN_WIDE:
-        r = bern_exp_wide(buf, st, p[B_N], _0, _0, _0, (p[B_D], _0, _0, _0), 0, np.int64(p[B_DL]))
-    else:
-        r = bern_exp(buf, st, p[B_N], p[B_M], np.int64(p[B_MBITS]), np.int64(p[B_Z]))
-    return np.int64(1) if r else np.int64(0)
-
-
-@njit(cache=True, nogil=True)
-def fill(out, kind, which, params, buf, st, start):
-    """out[i] ← a draw of ``kind`` with the row params[which[i]], for i ≥ start until done or the bits
-    run out; returns the next index.  On running out, st[0] is rewound to the bit where value i
-    started (see the module docstring)."""
-    i = start
-    while i < out.shape[0]:
-        pos = st[0]
-        y = draw_one(kind, buf, st, params[which[i]])
-        if st[2] != 0:
-            st[0] = pos
-            return i
-        out[i] = y
-        i += 1
-    return i
-
-
 # ------------------------------------------------------------------ the exponential mechanism
 
 
@@ -424,14 +380,46 @@ def em_one(buf, st, a, p, z, trials):
     return np.int64(-1)
 
 
+# ------------------------------------------------------------------ batch kernels
+
+
+#: What :func:`fill` draws; the Bernoulli kinds exist for the exactness tests.
+GAUSSIAN, LAPLACE, BERN_WIDE, BERN_SMALL, EXPONENTIAL = 0, 1, 2, 3, 4
+# Exponential-mechanism parameter row (uint64): p, z, trials (0: until accepted), then the distances a.
+E_P, E_Z, E_TRIALS, E_A = range(4)
+# Bernoulli(exp(−n/d)) parameter row (uint64): n, d, bits(d), m, bits(m − 1), z with d = m·2^z, m odd.
+B_N, B_D, B_DL, B_M, B_MBITS, B_Z = range(6)
+
+
 @njit(cache=True, nogil=True)
-def em_fill(out, a, p, z, trials, buf, st, start):
-    """out[i] ← :func:`em_one` on row ``a[i]`` for i ≥ start until done or the bits run out (then st[0] is
-    rewound to where value i started, as in :func:`fill`); returns the next index."""
+def draw_one(kind, buf, st, p):
+    """One value of ``kind`` with the parameter row ``p`` (Bernoulli kinds: 0/1).
+
+    BERN_WIDE goes through :func:`bern_exp_wide` (Alg. 3's acceptance step, any n);
+    BERN_SMALL through :func:`bern_exp` (Alg. 2's step, n < d); EXPONENTIAL is :func:`em_one` (an index).
+    """
+    if kind == GAUSSIAN:
+        return gaussian_one(buf, st, p)
+    if kind == LAPLACE:
+        return laplace_one(buf, st, p, p[L_S])
+    if kind == EXPONENTIAL:
+        return em_one(buf, st, p[E_A:], p[E_P], np.int64(p[E_Z]), np.int64(p[E_TRIALS]))
+    if kind == BERN_WIDE:
+        r = bern_exp_wide(buf, st, p[B_N], _0, _0, _0, (p[B_D], _0, _0, _0), 0, np.int64(p[B_DL]))
+    else:
+        r = bern_exp(buf, st, p[B_N], p[B_M], np.int64(p[B_MBITS]), np.int64(p[B_Z]))
+    return np.int64(1) if r else np.int64(0)
+
+
+@njit(cache=True, nogil=True)
+def fill(out, kind, which, params, buf, st, start):
+    """out[i] ← a draw of ``kind`` with the row params[which[i]], for i ≥ start until done or the bits
+    run out; returns the next index.  On running out, st[0] is rewound to the bit where value i
+    started (see the module docstring)."""
     i = start
     while i < out.shape[0]:
         pos = st[0]
-        y = em_one(buf, st, a[i], p, z, trials)
+        y = draw_one(kind, buf, st, params[which[i]])
         if st[2] != 0:
             st[0] = pos
             return i

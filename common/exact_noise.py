@@ -255,7 +255,8 @@ def exponential_mechanism(scores, scale, sensitivity, *, words: WordSource | Non
     for scores of sensitivity Δ = ``sensitivity`` — the ε = 2Δ/scale exponential mechanism, in integers
     (:func:`em_parameters`; the kernel :func:`fedsbdt.common.exact_kernels.em_one`)."""
     a, p = em_parameters(scores, scale, sensitivity)
-    a = np.ascontiguousarray(a)
-    pu = np.uint64(p)
-    return _run_blocks(lambda out, buf, st, i: K.em_fill(out, a, pu, EM_RATE_BITS, 0, buf, st, i), a.shape[0],
+    rows = np.empty((a.shape[0], K.E_A + a.shape[1]), np.uint64)  # per row: p, z, trials (0: until kept), a
+    rows[:, K.E_P], rows[:, K.E_Z], rows[:, K.E_TRIALS], rows[:, K.E_A:] = p, EM_RATE_BITS, 0, a
+    which = np.arange(a.shape[0], dtype=np.int64)
+    return _run_blocks(lambda out, buf, st, i: K.fill(out, K.EXPONENTIAL, which, rows, buf, st, i), which.size,
                        4.0 + a.shape[1] / 2, words)
