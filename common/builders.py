@@ -33,7 +33,7 @@ from .accountant import PrivacyCalibration
 from .boosting import TASK_CODE, LocalData, split_edges
 from .config import Hyperparameters
 from .greedy_levels import (child_level_sums, count_noise, left_counts, level_layout, level_noise_scales,
-                            select_splits, sketch_candidates, sketch_noise_scale, sketch_sums)
+                            root_level_sums, select_splits, sketch_candidates, sketch_noise_scale, sketch_sums)
 from .schema import Schema
 from .splits import Splits, random_splits
 
@@ -279,7 +279,7 @@ class GreedyTrees:
             n_nodes, first = 2**level, 2**level - 1
             layout = level_layout(self.schema, self.edges, level, features)
             if exact and sums is None:  # the root; below it the routing pass sums the levels
-                sums = child_level_sums(self._bin_index(local, layout), node, gq, present > 0, layout)
+                sums = root_level_sums(self._bin_index(local, layout), gq, present > 0, layout)
             if hp.selection == "histogram":
                 noisy = sums.ravel() + randomness.discrete_gaussian(
                     level_noise_scales(layout, enc.grad.bound_units, self.select))
@@ -306,7 +306,7 @@ class GreedyTrees:
                     pos = np.searchsorted(features, cand.feature[c])
                     left = left_counts(sums, layout, pos, cand.lo[c], cand.hi[c])
                     node, sums = child_level_sums(self._bin_index(local, below), node, gq, present > 0, below, sums,
-                                                  route=split, left=left)
+                                                  split, left)
                 else:
                     node = kernels.route_level(codes, node, *split[1:])
         return Splits(cand.feature[chosen].astype(np.int32), cand.threshold[chosen].astype(np.float64),

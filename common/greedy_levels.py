@@ -94,41 +94,40 @@ def level_sums(codes: np.ndarray, node: np.ndarray, grad_units: np.ndarray, pres
     return out.ravel()
 
 
+def root_level_sums(index: np.ndarray, grad_units: np.ndarray, present: np.ndarray,
+                    layout: LevelLayout) -> np.ndarray:
+    """:func:`level_sums` of the root, equal bit for bit, as ``(2, 1, per_node)`` int64, in one numba pass
+    over the records (:func:`fedsbdt.common.kernels.node_bin_sums`) from their bin indices ``index`` =
+    ``layout.bin_index(codes)``."""
+    root = np.zeros(index.shape[0], np.int64)
+    return kernels.node_bin_sums(index, root, np.zeros(1, np.int64), grad_units, np.asarray(present, np.bool_),
+                                 layout.per_node).reshape(2, 1, layout.per_node)
+
+
 def child_level_sums(index: np.ndarray, node: np.ndarray, grad_units: np.ndarray, present: np.ndarray,
-                     layout: LevelLayout, parent: np.ndarray | None = None, route: tuple | None = None,
-                     left: np.ndarray | None = None):
-    """:func:`level_sums`, equal bit for bit, as ``(2, n_nodes, per_node)`` int64, in one numba pass over the
-    records (:func:`fedsbdt.common.kernels.node_bin_sums`) from their bin indices ``index`` =
-    ``layout.bin_index(codes)``.
+                     layout: LevelLayout, parent: np.ndarray, route: tuple,
+                     left: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The records' nodes one level down and that level's :func:`level_sums`, equal bit for bit, as
+    ``(2, n_nodes, per_node)`` int64, in one numba pass over the records
+    (:func:`fedsbdt.common.kernels.node_bin_sums`): ``node`` holds their nodes one level up, ``route``
+    :func:`fedsbdt.common.kernels.route_level`'s arguments but ``node``, ``index`` = ``layout.bin_index(codes)``.
 
-    With ``parent`` — the previous level's sums of the same features, ``(2, n_nodes / 2, per_node)`` — only
-    the child holding fewer present records of each parent is summed; its sibling is the parent minus it
+    ``parent`` is the level above's sums of the same features, ``(2, n_nodes / 2, per_node)``: only the
+    child holding fewer present records of each parent is summed; its sibling is the parent minus it
     (exact in integers: LightGBM's histogram subtraction).  Children of parent p are nodes 2p and 2p + 1.
-
-    With ``route`` (:func:`fedsbdt.common.kernels.route_level`'s arguments but ``node``), ``node`` holds the
-    records' nodes one level up: the same pass routes them down and ``(their nodes, the sums)`` is returned.
-    The smaller children are then named by ``left``, each parent's count of present records going left
+    The smaller children are named by ``left``, each parent's count of present records going left
     (:func:`left_counts`); which child is summed never changes the sums, only the time."""
-    present = np.asarray(present, np.bool_)
     n_nodes = layout.n_nodes
-    if parent is None or n_nodes == 1:
-        return kernels.node_bin_sums(index, node, np.arange(n_nodes), grad_units, present,
-                                     layout.per_node).reshape(2, n_nodes, layout.per_node)
-    if route is None:
-        count = np.bincount(node if present.all() else node[present], minlength=n_nodes).reshape(-1, 2)
-        right_smaller = count[:, 1] < count[:, 0]
-    else:
-        right_smaller = 2 * np.asarray(left) > parent[1, :, :layout.bins[0]].sum(axis=1)
+    right_smaller = 2 * np.asarray(left) > parent[1, :, :layout.bins[0]].sum(axis=1)
     small = 2 * np.arange(n_nodes // 2) + right_smaller  # the smaller child of each parent
     slot = np.full(n_nodes, -1, np.int64)
     slot[small] = np.arange(small.size)
-    part = kernels.node_bin_sums(index, node, slot, grad_units, present, layout.per_node, route)
-    if route is not None:
-        node, part = part
+    node, part = kernels.node_bin_sums(index, node, slot, grad_units, np.asarray(present, np.bool_),
+                                       layout.per_node, route)
     out = np.empty((2, n_nodes, layout.per_node), np.int64)
     out[:, small] = part
     out[:, small ^ 1] = parent - part
-    return out if route is None else (node, out)
+    return node, out
 
 
 def left_counts(sums: np.ndarray, layout: LevelLayout, fpos: np.ndarray, lo: np.ndarray,

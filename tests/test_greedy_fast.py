@@ -9,7 +9,7 @@ from fedsbdt.common import builders, kernels
 from fedsbdt.common.boosting import TASK_CODE, LocalData
 from fedsbdt.common.builders import GreedyTrees, float_scores, histogram_scores, missing_sums
 from fedsbdt.common.config import Hyperparameters
-from fedsbdt.common.greedy_levels import child_level_sums, left_counts, level_layout, level_sums
+from fedsbdt.common.greedy_levels import child_level_sums, left_counts, level_layout, level_sums, root_level_sums
 from fedsbdt.common.schema import Schema
 from conftest import insecure
 
@@ -58,11 +58,11 @@ def test_level_scores_and_sums_equal_the_float_histograms_bit_for_bit(setup):
     features = np.arange(schema.n_features)
     fpos = cand.feature.astype(np.int64)
     node = np.zeros(local.n, np.int64)
-    sums = None
+    layout = level_layout(schema, builder.edges, 0, features)
+    sums = root_level_sums(layout.bin_index(codes), gq, present > 0, layout)
     for level in range(4):
         n_nodes = 2**level
         layout = level_layout(schema, builder.edges, level, features)
-        sums = child_level_sums(layout.bin_index(codes), node, gq, present > 0, layout, sums)
         np.testing.assert_array_equal(sums.ravel(), level_sums(codes, node, gq, present > 0, layout))
         missing = missing_sums(rows, node, g * present, present, n_nodes, features)
         for m in (None, missing):
@@ -85,12 +85,11 @@ def test_level_scores_and_sums_equal_the_float_histograms_bit_for_bit(setup):
         below = level_layout(schema, builder.edges, level + 1, features)
         split = (codes, first, cand.feature[chosen], cand.lo[chosen], cand.hi[chosen], miss, left)
         c = chosen[first:first + n_nodes]
-        for hint in (left_counts(sums, layout, fpos[c], cand.lo[c], cand.hi[c]), rng.integers(0, 1500, n_nodes)):
-            routed, fused = child_level_sums(below.bin_index(codes), node, gq, present > 0, below, sums, route=split,
-                                             left=hint)
+        for hint in (rng.integers(0, 1500, n_nodes), left_counts(sums, layout, fpos[c], cand.lo[c], cand.hi[c])):
+            routed, fused = child_level_sums(below.bin_index(codes), node, gq, present > 0, below, sums, split, hint)
             np.testing.assert_array_equal(routed, new)
             np.testing.assert_array_equal(fused.ravel(), level_sums(codes, new, gq, present > 0, below))
-        node = new
+        node, sums = new, fused  # checked against level_sums again at the top of the loop
 
 
 @pytest.mark.parametrize("sketch", [0.0, 5.0])
