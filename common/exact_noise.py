@@ -228,8 +228,10 @@ def em_parameters(scores, scale, sensitivity) -> tuple[np.ndarray, int]:
       scores (each within 2^5 ulps: at most u/2 at |score| ≤ 2^46·u).
     * The rate is ε/(2Δ_S) per unit, rounded *down* to p/2^63: P[c] ∝ exp(ε'·S_c/(2Δ_S)) with ε' ≤ ε.
       That is the exponential mechanism of a score with sensitivity Δ_S at ε' ≤ ε: ε-DP and ε-bounded
-      range (Durfee & Rogers 2019), so ε²/8-zCDP (Cesar & Rogers 2021) as accounted.  The relative loss of
-      ε against the float mechanism is below 2^-23 + 2^-(bits of p)."""
+      range (Durfee & Rogers 2019), so ε²/8-zCDP (Cesar & Rogers 2021) as accounted.
+    * Utility: in score units it runs at ε'·Δ/(Δ_S·u) ≥ ε'·(1 − 2u/Δ); 2u/Δ ≤ 2^-23 while |score| < 2^22·Δ
+      (greedy gains stay below that up to n ≈ 12M records), ≤ 2^-44·max|score|/Δ beyond; p's rounding
+      adds a relative 2^-(bits of p)."""
     s = np.asarray(scores, dtype=np.float64)
     s = s.reshape(1, -1) if s.ndim == 1 else s
     if s.ndim != 2 or s.size == 0 or s.shape[1] == 0 or not np.all(np.isfinite(s)):
