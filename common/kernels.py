@@ -33,8 +33,9 @@ Performance notes (results never depend on which path runs):
 """
 from __future__ import annotations
 
-import numpy as np
 import os
+
+import numpy as np
 
 from .numba_lazy import njit, prange  # numba is imported at the first call of a kernel
 
