@@ -275,11 +275,12 @@ class GreedyTrees:
         # can leave the exact range (|sum| < 2^53 units); beyond it the float path runs as it always did
         exact = hp.selection == "histogram" or local.n * enc.grad.bound_units < EXACT_FLOAT_SUM
         sums = None
-        for level in range(hp.depth):
+        layouts = [level_layout(self.schema, self.edges, level, features) for level in range(hp.depth)]
+        index = self._bin_index(local, layouts[0]) if exact else None  # the same for every level
+        for level, layout in enumerate(layouts):
             n_nodes, first = 2**level, 2**level - 1
-            layout = level_layout(self.schema, self.edges, level, features)
             if exact and sums is None:  # the root; below it the routing pass sums the levels
-                sums = root_level_sums(self._bin_index(local, layout), gq, present > 0, layout)
+                sums = root_level_sums(index, gq, present > 0, layout)
             if hp.selection == "histogram":
                 noisy = sums.ravel() + randomness.discrete_gaussian(
                     level_noise_scales(layout, enc.grad.bound_units, self.select))
@@ -302,11 +303,9 @@ class GreedyTrees:
                 c = chosen[first:first + n_nodes]
                 split = (codes, first, cand.feature[chosen], cand.lo[chosen], cand.hi[chosen], miss, default_left)
                 if exact:  # == level_sums(codes, routed node, gq, present > 0, next layout), from these sums
-                    below = level_layout(self.schema, self.edges, level + 1, features)
                     pos = np.searchsorted(features, cand.feature[c])
                     left = left_counts(sums, layout, pos, cand.lo[c], cand.hi[c])
-                    node, sums = child_level_sums(self._bin_index(local, below), node, gq, present > 0, below, sums,
-                                                  split, left)
+                    node, sums = child_level_sums(index, node, gq, present > 0, layouts[level + 1], sums, split, left)
                 else:
                     node = kernels.route_level(codes, node, *split[1:])
         return Splits(cand.feature[chosen].astype(np.int32), cand.threshold[chosen].astype(np.float64),
