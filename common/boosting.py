@@ -170,6 +170,7 @@ class LocalData:
         self._codes_key = None  # (X, is_cat) the codes were built from
         self._codes = None
         self._arrival_key = None  # (arrival, its maximum)
+        self._grads = None  # (pred, y, their grad_hess_units)
 
     def _all_available(self, round_id: int) -> bool:
         if self._arrival_key is None or self._arrival_key[0] is not self.arrival:
@@ -198,6 +199,18 @@ class LocalData:
     def set_init_score(self, score: float) -> None:
         self.pred = np.full(self.n, float(score))
 
+    def grad_hess_units(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every record's clipped gradient and Hessian in integer units at the current predictions (Alg. 5
+        lines 2 and 4), kept until the predictions change."""
+        if not self._grads_current():
+            enc = self.enc
+            self._grads = self.pred, self.y, self.kernels.grad_hess_units(
+                self.pred, self.y, TASK_CODE[self.task], enc.scale, enc.grad.bound_units, enc.hess.bound_units)
+        return self._grads[2]
+
+    def _grads_current(self) -> bool:
+        return self._grads is not None and self._grads[0] is self.pred and self._grads[1] is self.y
+
     def contribution(self, splits: Splits, round_id: int, randomness, table: FilterTable | None) -> Contribution:
         """Alg. 2 lines 6–9 for the local records: gradients, filter, subsample, leaf sums."""
         hp, enc = self.hp, self.enc
@@ -205,9 +218,10 @@ class LocalData:
         sampled = randomness.subsample(hp.subsample, self.ids, round_id)
         leaf = self.leaf_index(splits)
         filter_args = None if table is None else (table.cost_units, self.spent, table.budget_units)
+        grads = self._grads[2] if self._grads_current() else None  # as the splits computed them
         sums, new_spent, n_active, n_sampled = self.kernels.round_sums(
             leaf, self.pred, self.y, TASK_CODE[self.task], enc.scale, enc.grad.bound_units, enc.hess.bound_units,
-            sampled, available, hp.leaves, filter_args)
+            sampled, available, hp.leaves, filter_args, grads)
         return Contribution(sums, leaf, new_spent, n_active, n_sampled)
 
     def leaf_index(self, splits: Splits) -> np.ndarray:

@@ -30,7 +30,7 @@ import numpy as np
 
 from . import kernels, sarus
 from .accountant import PrivacyCalibration
-from .boosting import TASK_CODE, LocalData, split_edges
+from .boosting import LocalData, split_edges
 from .config import Hyperparameters
 from .greedy_levels import (child_level_sums, count_noise, left_counts, level_layout, level_noise_scales,
                             root_level_sums, select_splits, sketch_candidates, sketch_noise_scale, sketch_sums)
@@ -179,20 +179,9 @@ def histogram_scores(sums: np.ndarray, layout, fpos: np.ndarray, lo: np.ndarray,
     integers, equal to the float sums of ``g = g_units/scale`` in any order while every partial sum stays
     below 2^53 units (``scale`` is a power of two), so the scores equal :func:`level_histograms`' bit for
     bit (tests/test_greedy_fast.py)."""
-    two, n_nodes, per_node = sums.shape
-    P = np.zeros((2, n_nodes, per_node + 1), np.int64)
-    np.cumsum(sums, axis=2, out=P[:, :, 1:])
     off = layout.offsets
-    a, b = off[fpos] + lo, off[fpos] + hi
-    L = P[:, :, b] - P[:, :, a]
-    tot = P[:, :, off[0] + layout.bins[0]] - P[:, :, off[0]]
-    GL, NL = L[0] / scale, L[1].astype(np.float64)
-    G, N = (tot[0] / scale)[:, None], tot[1].astype(np.float64)[:, None]
-    score = gains(GL, NL, G, N, l2)
-    if missing is None:
-        return score
-    GM, NM = missing[0][fpos].T, missing[1][fpos].T
-    return np.concatenate([score, gains(GL + GM, NL + NM, G, N, l2)], axis=1)
+    return kernels.level_gains(sums, off[fpos] + lo, off[fpos] + hi, (off[0], off[0] + layout.bins[0]), scale, l2,
+                               None if missing is None else (missing[0][fpos], missing[1][fpos]))
 
 
 @dataclass
@@ -249,8 +238,7 @@ class GreedyTrees:
 
     def splits(self, round_id: int, local: LocalData, randomness) -> Splits:
         hp, enc, cand = self.hp, local.enc, self.candidates
-        gq, _ = kernels.grad_hess_units(local.pred, local.y, TASK_CODE[local.task], enc.scale,
-                                        enc.grad.bound_units, enc.hess.bound_units)
+        gq, _ = local.grad_hess_units()
         g = gq / enc.scale  # clipped to g* = bound_units / scale
         present = self.records(round_id, local).astype(np.float64)
         codes = self._codes(local)
@@ -318,8 +306,7 @@ class GreedyTrees:
         (a Gaussian release) and, as post-processing, K candidates per feature at its quantiles.  Returns
         the mask of candidates kept (categorical ones all)."""
         enc, cand = local.enc, self.candidates
-        _, hq = kernels.grad_hess_units(local.pred, local.y, TASK_CODE[local.task], enc.scale,
-                                        enc.grad.bound_units, enc.hess.bound_units)
+        _, hq = local.grad_hess_units()
         feats = np.unique(cand.feature[allowed & ~self.is_cat[cand.feature]])
         keep = self.is_cat[cand.feature].copy()
         if feats.size == 0:
@@ -375,8 +362,7 @@ class SarusTrees:
         """Tree ``round_id``: its splits, the leaf of every local record, and the released leaf values."""
         hp, enc, cand = self.hp, local.enc, self.candidates
         N, h = hp.min_child_weight, hp.hess_clip_for(local.task)  # h: every record's Hessian taken as h*
-        gq, _ = kernels.grad_hess_units(local.pred, local.y, TASK_CODE[local.task], enc.scale,
-                                        enc.grad.bound_units, enc.hess.bound_units)
+        gq, _ = local.grad_hess_units()
         g_star = enc.grad.bound_units / enc.scale
         g = gq / enc.scale  # clipped to g*
         sampled = np.asarray(randomness.subsample(hp.subsample, local.ids, round_id), bool) & \

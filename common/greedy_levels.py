@@ -63,7 +63,7 @@ class LevelLayout:
         (codes past the last bin share it), ``(n, F)`` uint16 (uint32 for nodes of ≥ 2^16 entries) — what
         :func:`child_level_sums` adds up; a function of the public grid, so it can be kept across trees."""
         dtype = np.uint16 if self.per_node < 2**16 else np.uint32
-        sub = codes[:, self.features].astype(dtype)
+        sub = np.ascontiguousarray(codes[:, self.features], dtype)  # row-major: a record's entries in one line
         np.minimum(sub, (self.bins - 1).astype(dtype), out=sub)
         sub += self.offsets.astype(dtype)
         return sub

@@ -55,26 +55,29 @@ _U1 = np.uint64(1)
 _U2 = np.uint64(2)
 
 
-@njit(cache=True, nogil=True)
-def _walk_blocked(M, features, lo, hi, depth):
-    """Leaf of every row of ``M`` (row i, column f = feature f): left iff ``lo[k] <= M[i, f] < hi[k]``."""
+@njit(cache=True, nogil=True, parallel=True)
+def _walk_blocked(M, features, lo, hi, depth, chunks):
+    """Leaf of every row of ``M`` (row i, column f = feature f): left iff ``lo[k] <= M[i, f] < hi[k]``;
+    ``chunks`` runs of whole blocks walked in parallel."""
     n = M.shape[0]
     out = np.empty(n, dtype=np.int32)
     first = (1 << depth) - 1
-    ks = np.zeros(BLOCK, dtype=np.uint64)
     nb = n // BLOCK
-    for b in range(nb):
-        base = b * BLOCK
-        for j in range(BLOCK):
-            ks[j] = 0
-        for _ in range(depth):
+    per = (nb + chunks - 1) // chunks
+    for t in prange(chunks):
+        ks = np.zeros(BLOCK, dtype=np.uint64)
+        for b in range(t * per, min(nb, (t + 1) * per)):
+            base = b * BLOCK
             for j in range(BLOCK):
-                k = ks[j]
-                x = M[np.uint64(base + j), np.uint64(features[k])]
-                left = (x >= lo[k]) & (x < hi[k])
-                ks[j] = _U2 * k + _U2 - np.uint64(left)
-        for j in range(BLOCK):
-            out[base + j] = np.int32(ks[j]) - first
+                ks[j] = 0
+            for _ in range(depth):
+                for j in range(BLOCK):
+                    k = ks[j]
+                    x = M[np.uint64(base + j), np.uint64(features[k])]
+                    left = (x >= lo[k]) & (x < hi[k])
+                    ks[j] = _U2 * k + _U2 - np.uint64(left)
+            for j in range(BLOCK):
+                out[base + j] = np.int32(ks[j]) - first
     for i in range(nb * BLOCK, n):
         k = 0
         for _ in range(depth):
@@ -170,7 +173,7 @@ def leaf_index(X: np.ndarray, features: np.ndarray, thresholds: np.ndarray, is_c
         return _leaf_index(X, features, np.asarray(thresholds, np.float64), np.asarray(is_cat, np.bool_),
                            int(depth))
     lo, hi = node_bounds(features, thresholds, is_cat)
-    return _walk_blocked(X, features, lo, hi, int(depth))
+    return _walk_blocked(X, features, lo, hi, int(depth), parallel_chunks(X.shape[0]))
 
 
 @njit(cache=True, nogil=True)
@@ -300,7 +303,7 @@ def leaf_index_codes(codes: np.ndarray, features: np.ndarray, lo: np.ndarray, hi
     if features.size and (features == features[0]).all():
         table = _walk_table(lo, hi, int(depth), 256)
         return _lookup(codes[:, int(features[0])], table)
-    return _walk_blocked(codes, features, lo, hi, int(depth))
+    return _walk_blocked(codes, features, lo, hi, int(depth), parallel_chunks(codes.shape[0]))
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -325,12 +328,12 @@ def _gh_units(pred, y, task, scale, g_units, h_units):
     return np.int64(a), np.int64(b)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, parallel=True)
 def _grad_hess_units(pred, y, task, scale, g_units, h_units):
     n = pred.shape[0]
     gq = np.empty(n, dtype=np.int64)
     hq = np.empty(n, dtype=np.int64)
-    for i in range(n):
+    for i in prange(n):
         gq[i], hq[i] = _gh_units(pred[i], y[i], task, scale, g_units, h_units)
     return gq, hq
 
@@ -417,23 +420,27 @@ def leaf_sums(leaf: np.ndarray, gq: np.ndarray, hq: np.ndarray, selected: np.nda
                       np.asarray(selected, np.bool_), int(n_leaves))
 
 
-@njit(cache=True, nogil=True)
-def _round_sums(leaf, pred, y, task, scale, g_units, h_units, sampled, available, all_available, n_leaves):
-    out = np.zeros(2 * n_leaves, dtype=np.int64)
+@njit(cache=True, nogil=True, parallel=True)
+def _round_sums(leaf, pred, y, task, scale, g_units, h_units, sampled, available, all_available, gqs, hqs, part,
+                counts):
     n = leaf.shape[0]
-    n_active = n
-    if not all_available:
-        n_active = 0
-        for i in range(n):
-            n_active += available[i]
-    n_sampled = 0
-    for i in range(n):
-        if sampled[i] and (all_available or available[i]):
-            gq, hq = _gh_units(pred[i], y[i], task, scale, g_units, h_units)
-            out[leaf[i]] += hq
-            out[n_leaves + leaf[i]] += gq
-            n_sampled += 1
-    return out, n_active, n_sampled
+    n_leaves = part.shape[1] // 2
+    chunks = part.shape[0]
+    step = (n + chunks - 1) // chunks
+    given = gqs.shape[0] == n  # the records' gradients, computed before
+    for t in prange(chunks):  # each chunk into its own sums and counts (exact integers: any order)
+        for i in range(t * step, min(n, (t + 1) * step)):
+            if not (all_available or available[i]):
+                continue
+            counts[t, 0] += 1
+            if sampled[i]:
+                if given:
+                    gq, hq = gqs[i], hqs[i]
+                else:
+                    gq, hq = _gh_units(pred[i], y[i], task, scale, g_units, h_units)
+                part[t, leaf[i]] += hq
+                part[t, n_leaves + leaf[i]] += gq
+                counts[t, 1] += 1
 
 
 @njit(cache=True, nogil=True)
@@ -463,7 +470,8 @@ def _round_sums_filtered(leaf, pred, y, task, scale, g_units, h_units, sampled, 
 
 def round_sums(leaf: np.ndarray, pred: np.ndarray, y: np.ndarray, task: int, scale: float, g_units: int,
                h_units: int, sampled: np.ndarray, available: np.ndarray | None, n_leaves: int,
-               filter_args: tuple | None = None) -> tuple[np.ndarray, np.ndarray | None, int, int]:
+               filter_args: tuple | None = None,
+               grads: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray | None, int, int]:
     """One round of a site in one pass: gradients, filter, subsample and leaf sums.
 
     Equals ``gq, hq = grad_hess_units(…)``; ``active, new_spent =
@@ -471,8 +479,9 @@ def round_sums(leaf: np.ndarray, pred: np.ndarray, y: np.ndarray, task: int, sca
     ``leaf_sums(leaf, gq, hq, active & sampled, n_leaves)``.  ``available``
     None means every record is available.  ``filter_args`` is ``(cost_table,
     spent, budget)``.  Without the filter only subsampled records have their
-    gradients computed.  Returns ``(sums, new_spent or None, #active,
-    #active-and-sampled)``.
+    gradients computed, or taken from ``grads`` = ``grad_hess_units(…)`` of
+    every record where the caller has them.  Returns ``(sums, new_spent or
+    None, #active, #active-and-sampled)``.
     """
     leaf = np.asarray(leaf, np.int32)
     pred = np.asarray(pred, np.float64)
@@ -481,9 +490,13 @@ def round_sums(leaf: np.ndarray, pred: np.ndarray, y: np.ndarray, task: int, sca
     all_available = available is None
     available = sampled if all_available else np.asarray(available, np.bool_)  # placeholder when all
     if filter_args is None:
-        sums, n_active, n_sampled = _round_sums(leaf, pred, y, int(task), float(scale), int(g_units), int(h_units),
-                                                sampled, available, all_available, int(n_leaves))
-        return sums, None, int(n_active), int(n_sampled)
+        chunks = parallel_chunks(leaf.shape[0])
+        part, counts = np.zeros((chunks, 2 * int(n_leaves)), np.int64), np.zeros((chunks, 2), np.int64)
+        gqs, hqs = (np.asarray(g, np.int64) for g in grads) if grads is not None else (np.zeros(0, np.int64),) * 2
+        _round_sums(leaf, pred, y, int(task), float(scale), int(g_units), int(h_units), sampled, available,
+                    all_available, gqs, hqs, part, counts)
+        n_active, n_sampled = counts.sum(axis=0)
+        return part.sum(axis=0), None, int(n_active), int(n_sampled)
     cost_table, spent, budget = filter_args
     cost_table = np.ascontiguousarray(cost_table, np.int64)
     sums, new_spent, n_active, n_sampled = _round_sums_filtered(
@@ -493,39 +506,38 @@ def round_sums(leaf: np.ndarray, pred: np.ndarray, y: np.ndarray, task: int, sca
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _child(codes, i, q, first, feature, lo, hi, miss, default_left, directed):
-    """Record i's node one level down from node q of the level starting at ``first`` (see :func:`route_level`)."""
-    k = first + q
-    f = feature[k]
+def _child(codes, i, q, feature, lo, hi, miss, default_left, directed):
+    """Record i's node one level down from node q of its level, whose node q tests ``feature[q]``, ``lo[q]``,
+    ``hi[q]`` (see :func:`route_level`).  Branch-free: whether a record goes left is a coin flip."""
+    f = feature[q]
     c = np.int64(codes[i, f])
-    left = lo[k] <= c and c < hi[k]
-    if directed and miss[i, f] and default_left[k]:
-        left = True
-    return 2 * q + (0 if left else 1)
+    left = (lo[q] <= c) & (c < hi[q])
+    if directed:
+        left |= miss[i, f] & default_left[q]
+    return 2 * q + 1 - np.int64(left)
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def _node_bin_sums(index, node, slot, gq, present, bits, count, out, routed, codes, first, feature, lo, hi, miss,
+def _node_bin_sums(index, node, slot, gq, present, bits, count, out, routed, codes, feature, lo, hi, miss,
                    default_left, directed):
     chunks = out.shape[0]
     n = index.shape[0]
+    width = index.shape[1]
     route = routed.shape[0] == n
     step = (n + chunks - 1) // chunks
     for t in prange(chunks):  # each chunk of records into its own histograms (exact integers: any order)
         for i in range(t * step, min(n, (t + 1) * step)):
             q = node[i]
             if route:
-                q = _child(codes, i, q, first, feature, lo, hi, miss, default_left, directed)
+                q = _child(codes, i, q, feature, lo, hi, miss, default_left, directed)
                 routed[i] = q
-            if not present[i]:
-                continue
             s = slot[q]
-            if s < 0:
+            if s < 0 or not present[i]:
                 continue
             wi = 1 if count else gq[i]
             if bits > 0:
                 wi = (gq[i] << bits) + 1
-            for k in range(index.shape[1]):
+            for k in range(width):
                 out[t, s, index[i, k]] += wi
     return out.sum(axis=0)
 
@@ -537,11 +549,13 @@ def parallel_chunks(n: int) -> int:
 
 
 def _split_args(codes, first, feature, lo, hi, miss=None, default_left=None) -> tuple:
+    """The kernels' routing arguments: the level's nodes (from ``first`` on) indexed by their place q in it."""
     directed = miss is not None
     if not directed:
-        miss, default_left = np.zeros((1, 1), np.bool_), np.zeros(1, np.bool_)
-    return (codes, int(first), np.asarray(feature, np.int64), np.asarray(lo, np.int64), np.asarray(hi, np.int64),
-            np.asarray(miss, np.bool_), np.asarray(default_left, np.bool_), directed)
+        miss, default_left = np.zeros((1, 1), np.bool_), np.zeros(first + 1, np.bool_)
+    return (codes, np.asarray(feature, np.int64)[first:], np.asarray(lo, np.int64)[first:],
+            np.asarray(hi, np.int64)[first:], np.asarray(miss, np.bool_), np.asarray(default_left, np.bool_)[first:],
+            directed)
 
 
 def node_bin_sums(index: np.ndarray, node: np.ndarray, slot: np.ndarray, grad_units: np.ndarray,
@@ -566,7 +580,7 @@ def node_bin_sums(index: np.ndarray, node: np.ndarray, slot: np.ndarray, grad_un
     shape = (parallel_chunks(index.shape[0]), int(max(slot.max(initial=-1) + 1, 0)), int(width))
     n = int(np.count_nonzero(present))
     bits = n.bit_length()
-    big = int(np.abs(gq).max()) if gq.size else 0  # bounds the present records' gradients
+    big = max(int(gq.max()), -int(gq.min())) if gq.size else 0  # bounds the present records' gradients
     routed = np.empty(node.size if route is not None else 0, np.int64)
     split = _split_args(*route) if route is not None else _split_args(np.zeros((1, 1), np.uint8), 0, [0], [0], [0])
 
@@ -581,11 +595,57 @@ def node_bin_sums(index: np.ndarray, node: np.ndarray, slot: np.ndarray, grad_un
     return sums if route is None else (routed, sums)
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _gain(GL, NL, G, N, l2):
+    """:func:`fedsbdt.common.builders.gains` of one candidate, the same float operations in the same order."""
+    GR, NR = G - GL, N - NL
+    left = GL * GL / (NL + l2) if NL + l2 > 0 else 0.0
+    right = GR * GR / (NR + l2) if NR + l2 > 0 else 0.0
+    return left + right
+
+
+@njit(cache=True, nogil=True)
+def _level_gains(sums, a, b, t0, t1, scale, l2, gm, nm, directed):
+    n_nodes, width = sums.shape[1], sums.shape[2]
+    C = a.shape[0]
+    out = np.empty((n_nodes, 2 * C if directed else C))
+    pg = np.zeros(width + 1, np.int64)
+    pn = np.zeros(width + 1, np.int64)
+    for q in range(n_nodes):
+        for j in range(width):  # prefix sums: a range of bins is a difference of two
+            pg[j + 1] = pg[j] + sums[0, q, j]
+            pn[j + 1] = pn[j] + sums[1, q, j]
+        G = (pg[t1] - pg[t0]) / scale
+        N = np.float64(pn[t1] - pn[t0])
+        for c in range(C):
+            GL = (pg[b[c]] - pg[a[c]]) / scale
+            NL = np.float64(pn[b[c]] - pn[a[c]])
+            out[q, c] = _gain(GL, NL, G, N, l2)
+            if directed:
+                out[q, C + c] = _gain(GL + gm[c, q], NL + nm[c, q], G, N, l2)
+    return out
+
+
+def level_gains(sums: np.ndarray, a: np.ndarray, b: np.ndarray, total: tuple[int, int], scale: float, l2: float,
+                missing: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+    """Eq. 2 of every candidate at every node of a level, ``(n_nodes, C)``, from exact integer level histograms
+    ``sums`` (``(2, n_nodes, width)``: gradient units, counts): candidate c's left side holds bins
+    ``a[c] ≤ j < b[c]`` of its node, the node's records are its bins ``total[0] ≤ j < total[1]``; gradients
+    are divided by ``scale``.  With ``missing = (G_M, N_M)``, each ``(C, n_nodes)``, a second block of C
+    columns scores the candidates with the node's missing records on the left as well
+    (:func:`fedsbdt.common.builders.pair_gains`).  Equal bit for bit to
+    :func:`fedsbdt.common.builders.gains` of the same sums."""
+    directed = missing is not None
+    gm, nm = (np.asarray(m, np.float64) for m in missing) if directed else (np.zeros((1, 1)), np.zeros((1, 1)))
+    return _level_gains(np.asarray(sums, np.int64), np.asarray(a, np.int64), np.asarray(b, np.int64),
+                        int(total[0]), int(total[1]), float(scale), float(l2), gm, nm, directed)
+
+
 @njit(cache=True, nogil=True, parallel=True)
-def _route_level(codes, node, first, feature, lo, hi, miss, default_left, directed):
+def _route_level(codes, node, feature, lo, hi, miss, default_left, directed):
     out = np.empty(node.shape[0], np.int64)
     for i in prange(node.shape[0]):
-        out[i] = _child(codes, i, node[i], first, feature, lo, hi, miss, default_left, directed)
+        out[i] = _child(codes, i, node[i], feature, lo, hi, miss, default_left, directed)
     return out
 
 

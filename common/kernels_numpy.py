@@ -147,9 +147,17 @@ def _leaf_sums(leaf: np.ndarray, gq: np.ndarray, hq: np.ndarray, n_leaves: int, 
     return out
 
 
+def _grads_of(idx, pred, y, task, scale, g_units, h_units, grads) -> tuple[np.ndarray, np.ndarray]:
+    """The records ``idx``'s clipped gradients and Hessians: from ``grads`` (every record's) where given."""
+    if grads is not None:
+        return np.asarray(grads[0], np.int64)[idx], np.asarray(grads[1], np.int64)[idx]
+    return grad_hess_units(np.asarray(pred)[idx], np.asarray(y)[idx], task, scale, g_units, h_units)
+
+
 def round_sums(leaf: np.ndarray, pred: np.ndarray, y: np.ndarray, task: int, scale: float, g_units: int,
                h_units: int, sampled: np.ndarray, available: np.ndarray | None, n_leaves: int,
-               filter_args: tuple | None = None) -> tuple[np.ndarray, np.ndarray | None, int, int]:
+               filter_args: tuple | None = None,
+               grads: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray | None, int, int]:
     """One round of a site: gradients, filter, subsample and leaf sums (see :func:`fedsbdt.common.kernels.round_sums`).
 
     Returns ``(sums, new_spent or None, #active, #active-and-sampled)``; without the filter only the
@@ -165,14 +173,14 @@ def round_sums(leaf: np.ndarray, pred: np.ndarray, y: np.ndarray, task: int, sca
             available = np.asarray(available, np.bool_)
             n_active, sel = int(available.sum()), sampled & available
         idx = np.flatnonzero(sel)
-        gq, hq = grad_hess_units(np.asarray(pred)[idx], np.asarray(y)[idx], task, scale, g_units, h_units)
+        gq, hq = _grads_of(idx, pred, y, task, scale, g_units, h_units, grads)
         return _leaf_sums(leaf[idx], gq, hq, n_leaves, bound), None, int(n_active), int(idx.size)
     cost_table, spent, budget = filter_args
     cost_table = np.asarray(cost_table, np.int64)
     spent = np.asarray(spent, np.int64)
     grid = cost_table.shape[0] - 1
     idx = np.arange(leaf.size) if available is None else np.flatnonzero(np.asarray(available, np.bool_))
-    gq, hq = grad_hess_units(np.asarray(pred)[idx], np.asarray(y)[idx], task, scale, g_units, h_units)
+    gq, hq = _grads_of(idx, pred, y, task, scale, g_units, h_units, grads)
     # |g|, h rounded up to the grid k/K of their clip bounds, exactly: ⌈v·K/units⌉ in integers
     cost = cost_table[-(-(hq * grid) // int(h_units)), -(-(np.abs(gq) * grid) // int(g_units))]
     ok = spent[idx] + cost <= budget

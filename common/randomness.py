@@ -209,6 +209,8 @@ class SecureRandomness:
 
     def subsample(self, p: float, record_ids: np.ndarray, round_id: int) -> np.ndarray:
         """Poisson subsample: each record independently with probability ≤ p (exactly floor(p·2^64)/2^64)."""
+        if bernoulli_threshold(p) >= 2**64:  # p ≥ 1: every record, no words drawn
+            return np.ones(len(record_ids), dtype=bool)
         return _bernoulli_from_u64(_csprng_uint64_scratch(len(record_ids)), p)
 
     def exponential_mechanism(self, scores: np.ndarray, scale: float, sensitivity: float):

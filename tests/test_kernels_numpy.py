@@ -110,6 +110,53 @@ def test_round_sums_and_apply_equal_the_numba_kernels(task, use_filter, arrival)
                               kernels.apply_leaves(pred, leaf, values, 0.3))
 
 
+@pytest.mark.parametrize("task", [kernels.REGRESSION, kernels.BINARY])
+def test_parallel_chunks_and_given_gradients_change_no_result(task):
+    """Records enough for several parallel chunks (and a tail past the walks' blocks): the numba walks and round
+    sums equal the numpy backend's, and ``round_sums`` with the records' gradients given equals computing them."""
+    rng = np.random.default_rng(11 + task)
+    n, m, depth, L = 70_001, 6, 5, 32
+    assert kernels.parallel_chunks(n) > 1
+    X, features, thr, is_cat, edges = random_case(rng, n, m, depth, False, 32, on_grid=1.0)
+    assert np.array_equal(kernels.leaf_index(X, features, thr, is_cat, depth),
+                          kernels_numpy.leaf_index(X, features, thr, is_cat, depth))
+    codes = kernels.bin_codes(X, edges, is_cat)
+    lo, hi = kernels.code_bounds(features, thr, is_cat, kernels.pack_edges(edges))
+    leaf = kernels.leaf_index_codes(codes, features, lo, hi, depth)
+    assert np.array_equal(leaf, kernels_numpy.leaf_index_codes(codes, features, lo, hi, depth))
+    pred = rng.normal(0, 2, n)
+    y = (rng.random(n) < 0.5).astype(float) if task == kernels.BINARY else rng.uniform(-1, 1, n)
+    args = (leaf, pred, y, task, 2.0**20, 2**19, 2**18)
+    grads = kernels.grad_hess_units(*args[1:])
+    assert all(np.array_equal(a, b) for a, b in zip(grads, kernels_numpy.grad_hess_units(*args[1:])))
+    for sampled, avail in ((np.ones(n, bool), None), (rng.random(n) < 0.3, rng.random(n) < 0.8)):
+        want = kernels_numpy.round_sums(*args, sampled, avail, L)
+        assert int(want[0][L:].sum()) != 0
+        for got in (kernels.round_sums(*args, sampled, avail, L), kernels.round_sums(*args, sampled, avail, L, None, grads),
+                    kernels_numpy.round_sums(*args, sampled, avail, L, None, grads)):
+            assert np.array_equal(got[0], want[0]) and got[1] is None and got[2:] == want[2:]
+
+
+@pytest.mark.parametrize("backend", [None, kernels_numpy])
+def test_a_contribution_from_the_kept_gradients_equals_computing_them(backend):
+    rng = np.random.default_rng(5)
+    n, m, depth = 3000, 5, 4
+    X, features, thr, is_cat, edges = random_case(rng, n, m, depth, False, 32)
+    hp = Hyperparameters(epsilon=1.0, trees=2, depth=depth, subsample=0.5)
+    local = LocalData(X, (rng.random(n) < 0.4).astype(float), np.arange(n), "binary", hp, None,
+                      rng.integers(0, 2, n), is_cat, edges=edges, backend=backend)
+    local.set_init_score(0.3)
+    splits, r = Splits(features, thr), InsecureTestRandomness(seed=4, i_understand_this_is_insecure=True)
+    for round_id in (0, 1):
+        fresh = local.contribution(splits, round_id, r, None)  # gradients computed in the pass
+        kept = local.grad_hess_units()
+        assert local.grad_hess_units() is kept  # kept while the predictions stay
+        again = local.contribution(splits, round_id, r, None)  # from the kept gradients
+        assert np.array_equal(again.sums, fresh.sums) and (again.active, again.sampled) == (fresh.active, fresh.sampled)
+        local.apply(fresh.leaf, rng.normal(0, 1, hp.leaves))
+        assert local.grad_hess_units() is not kept  # new predictions, new gradients
+
+
 def test_a_training_run_is_identical_with_either_backend():
     rng = np.random.default_rng(3)
     n, m = 2000, 6
