@@ -212,6 +212,15 @@ class GreedyTrees:
             self._cache["key"] = local.X
         return self._cache["codes"]
 
+    def _layouts(self, features: np.ndarray) -> list:
+        """The level layouts of a tree carrying ``features``, kept while they stay the same."""
+        key = features.tobytes()
+        cached = self._cache.get("layouts")
+        if cached is None or cached[0] != key:
+            cached = self._cache["layouts"] = key, [level_layout(self.schema, self.edges, level, features)
+                                                    for level in range(self.hp.depth)]
+        return cached[1]
+
     def _bin_index(self, local: LocalData, layout) -> np.ndarray:
         """``layout.bin_index`` of the records, kept while the records and the carried features stay."""
         key = (local.X, layout.features.tobytes())
@@ -239,14 +248,13 @@ class GreedyTrees:
     def splits(self, round_id: int, local: LocalData, randomness) -> Splits:
         hp, enc, cand = self.hp, local.enc, self.candidates
         gq, _ = local.grad_hess_units()
-        g = gq / enc.scale  # clipped to g* = bound_units / scale
-        present = self.records(round_id, local).astype(np.float64)
+        records = self.records(round_id, local)
         codes = self._codes(local)
         allowed = np.ones(cand.feature.size, bool)
         if hp.cyclical:
             allowed = cand.feature == round_id % self.schema.n_features
         if self.sigma_sketch > 0:
-            allowed &= self._sketch(local, codes, present > 0, allowed, randomness)
+            allowed &= self._sketch(local, codes, records, allowed, randomness)
         idx = np.flatnonzero(allowed)
         features = np.unique(cand.feature[idx])
         fpos = np.searchsorted(features, cand.feature[idx])
@@ -262,13 +270,15 @@ class GreedyTrees:
         # the integer histograms give the float path's gains bit for bit while no float sum of g = gq/scale
         # can leave the exact range (|sum| < 2^53 units); beyond it the float path runs as it always did
         exact = hp.selection == "histogram" or local.n * enc.grad.bound_units < EXACT_FLOAT_SUM
+        if directed or not exact:
+            g, present = gq / enc.scale, records.astype(np.float64)  # g clipped to g* = bound_units / scale
         sums = None
-        layouts = [level_layout(self.schema, self.edges, level, features) for level in range(hp.depth)]
+        layouts = self._layouts(features)
         index = self._bin_index(local, layouts[0]) if exact else None  # the same for every level
         for level, layout in enumerate(layouts):
             n_nodes, first = 2**level, 2**level - 1
             if exact and sums is None:  # the root; below it the routing pass sums the levels
-                sums = root_level_sums(index, gq, present > 0, layout)
+                sums = root_level_sums(index, gq, records, layout, enc.grad.bound_units)
             if hp.selection == "histogram":
                 noisy = sums.ravel() + randomness.discrete_gaussian(
                     level_noise_scales(layout, enc.grad.bound_units, self.select))
@@ -290,10 +300,11 @@ class GreedyTrees:
             if level + 1 < hp.depth:  # route every record to its child (heap order: left 2k+1, right 2k+2)
                 c = chosen[first:first + n_nodes]
                 split = (codes, first, cand.feature[chosen], cand.lo[chosen], cand.hi[chosen], miss, default_left)
-                if exact:  # == level_sums(codes, routed node, gq, present > 0, next layout), from these sums
+                if exact:  # == level_sums(codes, routed node, gq, records, next layout), from these sums
                     pos = np.searchsorted(features, cand.feature[c])
                     left = left_counts(sums, layout, pos, cand.lo[c], cand.hi[c])
-                    node, sums = child_level_sums(index, node, gq, present > 0, layouts[level + 1], sums, split, left)
+                    node, sums = child_level_sums(index, node, gq, records, layouts[level + 1], sums, split, left,
+                                                  enc.grad.bound_units)
                 else:
                     node = kernels.route_level(codes, node, *split[1:])
         return Splits(cand.feature[chosen].astype(np.int32), cand.threshold[chosen].astype(np.float64),

@@ -95,18 +95,18 @@ def level_sums(codes: np.ndarray, node: np.ndarray, grad_units: np.ndarray, pres
 
 
 def root_level_sums(index: np.ndarray, grad_units: np.ndarray, present: np.ndarray,
-                    layout: LevelLayout) -> np.ndarray:
+                    layout: LevelLayout, bound: int | None = None) -> np.ndarray:
     """:func:`level_sums` of the root, equal bit for bit, as ``(2, 1, per_node)`` int64, in one numba pass
     over the records (:func:`fedsbdt.common.kernels.node_bin_sums`) from their bin indices ``index`` =
-    ``layout.bin_index(codes)``."""
+    ``layout.bin_index(codes)``; ``bound``: a bound on ``|grad_units|`` if known."""
     root = np.zeros(index.shape[0], np.int64)
     return kernels.node_bin_sums(index, root, np.zeros(1, np.int64), grad_units, np.asarray(present, np.bool_),
-                                 layout.per_node).reshape(2, 1, layout.per_node)
+                                 layout.per_node, bound=bound).reshape(2, 1, layout.per_node)
 
 
 def child_level_sums(index: np.ndarray, node: np.ndarray, grad_units: np.ndarray, present: np.ndarray,
                      layout: LevelLayout, parent: np.ndarray, route: tuple,
-                     left: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                     left: np.ndarray, bound: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The records' nodes one level down and that level's :func:`level_sums`, equal bit for bit, as
     ``(2, n_nodes, per_node)`` int64, in one numba pass over the records
     (:func:`fedsbdt.common.kernels.node_bin_sums`): ``node`` holds their nodes one level up, ``route``
@@ -116,14 +116,15 @@ def child_level_sums(index: np.ndarray, node: np.ndarray, grad_units: np.ndarray
     child holding fewer present records of each parent is summed; its sibling is the parent minus it
     (exact in integers: LightGBM's histogram subtraction).  Children of parent p are nodes 2p and 2p + 1.
     The smaller children are named by ``left``, each parent's count of present records going left
-    (:func:`left_counts`); which child is summed never changes the sums, only the time."""
+    (:func:`left_counts`); which child is summed never changes the sums, only the time.  ``bound``: a bound
+    on ``|grad_units|`` if known."""
     n_nodes = layout.n_nodes
     right_smaller = 2 * np.asarray(left) > parent[1, :, :layout.bins[0]].sum(axis=1)
     small = 2 * np.arange(n_nodes // 2) + right_smaller  # the smaller child of each parent
     slot = np.full(n_nodes, -1, np.int64)
     slot[small] = np.arange(small.size)
     node, part = kernels.node_bin_sums(index, node, slot, grad_units, np.asarray(present, np.bool_),
-                                       layout.per_node, route)
+                                       layout.per_node, route, bound)
     out = np.empty((2, n_nodes, layout.per_node), np.int64)
     out[:, small] = part
     out[:, small ^ 1] = parent - part

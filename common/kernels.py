@@ -559,7 +559,7 @@ def _split_args(codes, first, feature, lo, hi, miss=None, default_left=None) -> 
 
 
 def node_bin_sums(index: np.ndarray, node: np.ndarray, slot: np.ndarray, grad_units: np.ndarray,
-                  present: np.ndarray, width: int, route: tuple | None = None):
+                  present: np.ndarray, width: int, route: tuple | None = None, bound: int | None = None):
     """Greedy-tree level histograms of some nodes, exact int64: ``out[0, s, j]`` = Σ ``grad_units`` and
     ``out[1, s, j]`` = the count of the present records of the node mapped to slot ``s`` (``slot[node] = s``;
     −1: skip the node) with ``j`` among their bin indices ``index[i]`` (one per carried feature, each below
@@ -568,7 +568,7 @@ def node_bin_sums(index: np.ndarray, node: np.ndarray, slot: np.ndarray, grad_un
 
     With ``route`` = ``(codes, first, feature, lo, hi[, miss, default_left])`` (:func:`route_level`'s
     arguments) the records are first moved one level down in the same pass, and ``(their new nodes, the
-    sums by new node)`` is returned.
+    sums by new node)`` is returned.  ``bound``: a bound on ``|grad_units|`` where the caller knows one.
 
     Where it fits in 63 bits, each record adds the one integer ``g·2^b + 1`` (``2^b`` > the present
     records), so one sum carries both: count = sum mod 2^b, gradient sum = ⌊sum / 2^b⌋ — half the memory
@@ -580,7 +580,7 @@ def node_bin_sums(index: np.ndarray, node: np.ndarray, slot: np.ndarray, grad_un
     shape = (parallel_chunks(index.shape[0]), int(max(slot.max(initial=-1) + 1, 0)), int(width))
     n = int(np.count_nonzero(present))
     bits = n.bit_length()
-    big = max(int(gq.max()), -int(gq.min())) if gq.size else 0  # bounds the present records' gradients
+    big = int(bound) if bound is not None else max(int(gq.max()), -int(gq.min())) if gq.size else 0
     routed = np.empty(node.size if route is not None else 0, np.int64)
     split = _split_args(*route) if route is not None else _split_args(np.zeros((1, 1), np.uint8), 0, [0], [0], [0])
 
