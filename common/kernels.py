@@ -27,9 +27,10 @@ Performance notes (results never depend on which path runs):
 * :func:`round_sums` fuses gradient/Hessian computation, the individual
   filter and the leaf-sum accumulation in one pass; without the filter it
   computes gradients for the subsampled records only.
-* Greedy trees' level histograms (routing fused in) run over chunks of
-  records in parallel (``prange``), each chunk into its own histograms:
-  exact integers, so the sums never depend on the chunks or their order.
+* Greedy trees' level histograms (routing fused in), the gradients, the
+  leaf walk and the leaf sums run over chunks of records in parallel
+  (``prange``), each chunk into its own sums: exact integers or per-record
+  maps, so no result depends on the chunks or their order.
 """
 from __future__ import annotations
 
