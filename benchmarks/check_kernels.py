@@ -15,10 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # kernel_cases (a package "tests" may be installed)
 
 from fedsbdt.common import kernels  # noqa: E402
-from tests.kernel_cases import random_case  # noqa: E402
+from kernel_cases import random_case  # noqa: E402
 
 
 def ref_leaf(X, features, thresholds, is_cat, depth):

@@ -56,36 +56,56 @@ _U1 = np.uint64(1)
 _U2 = np.uint64(2)
 
 
-@njit(cache=True, nogil=True, parallel=True)
-def _walk_blocked(M, features, lo, hi, depth, chunks):
-    """Leaf of every row of ``M`` (row i, column f = feature f): left iff ``lo[k] <= M[i, f] < hi[k]``;
-    ``chunks`` runs of whole blocks walked in parallel."""
+@njit(cache=True, nogil=True, inline="always")
+def _walk_chunk(t, chunks, M, features, lo, hi, depth, out):
+    """Chunk t of :func:`_walk_blocked`'s blocks (the last chunk also walks the records past the last block)."""
     n = M.shape[0]
-    out = np.empty(n, dtype=np.int32)
     first = (1 << depth) - 1
     nb = n // BLOCK
     per = (nb + chunks - 1) // chunks
-    for t in prange(chunks):
-        ks = np.zeros(BLOCK, dtype=np.uint64)
-        for b in range(t * per, min(nb, (t + 1) * per)):
-            base = b * BLOCK
-            for j in range(BLOCK):
-                ks[j] = 0
-            for _ in range(depth):
-                for j in range(BLOCK):
-                    k = ks[j]
-                    x = M[np.uint64(base + j), np.uint64(features[k])]
-                    left = (x >= lo[k]) & (x < hi[k])
-                    ks[j] = _U2 * k + _U2 - np.uint64(left)
-            for j in range(BLOCK):
-                out[base + j] = np.int32(ks[j]) - first
-    for i in range(nb * BLOCK, n):
-        k = 0
+    ks = np.zeros(BLOCK, dtype=np.uint64)
+    for b in range(t * per, min(nb, (t + 1) * per)):
+        base = b * BLOCK
+        for j in range(BLOCK):
+            ks[j] = 0
         for _ in range(depth):
-            x = M[i, features[k]]
-            left = (x >= lo[k]) & (x < hi[k])
-            k = 2 * k + 2 - (1 if left else 0)
-        out[i] = k - first
+            for j in range(BLOCK):
+                k = ks[j]
+                x = M[np.uint64(base + j), np.uint64(features[k])]
+                left = (x >= lo[k]) & (x < hi[k])
+                ks[j] = _U2 * k + _U2 - np.uint64(left)
+        for j in range(BLOCK):
+            out[base + j] = np.int32(ks[j]) - first
+    if t == chunks - 1:
+        for i in range(nb * BLOCK, n):
+            k = 0
+            for _ in range(depth):
+                x = M[i, features[k]]
+                left = (x >= lo[k]) & (x < hi[k])
+                k = 2 * k + 2 - (1 if left else 0)
+            out[i] = k - first
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _walk_blocked_parallel(M, features, lo, hi, depth, chunks, out):
+    for t in prange(chunks):
+        _walk_chunk(t, chunks, M, features, lo, hi, depth, out)
+
+
+@njit(cache=True, nogil=True)
+def _walk_blocked_one(M, features, lo, hi, depth, out):
+    _walk_chunk(0, 1, M, features, lo, hi, depth, out)
+
+
+def _walk_blocked(M, features, lo, hi, depth: int) -> np.ndarray:
+    """Leaf of every row of ``M`` (row i, column f = feature f): left iff ``lo[k] <= M[i, f] < hi[k]``, runs of
+    whole blocks walked in parallel where there are several (:func:`parallel_chunks`)."""
+    out = np.empty(M.shape[0], dtype=np.int32)
+    chunks = parallel_chunks(M.shape[0])
+    if chunks > 1:
+        _walk_blocked_parallel(M, features, lo, hi, depth, chunks, out)
+    else:  # one chunk: no threads to wake
+        _walk_blocked_one(M, features, lo, hi, depth, out)
     return out
 
 
@@ -174,7 +194,7 @@ def leaf_index(X: np.ndarray, features: np.ndarray, thresholds: np.ndarray, is_c
         return _leaf_index(X, features, np.asarray(thresholds, np.float64), np.asarray(is_cat, np.bool_),
                            int(depth))
     lo, hi = node_bounds(features, thresholds, is_cat)
-    return _walk_blocked(X, features, lo, hi, int(depth), parallel_chunks(X.shape[0]))
+    return _walk_blocked(X, features, lo, hi, int(depth))
 
 
 @njit(cache=True, nogil=True)
@@ -304,7 +324,7 @@ def leaf_index_codes(codes: np.ndarray, features: np.ndarray, lo: np.ndarray, hi
     if features.size and (features == features[0]).all():
         table = _walk_table(lo, hi, int(depth), 256)
         return _lookup(codes[:, int(features[0])], table)
-    return _walk_blocked(codes, features, lo, hi, int(depth), parallel_chunks(codes.shape[0]))
+    return _walk_blocked(codes, features, lo, hi, int(depth))
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -421,27 +441,47 @@ def leaf_sums(leaf: np.ndarray, gq: np.ndarray, hq: np.ndarray, selected: np.nda
                       np.asarray(selected, np.bool_), int(n_leaves))
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _round_sums_chunk(t, leaf, pred, y, task, scale, g_units, h_units, sampled, available, all_available, gqs,
+                      hqs, part, counts):
+    """Chunk t of :func:`round_sums`' records into ``part[t]`` and ``counts[t]``."""
+    n = leaf.shape[0]
+    n_leaves = part.shape[1] // 2
+    step = (n + part.shape[0] - 1) // part.shape[0]
+    lo, hi = t * step, min(n, (t + 1) * step)
+    given = gqs.shape[0] == n  # the records' gradients, computed before
+    n_sampled = 0
+    for i in range(lo, hi):
+        if sampled[i] and (all_available or available[i]):
+            if given:
+                gq, hq = gqs[i], hqs[i]
+            else:
+                gq, hq = _gh_units(pred[i], y[i], task, scale, g_units, h_units)
+            part[t, leaf[i]] += hq
+            part[t, n_leaves + leaf[i]] += gq
+            n_sampled += 1
+    n_active = max(hi - lo, 0)
+    if not all_available:
+        n_active = 0
+        for i in range(lo, hi):
+            n_active += available[i]
+    counts[t, 0] = n_active
+    counts[t, 1] = n_sampled
+
+
 @njit(cache=True, nogil=True, parallel=True)
 def _round_sums(leaf, pred, y, task, scale, g_units, h_units, sampled, available, all_available, gqs, hqs, part,
                 counts):
-    n = leaf.shape[0]
-    n_leaves = part.shape[1] // 2
-    chunks = part.shape[0]
-    step = (n + chunks - 1) // chunks
-    given = gqs.shape[0] == n  # the records' gradients, computed before
-    for t in prange(chunks):  # each chunk into its own sums and counts (exact integers: any order)
-        for i in range(t * step, min(n, (t + 1) * step)):
-            if not (all_available or available[i]):
-                continue
-            counts[t, 0] += 1
-            if sampled[i]:
-                if given:
-                    gq, hq = gqs[i], hqs[i]
-                else:
-                    gq, hq = _gh_units(pred[i], y[i], task, scale, g_units, h_units)
-                part[t, leaf[i]] += hq
-                part[t, n_leaves + leaf[i]] += gq
-                counts[t, 1] += 1
+    for t in prange(part.shape[0]):  # each chunk into its own sums and counts (exact integers: any order)
+        _round_sums_chunk(t, leaf, pred, y, task, scale, g_units, h_units, sampled, available, all_available, gqs,
+                          hqs, part, counts)
+
+
+@njit(cache=True, nogil=True)
+def _round_sums_one(leaf, pred, y, task, scale, g_units, h_units, sampled, available, all_available, gqs, hqs,
+                    part, counts):
+    _round_sums_chunk(0, leaf, pred, y, task, scale, g_units, h_units, sampled, available, all_available, gqs, hqs,
+                      part, counts)
 
 
 @njit(cache=True, nogil=True)
@@ -494,10 +534,11 @@ def round_sums(leaf: np.ndarray, pred: np.ndarray, y: np.ndarray, task: int, sca
         chunks = parallel_chunks(leaf.shape[0])
         part, counts = np.zeros((chunks, 2 * int(n_leaves)), np.int64), np.zeros((chunks, 2), np.int64)
         gqs, hqs = (np.asarray(g, np.int64) for g in grads) if grads is not None else (np.zeros(0, np.int64),) * 2
-        _round_sums(leaf, pred, y, int(task), float(scale), int(g_units), int(h_units), sampled, available,
-                    all_available, gqs, hqs, part, counts)
+        kernel = _round_sums if chunks > 1 else _round_sums_one  # one chunk: no threads to wake
+        kernel(leaf, pred, y, int(task), float(scale), int(g_units), int(h_units), sampled, available, all_available,
+               gqs, hqs, part, counts)
         n_active, n_sampled = counts.sum(axis=0)
-        return part.sum(axis=0), None, int(n_active), int(n_sampled)
+        return (part[0] if chunks == 1 else part.sum(axis=0)), None, int(n_active), int(n_sampled)
     cost_table, spent, budget = filter_args
     cost_table = np.ascontiguousarray(cost_table, np.int64)
     sums, new_spent, n_active, n_sampled = _round_sums_filtered(
