@@ -171,6 +171,7 @@ class LocalData:
         self._codes = None
         self._arrival_key = None  # (arrival, its maximum)
         self._grads = None  # (pred, y, their grad_hess_units)
+        self._kept_leaves = None  # (splits, the leaf of every record in that tree)
 
     def _all_available(self, round_id: int) -> bool:
         if self._arrival_key is None or self._arrival_key[0] is not self.arrival:
@@ -224,8 +225,15 @@ class LocalData:
             sampled, available, hp.leaves, filter_args, grads)
         return Contribution(sums, leaf, new_spent, n_active, n_sampled)
 
+    def keep_leaves(self, splits: Splits, leaf: np.ndarray) -> None:
+        """Keep the leaf of every local record in the tree ``splits`` (this very object), as its builder found
+        them routing the records down the tree: :meth:`leaf_index` then need not walk it again."""
+        self._kept_leaves = splits, np.asarray(leaf, np.int32)
+
     def leaf_index(self, splits: Splits) -> np.ndarray:
         """Leaf of every local record in the tree ``splits`` (int32)."""
+        if self._kept_leaves is not None and self._kept_leaves[0] is splits:
+            return self._kept_leaves[1]
         if splits.default_left is not None and self.has_missing():  # NaN by the split's default direction
             return self.kernels.leaf_index(self.X, splits.features, splits.thresholds, self.is_cat, self.hp.depth,
                                            default_left=splits.default_left)

@@ -307,8 +307,12 @@ class GreedyTrees:
                                                   enc.grad.bound_units)
                 else:
                     node = kernels.route_level(codes, node, *split[1:])
-        return Splits(cand.feature[chosen].astype(np.int32), cand.threshold[chosen].astype(np.float64),
-                      default_left if self.schema.allows_missing else None)
+        out = Splits(cand.feature[chosen].astype(np.int32), cand.threshold[chosen].astype(np.float64),
+                     default_left if self.schema.allows_missing else None)
+        last = 2 ** (hp.depth - 1) - 1  # the records one level further down are in their leaves (heap order)
+        local.keep_leaves(out, kernels.route_level(codes, node, last, cand.feature[chosen], cand.lo[chosen],
+                                                   cand.hi[chosen], miss, default_left))
+        return out
 
 
     def _sketch(self, local: LocalData, codes: np.ndarray, present: np.ndarray, allowed: np.ndarray,

@@ -11,6 +11,7 @@ from fedsbdt.common.builders import GreedyTrees, float_scores, histogram_scores,
 from fedsbdt.common.config import Hyperparameters
 from fedsbdt.common.greedy_levels import child_level_sums, left_counts, level_layout, level_sums, root_level_sums
 from fedsbdt.common.schema import Schema
+from fedsbdt.common.splits import Splits
 from conftest import insecure
 
 LEVELS = (2, 7, 60, 33)
@@ -108,6 +109,28 @@ def test_greedy_trees_equal_the_float_path(setup, monkeypatch, sketch):
         np.testing.assert_array_equal(fast.thresholds, slow.thresholds)
         np.testing.assert_array_equal(fast.default_left, slow.default_left)
     assert len({tuple(s.features) for s in trees["fast"]}) == 2  # the draws differ: the test sees noise
+
+
+@pytest.mark.parametrize("selection", ["exponential", "histogram"])
+@pytest.mark.parametrize("exact", [True, False])
+def test_the_leaves_kept_while_routing_equal_walking_the_tree(setup, monkeypatch, selection, exact):
+    """GreedyTrees routes the records into the leaves of the tree it returns and keeps them with the records
+    (LocalData.keep_leaves): they equal the leaf walk of that tree (missing values by its directions), and
+    only that very tree uses them."""
+    schema, hp, local, _ = setup
+    monkeypatch.setattr(builders, "EXACT_FLOAT_SUM", builders.EXACT_FLOAT_SUM if exact else 0)
+    b = GreedyTrees(schema, hp.replace(selection=selection), select=2.0)
+    r = insecure(seed=5)
+    for t in (0, 3):
+        splits = b.splits(t, local, r)
+        kept = local.leaf_index(splits)
+        assert kept is local.leaf_index(splits)
+        twin = Splits(splits.features.copy(), splits.thresholds.copy(),
+                      None if splits.default_left is None else splits.default_left.copy())
+        walked = local.leaf_index(twin)  # another object: walked
+        assert walked is not kept and walked.dtype == kept.dtype == np.int32
+        np.testing.assert_array_equal(kept, walked)
+        assert len(np.unique(kept)) > 4
 
 
 @pytest.mark.parametrize("big", [2**20, 2**58])
