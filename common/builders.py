@@ -297,21 +297,19 @@ class GreedyTrees:
                 pick = randomness.exponential_mechanism(score, scale, sensitivity)
                 chosen[first:first + n_nodes] = idx[pick % idx.size]
                 default_left[first:first + n_nodes] = pick >= idx.size
-            if level + 1 < hp.depth:  # route every record to its child (heap order: left 2k+1, right 2k+2)
+            # route every record to its child (heap order: left 2k+1, right 2k+2); below the last level: its leaf
+            split = (codes, first, cand.feature[chosen], cand.lo[chosen], cand.hi[chosen], miss, default_left)
+            if exact and level + 1 < hp.depth:  # == level_sums(codes, routed node, gq, records, next layout)
                 c = chosen[first:first + n_nodes]
-                split = (codes, first, cand.feature[chosen], cand.lo[chosen], cand.hi[chosen], miss, default_left)
-                if exact:  # == level_sums(codes, routed node, gq, records, next layout), from these sums
-                    pos = np.searchsorted(features, cand.feature[c])
-                    left = left_counts(sums, layout, pos, cand.lo[c], cand.hi[c])
-                    node, sums = child_level_sums(index, node, gq, records, layouts[level + 1], sums, split, left,
-                                                  enc.grad.bound_units)
-                else:
-                    node = kernels.route_level(codes, node, *split[1:])
+                pos = np.searchsorted(features, cand.feature[c])
+                left = left_counts(sums, layout, pos, cand.lo[c], cand.hi[c])
+                node, sums = child_level_sums(index, node, gq, records, layouts[level + 1], sums, split, left,
+                                              enc.grad.bound_units)
+            else:
+                node = kernels.route_level(codes, node, *split[1:])
         out = Splits(cand.feature[chosen].astype(np.int32), cand.threshold[chosen].astype(np.float64),
                      default_left if self.schema.allows_missing else None)
-        last = 2 ** (hp.depth - 1) - 1  # the records one level further down are in their leaves (heap order)
-        local.keep_leaves(out, kernels.route_level(codes, node, last, cand.feature[chosen], cand.lo[chosen],
-                                                   cand.hi[chosen], miss, default_left))
+        local.keep_leaves(out, node)  # the records' leaves, for the leaf sums of this tree
         return out
 
 
