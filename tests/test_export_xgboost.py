@@ -75,12 +75,17 @@ def test_predictions_match(models, name, categorical, tmp_path):
     theirs = b.predict(dm).astype(np.float64)
     # Exact: the same leaves on the same paths, up to XGBoost's float32 arithmetic, bit for bit.
     np.testing.assert_array_equal(b.predict(dm, output_margin=True), float32_emulation(model, ds.X, tmp_path))
+    # XGBoost rounds a float64 input to float32 before it compares: a record within a float32 ulp of one of the
+    # 1,500–1,900 uniform thresholds takes another path (docs/xgboost-export.md) — rare, but this model's
+    # thresholds are fresh randomness each run, so such records are set aside, by our own routing of float32(x)
+    same_path = ours == model.predict(ds.X.astype(np.float32).astype(np.float64))
+    assert same_path.mean() > 0.99
     if model.task == "binary":
-        assert np.abs(theirs - ours).max() <= 1e-6  # probabilities
+        assert np.abs(theirs - ours)[same_path].max() <= 1e-6  # probabilities
     else:
         # Rings ≈ 10 where one float32 ulp is ~1e-6: compare on the public label scale (docs/xgboost-export.md).
         lo, hi = model.schema.label_range
-        assert np.abs(theirs - ours).max() <= 1e-6 * (hi - lo)  # measured ≤ 9.4e-6 = 3.4e-7 of the range
+        assert np.abs(theirs - ours)[same_path].max() <= 1e-6 * (hi - lo)  # measured ≤ 9.4e-6 = 3.4e-7 of the range
 
 
 def test_sparse_input_routes_implicit_zeros_like_zero(models, tmp_path):
