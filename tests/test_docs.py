@@ -131,6 +131,7 @@ def test_examples_run(page, scratch):
 
 
 @pytest.mark.skipif(unavailable() is not None, reason=unavailable() or "")
+@pytest.mark.xdist_group("containers")  # builds and runs fedsbdt:latest, as test_compose_podman.py does
 @pytest.mark.parametrize("page", pages_with_blocks(podman=True))
 def test_container_examples_run(page, tmp_path):
     """The podman blocks (the offline image build) in a copy of the repository, with no package index."""

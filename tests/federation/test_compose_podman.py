@@ -20,7 +20,9 @@ from .conftest import ROOT
 
 from container_engine import BASE_IMAGE, copy_repository, link_wheels, unavailable
 
-pytestmark = pytest.mark.skipif(unavailable() is not None, reason=unavailable() or "")
+# one image name (fedsbdt:latest) for every container test: with pytest-xdist they run on one worker, in turn
+pytestmark = [pytest.mark.skipif(unavailable() is not None, reason=unavailable() or ""),
+              pytest.mark.xdist_group("containers")]
 
 IMAGE = "fedsbdt:latest"  # the name docker-compose.yml runs
 HOSPITALS = ["hospital-1", "hospital-2", "hospital-3"]
