@@ -30,7 +30,8 @@ Performance notes (results never depend on which path runs):
 * Greedy trees' level histograms (routing fused in), the gradients, the
   leaf walk and the leaf sums run over chunks of records in parallel
   (``prange``), each chunk into its own sums: exact integers or per-record
-  maps, so no result depends on the chunks or their order.
+  maps, so no result depends on the chunks or their order.  Data of one chunk
+  (:func:`parallel_chunks`) runs each kernel's serial twin and wakes no thread.
 """
 from __future__ import annotations
 
@@ -350,13 +351,15 @@ def _gh_units(pred, y, task, scale, g_units, h_units):
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def _grad_hess_units(pred, y, task, scale, g_units, h_units):
-    n = pred.shape[0]
-    gq = np.empty(n, dtype=np.int64)
-    hq = np.empty(n, dtype=np.int64)
-    for i in prange(n):
+def _grad_hess_units(pred, y, task, scale, g_units, h_units, gq, hq):
+    for i in prange(pred.shape[0]):
         gq[i], hq[i] = _gh_units(pred[i], y[i], task, scale, g_units, h_units)
-    return gq, hq
+
+
+@njit(cache=True, nogil=True)
+def _grad_hess_units_one(pred, y, task, scale, g_units, h_units, gq, hq):
+    for i in range(pred.shape[0]):
+        gq[i], hq[i] = _gh_units(pred[i], y[i], task, scale, g_units, h_units)
 
 
 def grad_hess_units(pred: np.ndarray, y: np.ndarray, task: int, scale: float, g_units: int,
@@ -367,8 +370,11 @@ def grad_hess_units(pred: np.ndarray, y: np.ndarray, task: int, scale: float, g_
     Binary (logistic loss on the margin ŷ): g = y − σ(ŷ), h = σ(ŷ)(1 − σ(ŷ)).
     g is clipped to [−g*, g*] and h to [0, h*], both in integer units.
     """
-    return _grad_hess_units(np.asarray(pred, np.float64), np.asarray(y, np.float64), int(task), float(scale),
-                            int(g_units), int(h_units))
+    pred = np.asarray(pred, np.float64)
+    gq, hq = np.empty(pred.shape[0], np.int64), np.empty(pred.shape[0], np.int64)
+    kernel = _grad_hess_units if parallel_chunks(pred.shape[0]) > 1 else _grad_hess_units_one  # one chunk: no threads
+    kernel(pred, np.asarray(y, np.float64), int(task), float(scale), int(g_units), int(h_units), gq, hq)
+    return gq, hq
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -559,29 +565,44 @@ def _child(codes, i, q, feature, lo, hi, miss, default_left, directed):
     return 2 * q + 1 - np.int64(left)
 
 
-@njit(cache=True, nogil=True, parallel=True)
-def _node_bin_sums(index, node, slot, gq, present, bits, count, out, routed, codes, feature, lo, hi, miss,
-                   default_left, directed):
-    chunks = out.shape[0]
+@njit(cache=True, nogil=True, inline="always")
+def _node_bin_sums_chunk(t, index, node, slot, gq, present, bits, count, out, routed, codes, feature, lo, hi, miss,
+                         default_left, directed):
+    """Chunk t of :func:`node_bin_sums`' records into ``out[t]`` (routed first where ``routed`` is given)."""
     n = index.shape[0]
     width = index.shape[1]
     route = routed.shape[0] == n
-    step = (n + chunks - 1) // chunks
-    for t in prange(chunks):  # each chunk of records into its own histograms (exact integers: any order)
-        for i in range(t * step, min(n, (t + 1) * step)):
-            q = node[i]
-            if route:
-                q = _child(codes, i, q, feature, lo, hi, miss, default_left, directed)
-                routed[i] = q
-            s = slot[q]
-            if s < 0 or not present[i]:
-                continue
-            wi = 1 if count else gq[i]
-            if bits > 0:
-                wi = (gq[i] << bits) + 1
-            for k in range(width):
-                out[t, s, index[i, k]] += wi
+    step = (n + out.shape[0] - 1) // out.shape[0]
+    for i in range(t * step, min(n, (t + 1) * step)):
+        q = node[i]
+        if route:
+            q = _child(codes, i, q, feature, lo, hi, miss, default_left, directed)
+            routed[i] = q
+        s = slot[q]
+        if s < 0 or not present[i]:
+            continue
+        wi = 1 if count else gq[i]
+        if bits > 0:
+            wi = (gq[i] << bits) + 1
+        for k in range(width):
+            out[t, s, index[i, k]] += wi
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _node_bin_sums(index, node, slot, gq, present, bits, count, out, routed, codes, feature, lo, hi, miss,
+                   default_left, directed):
+    for t in prange(out.shape[0]):  # each chunk of records into its own histograms (exact integers: any order)
+        _node_bin_sums_chunk(t, index, node, slot, gq, present, bits, count, out, routed, codes, feature, lo, hi,
+                             miss, default_left, directed)
     return out.sum(axis=0)
+
+
+@njit(cache=True, nogil=True)
+def _node_bin_sums_one(index, node, slot, gq, present, bits, count, out, routed, codes, feature, lo, hi, miss,
+                       default_left, directed):
+    _node_bin_sums_chunk(0, index, node, slot, gq, present, bits, count, out, routed, codes, feature, lo, hi, miss,
+                         default_left, directed)
+    return out[0]
 
 
 def parallel_chunks(n: int) -> int:
@@ -626,8 +647,10 @@ def node_bin_sums(index: np.ndarray, node: np.ndarray, slot: np.ndarray, grad_un
     routed = np.empty(node.size if route is not None else 0, np.int64)
     split = _split_args(*route) if route is not None else _split_args(np.zeros((1, 1), np.uint8), 0, [0], [0], [0])
 
+    kernel = _node_bin_sums if shape[0] > 1 else _node_bin_sums_one  # one chunk: no threads to wake
+
     def run(b, count):
-        return _node_bin_sums(index, node, slot, gq, present, b, count, np.zeros(shape, np.int64), routed, *split)
+        return kernel(index, node, slot, gq, present, b, count, np.zeros(shape, np.int64), routed, *split)
 
     if (n * big + n) << bits < 2**63:
         packed = run(bits, False)

@@ -148,3 +148,28 @@ def test_node_bin_sums_pack_or_split_the_two_sums(setup, big):
     out = kernels.node_bin_sums(layout.bin_index(codes), node, np.array([0, 1, -1, 2]), gq, present, layout.per_node)
     ref = level_sums(codes, node, gq, present, layout).reshape(2, 4, -1)
     np.testing.assert_array_equal(out, ref[:, [0, 1, 3]])
+
+
+def test_several_parallel_chunks_give_the_one_chunk_sums():
+    """Records enough for several parallel chunks (the kernels above saw one, and ran its serial twin): the root's
+    and a routed level's sums equal level_sums, missing values and absent records included."""
+    schema, X, y, rng = _data(n=70_001, seed=8)
+    hp = Hyperparameters(tree_builder="greedy", depth=3, split_candidates=16, subsample=1.0, cyclical=False)
+    local = _local(schema, X, y, rng, hp)
+    assert kernels.parallel_chunks(local.n) > 1
+    builder = GreedyTrees(schema, hp, select=0.5)
+    codes, cand = builder._codes(local), builder.candidates
+    miss, _ = builder._missing(local)
+    gq, _ = local.grad_hess_units()
+    present = builder.records(0, local)
+    features = np.arange(schema.n_features)
+    root, below = (level_layout(schema, builder.edges, level, features) for level in (0, 1))
+    sums = root_level_sums(root.bin_index(codes), gq, present, root)
+    np.testing.assert_array_equal(sums.ravel(), level_sums(codes, np.zeros(local.n, np.int64), gq, present, root))
+    chosen = rng.integers(0, cand.feature.size, 1)
+    split = (codes, 0, cand.feature[chosen], cand.lo[chosen], cand.hi[chosen], miss, np.array([True]))
+    node, fused = child_level_sums(below.bin_index(codes), np.zeros(local.n, np.int64), gq, present, below, sums,
+                                   split, rng.integers(0, local.n, 1))
+    np.testing.assert_array_equal(node, kernels.route_level(codes, np.zeros(local.n, np.int64), *split[1:]))
+    assert 0 < node.sum() < local.n
+    np.testing.assert_array_equal(fused.ravel(), level_sums(codes, node, gq, present, below))
