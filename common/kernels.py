@@ -572,9 +572,10 @@ def _node_bin_sums_chunk(t, index, node, slot, gq, present, bits, count, out, ro
     n = index.shape[0]
     width = index.shape[1]
     route = routed.shape[0] == n
+    root = node.shape[0] == 0  # no nodes given: every record is in node 0
     step = (n + out.shape[0] - 1) // out.shape[0]
     for i in range(t * step, min(n, (t + 1) * step)):
-        q = node[i]
+        q = 0 if root else node[i]
         if route:
             q = _child(codes, i, q, feature, lo, hi, miss, default_left, directed)
             routed[i] = q
@@ -625,8 +626,8 @@ def node_bin_sums(index: np.ndarray, node: np.ndarray, slot: np.ndarray, grad_un
                   present: np.ndarray, width: int, route: tuple | None = None, bound: int | None = None):
     """Greedy-tree level histograms of some nodes, exact int64: ``out[0, s, j]`` = Σ ``grad_units`` and
     ``out[1, s, j]`` = the count of the present records of the node mapped to slot ``s`` (``slot[node] = s``;
-    −1: skip the node) with ``j`` among their bin indices ``index[i]`` (one per carried feature, each below
-    ``width``: :meth:`fedsbdt.common.greedy_levels.LevelLayout.bin_index`) —
+    −1: skip the node; ``node`` empty: every record in node 0) with ``j`` among their bin indices ``index[i]``
+    (one per carried feature, each below ``width``: :meth:`fedsbdt.common.greedy_levels.LevelLayout.bin_index`) —
     :func:`fedsbdt.common.greedy_levels.level_sums` of the slotted nodes in one pass over the records.
 
     With ``route`` = ``(codes, first, feature, lo, hi[, miss, default_left])`` (:func:`route_level`'s
@@ -638,6 +639,8 @@ def node_bin_sums(index: np.ndarray, node: np.ndarray, slot: np.ndarray, grad_un
     traffic of two sums; otherwise the two are summed separately."""
     slot = np.asarray(slot, np.int64)
     node = np.asarray(node, np.int64)
+    if node.size not in (0 if route is None else index.shape[0], index.shape[0]):
+        raise ValueError(f"node_bin_sums: {node.size} nodes for {index.shape[0]} records")
     present = np.asarray(present, np.bool_)
     gq = np.asarray(grad_units, np.int64)
     shape = (parallel_chunks(index.shape[0]), int(max(slot.max(initial=-1) + 1, 0)), int(width))
