@@ -99,7 +99,8 @@ def root_level_sums(index: np.ndarray, grad_units: np.ndarray, present: np.ndarr
     """:func:`level_sums` of the root, equal bit for bit, as ``(2, 1, per_node)`` int64, in one numba pass
     over the records (:func:`fedsbdt.common.kernels.node_bin_sums`) from their bin indices ``index`` =
     ``layout.bin_index(codes)``; ``bound``: a bound on ``|grad_units|`` if known."""
-    return kernels.node_bin_sums(index, np.zeros(0, np.int64), np.zeros(1, np.int64), grad_units, np.asarray(present, np.bool_),
+    every = np.zeros(0, np.int64)  # no node array: every record is in node 0
+    return kernels.node_bin_sums(index, every, np.zeros(1, np.int64), grad_units, np.asarray(present, np.bool_),
                                  layout.per_node, bound=bound).reshape(2, 1, layout.per_node)
 
 

@@ -639,7 +639,7 @@ def node_bin_sums(index: np.ndarray, node: np.ndarray, slot: np.ndarray, grad_un
     traffic of two sums; otherwise the two are summed separately."""
     slot = np.asarray(slot, np.int64)
     node = np.asarray(node, np.int64)
-    if node.size not in (0 if route is None else index.shape[0], index.shape[0]):
+    if node.size != index.shape[0] and (node.size or route is not None):  # (routing needs every record's node)
         raise ValueError(f"node_bin_sums: {node.size} nodes for {index.shape[0]} records")
     present = np.asarray(present, np.bool_)
     gq = np.asarray(grad_units, np.int64)
