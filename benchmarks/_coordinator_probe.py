@@ -4,7 +4,9 @@
 the given arguments and writes into OUTDIR, chosen by the environment:
 
 * always: ``rss.jsonl``, one line per 0.2 s: elapsed seconds, VmRSS / VmHWM (MB), the Python heap that
-  tracemalloc sees (MB, when on), thread count, process CPU seconds;
+  tracemalloc sees (MB, when on), thread count, process CPU seconds, and the seconds spent in Python's cyclic
+  garbage collector so far (thread CPU seconds) and its collections, per generation (``gc_s``, ``gc_n``:
+  ``gc.callbacks``);
 * ``FEDSBDT_PROBE_TRACEMALLOC=N`` (frames): tracemalloc on; a snapshot whenever the traced Python memory
   reaches a new high (at most one per 2 s) and one at exit, the top allocation sites of the highest one in
   ``tracemalloc_peak.txt`` and of the last in ``tracemalloc_end.txt``;
@@ -16,6 +18,7 @@ RSS minus the traced Python heap is what gRPC's C core, OpenSSL, numpy buffers a
 from __future__ import annotations
 
 import atexit
+import gc
 import json
 import os
 import sys
@@ -66,6 +69,16 @@ def main() -> None:
         tracemalloc.start(frames)
     t0 = time.monotonic()
     stop = threading.Event()
+    collected = {"s": [0.0, 0.0, 0.0], "n": [0, 0, 0], "start": 0.0}
+
+    def on_gc(phase: str, info: dict) -> None:  # runs in the collecting thread, which holds the GIL throughout
+        if phase == "start":
+            collected["start"] = time.thread_time()  # CPU time: the wall clock counts other processes' turns
+        else:
+            collected["s"][info["generation"]] += time.thread_time() - collected["start"]
+            collected["n"][info["generation"]] += 1
+
+    gc.callbacks.append(on_gc)
     best = {"traced": 0.0, "snap": None, "at": 0.0, "rss": 0.0}
 
     def sample() -> None:
@@ -75,7 +88,8 @@ def main() -> None:
                 st = _status()
                 row = {"t": round(time.monotonic() - t0, 2), "wall": round(time.time(), 2), "rss_mb": round(st["VmRSS"], 1),
                        "hwm_mb": round(st["VmHWM"], 1), "threads": st["Threads"],
-                       "cpu_s": round(time.process_time(), 2)}
+                       "cpu_s": round(time.process_time(), 2), "gc_s": [round(x, 4) for x in collected["s"]],
+                       "gc_n": list(collected["n"])}
                 if frames:
                     cur, _ = tracemalloc.get_traced_memory()
                     row["py_mb"] = round(cur / 2**20, 1)

@@ -22,8 +22,8 @@ never / auto.  A ``--baseline`` ref runs the default plan only (it may not
 know the option).  The JSON notes the load average before and after.
 
 Also per run: bytes each site received and sent per round (the session's total over rounds, setups
-included), and the 1-minute load average every 5 s (min / median / max).  ``--probe DIR`` runs this tree's
-coordinator under ``benchmarks/_coordinator_probe.py`` (RSS timeline, largest mappings at exit;
+included), and the 1-minute load average every 5 s (min / median / max).  ``--probe DIR`` runs each version's
+coordinator under ``benchmarks/_coordinator_probe.py`` (RSS timeline, garbage collection, largest mappings at exit;
 tracemalloc with ``FEDSBDT_PROBE_TRACEMALLOC=frames``, cProfile with ``FEDSBDT_PROBE_CPROFILE=1``) and
 copies its log beside it.
 
@@ -276,8 +276,8 @@ def main() -> None:
     ap.add_argument("--fast-path", choices=["auto", "never", "both"], default="auto",
                     help="this tree's plan [secure_aggregation] fast_path; both: auto and never alternately")
     ap.add_argument("--probe", metavar="DIR",
-                    help="run this tree's coordinators under benchmarks/_coordinator_probe.py, one folder per run "
-                         "in DIR (RSS timeline; FEDSBDT_PROBE_TRACEMALLOC=frames, FEDSBDT_PROBE_CPROFILE=1)")
+                    help="run the coordinators under benchmarks/_coordinator_probe.py, one folder per run and version "
+                         "in DIR (RSS and GC timeline; FEDSBDT_PROBE_TRACEMALLOC=frames, FEDSBDT_PROBE_CPROFILE=1)")
     ap.add_argument("--graph", choices=["complete", "sparse"], default="complete",
                     help="sparse: a fast-only session on the sparse graph (this tree only; default: complete)")
     ap.add_argument("--out", default="federation_costs")
@@ -295,7 +295,8 @@ def main() -> None:
         for name, (code, mode) in versions.items():
             prof = profile if (profile is not None and name.startswith("this_tree") and rep == 0) else None
             print(f"run {rep + 1}/{args.repeats}: {name} ...", flush=True)
-            probe = (Path(args.probe) / f"run{rep + 1}-{mode}") if args.probe and name.startswith("this_tree") else None
+            tag = "" if name.startswith("this_tree") else "-baseline"
+            probe = (Path(args.probe) / f"run{rep + 1}-{mode}{tag}") if args.probe else None
             r = run_federation(code, hp, args.sites, prof, args.stagger, mode, probe, args.graph)
             print("  " + json.dumps(r), flush=True)
             runs[name].append(r)

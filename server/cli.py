@@ -206,6 +206,9 @@ def _serve(args: argparse.Namespace, listen: str, t0: float, plan, cal, randomne
         monitor = CoordinatorMonitor(session, tuning=trial)
         server.service.observers.append(monitor.after_step)
         status.start(monitor.current, monitor.registry)
+    from .collector import quiet_collector
+
+    quiet_collector()  # everything long-lived is loaded: freeze it out of the collector's scans
     server.start()
     log.info(f"coordinator for plan {plan.sha256} listening on {server.address} "
              f"({'mutual TLS' if credentials else 'PLAIN TEXT (--insecure)'}); {plan.n} sites, t = {plan.threshold}, "
