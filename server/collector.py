@@ -7,7 +7,8 @@ release), so ≈ 30 young collections per round promoted the round's live messag
 full collections those promotions trigger rescanned the whole heap — imports, plan and session included
 (measured: docs/federation.md §10, "The garbage collector").  :func:`quiet_collector`, called once the
 service has loaded everything long-lived, collects once, freezes what is alive (``gc.freeze``: never scanned
-again; it stays alive anyway) and raises the young threshold.  Garbage made later is collected as before.
+again — whatever of it later dies inside a reference cycle is not reclaimed, at most the start's own state)
+and raises the young threshold.  Garbage made later is collected as before.
 """
 from __future__ import annotations
 
