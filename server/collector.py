@@ -8,7 +8,8 @@ full collections those promotions trigger rescanned the whole heap — imports, 
 (measured: docs/federation.md §10, "The garbage collector").  :func:`quiet_collector`, called once the
 service has loaded everything long-lived, collects once, freezes what is alive (``gc.freeze``: never scanned
 again — whatever of it later dies inside a reference cycle is not reclaimed, at most the start's own state)
-and raises the young threshold.  Garbage made later is collected as before.
+and raises the young threshold.  Garbage made later is collected as before.  Calling it again (the next
+trial of a tuning plan) first unfreezes, so what the last session left in cycles is reclaimed, not frozen.
 """
 from __future__ import annotations
 
@@ -21,7 +22,9 @@ MIDDLE, OLD = 50, 100
 
 
 def quiet_collector() -> None:
-    """Collect once, freeze the survivors out of every later scan, and set the thresholds above."""
+    """Collect once (the frozen objects of an earlier call included), freeze the survivors out of every later
+    scan, and set the thresholds above."""
+    gc.unfreeze()
     gc.collect()
     gc.freeze()
     gc.set_threshold(YOUNG, MIDDLE, OLD)
