@@ -718,7 +718,7 @@ class CollectingFastInputs(RoundStage):
         _check_input(rnd, self.inputs, msg, "fast input")
         g = rnd.epoch.graph
         expected = rnd.participants if g is None else rnd._layout(msg.sender).dealers
-        if tuple(map(itemgetter(0), msg.seed_shares)) != expected:
+        if msg.dealers != expected:
             raise InvalidMessage(f"round {rnd.round_id}: {msg.sender!r} must send seed shares for exactly the participants"
                                  + ("" if g is None else " in its neighbourhood"))
         self.inputs[msg.sender] = msg
@@ -736,12 +736,12 @@ class CollectingFastInputs(RoundStage):
             total = rnd.unmask([self.inputs[u].masked for u in p], seeds, {})
             return RoundResult(rnd.epoch.epoch, r, p, p, (), total, tuple(sorted(blamed)))
         holders = sorted(p, key=rnd.config.x_coordinate)
-        # every reply lists the shares in P_r's order (checked on receipt): the first t holders' values,
-        # one row per dealer, without a per-holder dict (built only if a share must be blamed)
-        rows = list(zip(*[[int.from_bytes(v, "big") for _, v in self.inputs[h].seed_shares]
-                          for h in holders[:rnd.t]]))
+        # every reply lists the shares in P_r's order (checked on receipt): the first t holders' share bytes
+        # interpolated at once, without a per-holder dict (built only if a share must be blamed)
+        xs = [rnd.config.x_coordinate(h) for h in holders[:rnd.t]]
+        values = shamir.reconstruct_many_packed(xs, [self.inputs[h].share_matrix() for h in holders[:rnd.t]], rnd.t)
         seed_tab = _Lazy(lambda: {h: dict(self.inputs[h].seed_shares) for h in holders})
-        seeds = rnd._recover(p, seed_tab, holders, KIND_SEED, rnd.seed_matches, blamed, rows=rows)
+        seeds = rnd._recover(p, seed_tab, holders, KIND_SEED, rnd.seed_matches, blamed, values=values)
         total = rnd.unmask([self.inputs[u].masked for u in p], seeds, {})
         return RoundResult(rnd.epoch.epoch, r, p, p, (), total, tuple(sorted(blamed)))
 
@@ -903,7 +903,7 @@ class CoordinatorRound:
             )
 
     def _recover(self, dealers, table, holders, kind, check, blamed: set[str], t: int | None = None,
-                 rows=None) -> dict[str, bytes]:
+                 values=None) -> dict[str, bytes]:
         """Reconstruct one secret per dealer; verify it against the dealer's commitment.
 
         Fast path: interpolate from the first t responders (one set of Lagrange
@@ -916,10 +916,10 @@ class CoordinatorRound:
         if not dealers:
             return out
         xs = [self.config.x_coordinate(h) for h in holders]
-        if rows is None:  # rows[i]: dealer i's shares from the first t holders, as integers
+        if values is None:  # the interpolation of each dealer's shares from the first t holders
             rows = [[int.from_bytes(table[h][dlr], "big") for h in holders[:t]] for dlr in dealers]
-        fast = shamir.reconstruct_many(xs, rows, t)
-        for dlr, value in zip(dealers, fast):
+            values = shamir.reconstruct_many(xs, rows, t)
+        for dlr, value in zip(dealers, values):
             if value < 2**256:
                 secret = value.to_bytes(32, "big")
                 if check(dlr, secret):

@@ -88,7 +88,7 @@ class Message:
 
     def __init_subclass__(cls, **kw) -> None:
         super().__init_subclass__(**kw)
-        if cls.TAG:
+        if "TAG" in cls.__dict__ and cls.TAG:  # a class that names its own tag (not a form of its parent's)
             if cls.TAG in _REGISTRY:
                 raise TypeError(f"duplicate message tag {cls.TAG}")
             _REGISTRY[cls.TAG] = cls
@@ -116,9 +116,9 @@ class Message:
         return msg
 
     def __eq__(self, other: object) -> bool:
-        if type(other) is not type(self):
+        if not isinstance(other, Message):
             return NotImplemented
-        return self.to_bytes() == other.to_bytes()  # type: ignore[attr-defined]
+        return self.to_bytes() == other.to_bytes()  # the tag leads the encoding: kinds never compare equal
 
     def __hash__(self) -> int:
         return hash(self.to_bytes())
@@ -841,6 +841,16 @@ class FastMaskedInput(Message):
         w.raw(self.session_digest).u64(self.epoch).u64(self.round_id).text(self.sender).ring(self.masked)
         _write_shares(w, self.seed_shares)
 
+    @property
+    def dealers(self) -> tuple[str, ...]:
+        """The dealers of :attr:`seed_shares`, in order."""
+        return tuple(map(itemgetter(0), self.seed_shares))
+
+    def share_matrix(self) -> np.ndarray:
+        """The seed shares' bytes as a (dealers × SHARE_SIZE) uint8 array, in dealer order
+        (:func:`~fedsbdt.common.secagg.shamir.reconstruct_many_packed`)."""
+        return np.frombuffer(b"".join(map(itemgetter(1), self.seed_shares)), np.uint8).reshape(-1, SHARE_SIZE)
+
     @classmethod
     def _read(cls, r: Reader) -> "FastMaskedInput":
         digest = r.raw(KEY_SIZE, "session digest")
@@ -876,15 +886,36 @@ class FastMaskedInput(Message):
             layout = layout(sender)
             if layout is None:
                 return None
-        shares = layout.shares(section)
-        if shares is None:
+        if not layout.matches(section):
             return None
-        msg = object.__new__(cls)
+        msg = object.__new__(_PackedFastMaskedInput)
         for name, value in (("session_digest", _digest(digest, "session digest")), ("epoch", _id(epoch, "epoch id")),
                             ("round_id", _id(rnd, "round id")), ("sender", sender),
-                            ("masked", _frozen_ring(masked)), ("seed_shares", tuple(zip(layout.dealers, shares)))):
+                            ("masked", _frozen_ring(masked)), ("_section", section), ("_layout", layout)):
             object.__setattr__(msg, name, value)
         return msg
+
+
+class _PackedFastMaskedInput(FastMaskedInput):
+    """A FastMaskedInput decoded in bulk (:meth:`FastMaskedInput.decode_expected`): its seed shares stay the
+    checked bytes of the message's share list, read through its :class:`ShareLayout` — the (dealer, share)
+    pairs are built only if asked for (the blame path, a sparse graph), the coordinator's fast path reads
+    :meth:`share_matrix`.  Same values as the generic decoder's object."""
+
+    @property
+    def seed_shares(self) -> tuple[tuple[str, bytes], ...]:
+        pairs = self.__dict__.get("_pairs")
+        if pairs is None:
+            pairs = tuple(zip(self._layout.dealers, self._layout.shares(self._section)))
+            object.__setattr__(self, "_pairs", pairs)
+        return pairs
+
+    @property
+    def dealers(self) -> tuple[str, ...]:
+        return self._layout.dealers
+
+    def share_matrix(self) -> np.ndarray:
+        return self._layout.share_matrix(self._section)
 
 
 class ShareLayout:
@@ -895,29 +926,33 @@ class ShareLayout:
         self.dealers = check_sorted_ids(dealers, "dealers")
         w = Writer()
         _write_shares(w, tuple((d, b"\x00" * SHARE_SIZE) for d in self.dealers))
-        template = np.frombuffer(w.getvalue(), np.uint8)
-        self.size = template.size
+        self._template = np.frombuffer(w.getvalue(), np.uint8)  # the ids' bytes, every share zero
+        self.size = self._template.size
         starts, pos = [], 4
         for d in self.dealers:
             pos += 4 + len(d.encode("utf-8"))
             starts.append(pos)
             pos += SHARE_SIZE
-        is_id = np.ones(self.size, bool)
-        for o in starts:
-            is_id[o:o + SHARE_SIZE] = False
-        self._id_positions = np.flatnonzero(is_id)
-        self._id_bytes = template[self._id_positions]
-        self._leading = np.array(starts, np.intp)
         self._starts = starts
+        # the bytes compared with the template: every id byte, and each share's leading byte (zero: < 2^256 < p)
+        self._mask = np.full(self.size, 0xFF, np.uint8)
+        for o in starts:
+            self._mask[o + 1:o + SHARE_SIZE] = 0
+        self._share_bytes = (np.asarray(starts, np.intp)[:, None] + np.arange(SHARE_SIZE)).ravel()
 
-    def shares(self, section: bytes) -> list[bytes] | None:
-        """The shares of an encoded list, or None unless it is exactly this layout with shares < 2^256."""
+    def matches(self, section: bytes) -> bool:
+        """Is ``section`` exactly this layout's encoding, with every share < 2^256?"""
         if len(section) != self.size:
-            return None
-        arr = np.frombuffer(section, np.uint8)
-        if not np.array_equal(arr[self._id_positions], self._id_bytes) or arr[self._leading].any():
-            return None
+            return False
+        return bool(np.array_equal(np.frombuffer(section, np.uint8) & self._mask, self._template))
+
+    def shares(self, section: bytes) -> list[bytes]:
+        """The shares of a matching ``section`` (:meth:`matches`), in dealer order."""
         return [section[o:o + SHARE_SIZE] for o in self._starts]
+
+    def share_matrix(self, section: bytes) -> np.ndarray:
+        """The shares of a matching ``section`` as a (dealers × SHARE_SIZE) uint8 array."""
+        return np.frombuffer(section, np.uint8)[self._share_bytes].reshape(len(self._starts), SHARE_SIZE)
 
 
 __all__ = [

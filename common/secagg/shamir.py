@@ -26,6 +26,8 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Callable, Iterable, Sequence
 
+import numpy as np
+
 from .errors import SecAggError
 
 PRIME = 2**256 + 297
@@ -201,3 +203,30 @@ def reconstruct_many(xs: Sequence[int], ys: Sequence[Sequence[int]], threshold: 
     lam = lagrange_coefficients(tuple(xs[:threshold]))
     p = PRIME
     return [sum(l * y for l, y in zip(lam, row[:threshold])) % p for row in ys]
+
+
+#: bytes per secret in :func:`reconstruct_many_packed`'s sums: λ·y < p² < 2^514, and a sum of up to 2^78
+#: such products stays below 2^592 = 256^74, so no secret's sum carries into its neighbour's
+_PACKED_SLOT = 2 * SHARE_SIZE + 8
+
+
+def reconstruct_many_packed(xs: Sequence[int], shares: Sequence, threshold: int) -> list[int]:
+    """:func:`reconstruct_many` with holder ``k``'s shares of all m secrets given at once, as an (m ×
+    :data:`SHARE_SIZE`) array of big-endian bytes (``shares[k][i]`` encodes secret ``i``'s share at ``xs[k]``).
+
+    Each holder's m shares become one integer with secret ``i`` in its own slot of ``_PACKED_SLOT`` bytes, so
+    ``Σ_k λ_k·Y_k`` (Lagrange at 0, as in :func:`reconstruct`) forms every secret's sum in t multiplications of
+    long integers instead of t·m small ones; each slot is then reduced mod p.  Same values as
+    :func:`reconstruct_many` (the shares must be field elements, as decoded messages' are).
+    """
+    if len(xs) < threshold or len(shares) < threshold:
+        raise ShamirError(f"need at least {threshold} shares to reconstruct, got {min(len(xs), len(shares))}")
+    lam = lagrange_coefficients(tuple(xs[:threshold]))
+    m, w = np.shape(shares[0])[0], _PACKED_SLOT
+    slots = np.zeros((m, w), np.uint8)
+    total = 0
+    for l, y in zip(lam, shares[:threshold]):
+        slots[:, w - SHARE_SIZE:] = y
+        total += l * int.from_bytes(slots.tobytes(), "big")
+    raw, p = total.to_bytes(m * w, "big"), PRIME
+    return [int.from_bytes(raw[i:i + w], "big") % p for i in range(0, m * w, w)]

@@ -13,12 +13,8 @@ DIGEST = bytes(range(32))
 DEALERS = ("a", "bb", "hosp-c", "z" * 64)
 
 
-def share(i: int) -> bytes:
-    return b"\x00" + bytes([i]) * 32
-
-
 def fast(dealers=DEALERS, sender="bb", shares=None) -> FastMaskedInput:
-    shares = shares or [share(i) for i in range(len(dealers))]
+    shares = shares or [b"\x00" + bytes(range(i, i + 32)) for i in range(len(dealers))]
     return FastMaskedInput(DIGEST, 3, 17, sender, np.arange(5, dtype=np.uint64), tuple(zip(dealers, shares)))
 
 
@@ -28,7 +24,11 @@ def test_the_expected_shape_decodes_to_the_generic_object():
         data = msg.to_bytes()
         got = FastMaskedInput.decode_expected(data, lay)
         assert got is not None and got == decode_message(data) == msg
-        assert got.seed_shares == msg.seed_shares and got.sender == msg.sender
+        assert got.seed_shares == msg.seed_shares and got.sender == msg.sender and got.dealers == DEALERS
+        want = np.array([list(v) for _, v in msg.seed_shares], np.uint8)  # the shares' bytes, one row per dealer
+        assert np.array_equal(got.share_matrix(), want) and np.array_equal(msg.share_matrix(), want)
+        fresh = FastMaskedInput.decode_expected(data, lay)  # its share bytes are read without the pairs
+        assert np.array_equal(fresh.share_matrix(), want) and "_pairs" not in vars(fresh)
         assert np.array_equal(got.masked, msg.masked) and not got.masked.flags.writeable
 
 

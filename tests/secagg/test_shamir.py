@@ -118,6 +118,33 @@ def test_batch_reconstruction_matches_single():
         shamir.reconstruct_many(xs[:2], [row[:2] for row in table], 3)
 
 
+def _byte_matrices(table, holders: int):
+    """Holder k's shares of every secret as a (secrets × 33) big-endian byte matrix (a reply's share list)."""
+    import numpy as np
+
+    return [np.frombuffer(b"".join(row[k].to_bytes(shamir.SHARE_SIZE, "big") for row in table), np.uint8)
+            .reshape(len(table), shamir.SHARE_SIZE) for k in range(holders)]
+
+
+@pytest.mark.parametrize("t, n, secrets", [(1, 1, 1), (3, 5, 7), (51, 100, 100), (200, 201, 3)])
+def test_packed_batch_reconstruction_equals_the_batch_of_integers(t, n, secrets):
+    """reconstruct_many_packed (each holder's shares in one long integer) against reconstruct_many, on real
+    sharings and on the largest share values (p − 1 everywhere: the widest sums, where a slot too narrow
+    would carry into its neighbour)."""
+    rng = random.Random(t * 1000 + n)
+    xs = rng.sample(range(1, 10 * n + 1), n)
+    want = [rng.randrange(2**256) for _ in range(secrets)]
+    table = shamir.split_many(want, t, xs, os.urandom)
+    assert shamir.reconstruct_many_packed(xs, _byte_matrices(table, n), t) == want
+    worst = [[PRIME - 1] * n for _ in range(secrets)]
+    assert shamir.reconstruct_many_packed(xs, _byte_matrices(worst, n), t) == shamir.reconstruct_many(xs, worst, t)
+    mixed = [[rng.choice((0, 1, PRIME - 1, rng.randrange(PRIME))) for _ in range(n)] for _ in range(secrets)]
+    assert shamir.reconstruct_many_packed(xs, _byte_matrices(mixed, n), t) == shamir.reconstruct_many(xs, mixed, t)
+    if t > 1:
+        with pytest.raises(ShamirError):
+            shamir.reconstruct_many_packed(xs[:t - 1], _byte_matrices(table, t - 1), t)
+
+
 def test_invalid_inputs_are_refused():
     with pytest.raises(ShamirError):
         shamir.split(1, 3, [1, 2], os.urandom)  # t > n
