@@ -55,7 +55,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from _util import RESULTS, save  # noqa: E402
+from _util import save  # noqa: E402
 from fedsbdt.server.demo import Layout, follow_log, prepare  # noqa: E402
 
 

@@ -23,7 +23,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 from _util import ROOT, save, summary  # noqa: E402
 
 from fedsbdt.common.data import load  # noqa: E402

@@ -78,7 +78,7 @@ class SyncEcho(pbg.FederationServicer):
 
 class AioEcho(pbg.FederationServicer):
     async def Connect(self, requests, context):
-        while (m := await context.read()) is not grpc.aio.EOF:
+        while await context.read() is not grpc.aio.EOF:
             await context.write(reply())
 
 

@@ -9,10 +9,14 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .schema import Schema
+
+if TYPE_CHECKING:  # annotations only
+    import pandas as pd
 
 # pandas is imported where a table is parsed, not with this module: the site daemon imports Dataset and
 # DataError but parses its file in a child process (client/dataload.py), so it never holds pandas (~90 MB).

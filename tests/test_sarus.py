@@ -14,7 +14,7 @@ import pytest
 from scipy import stats
 
 from fedsbdt.common import sarus
-from fedsbdt.common.accountant import (ComposedEvent, LaplaceEvent, PoissonSampledEvent, alpha_grid, event_rdp,
+from fedsbdt.common.accountant import (PoissonSampledEvent, alpha_grid, event_rdp,
                                pure_dp_rdp, pure_epsilon, rdp_to_dp, subsampled_pure_dp_rdp, subsampled_pure_epsilon)
 from fedsbdt.common.boosting import LocalData
 from fedsbdt.common.builders import SarusTrees, leaf_regions

@@ -23,7 +23,7 @@ from fedsbdt.common.federation.plan import Plan, PlanError, SiteEntry, make_plan
 from fedsbdt.common.federation.wire import Purpose
 from fedsbdt.common.greedy_levels import level_sums
 
-from .conftest import EXAMPLES, ROOT, abalone_with_ids
+from .conftest import ROOT, abalone_with_ids
 from .test_greedy_federation import _level_start, adult_with_ids, assert_shares_sum_to_full_noise, first_tree_released
 from .test_state_machines import SITES, Fed, _counts
 

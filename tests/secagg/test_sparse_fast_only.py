@@ -108,7 +108,7 @@ def test_negative_control_one_colluder_more_opens_the_victims_input(cycle):
     """A neighbour of the victim colludes (the plan assumed c = 0): its held share of b_v and its mask key
     open x_v once v is shown only that neighbour — some assignment must do it, and only such ones."""
     fed, ep = cycle
-    g, tk, ids = ep.graph, ep.graph.threshold, fed.config.site_ids
+    g, ids = ep.graph, fed.config.site_ids
     victim = ids[0]
     col = g.neighbours(victim)[0]
     honest = [u for u in ids if u != col]
