@@ -7,7 +7,8 @@ seeds from t shares each, remove n self masks) — so the sites' work does not e
 messages (in ``secagg_scale.py --fast`` it does).  Median over ``--rounds`` rounds.  Run it with two
 checkouts' interpreters, alternately, to compare code under the same load.
 
-Run:  python benchmarks/fast_round_coordinator.py [--sizes 50 100 200] [--rounds 5]   (prints one JSON line)
+Run:  python benchmarks/fast_round_coordinator.py [--sizes 50 100 200] [--rounds 5] [--graph sparse]
+      (prints one JSON line)
 """
 from __future__ import annotations
 
@@ -24,8 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from secagg_scale import Federation  # noqa: E402
 
 
-def coordinator_ms(n: int, rounds: int) -> dict:
-    f = Federation(n, 128, fast=True)
+def coordinator_ms(n: int, rounds: int, graph: str = "complete") -> dict:
+    f = Federation(n, 128, graph=graph, fast=True)
     f.epoch(rounds)
     receive, finalize = [], []
     for _ in range(rounds):
@@ -42,7 +43,7 @@ def coordinator_ms(n: int, rounds: int) -> dict:
         receive.append((t1 - t0) * 1e3)
         finalize.append((t2 - t1) * 1e3)
     tot = [a + b for a, b in zip(receive, finalize)]
-    return {"n": n, "rounds": rounds, "receive_ms": round(statistics.median(receive), 3),
+    return {"n": n, "graph": f.graph, "neighbours": f.k, "rounds": rounds, "receive_ms": round(statistics.median(receive), 3),
             "finalize_ms": round(statistics.median(finalize), 3), "total_ms": round(statistics.median(tot), 3),
             "reply_bytes": len(replies[0])}
 
@@ -51,8 +52,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[50, 100, 200])
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--graph", choices=("complete", "sparse"), default="complete",
+                    help="sparse: a fast-only session on the sparse graph (k as secagg_scale.py chooses it)")
     args = ap.parse_args()
-    print(json.dumps({"load_average": os.getloadavg(), "results": [coordinator_ms(n, args.rounds) for n in args.sizes]}))
+    print(json.dumps({"load_average": os.getloadavg(),
+                      "results": [coordinator_ms(n, args.rounds, args.graph) for n in args.sizes]}))
 
 
 if __name__ == "__main__":
