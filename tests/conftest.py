@@ -10,6 +10,21 @@ ADULT = EXAMPLES / "adult" / "adult.data"
 ADULT_TEST = EXAMPLES / "adult" / "adult.test"
 
 
+@pytest.fixture(autouse=True)
+def _fedsbdt_logger_put_back():
+    """Each test leaves the ``fedsbdt`` logger as it found it.  The CLI run in process (``main([...])``) points it
+    at the current stderr with propagation off; left so, the background threads of later tests (gRPC servers
+    winding down) wrote stray lines to the worker's real stderr, between the progress dots."""
+    import logging
+
+    logger = logging.getLogger("fedsbdt")
+    handlers, level, propagate = list(logger.handlers), logger.level, logger.propagate
+    yield
+    logger.handlers[:] = handlers
+    logger.setLevel(level)
+    logger.propagate = propagate
+
+
 @pytest.fixture(scope="session")
 def abalone():
     from fedsbdt.common.data import load

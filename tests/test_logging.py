@@ -80,17 +80,13 @@ def test_handler_follows_a_replaced_stderr(monkeypatch):
 def test_progress_without_logging_configured_prints_plain_lines(capsys):
     from fedsbdt.common.cli import Progress
 
-    logger = logging.getLogger("fedsbdt")
-    saved = list(logger.handlers)
-    for h in saved:
+    logger = logging.getLogger("fedsbdt")  # no handler on the way up: none of ours, and pytest's own on the
+    for h in list(logger.handlers):  # root logger out of reach (tests/conftest.py puts the logger back)
         logger.removeHandler(h)
-    try:
-        p = Progress("job", 4)
-        for i in range(1, 5):
-            p(i, 4)
-    finally:
-        for h in saved:
-            logger.addHandler(h)
+    logger.propagate = False
+    p = Progress("job", 4)
+    for i in range(1, 5):
+        p(i, 4)
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 4 and err[-1].startswith("job: round 4/4")
 
