@@ -123,12 +123,12 @@ class SitePartition:
             shares = dpboost.tree_shares(ensemble_trees(self.hp), self.hp.learning_rate)
             got = dpboost.draw_partition(shares, csprng_uint64(self.ids.size))
             self._save(ensemble, self._digest + got.astype("<u4").tobytes())  # durable before first use
-        else:
-            if blob[:32] != self._digest or len(blob) != 32 + 4 * self.ids.size:
-                raise DPBoostRequestError(f"the stored partition of ensemble {ensemble} was drawn for other "
-                                          "records than this site's data; refusing to draw a second one")
-            got = np.frombuffer(blob[32:], "<u4").astype(np.int64)
-        self._cache = {ensemble: got}
+            return got  # not kept in memory: a save rolled back with an outer transaction must not be used again
+        if blob[:32] != self._digest or len(blob) != 32 + 4 * self.ids.size:
+            raise DPBoostRequestError(f"the stored partition of ensemble {ensemble} was drawn for other "
+                                      "records than this site's data; refusing to draw a second one")
+        got = np.frombuffer(blob[32:], "<u4").astype(np.int64)
+        self._cache = {ensemble: got}  # only what the database holds
         return got
 
     def records(self, tree: int, local) -> np.ndarray:

@@ -165,6 +165,21 @@ def test_the_partition_survives_a_site_restart(tmp_path):
         b.ledger.set_mode_state("dpboost_partition/0", b"x" * 40)
 
 
+def test_a_partition_whose_storing_was_rolled_back_is_not_used_from_memory(tmp_path):
+    """A draw stored inside a transaction that rolls back is never used: the site uses only what its database
+    holds (a restart would otherwise draw another partition for records a tree has already read)."""
+    f = Fed(tmp_path, dpboost_hp(trees=2, ensemble_trees=2)).start()
+    m = f.machines["hosp-a"]
+    with pytest.raises(RuntimeError):
+        with m.ledger.transaction():
+            m.rounds.partition.parts(0)
+            raise RuntimeError("the round failed")
+    assert f.db("hosp-a").execute("SELECT 1 FROM meta WHERE key = 'dpboost_partition/0'").fetchone() is None
+    p = m.rounds.partition.parts(0)
+    assert np.array_equal(p, stored_partition(f, "hosp-a", 0))
+    assert np.array_equal(m.rounds.partition.parts(0), p)
+
+
 def test_a_stored_partition_for_other_records_ends_the_session(tmp_path):
     hp = dpboost_hp(trees=2, ensemble_trees=2)
     f = Fed(tmp_path, hp).start()
