@@ -2,9 +2,10 @@
 
 Reference counting frees almost everything a round allocates; the cyclic collector only has to find cycles.
 With CPython's default thresholds (700, 10, 10) it runs a young collection every 700 net allocations of
-containers.  A fast round at n = 100 decodes ≈ 10,000 of them (each reply's (dealer, share) pairs, alive until
-the release), and ≈ 12 young collections per round promoted the round's live messages to older generations; the
-full collections those promotions trigger rescanned the whole heap — imports, plan and session included
+containers.  A fast round at n = 100 decoded ≈ 10,000 of them (each reply's (dealer, share) pairs, alive until
+the release; the replies have since kept their shares as bytes, docs/federation.md §10), and ≈ 12 young
+collections per round promoted the round's live messages to older generations; the full collections those
+promotions trigger rescanned the whole heap — imports, plan and session included
 (measured: docs/federation.md §10, "The garbage collector").  :func:`quiet_collector`, called once the
 service has loaded everything long-lived, collects once, freezes what is alive (``gc.freeze``: never scanned
 again — whatever of it later dies inside a reference cycle is not reclaimed, at most the start's own state)
