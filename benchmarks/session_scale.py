@@ -151,7 +151,7 @@ def record(tmp: Path, n: int, trees: int, rows_per_site: int = 40, epoch_rounds:
     if session.exit_code != 0:
         raise RuntimeError(f"the session failed: {session.stage}")
     return {"session": session, "plan": plan, "start": start, "store": store, "spent": spent, "marks": marks,
-            "calls": calls, "setup": setup}
+            "calls": calls, "setup": setup, "keys": keys}
 
 
 def _counter_bytes():
