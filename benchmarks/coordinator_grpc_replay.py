@@ -9,7 +9,8 @@ without the contention:
 1. Record one in-process session of n sites (``session_scale.record``: Abalone sample, depth 6,
    distributed noise, fast rounds), and from it each site's messages in order, each with the number of
    events the coordinator had sent that site before it (a pre-pass replaying the calls into a fresh Session).
-2. Start the coordinator in a process of its own as ``fedsbdt coordinator`` serves: the recorded plan, its
+2. Start the coordinator in a process of its own as ``fedsbdt coordinator`` serves (importing what the CLI
+   imports and no benchmark module but ``_join_tokens``, so its memory compares): the recorded plan, its
    SQLite checkpoint, the allocator and collector settings, ``CoordinatorServer`` on loopback with mutual
    TLS (a CA, a server certificate and one client certificate per site, made here).
 3. One *driver* process plays the n sites over n real gRPC channels (each with its own site certificate):
@@ -31,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
+import importlib
 import json
 import os
 import pickle
@@ -43,9 +45,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _util import save  # noqa: E402
-from session_scale import _counter_bytes, record, replay_calls  # noqa: E402
+from _join_tokens import counter_bytes  # noqa: E402  (the coordinator process imports no other benchmark module)
 
+#: the recorded plan's stage deadline: the replay must not miss one where the recording did not (a deadline
+#: that passes changes the session, and the recorded messages no longer fit)
+STAGE_SECONDS = 600
 #: recorded coordinator calls that are a site's message, and how the driver sends each
 STREAMED = {"submit_setup": "setup", "submit_input": "input", "submit_round": "round"}
 REPORTED = ("report_progress", "report_refusal", "report_finished")
@@ -58,10 +62,11 @@ def script(n: int, trees: int, epoch_rounds: int, dump: Path) -> dict:
 
     from fedsbdt.common.federation.plan import Plan
     from fedsbdt.server.session import Session
+    from session_scale import record, replay_calls
 
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="fedsbdt-grpc-replay-") as tmp:
-        rec = record(Path(tmp), n, trees, epoch_rounds=epoch_rounds)
+        rec = record(Path(tmp), n, trees, epoch_rounds=epoch_rounds, stage_seconds=STAGE_SECONDS)
         canonical, calls, start = rec["plan"].canonical_json, rec["calls"], rec["start"]
         model = rec["session"].model_json
         keys = {s: k.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
@@ -82,7 +87,7 @@ def script(n: int, trees: int, epoch_rounds: int, dump: Path) -> dict:
                 sent[site] += 1
 
     joining: set[str] = set()  # joined, not yet subscribed: the driver reports their progress itself
-    replay = Session(plan, plan.make_randomness(True), start, None, randbytes=_counter_bytes())
+    replay = Session(plan, plan.make_randomness(True), start, None, randbytes=counter_bytes())
     for name, a, k, outcome in calls:  # each call noted before it runs
         site = a[0] if a else None
         if name == "join":
@@ -148,7 +153,7 @@ def _thread_cpu() -> dict[str, float]:
 def _timed_methods() -> dict[str, float]:
     """``--breakdown``: the event loop's CPU inside a few session methods (wrapped here, inclusive; each
     wrapper adds two thread-clock reads)."""
-    from fedsbdt.common.secagg import coordinator, messages
+    from fedsbdt.common.secagg import coordinator
     from fedsbdt.server import session
 
     spent: dict[str, float] = {}
@@ -169,11 +174,17 @@ def _timed_methods() -> dict[str, float]:
     return spent
 
 
+def _option(text: str) -> tuple[str, int]:
+    name, _, value = text.partition("=")
+    return name, int(value)
+
+
 async def _disable(prof) -> None:
     prof.disable()
 
 
-def serve(dump: Path, pki: Path | None, state: Path, cprofile: Path | None = None, breakdown: bool = False) -> None:
+def serve(dump: Path, pki: Path | None, state: Path, cprofile: Path | None = None, breakdown: bool = False,
+          options: tuple = ()) -> None:
     """The coordinator process: serve the recorded plan until the session ends; print one JSON line."""
     import numpy as np
 
@@ -185,11 +196,18 @@ def serve(dump: Path, pki: Path | None, state: Path, cprofile: Path | None = Non
     from fedsbdt.server.service import CoordinatorServer
     from fedsbdt.server.session import Session
 
+    for module in ("fedsbdt.common.cli", "fedsbdt.server.cli"):  # what `fedsbdt coordinator` has loaded: a
+        importlib.import_module(module)                          # comparable resident size
+
     map_large_buffers()
     d = pickle.loads(dump.read_bytes())
     plan = Plan.from_canonical_json(d["plan"])
     session = Session(plan, plan.make_randomness(True), time.monotonic(), CoordinatorStore(state, plan.sha256),
-                      randbytes=_counter_bytes())
+                      randbytes=counter_bytes())
+    if options:  # an experiment with the server's channel arguments (the product's stay as they are)
+        from fedsbdt.server import service
+
+        service.SERVER_OPTIONS = tuple(service.SERVER_OPTIONS) + tuple(options)
     creds = server_credentials(TlsFiles.in_dir(pki / "coordinator")) if pki else None
     server = CoordinatorServer(session, "localhost:0" if pki else "127.0.0.1:0", creds)
     marks: list[tuple[int, float]] = []  # (trees released, process time) at each release
@@ -272,10 +290,16 @@ async def _drive(dump: Path, pki: Path | None, port: int) -> dict:
             ch = grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=list(GRPC_OPTIONS))
         channels[s], stubs[s] = ch, pbg.FederationStub(ch)
 
+    failed: list[Exception] = []  # a rejected message: the session went another way (e.g. a deadline passed)
+
     async def read(s: str, call) -> None:
         async for batch in call:
             if batch.rejected:
-                raise RuntimeError(f"{s}: the coordinator rejected a recorded message: {list(batch.rejected)}")
+                failed.append(RuntimeError(f"{s}: the coordinator rejected a recorded message: "
+                                           f"{list(batch.rejected)}"))
+                for w in wakes.values():
+                    w.set()
+                return
             if batch.events:
                 seen[s] = batch.events[-1].seq
                 wakes[s].set()
@@ -296,12 +320,14 @@ async def _drive(dump: Path, pki: Path | None, port: int) -> dict:
     async def site(s: str) -> None:
         token, stub, call = tokens[s], stubs[s], calls[s]
         for name, args, need in d["ops"].get(s, []):
-            while seen[s] < need:
+            while seen[s] < need and not failed:
                 wakes[s].clear()
                 try:
-                    await asyncio.wait_for(wakes[s].wait(), 60)
+                    await asyncio.wait_for(wakes[s].wait(), 300)
                 except TimeoutError:
-                    raise RuntimeError(f"{s}: waited 60 s for event {need} before its {name} (seen {seen[s]})")
+                    raise RuntimeError(f"{s}: waited 300 s for event {need} before its {name} (seen {seen[s]})")
+            if failed:
+                raise failed[0]
             if name == "submit_input":
                 purpose, tree, secagg = args
                 await call.write(pb.SiteMessage(input=pb.MaskedInputSubmission(
@@ -334,13 +360,16 @@ def drive(dump: Path, pki: Path | None, port: int) -> None:
     print(json.dumps(asyncio.run(_drive(dump, pki, port))), flush=True)
 
 
-def one_run(dump: Path, pki: Path | None, python: str, profile: Path | None = None, breakdown: bool = False) -> dict:
+def one_run(dump: Path, pki: Path | None, python: str, profile: Path | None = None, breakdown: bool = False,
+            server_options: list[str] = ()) -> dict:
     """One coordinator and one driver process; their two JSON lines merged, with the load average.
     ``profile``: ``*.prof``, cProfile of the event loop's thread from the second release on; otherwise the
     coordinator runs under ``py-spy record`` (raw stacks of the whole run into that file)."""
     with tempfile.TemporaryDirectory(prefix="fedsbdt-grpc-replay-state-") as state:
         base = [python, __file__, "--dump", str(dump)] + (["--pki", str(pki)] if pki else [])
         spy, serve = [], ["--serve", state] + (["--breakdown"] if breakdown else [])
+        for x in server_options:
+            serve += ["--server-option", x]
         if profile is not None and profile.suffix == ".prof":
             serve += ["--cprofile", str(profile)]
         elif profile is not None:
@@ -353,6 +382,8 @@ def one_run(dump: Path, pki: Path | None, python: str, profile: Path | None = No
             line = coord.stdout.readline()
         port = int(line)
         driver = subprocess.run(base + ["--drive", str(port)], capture_output=True, text=True, timeout=3600)
+        if driver.returncode:
+            coord.kill()
         out, err = coord.communicate(timeout=600)
         if coord.returncode or driver.returncode:
             raise RuntimeError(f"a run failed:\n{err[-3000:]}\n{driver.stderr[-3000:]}")
@@ -377,6 +408,9 @@ def main() -> None:
                     "FILE.prof: cProfile of its event loop from the second release on; else py-spy's raw stacks")
     ap.add_argument("--breakdown", action="store_true",
                     help="also time a few session methods inside the coordinator (adds a little CPU)")
+    ap.add_argument("--server-option", action="append", default=[], metavar="NAME=INT",
+                    help="add a gRPC channel argument to the coordinator's server (an experiment), e.g. "
+                         "grpc.http2.bdp_probe=0; repeatable")
     ap.add_argument("--out", default="coordinator_grpc_replay")
     ap.add_argument("--dump", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--pki", type=Path, help=argparse.SUPPRESS)
@@ -385,9 +419,12 @@ def main() -> None:
     ap.add_argument("--drive", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve:
-        return serve(args.dump, args.pki, args.serve, args.cprofile, args.breakdown)
+        return serve(args.dump, args.pki, args.serve, args.cprofile, args.breakdown,
+                     tuple(_option(x) for x in args.server_option))
     if args.drive:
         return drive(args.dump, args.pki, args.drive)
+    from _util import save
+
     with tempfile.TemporaryDirectory(prefix="fedsbdt-grpc-replay-") as tmp:
         dump = args.script or Path(tmp) / "script.pickle"
         if dump.exists():
@@ -404,7 +441,8 @@ def main() -> None:
         runs: dict[str, list] = {name: [] for name, _ in versions}
         for i in range(args.repeats):
             for name, python in versions:
-                r = one_run(dump, pki, python, args.profile if (i, name) == (0, "this_tree") else None, args.breakdown)
+                r = one_run(dump, pki, python, args.profile if (i, name) == (0, "this_tree") else None, args.breakdown,
+                            args.server_option)
                 runs[name].append(r)
                 print(f"run {i + 1}/{args.repeats} {name}: {r}", flush=True)
     summary = {name: {k: statistics.median(r[k] for r in rs) for k in
@@ -413,7 +451,7 @@ def main() -> None:
     save(args.out, {"description": "the coordinator over real gRPC (mutual TLS unless insecure) at n sites played "
                                    "by one driver process replaying a recorded session: no n site processes",
                     "setting": {"sites": args.sites, "trees": args.trees, "epoch_rounds": args.epoch_rounds,
-                                "tls": not args.insecure, **head},
+                                "tls": not args.insecure, "server_options": args.server_option, **head},
                     "summary": summary, "runs": runs})
     print(json.dumps(summary, indent=1))
 

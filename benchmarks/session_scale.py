@@ -35,8 +35,6 @@ Writes ``benchmarks/results/session_scale.json`` (or ``--out``).
 from __future__ import annotations
 
 import argparse
-import hashlib
-import itertools
 import json
 import os
 import statistics
@@ -55,6 +53,7 @@ sys.path.insert(0, str(CODE / "tests"))
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey  # noqa: E402
 
+from _join_tokens import counter_bytes as _counter_bytes  # noqa: E402
 from _util import save  # noqa: E402
 from fedsbdt.client.policy import SitePolicy  # noqa: E402
 from fedsbdt.client.site import SiteMachine, SiteOptions  # noqa: E402
@@ -117,8 +116,9 @@ def replay_calls(replay: Session, calls: list, after=None) -> None:
 
 
 def record(tmp: Path, n: int, trees: int, rows_per_site: int = 40, epoch_rounds: int = 128,
-           checkpoint: bool = False, graph: str = "complete", neighbours: int = 0) -> dict:
-    """Run one in-process session in ``tmp`` with every coordinator call timed and recorded (see :func:`run`)."""
+           checkpoint: bool = False, graph: str = "complete", neighbours: int = 0, stage_seconds: int = 10) -> dict:
+    """Run one in-process session in ``tmp`` with every coordinator call timed and recorded (see :func:`run`);
+    ``stage_seconds``: the plan's stage deadline (a replay over gRPC on a busy machine needs more)."""
     sites = [f"site-{i:03d}" for i in range(n)]
     schema, raw = abalone_with_ids(rows_per_site * n)
     paths = write_splits(raw, sites, tmp / "data")
@@ -126,7 +126,7 @@ def record(tmp: Path, n: int, trees: int, rows_per_site: int = 40, epoch_rounds:
     hp = Hyperparameters(trees=trees, depth=6, seed=3, epsilon=1.0)
     plan = make_plan(schema, hp, [SiteEntry(s, keys[s].public_key().public_bytes_raw()) for s in sites],
                      randomness="insecure-test", test_seed=1, test_noise=True, max_records_per_site=10_000,
-                     deadlines=Deadlines(join=30, stage=10, quorum=10_000, finish=30), epoch_rounds=epoch_rounds,
+                     deadlines=Deadlines(join=max(30, stage_seconds), stage=stage_seconds, quorum=10_000, finish=30), epoch_rounds=epoch_rounds,
                      **({"secagg_graph": "sparse", "secagg_neighbours": neighbours} if graph == "sparse" else {}))
     clock = Clock()
     start = clock.now
@@ -152,12 +152,6 @@ def record(tmp: Path, n: int, trees: int, rows_per_site: int = 40, epoch_rounds:
         raise RuntimeError(f"the session failed: {session.stage}")
     return {"session": session, "plan": plan, "start": start, "store": store, "spent": spent, "marks": marks,
             "calls": calls, "setup": setup, "keys": keys}
-
-
-def _counter_bytes():
-    """Deterministic join tokens (SHAKE-256 of a counter), so a replayed session hands out the same ones."""
-    counter = itertools.count()
-    return lambda k: hashlib.shake_256(next(counter).to_bytes(8, "big")).digest(k)
 
 
 def _instrument(session: Session, record: bool):
