@@ -503,7 +503,10 @@ class FederationService(pbg.FederationServicer):
                 ending = self.stopping or box.superseded or context.done()
                 pending = box.after(last) if (self.stopping or not ending) else []
                 for e in pending:
-                    self.bytes_out += await self.write_budget.write(context, event_parts(e))
+                    # added after the write: ``self.bytes_out += await …`` reads the counter before awaiting
+                    # and loses what the other streams add meanwhile
+                    n = await self.write_budget.write(context, event_parts(e))
+                    self.bytes_out += n
                     last = e.seq
                 if ending:
                     return
@@ -619,7 +622,8 @@ class FederationService(pbg.FederationServicer):
                     raise _Abort(*failure)
                 if pending or rejected or processed > told:
                     for batch in batch_parts(pending, processed, rejected):
-                        self.bytes_out += await self.write_budget.write(context, batch)
+                        n = await self.write_budget.write(context, batch)
+                        self.bytes_out += n  # after the write (see Subscribe)
                     if pending:
                         last = pending[-1].seq
                     told = processed

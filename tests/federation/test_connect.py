@@ -123,3 +123,59 @@ def test_bytes_that_are_not_a_site_message_end_the_stream_with_invalid_argument(
     st = stub.GetStatus(pb.GetStatusRequest(), timeout=10)
     assert st.trees_released == 0 and server.fatal is None
     ch.close()
+
+
+def test_the_bytes_sent_count_every_stream_write(tmp_path, ca_dir):
+    """The coordinator's ``bytes_sent`` (its JSON result) is the sum of what its streams wrote.  When all sites
+    subscribe, the epoch's announcement is written to every stream at once: each write is awaited while the
+    others are in flight, so ``bytes_out += await write(…)`` read the counter before the await and kept one
+    stream's bytes only."""
+    import threading
+    import time
+
+    from fedsbdt.common.config import Hyperparameters
+    from fedsbdt.common.federation.pki import TlsFiles, ca_server, server_credentials
+    from fedsbdt.server.service import CoordinatorServer
+    from fedsbdt.server.session import Session
+
+    from .conftest import abalone_with_ids, make_identities, make_test_plan
+    from .test_service import SITES
+
+    ids = make_identities(tmp_path, SITES, ca_dir)
+    schema, _ = abalone_with_ids(60)
+    plan = make_test_plan(schema, ids, Hyperparameters(trees=3, depth=2, seed=1), randomness="insecure-test",
+                          test_noise=False)
+    ca_server(ca_dir, tmp_path / "coordinator", ["localhost", "127.0.0.1"], days=2)
+    server = CoordinatorServer(Session(plan, plan.make_randomness(True), time.monotonic()), "127.0.0.1:0",
+                               server_credentials(TlsFiles.in_dir(tmp_path / "coordinator")))
+    server.start()
+    served = (plan, ids, server, tmp_path)
+    received = {s: 0 for s in SITES}
+    streams, readers = [], []
+    try:
+        for s in SITES:
+            stub, ch = stub_for(served, s)
+            token = stub.Join(join_req(plan, ids, s), timeout=10).token
+            q, resp = connect(stub, subscribe(s, token))
+            streams.append((q, ch))
+
+            def read(s=s, resp=resp):
+                for batch in resp:
+                    received[s] += len(batch.SerializeToString())
+                    if batch.events:
+                        return  # the announcement: nothing more is sent before the sites answer it
+
+            readers.append(threading.Thread(target=read, daemon=True))
+            readers[-1].start()
+        for r in readers:
+            r.join(20)
+        assert all(received.values()), received
+        deadline = time.monotonic() + 10  # a site can read a message before the server's write call returns
+        while server.service.bytes_out < sum(received.values()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert server.service.bytes_out == sum(received.values())
+    finally:
+        for q, ch in streams:
+            q.put(None)
+            ch.close()
+        server.stop(grace=0.5)
