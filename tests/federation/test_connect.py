@@ -3,13 +3,20 @@ from __future__ import annotations
 
 import os
 import queue
+import threading
+import time
 
 import grpc
 import pytest
 
+from fedsbdt.common.config import Hyperparameters
+from fedsbdt.common.federation.pki import TlsFiles, ca_server, server_credentials
 from fedsbdt.proto.v1 import federation_pb2 as pb
+from fedsbdt.server.service import CoordinatorServer
+from fedsbdt.server.session import Session
 
-from .test_service import code_of, join_req, served, stub_for  # noqa: F401, F811  (served: the module fixture)
+from .conftest import abalone_with_ids, make_identities, make_test_plan
+from .test_service import SITES, code_of, join_req, served, stub_for  # noqa: F401, F811  (served: the module fixture)
 
 
 def connect(stub, first, timeout=20):
@@ -130,17 +137,6 @@ def test_the_bytes_sent_count_every_stream_write(tmp_path, ca_dir):
     subscribe, the epoch's announcement is written to every stream at once: each write is awaited while the
     others are in flight, so ``bytes_out += await write(…)`` read the counter before the await and kept one
     stream's bytes only."""
-    import threading
-    import time
-
-    from fedsbdt.common.config import Hyperparameters
-    from fedsbdt.common.federation.pki import TlsFiles, ca_server, server_credentials
-    from fedsbdt.server.service import CoordinatorServer
-    from fedsbdt.server.session import Session
-
-    from .conftest import abalone_with_ids, make_identities, make_test_plan
-    from .test_service import SITES
-
     ids = make_identities(tmp_path, SITES, ca_dir)
     schema, _ = abalone_with_ids(60)
     plan = make_test_plan(schema, ids, Hyperparameters(trees=3, depth=2, seed=1), randomness="insecure-test",
@@ -149,12 +145,12 @@ def test_the_bytes_sent_count_every_stream_write(tmp_path, ca_dir):
     server = CoordinatorServer(Session(plan, plan.make_randomness(True), time.monotonic()), "127.0.0.1:0",
                                server_credentials(TlsFiles.in_dir(tmp_path / "coordinator")))
     server.start()
-    served = (plan, ids, server, tmp_path)
+    here = (plan, ids, server, tmp_path)  # what stub_for reads
     received = {s: 0 for s in SITES}
     streams, readers = [], []
     try:
         for s in SITES:
-            stub, ch = stub_for(served, s)
+            stub, ch = stub_for(here, s)
             token = stub.Join(join_req(plan, ids, s), timeout=10).token
             q, resp = connect(stub, subscribe(s, token))
             streams.append((q, ch))
