@@ -213,17 +213,20 @@ def serve(dump: Path, pki: Path | None, state: Path, cprofile: Path | None = Non
     marks: list[tuple[int, float]] = []  # (trees released, process time) at each release
     threads: list[dict] = []  # each thread's CPU seconds at the second and at the latest release
     prof = cProfile.Profile() if cprofile else None
-    peak = [float("nan")]  # peak RSS when the first tree is released (the epoch setup's peak)
+    setup_peak = [float("nan")]  # peak RSS when the first tree is released (the epoch setup's peak)
 
     def observe() -> None:
         k = len(session.trees)
         if k and (not marks or marks[-1][0] != k):
             marks.append((k, time.process_time()))
-            threads[1 if len(marks) > 2 else 0:] = [{**_thread_cpu(), "event loop": time.thread_time(),
-                                                     "event loop: session steps": in_session[0],
-                                                     **{f"in {k}": v for k, v in spent.items()}}]
+            snapshot = {**_thread_cpu(), "event loop": time.thread_time(),
+                        "event loop: session steps": in_session[0], **{f"in {m}": v for m, v in spent.items()}}
+            if len(marks) == 2:  # the first timed release (the epoch setup falls before it)
+                threads[:] = [snapshot]
+            elif len(marks) > 2:  # the latest release
+                threads[1:] = [snapshot]
             if len(marks) == 1:  # the epoch setup is over
-                peak[0] = _status_mib()
+                setup_peak[0] = _status_mib()
             if len(marks) == 2 and prof is not None:
                 prof.enable()  # on the event loop's thread, which runs every session step
 
@@ -254,18 +257,17 @@ def serve(dump: Path, pki: Path | None, state: Path, cprofile: Path | None = Non
     if session.model_json != d["model"]:
         raise SystemExit("the coordinator released another model than the recorded session")
     steps = np.diff([c for _, c in marks[1:]])
-    peak_at_first = peak[0]
+    rounds = marks[-1][0] - marks[1][0]
     print(json.dumps({
-        "rounds_timed": marks[-1][0] - marks[1][0],
+        "rounds_timed": rounds,
         "coordinator_cpu_ms_per_round_median": round(float(np.median(steps)) * 1e3, 2),
-        "coordinator_cpu_ms_per_round_mean": round((marks[-1][1] - marks[1][1]) / (marks[-1][0] - marks[1][0]) * 1e3,
-                                                   2),
+        "coordinator_cpu_ms_per_round_mean": round((marks[-1][1] - marks[1][1]) / rounds * 1e3, 2),
         "coordinator_cpu_s_total": round(cpu, 2),
         # CPU per round by thread (the event loop: the session and grpc.aio's Python side; gRPC's own threads)
-        "thread_cpu_ms_per_round": {name: round((threads[1].get(name, 0) - threads[0].get(name, 0))
-                                                / (marks[-1][0] - marks[1][0]) * 1e3, 2) for name in threads[1]},
+        "thread_cpu_ms_per_round": {name: round((threads[1].get(name, 0) - threads[0].get(name, 0)) / rounds * 1e3, 2)
+                                    for name in threads[1]},
         "coordinator_peak_rss_mib": round(_status_mib(), 1),
-        "coordinator_peak_rss_mib_by_first_release": round(peak_at_first, 1),
+        "coordinator_peak_rss_mib_by_first_release": round(setup_peak[0], 1),
         "bytes_in": server.service.bytes_in, "bytes_out": server.service.bytes_out}), flush=True)
 
 

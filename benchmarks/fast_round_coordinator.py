@@ -43,7 +43,8 @@ def coordinator_ms(n: int, rounds: int, graph: str = "complete") -> dict:
         receive.append((t1 - t0) * 1e3)
         finalize.append((t2 - t1) * 1e3)
     tot = [a + b for a, b in zip(receive, finalize)]
-    return {"n": n, "graph": f.graph, "neighbours": f.k, "rounds": rounds, "receive_ms": round(statistics.median(receive), 3),
+    return {"n": n, "graph": f.graph, "neighbours": f.k, "rounds": rounds,
+            "receive_ms": round(statistics.median(receive), 3),
             "finalize_ms": round(statistics.median(finalize), 3), "total_ms": round(statistics.median(tot), 3),
             "reply_bytes": len(replies[0])}
 

@@ -126,7 +126,8 @@ def record(tmp: Path, n: int, trees: int, rows_per_site: int = 40, epoch_rounds:
     hp = Hyperparameters(trees=trees, depth=6, seed=3, epsilon=1.0)
     plan = make_plan(schema, hp, [SiteEntry(s, keys[s].public_key().public_bytes_raw()) for s in sites],
                      randomness="insecure-test", test_seed=1, test_noise=True, max_records_per_site=10_000,
-                     deadlines=Deadlines(join=max(30, stage_seconds), stage=stage_seconds, quorum=10_000, finish=30), epoch_rounds=epoch_rounds,
+                     deadlines=Deadlines(join=max(30, stage_seconds), stage=stage_seconds, quorum=10_000, finish=30),
+                     epoch_rounds=epoch_rounds,
                      **({"secagg_graph": "sparse", "secagg_neighbours": neighbours} if graph == "sparse" else {}))
     clock = Clock()
     start = clock.now
