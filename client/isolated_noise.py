@@ -111,6 +111,19 @@ class IsolatedSampler:
         return self.inner.describe()
 
 
+def compile_samplers(sampler: str = "ours") -> None:
+    """Compile the kernels a noise child runs into numba's on-disk cache (``NUMBA_CACHE_DIR``); draws are discarded.
+
+    A container image build step (Dockerfile): without it every site's first noise child, drawn while the
+    site accepts the plan and before it joins, compiles them itself (about 15 s of CPU, more on a busy
+    host), and a site that joins after the plan's join deadline misses the session's first rounds.
+    """
+    randomness = SecureRandomness(sampler)
+    for scale in (0.5, 3.0, 40.0, 1e6):
+        randomness.discrete_gaussian(np.full(4, scale))
+        randomness.discrete_laplace(np.full(4, scale))
+
+
 def _child() -> int:
     with np.load(io.BytesIO(sys.stdin.buffer.read()), allow_pickle=False) as z:
         randomness = SecureRandomness(str(z["sampler"]))

@@ -9,6 +9,8 @@ and refills it from a child before it runs dry.
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -96,3 +98,21 @@ def test_shares_start_with_the_first_block_and_refill_from_a_child(sampler):
         assert all(o.shape == (16,) for o in others) and len({o.tobytes() for o in others}) == 4
     finally:
         shares.close()
+
+
+def test_compiled_samplers_serve_every_noise_child_from_numba_s_cache(tmp_path, monkeypatch):
+    """``compile_samplers`` (the image build's step, Dockerfile) leaves in the cache every kernel a site's
+    noise child needs: children drawing both kinds at scales from below 1 to 10⁶ afterwards compile nothing
+    (numba writes no file and updates no index)."""
+    cache = tmp_path / "numba"
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(cache))
+    subprocess.run([sys.executable, "-c", "from fedsbdt.client.isolated_noise import compile_samplers; "
+                    "compile_samplers()"], check=True, timeout=600)
+    before = {p.name: p.stat().st_mtime_ns for p in cache.rglob("*") if p.is_file()}
+    assert any(name.endswith(".nbc") for name in before)
+    scales = np.array([0.3, 1.0, 7.5, 123.25, 4e4, 2.5e6])
+    sampler = IsolatedSampler(SecureRandomness())
+    sampler.draw([("gaussian", scales), ("laplace", scales)])
+    sampler.draw([("gaussian", np.zeros(2))])
+    after = {p.name: p.stat().st_mtime_ns for p in cache.rglob("*") if p.is_file()}
+    assert after == before

@@ -143,21 +143,22 @@ def test_coordinator_and_three_hospital_containers_train_over_mutual_tls_to_one_
 
 def test_a_hospital_container_stopped_mid_training_exits_130_and_the_session_finishes_without_it(session):
     """``podman stop`` (SIGTERM, what docker, podman and systemd send; an explicit stop, so its restart policy
-    does not bring it back) after the first tree: the site stops cleanly (exit 130, one line saying how to
-    resume; not 143), t = 2 of 3, so the round in flight is retried among the two others and the session
-    finishes.  (SIGKILL mid-round: tests/hardening/test_crashes.py.)"""
+    does not bring it back) after the first tree hospital-3 contributed to: the site stops cleanly (exit 130,
+    one line saying how to resume; not 143), t = 2 of 3, so the round in flight is retried among the two
+    others and the session finishes without it.  (SIGKILL mid-round: tests/hardening/test_crashes.py.)
+    On a busy host a hospital may join after the plan's join deadline and miss the first rounds."""
     trees = 200  # ~20 ms each here: the stop (a few hundred ms) lands well before the end
     s = session(trees=trees)
     killed: dict[str, object] = {}
 
-    def kill_after_first_tree(rec: dict) -> None:
-        if rec.get("event") == "tree" and not killed:
-            killed["at_tree"] = rec["trees_released"]
+    def stop_after_a_tree_with_hospital_3(rec: dict) -> None:
+        if rec.get("event") == "tree" and "hospital-3" in rec.get("sites", ()) and not killed:
+            killed["at_tree"] = rec["tree"]
             name = s.containers()["hospital-3"]["Names"][0]
             killed["result"] = subprocess.run(["podman", "stop", "-t", "30", name], capture_output=True, text=True,
                                               timeout=60)
 
-    s.up(kill_after_first_tree)
+    s.up(stop_after_a_tree_with_hospital_3)
     assert killed and killed["result"].returncode == 0, (killed, s.tail(200))
     containers = s.containers()
     assert containers["hospital-3"]["ExitCode"] == 130 and containers["hospital-3"]["State"] == "exited"
@@ -171,9 +172,10 @@ def test_a_hospital_container_stopped_mid_training_exits_130_and_the_session_fin
     model = json.loads(reference)
     rounds = model["training"]["rounds"]
     assert len(model["trees"]) == trees and [r["tree"] for r in rounds] == list(range(trees))
-    with_all = [r["tree"] for r in rounds if r["sites"] == HOSPITALS]
-    without = [r["tree"] for r in rounds if r["sites"] == ["hospital-1", "hospital-2"]]
-    assert with_all and without, "the kill did not land mid-training"
-    assert len(with_all) + len(without) == trees and max(with_all) < min(without)  # it dropped once, for good
+    assert all(len(r["sites"]) >= 2 and set(r["sites"]) <= set(HOSPITALS) for r in rounds)
+    last_with_3 = max(r["tree"] for r in rounds if "hospital-3" in r["sites"])
+    assert killed["at_tree"] <= last_with_3 < trees - 1, "the stop did not land mid-training"
+    # it dropped for good: every later round among the two others
+    assert all(r["sites"] == ["hospital-1", "hospital-2"] for r in rounds[last_with_3 + 1:])
     (done,) = s.events("done")
     assert done["unconfirmed"] == ["hospital-3"] and done["mismatched"] == []
