@@ -16,8 +16,13 @@ round's exchanges), for
 
 Server kinds alternate ``--repeats`` times so that both see the same load.
 
-Run:  python benchmarks/grpc_transport.py [--streams 3] [--messages 2000] [--repeats 3]
-Writes ``benchmarks/results/grpc_transport.json``.
+``--rounds``: the floor of a fast round at n sites instead — ``aio-rounds``: each client site on a channel
+(a TLS connection) of its own, the server answering every stream only once all ``--streams`` have sent
+their message of the round (a barrier, as the coordinator releases a tree once every input is in), so the
+server's CPU per round is what a coordinator that does nothing else would spend on its 2n messages.
+
+Run:  python benchmarks/grpc_transport.py [--streams 3] [--messages 2000] [--repeats 3] [--rounds]
+Writes ``benchmarks/results/grpc_transport.json`` (``--out``).
 """
 from __future__ import annotations
 
@@ -82,13 +87,39 @@ class AioEcho(pbg.FederationServicer):
             await context.write(reply())
 
 
-def run_clients(target: str, tls_dir: str, streams: int, messages: int) -> None:
-    """The client side (its own process): ``streams`` Connect streams, ``messages`` ping-pongs each."""
-    ch = grpc.secure_channel(target, channel_credentials(TlsFiles.in_dir(Path(tls_dir))), options=list(GRPC_OPTIONS))
-    stub = pbg.FederationStub(ch)
+class AioRounds(pbg.FederationServicer):
+    """A reply on every stream once all ``n`` streams have sent their message of the round; ``started``: the
+    CPU times when the first round was complete (every connection made and its handshake done)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.waiting: list[asyncio.Future] = []
+        self.started: tuple[float, float] | None = None
+
+    async def Connect(self, requests, context):
+        while await context.read() is not grpc.aio.EOF:
+            arrived = asyncio.get_running_loop().create_future()
+            self.waiting.append(arrived)
+            if len(self.waiting) == self.n:
+                if self.started is None:
+                    self.started = _cpu()
+                released, self.waiting = self.waiting, []
+                for f in released:
+                    f.set_result(None)
+            await arrived
+            await context.write(reply())
+
+
+def run_clients(target: str, tls_dir: str, streams: int, messages: int, channel_each: bool = False) -> None:
+    """The client side (its own process): ``streams`` Connect streams, ``messages`` ping-pongs each; on one
+    channel, or with ``channel_each`` on a channel (a connection) per stream."""
+    creds = channel_credentials(TlsFiles.in_dir(Path(tls_dir)))
+    channels = [grpc.secure_channel(target, creds, options=list(GRPC_OPTIONS))
+                for _ in range(streams if channel_each else 1)]
     msg = pb.SiteMessage(round=pb.SecAggSubmission(site_id="site", token=b"t" * 16, secagg=PAYLOAD))
 
-    def one() -> None:
+    def one(ch: grpc.Channel) -> None:
+        stub = pbg.FederationStub(ch)
         q: queue.SimpleQueue = queue.SimpleQueue()
 
         def outgoing():
@@ -102,12 +133,13 @@ def run_clients(target: str, tls_dir: str, streams: int, messages: int) -> None:
         q.put(None)
         responses.cancel()
 
-    threads = [threading.Thread(target=one) for _ in range(streams)]
+    threads = [threading.Thread(target=one, args=(channels[i % len(channels)],)) for i in range(streams)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    ch.close()
+    for ch in channels:
+        ch.close()
 
 
 def _cpu() -> tuple[float, float]:
@@ -119,7 +151,7 @@ def measure(kind: str, pki: Path, streams: int, messages: int) -> dict:
     """Server CPU per stream message (each ping and each pong counts as one) while the clients run."""
     creds = server_credentials(TlsFiles.in_dir(pki / "coordinator"))
     client = [sys.executable, __file__, "--client", "--tls", str(pki / "site"), "--streams", str(streams),
-              "--messages", str(messages)]
+              "--messages", str(messages)] + (["--channel-each"] if kind == "aio-rounds" else [])
     if kind == "sync":
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=2 * streams + 16), options=list(SERVER_OPTIONS))
         pbg.add_FederationServicer_to_server(SyncEcho(), server)
@@ -132,7 +164,8 @@ def measure(kind: str, pki: Path, streams: int, messages: int) -> dict:
     else:
         async def main():
             server = grpc.aio.server(options=list(SERVER_OPTIONS))
-            pbg.add_FederationServicer_to_server(AioEcho(), server)
+            servicer = AioRounds(streams) if kind == "aio-rounds" else AioEcho()
+            pbg.add_FederationServicer_to_server(servicer, server)
             port = server.add_secure_port("127.0.0.1:0", creds)
             await server.start()
             c0 = _cpu()
@@ -141,12 +174,19 @@ def measure(kind: str, pki: Path, streams: int, messages: int) -> dict:
                 raise RuntimeError("the client failed")
             c1 = _cpu()
             await server.stop(None)
+            if isinstance(servicer, AioRounds):  # from the first complete round on: no handshakes
+                return servicer.started, c1
             return c0, c1
 
         c0, c1 = asyncio.run(main())
+    if kind == "aio-rounds":
+        messages -= 1
     n = 2 * streams * messages
-    return {"user_us_per_message": round((c1[0] - c0[0]) / n * 1e6, 1),
-            "kernel_us_per_message": round((c1[1] - c0[1]) / n * 1e6, 1)}
+    out = {"user_us_per_message": round((c1[0] - c0[0]) / n * 1e6, 1),
+           "kernel_us_per_message": round((c1[1] - c0[1]) / n * 1e6, 1)}
+    if kind == "aio-rounds":
+        out["cpu_ms_per_round"] = round((c1[0] + c1[1] - c0[0] - c0[1]) / messages * 1e3, 2)
+    return out
 
 
 def make_pki(root: Path) -> Path:
@@ -166,15 +206,18 @@ def main() -> None:
     ap.add_argument("--streams", type=int, default=3, help="client streams (sites), one process")
     ap.add_argument("--messages", type=int, default=2000, help="ping-pongs per stream")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--rounds", action="store_true",
+                    help="the floor of a fast round: a connection per site, replies once every site has sent")
     ap.add_argument("--out", default="grpc_transport")
     ap.add_argument("--client", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--channel-each", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--target", help=argparse.SUPPRESS)
     ap.add_argument("--tls", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.client:
-        run_clients(args.target, args.tls, args.streams, args.messages)
+        run_clients(args.target, args.tls, args.streams, args.messages, args.channel_each)
         return
-    runs: dict[str, list[dict]] = {"sync": [], "aio": []}
+    runs: dict[str, list[dict]] = {"aio-rounds": []} if args.rounds else {"sync": [], "aio": []}
     with tempfile.TemporaryDirectory(prefix="fedsbdt-transport-") as tmp:
         pki = make_pki(Path(tmp))
         for rep in range(args.repeats):
@@ -189,10 +232,12 @@ def main() -> None:
     from _util import save
 
     path = save(args.out, {
-        "description": "server CPU per stream message (user, kernel) of gRPC's sync thread-pool server and of "
-                       "grpc.aio, bidirectional streams with mutual TLS over loopback, 1.1 KB ping-pong",
+        "description": ("server CPU per stream message (user, kernel) and per round of grpc.aio answering every "
+                        "stream once all streams have sent (a connection per stream)" if args.rounds else
+                        "server CPU per stream message (user, kernel) of gRPC's sync thread-pool server and of "
+                        "grpc.aio") + ", bidirectional streams with mutual TLS over loopback, 1.1 KB messages",
         "setting": {"streams": args.streams, "messages_per_stream": args.messages, "repeats": args.repeats,
-                    "grpc": grpc.__version__},
+                    "rounds": args.rounds, "grpc": grpc.__version__},
         "summary": summary, "runs": runs})
     print(f"saved {path}")
 
