@@ -6,7 +6,30 @@
 # image by default, or a hospital's own approved base image (--build-arg BASE_IMAGE=...).
 # Offline: with wheels in wheels/ (pip wheel, docs/deployment.md "Building the image offline")
 # pip installs from those only (--no-index) and the build needs no network (--network none).
+#
+# The image runs the built wheel, installed as a hospital installs it (not editable, no sources).
 ARG BASE_IMAGE=python:3.11-slim
+
+# 1. The fedsbdt wheel, built from the sources with the build backend pyproject.toml names.
+FROM ${BASE_IMAGE} AS wheel
+WORKDIR /src
+COPY pyproject.toml setup.py README.md ./
+COPY common ./common
+COPY server ./server
+COPY client ./client
+COPY protos ./protos
+COPY examples ./examples
+RUN --mount=type=bind,source=wheels,target=/wheels \
+    set -e; \
+    python3 -m venv /build; \
+    if ls /wheels/*.whl >/dev/null 2>&1; then from="--no-index --find-links /wheels"; else from=""; fi; \
+    /build/bin/python -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["build-system"]["requires"]))' \
+        > /tmp/build-requirements.txt; \
+    /build/bin/pip install -q $from -r /tmp/build-requirements.txt; \
+    /build/bin/pip wheel --no-deps --no-build-isolation --wheel-dir /dist .
+
+# 2. The image: the dependencies, as pyproject.toml lists them, into a virtualenv (a layer of its own: it
+#    survives changes to the code), then the wheel from stage 1.
 FROM ${BASE_IMAGE}
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -17,8 +40,6 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PATH=/opt/fedsbdt/venv/bin:$PATH
 
 WORKDIR /opt/fedsbdt
-# 1. The dependencies and the build backend, as pyproject.toml lists them, into a virtualenv
-#    (a layer of its own: it survives changes to the code).
 COPY pyproject.toml ./
 RUN --mount=type=bind,source=wheels,target=/wheels \
     set -e; \
@@ -29,20 +50,14 @@ RUN --mount=type=bind,source=wheels,target=/wheels \
         echo "fedsbdt: wheels/ is empty, installing from the package index"; from=""; \
     fi; \
     python -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb")); \
-print("\n".join(p["build-system"]["requires"] + p["project"]["dependencies"]))' > /tmp/requirements.txt; \
+print("\n".join(p["project"]["dependencies"]))' > /tmp/requirements.txt; \
     pip install $from -r /tmp/requirements.txt; \
-    rm /tmp/requirements.txt
+    rm /tmp/requirements.txt pyproject.toml
 
-# 2. fedsbdt itself, editable: the repository layout stays (bundled examples, generated stubs under protos/).
-COPY README.md ./
-COPY common ./common
-COPY server ./server
-COPY client ./client
-COPY protos ./protos
-COPY examples ./examples
 # The exact noise samplers compiled into numba's cache (NUMBA_CACHE_DIR) now: a site's first noise draw,
 # before it joins, then takes a second instead of ~15 s of compiling (on a host with the build host's CPU).
-RUN pip install --no-index --no-deps --no-build-isolation -e . && mkdir -p /var/cache/fedsbdt/numba \
+RUN --mount=type=bind,from=wheel,source=/dist,target=/dist \
+    pip install --no-index --no-deps /dist/fedsbdt-*.whl && mkdir -p /var/cache/fedsbdt/numba \
     && python -c "import fedsbdt.common.cli, fedsbdt.server.cli, fedsbdt.client.cli, fedsbdt.proto.v1.federation_pb2_grpc" \
     && python -c "from fedsbdt.client.isolated_noise import compile_samplers; compile_samplers()"
 

@@ -33,6 +33,7 @@ splits into DIR (for ``docker compose up``, see docs/federation.md).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import logging
 import os
@@ -47,7 +48,14 @@ from pathlib import Path
 
 from fedsbdt.common.cli import CliError, Progress, emit
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+def _examples_folder() -> Path:
+    """The bundled examples (``examples/`` of the repository), installed as ``fedsbdt.examples``."""
+    spec = importlib.util.find_spec("fedsbdt.examples")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+EXAMPLES = _examples_folder()
 DATASETS = ("abalone", "adult")
 log = logging.getLogger("fedsbdt.demo")
 

@@ -20,7 +20,7 @@ WHEELHOUSE = Path(os.environ.get("FEDSBDT_WHEELHOUSE", str(CACHE / "wheels")))
 SETUP = ".ci/container-setup.sh"
 # Not copied into a build context (the entries of .dockerignore, and wheels, which are linked in).
 _NOT_CONTEXT = shutil.ignore_patterns(".git", "deploy", ".numba-cache", ".pytest_cache", ".hypothesis",
-                                      "__pycache__", "*.egg-info", "*.whl")
+                                      "__pycache__", "*.egg-info", "*.whl", "build", "dist")
 
 
 @functools.cache

@@ -85,9 +85,8 @@ def test_first_run_says_that_kernels_are_compiling(caplog):
 #: import name of every core dependency in pyproject.toml
 IMPORT_NAMES = {"numpy": "numpy", "numba": "numba", "grpcio": "grpc", "protobuf": "google", "cryptography": "cryptography",
                 "opendp": "opendp", "dp-accounting": "dp_accounting", "pandas": "pandas", "pyarrow": "pyarrow",
-                "rich": "rich", "prometheus-client": "prometheus_client", "psycopg": "psycopg", "duckdb": "duckdb"}
-#: modules that are a library API for users who installed the extra themselves, never used by a command
-OPTIONAL = {"sklearn": {"common/estimators.py", "common/estimators_multiclass.py"}}
+                "rich": "rich", "prometheus-client": "prometheus_client", "psycopg": "psycopg", "duckdb": "duckdb",
+                "scikit-learn": "sklearn"}
 
 
 def test_every_command_works_after_the_main_install():
@@ -113,7 +112,7 @@ def test_every_command_works_after_the_main_install():
                     continue
                 for m in mods:
                     top = m.split(".")[0]
-                    if top not in allowed and rel not in OPTIONAL.get(top, ()):
+                    if top not in allowed:
                         outside.append(f"{rel}:{node.lineno}: {m}")
     assert not outside, outside
 

@@ -94,10 +94,13 @@ def test_prepare_writes_every_file_the_compose_services_mount(compose, tmp_path,
     assert "coordinator" in san.get_values_for_type(x509.DNSName)  # the host name the hospitals dial
 
 
-def test_dockerfile_installs_the_package_with_its_stubs():
+def test_dockerfile_installs_the_built_wheel():
     """(The image is built and run for real in test_compose_podman.py, where podman exists.)"""
     text = (ROOT / "Dockerfile").read_text()
-    assert text.startswith("#") and "ARG BASE_IMAGE=python:3.11-slim\nFROM ${BASE_IMAGE}\n" in text
+    assert text.startswith("#") and "ARG BASE_IMAGE=python:3.11-slim\n" in text
+    assert text.count("FROM ${BASE_IMAGE}") == 2  # the wheel's build stage, then the image
     assert "--no-index --find-links /wheels" in text and (ROOT / "wheels" / "README.md").is_file()
-    for needed in ("COPY protos", "COPY common", "COPY server", "COPY client", "pip install"):
+    for needed in ("COPY pyproject.toml setup.py", "COPY protos", "COPY common", "COPY server", "COPY client", "COPY examples",
+                   "pip wheel --no-deps", "pip install --no-index --no-deps /dist/fedsbdt-*.whl"):
         assert needed in text
+    assert "-e ." not in text, "the image must run the built wheel, not an editable checkout"
