@@ -600,6 +600,23 @@ def _trees(model: Ensemble) -> str:
     return body
 
 
+def _importance(model: Ensemble, plots: bool) -> str:
+    from .explain import BOX_POINTS, importance, public_box_sample
+    from .svgplot import bar_chart
+
+    imp = importance(model, public_box_sample(model, BOX_POINTS), "public box")
+    rows = [(f, v, f"{s:.1%} of the total") for f, v, s in zip(imp.features, imp.mean_abs, imp.share)]
+    body = (f"<p>How much each feature moves the model's output ({_e(imp.units)}): the mean absolute SHAP "
+            f"contribution over {imp.points} points drawn uniformly from the public schema's feature box — a "
+            "description of the released model, computed from it alone (no records, no privacy cost). Over your "
+            "own records, and per prediction: <code>fedsbdt explain --model M --data F --contributions "
+            "out.csv</code> (docs/explain.md).</p>")
+    if plots:
+        body += bar_chart(imp.features, imp.mean_abs, "Feature importance (mean |SHAP contribution|)",
+                          f"mean |contribution| to the {imp.units}")
+    return body + _table(rows, head=("feature", "mean |contribution|", "share"))
+
+
 def build_report(model: Ensemble, ledger: LedgerSummary | None = None, model_name: str = "model",
                  model_sha256: str | None = None, generated: _dt.datetime | None = None, plots: bool = True,
                  evaluation: dict[str, Any] | None = None) -> str:
@@ -633,6 +650,8 @@ def build_report(model: Ensemble, ledger: LedgerSummary | None = None, model_nam
         sections.append(_section("evaluation", "Federated evaluation", _evaluation(p, evaluation)))
     if ledger is not None:
         sections.append(_section("ledger", f"Site ledger: {ledger.site}", _ledger(ledger, ledger_svg)))
+    if model.trees:
+        sections.append(_section("importance", "Feature importance", _importance(model, plots)))
     if draws_trees(model):
         sections.append(_section("trees", "The trees", _trees(model)))
     sections.append(_section("schema", "Public schema", _schema(model)))

@@ -1,4 +1,4 @@
-"""Small, dependency-free SVG charts for the privacy report (a line, a step line, a histogram).
+"""Small, dependency-free SVG charts for the privacy report (a line, a step line, a histogram, bars).
 
 The report must work after the main install — hospitals install as little as
 possible — so it draws its three simple charts itself as inline SVG: text
@@ -146,3 +146,27 @@ def histogram(values, bins: int, lo: float, hi: float, title: str, xlabel: str, 
             body.append(f'<rect x="{xa:.1f}" y="{yt:.1f}" width="{max(xb - xa - 0.6, 0.5):.1f}" '
                         f'height="{y0 - yt:.1f}" fill="{BLUE}"><title>{int(cnt)}</title></rect>')
     return _svg(title, body)
+
+
+def bar_chart(labels, values, title: str, xlabel: str) -> str:
+    """Horizontal bars, one per label, top to bottom in the order given (values ≥ 0)."""
+    v = np.asarray(values, float)
+    row, left = 18, 150
+    height = TOP + BOTTOM + row * len(v)
+    top = float(v.max()) * 1.08 if v.size and v.max() > 0 else 1.0
+    scale = (WIDTH - left - RIGHT) / top
+    body = []
+    for t in nice_ticks(0.0, top, 5):
+        x = left + t * scale
+        body.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{TOP}" y2="{height - BOTTOM}" stroke="{GRID}"/>'
+                    f'<text x="{x:.1f}" y="{height - BOTTOM + 16}" text-anchor="middle">{_fmt(t)}</text>')
+    for k, (label, value) in enumerate(zip(labels, v)):
+        y = TOP + k * row
+        body.append(f'<text x="{left - 6}" y="{y + row - 5}" text-anchor="end">{html.escape(str(label))}</text>'
+                    f'<rect x="{left}" y="{y + 3}" width="{max(value * scale, 0.5):.1f}" height="{row - 6}" '
+                    f'fill="{BLUE}"><title>{html.escape(str(label))}: {_fmt(value)}</title></rect>')
+    body.append(f'<text x="{(left + WIDTH - RIGHT) / 2:.1f}" y="{height - 8}" text-anchor="middle">'
+                f'{html.escape(xlabel)}</text>')
+    svg = _svg(title, body)
+    return svg.replace(f'viewBox="0 0 {WIDTH} {HEIGHT}"', f'viewBox="0 0 {WIDTH} {height}"', 1).replace(
+        f'height="{HEIGHT}"', f'height="{height}"', 1)

@@ -90,8 +90,8 @@ def model(abalone):
 def test_structure_and_values(model):
     page = Page(build_report(model, model_name="abalone.json", model_sha256="ab" * 32))
     assert page.title == "Privacy report — abalone"
-    assert list(page.sections) == ["summary", "guarantee", "accountant", "hyperparameters", "training", "schema",
-                                   "about"]
+    assert list(page.sections) == ["summary", "guarantee", "accountant", "hyperparameters", "training",
+                                   "importance", "schema", "about"]
     p = model.privacy
     assert page.value("accountant", "σ (sigma)") == f"{p['sigma']:.6g}"
     assert page.value("accountant", "α̂ (alpha)") == str(p["alpha"])
@@ -133,7 +133,7 @@ def test_report_needs_no_plotting_library(model, tmp_path):
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert p.returncode == 0, p.stderr
     page = Page((tmp_path / "r.html").read_text())
-    assert {i["aria-label"] for i in page.images} == {"epsilon over trees"}
+    assert {i["aria-label"] for i in page.images} == {"epsilon over trees", "Feature importance (mean |SHAP contribution|)"}
 
 
 def test_svg_charts_scale_their_data_into_the_frame():
