@@ -4,26 +4,22 @@ Every package below each folder is discovered, never listed by hand (a hand-writ
 ``fedsbdt.common.modes`` out of the wheel).  ``tests/test_wheel.py`` builds the wheel and checks that it
 holds every module and data file of these folders.  Metadata and dependencies: ``pyproject.toml``.
 """
-from setuptools import find_namespace_packages, find_packages, setup
+from setuptools import find_packages, setup
 
 # import name -> folder in the repository
 CODE = {"fedsbdt": "protos/fedsbdt", "fedsbdt.common": "common", "fedsbdt.server": "server",
         "fedsbdt.client": "client"}
-EXAMPLES = ("fedsbdt.examples", "examples")  # the demo's data and the documented schemas, as package data
+EXAMPLES = {"fedsbdt.examples": "examples"}  # the demo's data and the documented schemas, as package data
 
 
-def code_packages() -> list[str]:
+def packages() -> list[str]:
     return [f"{name}.{sub}" if sub else name
-            for name, folder in CODE.items() for sub in ["", *find_packages(folder)]]
-
-
-def example_packages() -> list[str]:
-    name, folder = EXAMPLES
-    return [name, *(f"{name}.{sub}" for sub in find_namespace_packages(folder, exclude=["*__pycache__*"]))]
+            for name, folder in CODE.items() for sub in ["", *find_packages(folder)]] + list(EXAMPLES)
 
 
 setup(
-    packages=code_packages() + example_packages(),
-    package_dir={**CODE, EXAMPLES[0]: EXAMPLES[1]},
-    package_data={"fedsbdt.proto.v1": ["*.proto", "*.pyi"], **{p: ["*"] for p in example_packages()}},
+    packages=packages(),
+    package_dir={**CODE, **EXAMPLES},
+    package_data={"fedsbdt.proto.v1": ["*.proto", "*.pyi"], "fedsbdt.examples": ["**/*"]},
+    exclude_package_data={"": ["__pycache__/*", "*.pyc"]},
 )

@@ -33,7 +33,6 @@ splits into DIR (for ``docker compose up``, see docs/federation.md).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import logging
 import os
@@ -46,16 +45,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import fedsbdt.examples
 from fedsbdt.common.cli import CliError, Progress, emit
 
-
-def _examples_folder() -> Path:
-    """The bundled examples (``examples/`` of the repository), installed as ``fedsbdt.examples``."""
-    spec = importlib.util.find_spec("fedsbdt.examples")
-    return Path(next(iter(spec.submodule_search_locations)))
-
-
-EXAMPLES = _examples_folder()
+EXAMPLES = Path(fedsbdt.examples.__file__).parent  # the bundled data (examples/ of the repository)
 DATASETS = ("abalone", "adult")
 log = logging.getLogger("fedsbdt.demo")
 
