@@ -542,3 +542,28 @@ def run_central_audit(dataset, hp, canaries: int = 1000, confidence: float = 0.9
     result = result_from_scores(scores, can, model.privacy["epsilon"], model.privacy["delta"], confidence,
                                 trees=len(model.trees), rows=dataset.n, seconds=round(time.perf_counter() - t0, 3))
     return result, model
+
+
+def audit_html(a: dict) -> str:
+    """The report's audit section (common/report.py) from a stored :meth:`AuditResult.to_dict`: the audit's
+    ε_lower beside the proof's ε, what was measured, and what it does and does not show."""
+    from .report import _e, _table
+
+    conf = float(a.get("confidence", 0.95))
+    below = a.get("epsilon_lower", 0.0) <= a.get("epsilon_claimed", 0.0)
+    rows = [("ε (proof)", a.get("epsilon_claimed"), "the receipt's guarantee: an upper bound, proven"),
+            ("ε_lower (audit)", a.get("epsilon_lower"),
+             f"measured: an (ε, δ)-DP training run shows more than this with probability ≤ {1 - conf:.3g}"),
+            ("confidence", conf, "1 − β of the lower bound"),
+            ("δ", a.get("delta"), "the δ both are stated for"),
+            ("canaries", a.get("canaries"), "records the auditor added, each by a secret fair coin"),
+            ("guesses", a.get("guesses"), "canaries the attack guessed (the others: abstained)"),
+            ("correct", a.get("correct"), "guesses that matched the auditor's coins"),
+            ("most it can show", a.get("max_auditable"), "ε_lower if every canary were guessed right")]
+    verdict = ("The audit's lower bound is below the proof's ε, as it must be for a correct implementation."
+               if below else "The audit's lower bound is ABOVE the proof's ε: either the implementation leaks more "
+               f"than it claims, or this run is the rare {100 * (1 - conf):.3g}% case. Investigate before release.")
+    return (f"<p>An attacker who knows the data, the canaries and the released model tried to tell which canaries "
+            f"were trained on (Steinke, Nasr &amp; Jagielski, one-run audit). {_e(verdict)} A small ε_lower "
+            "means this attack could not see more; it is a lower bound, not a proof (docs/audit.md).</p>"
+            + _table(rows))
