@@ -24,6 +24,8 @@ def audit_hyperparameters_from_args(args: argparse.Namespace):
     from .config import Hyperparameters, builder_defaults
 
     given = given_hyperparameters(args)
+    if given.get("tree_builder", "random") != "random":
+        raise CliError(f"the audit supports random trees (S-BDT), not --tree-builder {given['tree_builder']}")
     return Hyperparameters().replace(**builder_defaults({**AUDIT_SPLIT_DEFAULTS, **given}))
 
 
