@@ -588,9 +588,8 @@ def _register_optional(sub) -> None:
     """Further commands live next to their code and register themselves when present."""
     import importlib
 
-    for mod in ("fedsbdt.common.cli_tools", "fedsbdt.common.cli_explain", "fedsbdt.common.cli_tune",
-                "fedsbdt.common.ledger_cli", "fedsbdt.server.cli",
-                "fedsbdt.client.cli"):
+    for mod in ("fedsbdt.common.cli_tools", "fedsbdt.common.cli_explain", "fedsbdt.common.cli_audit",
+                "fedsbdt.common.cli_tune", "fedsbdt.common.ledger_cli", "fedsbdt.server.cli", "fedsbdt.client.cli"):
         try:
             m = importlib.import_module(mod)
         except ModuleNotFoundError as e:

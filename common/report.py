@@ -650,6 +650,10 @@ def build_report(model: Ensemble, ledger: LedgerSummary | None = None, model_nam
         sections.append(_section("evaluation", "Federated evaluation", _evaluation(p, evaluation)))
     if ledger is not None:
         sections.append(_section("ledger", f"Site ledger: {ledger.site}", _ledger(ledger, ledger_svg)))
+    if model.training.get("audit"):  # fedsbdt audit: the empirical ε_lower beside the proof's ε (docs/audit.md)
+        from .audit import audit_html
+
+        sections.append(_section("audit", "Privacy audit (one training run)", audit_html(model.training["audit"])))
     if model.trees:
         sections.append(_section("importance", "Feature importance", _importance(model, plots)))
     if draws_trees(model):
@@ -707,6 +711,7 @@ def write_report(model_path: str | Path, out: str | Path, ledger_path: str | Pat
     o = write_atomic(out, text, "report")
     secs = ["summary", "guarantee", "accountant", "hyperparameters", "training"] \
         + (["evaluation"] if model.privacy.get("evaluation") else []) + (["ledger"] if ledger else []) \
+        + (["audit"] if model.training.get("audit") else []) \
         + (["trees"] if draws_trees(model) else []) + ["schema", "about"]
     return ReportSummary(str(o), float(model.privacy["epsilon"]), float(model.privacy["delta"]), secs,
                          ledger.exhausted_share if ledger else None)

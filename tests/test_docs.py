@@ -31,7 +31,7 @@ from container_engine import BASE_IMAGE, copy_repository, offline_pip_env, unava
 DOCS = ROOT / "docs"
 OWN = ["quickstart.md", "threat-model.md", "choosing-epsilon.md", "deployment.md", "troubleshooting.md", "greedy.md",
        "sklearn.md", "xgboost-export.md", "missing-values.md", "multiclass.md", "dpboost.md", "sarus.md",
-       "federated-evaluation.md", "modes.md", "auto.md", "plugins.md", "explain.md"]
+       "federated-evaluation.md", "modes.md", "auto.md", "plugins.md", "explain.md", "audit.md"]
 MIN_BLOCKS = {"quickstart.md": 4, "choosing-epsilon.md": 1, "troubleshooting.md": 4, "sklearn.md": 1,
               "xgboost-export.md": 1, "deployment.md": 10, "greedy.md": 2, "multiclass.md": 3,
               "dpboost.md": 1, "sarus.md": 2, "federated-evaluation.md": 1,
