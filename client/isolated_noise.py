@@ -85,16 +85,24 @@ class IsolatedSampler:
 
     def _single(self, kind: str, scales: np.ndarray) -> np.ndarray:
         now = time.monotonic()
-        if not self.in_process and self._last_single is not None and now - self._last_single < SINGLE_DRAW_INTERVAL:
-            self.in_process = True
-            log.warning("single noise vectors are requested every few seconds: drawing them in the site process "
-                        "from now on (the exact sampler costs it about 150 MB)",
-                        extra={"event": "noise_in_process"})
+        frequent = self._last_single is not None and now - self._last_single < SINGLE_DRAW_INTERVAL
         self._last_single = now
-        if self.in_process:
-            draw = self.inner.discrete_gaussian if kind == "gaussian" else self.inner.discrete_laplace
-            return np.asarray(draw(scales), dtype=np.int64)
+        if self.in_process or frequent:
+            return self.draw_in_process(kind, scales, "single noise vectors are requested every few seconds")
         return self.draw([(kind, scales)])[0]
+
+    def draw_in_process(self, kind: str, scales: np.ndarray, why: str = "a round needed a noise share before "
+                        "the child drawing its block had finished") -> np.ndarray:
+        """One draw per entry of ``scales`` in this process, with the same exact sampler (no child to wait for):
+        from the first such draw on, the site process holds the sampler (about 150 MB; said once)."""
+        if kind not in KINDS:
+            raise ValueError(f"unknown noise kind {kind!r}")
+        if not self.in_process:
+            self.in_process = True
+            log.warning(f"{why}: drawing them in the site process from now on (the exact sampler costs it about "
+                        "150 MB)", extra={"event": "noise_in_process"})
+        draw = self.inner.discrete_gaussian if kind == "gaussian" else self.inner.discrete_laplace
+        return np.asarray(draw(scales), dtype=np.int64)
 
     def discrete_gaussian(self, scales: np.ndarray) -> np.ndarray:
         """One exact discrete Gaussian N_Z(0, s²) per entry of ``scales`` (integer units), drawn in a child."""

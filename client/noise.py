@@ -97,14 +97,18 @@ class NoiseShares:
             if key != self._expect:
                 self._expect = key  # the thread fills this divisor's buffer from now on
                 self._cv.notify_all()
-            while not self._ready[key] and self._drawing == key and self._error is None:
-                self._cv.wait()
             if self._ready[key]:
                 self._cv.notify_all()  # the thread refills what is taken
                 return self._ready[key].popleft()
             if self._error is not None:
                 raise RuntimeError(f"the noise sampler failed: {self._error!r}")
-        return np.asarray(self.randomness.discrete_gaussian(self.scales[key]), dtype=np.int64)  # drawn now
+        # None ready (e.g. a membership change used up a divisor's spare shares while its block is drawn in a
+        # child, which takes tens of seconds on a loaded host): a round never waits for that, the share is drawn
+        # now, in this process for an isolated sampler (same exact sampler; each value handed out once)
+        now = getattr(self.randomness, "draw_in_process", None)
+        if now is not None:
+            return np.asarray(now("gaussian", self.scales[key]), dtype=np.int64)
+        return np.asarray(self.randomness.discrete_gaussian(self.scales[key]), dtype=np.int64)
 
     def close(self) -> None:
         self._stop.set()

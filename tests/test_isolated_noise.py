@@ -11,6 +11,8 @@ from __future__ import annotations
 import logging
 import subprocess
 import sys
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -85,10 +87,15 @@ def test_shares_start_with_the_first_block_and_refill_from_a_child(sampler):
     try:
         assert init.shape == (2,) and sampler.children == before + 1  # one child: first block and initial share
         assert shares.chunk == 28 and shares.low == 8  # one block covers the 20 rounds
-        taken = [shares.take(3) for _ in range(60)]  # more than one block: the thread refilled from children
+        taken = []
+        for _ in range(3):  # more than two blocks: the thread refills from a child once `low` are left
+            taken += [shares.take(3) for _ in range(len(shares._ready[3]) - shares.low + 1)]
+            deadline = time.monotonic() + 120
+            while len(shares._ready[3]) < shares.low and time.monotonic() < deadline:
+                time.sleep(0.01)
         assert all(t.shape == (16,) and t.dtype == np.int64 for t in taken)
-        assert len({t.tobytes() for t in taken}) == 60  # never the same vector twice
-        assert sampler.children >= before + 3
+        assert len({t.tobytes() for t in taken}) == len(taken)  # never the same vector twice
+        assert sampler.children >= before + 3 and not sampler.in_process  # refilled by children in time
         spares = [r.copy() for r in shares._ready[2]]
         assert len(spares) == SPARE_SHARES  # drawn with the first block
         n = sampler.children
@@ -116,3 +123,49 @@ def test_compiled_samplers_serve_every_noise_child_from_numba_s_cache(tmp_path, 
     sampler.draw([("gaussian", np.zeros(2))])
     after = {p.name: p.stat().st_mtime_ns for p in cache.rglob("*") if p.is_file()}
     assert after == before
+
+
+class SlowChildSampler(IsolatedSampler):
+    """The real isolated sampler whose block children do not finish until ``release`` is set: a child on a
+    loaded host (load 8–14 measured tens of seconds for one)."""
+
+    def __init__(self, inner) -> None:
+        super().__init__(inner)
+        self.release = threading.Event()
+        self.blocked = threading.Event()
+
+    def draw(self, requests):
+        if self.children >= 1:  # the first block (the session's start) comes at once; later ones hang
+            self.blocked.set()
+            assert self.release.wait(120)
+        return super().draw(requests)
+
+
+def test_a_membership_change_never_waits_for_a_child_the_share_is_drawn_in_process(caplog):
+    """Issue 36 item 4: after a dropout the round's divisor changes; its spare shares run out while the child
+    drawing its block is still running.  The next share must come at once (drawn in this process, fresh and
+    of the divisor's variance), not after the child: the round would miss its stage deadline."""
+    sampler = SlowChildSampler(SecureRandomness())
+    scales = {3: np.full(16, 100.0), 2: np.full(16, 130.0)}
+    shares, _ = isolated_shares(sampler, scales, 3, rounds=20)
+    log = logging.getLogger("fedsbdt.site")
+    log.addHandler(caplog.handler)
+    result: list = []
+    try:
+        spares = [shares.take(2) for _ in range(SPARE_SHARES)]  # divisor 2's spares; its block child starts
+        assert sampler.blocked.wait(60)  # ... and hangs
+        worker = threading.Thread(target=lambda: result.extend(shares.take(2) for _ in range(20)), daemon=True)
+        worker.start()
+        worker.join(30)
+        assert not worker.is_alive(), "a round waited for the noise child"
+        assert sampler.in_process and sampler.children == 1
+        got = spares + result
+        assert all(v.shape == (16,) and v.dtype == np.int64 for v in got)
+        assert len({v.tobytes() for v in got}) == len(got)  # never the same vector twice
+        assert any("drawing them in the site process" in r.getMessage() for r in caplog.records)
+        big = np.stack([shares.take(2) for _ in range(200)]).ravel() / 130.0  # still the divisor's σ
+        assert abs(float(np.mean(big**2)) - 1.0) < 5 * np.sqrt(2.0 / big.size)
+    finally:
+        log.removeHandler(caplog.handler)
+        sampler.release.set()
+        shares.close()
