@@ -4,16 +4,19 @@
     fedsbdt auto --schema S --epsilon E --rows N [--json]      # the auto settings, no data read
 
 ``tune`` is private hyperparameter tuning (Papernot & Steinke 2022, common/tuning.py): the receipt's ε
-covers every trial, the scoring, the selection and the row count, and is ≤ E.  ``auto`` prints the rule's
-choice for public inputs — what a federation's plan should carry to match ``fedsbdt train`` (the same
-rule on the same public inputs gives the same settings).
+covers every trial, the scoring, the selection and the row count, and is ≤ E.  It releases the winning model,
+its settings and the receipt only — never the number of trials, the trials, their scores or the winner's
+position (Thm. 2 covers the best trial with K hidden), so it shows no progress and no timing either.  The
+schema must name a stable ``id_column``: the held-out part is a keyed hash of each record's id.
+
+``auto`` prints the rule's choice for public inputs — what a federation's plan should carry to match
+``fedsbdt train`` (the same rule on the same public inputs gives the same settings).
 """
 from __future__ import annotations
 
 import argparse
-import secrets
 
-from .cli import CliError, Progress, _load_data, emit
+from .cli import CliError, _load_data, emit
 
 
 def settings_line(s: dict) -> str:
@@ -28,7 +31,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from .files import check_output_path
     from .randomness import SecureRandomness
     from .schema import Schema
-    from .tuning import candidates, plan_tuning, tune_on
+    from .tuning import HOLDOUT_SHARE, SHAPE, candidates, fresh_split_key, plan_tuning, tune_on
 
     check_output_path(args.out, "model")
     if not args.epsilon > 0:
@@ -36,6 +39,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if args.rows is not None and args.rows < 1:
         raise CliError(f"--rows {args.rows}: the declared row count must be ≥ 1")
     schema = Schema.load(args.schema)
+    if not schema.id_column:
+        raise CliError(f"{args.schema}: the schema names no id_column; tune holds out records by a keyed hash of "
+                       "each record's stable id (row numbers would move other records when one is deleted): add "
+                       "id_column = \"<column>\" naming a unique, stable record id (docs/auto.md)")
     eps_rows = 0.0 if args.rows is not None else rows_epsilon(args.epsilon)
     budget = args.epsilon - eps_rows
     # the search space's centre: auto at a third of the budget for ~80% of the rows (the training part)
@@ -46,6 +53,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     except AccountingError as e:
         raise CliError(str(e).replace(f"ε = {budget:g}", f"ε = {args.epsilon:g}")) from None
     randomness = SecureRandomness(sampler=args.sampler)
+    key = fresh_split_key()  # drawn before the data is read: independent of it, never released
     ds = _load_data(args, schema)
     source = "declared"
     rows = args.rows
@@ -61,11 +69,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
             plan = plan_tuning(candidates(centre), budget, args.delta, args.trials_mean)
         except AccountingError as e:
             raise CliError(str(e)) from None
-    seed = args.seed if args.seed is not None else secrets.randbits(63)
-    quiet = args.quiet or args.json
-    prog = Progress("tune", 1, quiet=quiet, extra=f"ε={args.epsilon:g}")
-    res, space = tune_on(ds, centre, plan, randomness, seed, progress=None if quiet else (lambda i, k: prog(i, k)))
-    prog.close()
+    # no progress and no timing: a count of finished trials, or the run's duration, would tell K
+    res, space = tune_on(ds, centre, plan, randomness, key)
     m = res.model
     p = m.privacy
     p["epsilon"] = plan.epsilon + eps_rows
@@ -73,32 +78,35 @@ def cmd_tune(args: argparse.Namespace) -> int:
     p["eps_rows"] = eps_rows
     p["guarantee"] = (f"({p['epsilon']:.6g}, {p['delta']:.3g})-differential privacy for every record (add/remove "
                       "one record), covering every tuning trial (training and held-out score), the selection of the "
-                      "best trial" + (" and the row count" if eps_rows else "") + " (Papernot & Steinke 2022, Thm. 2)")
+                      "best trial" + (" and the row count" if eps_rows else "") + " (Papernot & Steinke 2022, Thm. 2; "
+                      "the number of trials is not released)")
     tuning = {
         "method": "Papernot & Steinke (ICLR 2022) Thm. 2: K ~ truncated negative binomial, shape η = 1 "
-                  "(geometric), mean μ; the best trial by its noisy held-out score is released",
-        "mean_trials": plan.mean_trials, "trials_run": len(res.trials), "epsilon_trial": plan.epsilon_trial,
+                  "(geometric), mean μ; only the best trial by its noisy held-out score is released (its model "
+                  "and settings; K, the other trials, the scores and the winner's position are not)",
+        "trials_distribution": {"name": "truncated negative binomial", "shape": SHAPE, "gamma": plan.gamma,
+                                "mean": plan.mean_trials},
+        "epsilon_trial": plan.epsilon_trial,
         "sigma_score": plan.sigma_score, "order": plan.order, "epsilon_tuning": plan.epsilon,
         "score": "sum over held-out records of 1 − Brier (classification) or 1 − clipped squared scaled error "
-                 "(regression), discrete Gaussian noise σ_score (sensitivity 1)",
-        "holdout": f"records with splitmix64(id ⊕ {seed}) mod 5 = 0 (public seed)", "holdout_seed": seed,
-        "candidates": space, "trials": res.trials, "winner": res.winner + 1,
-        "winner_settings": res.trials[res.winner]["settings"], "winner_noisy_score_sum": res.winner_score,
-        "chosen_by": "the highest noisy held-out score among the trials (only the winner's score is released)",
+                 "(regression), discrete Gaussian noise σ_score (sensitivity 1); not released",
+        "holdout": f"records with BLAKE2b(key, id) mod {HOLDOUT_SHARE} = 0 (the schema's id column "
+                   f"{schema.id_column!r}; key: a fresh secret of this run from the OS CSPRNG, not released)",
+        "candidates": space, "settings": res.settings,
+        "chosen_by": "the trial with the highest noisy held-out score",
         "centre": {"mode": "auto", **choice.to_dict()},
     }
     m.training["tuning"] = tuning
     m.save(args.out)
-    out = {"epsilon": p["epsilon"], "delta": p["delta"], "trials": len(res.trials), "winner": res.winner + 1,
-           "winner_settings": tuning["winner_settings"], "epsilon_trial": plan.epsilon_trial,
-           "seconds": round(res.seconds, 3), "model": str(args.out), "tuning": tuning}
-    lines = [f"tuned over {len(res.trials)} trials (random count, mean {plan.mean_trials}) on {ds.n} rows in "
-             f"{res.seconds:.1f}s; each trial ε={plan.epsilon_trial:.4g}, score noise σ={plan.sigma_score:.4g}"]
-    lines += [f"  trial {t['trial']}: {settings_line(t['settings'])}" for t in res.trials]
-    lines.append(f"winner: trial {res.winner + 1} ({settings_line(tuning['winner_settings'])}), the highest noisy "
-                 "held-out score")
-    lines.append(f"privacy: (ε={p['epsilon']:.6g}, δ={p['delta']:.3g}) for the whole tuning, target {args.epsilon:g}")
-    lines.append(f"model written to {args.out}")
+    out = {"epsilon": p["epsilon"], "delta": p["delta"], "settings": res.settings, "epsilon_trial": plan.epsilon_trial,
+           "model": str(args.out), "tuning": tuning}
+    n_words = f"n = {rows} ({'declared' if source == 'declared' else 'a DP count'})"
+    lines = [f"tuned privately over a random number of trials (geometric, mean {plan.mean_trials}; how many ran, "
+             f"the other trials and all scores are not released), {n_words}; each trial ε={plan.epsilon_trial:.4g}, "
+             f"score noise σ={plan.sigma_score:.4g}",
+             f"chosen: {settings_line(res.settings)}, the highest noisy held-out score",
+             f"privacy: (ε={p['epsilon']:.6g}, δ={p['delta']:.3g}) for the whole tuning, target {args.epsilon:g}",
+             f"model written to {args.out}"]
     emit(args, out, "\n".join(lines))
     return 0
 
@@ -122,7 +130,8 @@ def register(sub) -> None:
     from .sources import add_source_flags
 
     t = sub.add_parser("tune", help="private hyperparameter tuning around the auto settings (Papernot & Steinke "
-                                    "2022); the receipt's ε covers every trial")
+                                    "2022); the receipt's ε covers every trial; releases only the winner; the "
+                                    "schema needs an id_column")
     t.add_argument("--data", required=True, metavar="SOURCE",
                    help="CSV or Parquet file described by the schema, or a database URL with --query")
     t.add_argument("--schema", required=True, metavar="FILE", help="public schema (TOML)")
@@ -133,10 +142,11 @@ def register(sub) -> None:
                    help="declare the row count public (default: a DP count at 2%% of ε)")
     t.add_argument("--trials-mean", type=int, default=4, metavar="MU",
                    help="mean of the random number of trials (geometric; integer ≥ 2; default: 4)")
-    t.add_argument("--seed", type=int, default=None, metavar="N", help="public seed of the held-out split (default: random)")
     t.add_argument("--sampler", choices=["ours", "opendp"], default="ours", help="exact noise sampler (default: ours)")
     t.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    t.add_argument("--quiet", action="store_true", help="no progress output")
+    t.add_argument("--quiet", action="store_true",
+                   help="accepted for symmetry with train; tune never shows progress (it would tell the number of "
+                        "trials)")
     add_source_flags(t)
     t.set_defaults(func=cmd_tune)
 

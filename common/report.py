@@ -414,19 +414,24 @@ def _settings(model: Ensemble) -> str | None:
         body += "<p>Chosen by the <strong>auto</strong> rule (docs/auto.md) from public inputs:</p><ul>" + "".join(
             f"<li>{_e(r)}</li>" for r in t["settings"].get("reasons", [])) + "</ul>"
     tu = t.get("tuning")
-    if tu:
+    if tu and "trials_distribution" in tu:  # fedsbdt tune (central, Papernot & Steinke): only the winner is released
+        dist = tu["trials_distribution"]
+        rows = [(f"candidate {i + 1}", ", ".join(f"{k}={v}" for k, v in sorted(c.items())),
+                 "chosen" if c == tu.get("settings") else "") for i, c in enumerate(tu.get("candidates", []))]
+        body += (f"<p>Chosen by <strong>private tuning</strong>: {_e(tu.get('method', ''))}. A random number of "
+                 f"trials ({_e(dist.get('name', ''))}, mean {_e(dist.get('mean'))}), each a candidate below drawn "
+                 f"uniformly and trained at ε = {_e(_num(tu.get('epsilon_trial')))}; the model is "
+                 f"{_e(tu.get('chosen_by', ''))}. The receipt's ε covers every trial, the scoring and the selection; "
+                 "how many trials ran, which candidates they drew and their scores are not released.</p>"
+                 + _table(rows, head=("candidate", "settings (public)", "")))
+    elif tu:  # a federated tuning plan (common/federation/tuning.py): K public, every trial released and composed
         rows = [(f"trial {x['trial']}", ", ".join(f"{k}={v}" for k, v in sorted(x["settings"].items())),
                  "winner" if x["trial"] == tu.get("winner") else "") for x in tu.get("trials", [])]
-        if "trials_run" in tu:  # fedsbdt tune (central, Papernot & Steinke)
-            how = (f"{_e(tu.get('trials_run'))} trials (random count, mean {_e(tu.get('mean_trials'))}), each at "
-                   f"ε = {_e(_num(tu.get('epsilon_trial')))}; the winner is {_e(tu.get('chosen_by', ''))}. The "
-                   "receipt's ε covers every trial, the scoring and the selection.")
-        else:  # a federated tuning plan (common/federation/tuning.py)
-            how = (f"{len(rows)} trial plans, each at ε = {_e(_num(tu.get('epsilon_trial')))}; the winner is "
-                   f"{_e(tu.get('chosen_by', ''))}. The receipt's ε covers every trial's training; the "
-                   "evaluations were charged to the sites' held-out files.")
-        body += (f"<p>Chosen by <strong>{'private' if 'trials_run' in tu else 'federated'} tuning</strong>: "
-                 f"{_e(tu.get('method', ''))}. {how}</p>" + _table(rows, head=("trial", "settings", "")))
+        how = (f"{len(rows)} trial plans, each at ε = {_e(_num(tu.get('epsilon_trial')))}; the winner is "
+               f"{_e(tu.get('chosen_by', ''))}. The receipt's ε covers every trial's training; the "
+               "evaluations were charged to the sites' held-out files.")
+        body += (f"<p>Chosen by <strong>federated tuning</strong>: {_e(tu.get('method', ''))}. {how}</p>"
+                 + _table(rows, head=("trial", "settings", "")))
     return body or None
 
 

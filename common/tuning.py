@@ -2,15 +2,24 @@
 
 Papernot & Steinke, "Hyperparameter Tuning with Rényi Differential Privacy" (ICLR 2022).  One *trial* Q
 draws a setting uniformly from a public candidate list centred on ``auto`` (public randomness), trains
-S-BDT on the training part of the records and releases a DP score of the model on the held-out part.  The
+S-BDT on the training part of the records and computes a DP score of the model on the held-out part.  The
 number of trials K is random, truncated negative binomial with shape η = 1 (the geometric distribution
-on {1, 2, …}, mean μ = 1/γ); the output is the trial with the highest noisy score (its model and score
-only — the other trials' scores are never released; their settings are public draws).
+on {1, 2, …}, mean μ = 1/γ); the output is the trial with the highest noisy score.
 
-**Privacy of one trial.**  A record belongs to the held-out part iff a public keyed hash of its id says so
-(:func:`holdout_mask`), so adding or removing it changes either the training run or the score, never
-both: Q is (λ, max(ρ_train(λ), ρ_score(λ)))-RDP.  Over the candidate list Q is a mixture, whose Rényi
-divergence is at most the largest one (joint quasi-convexity): ρ_Q(λ) = max_c max(ρ_train,c(λ), ρ_score(λ)).
+**What is released.**  Theorem 2 bounds the output of repeat-and-select — the best trial — with K *hidden*:
+it says nothing about K, the other trials, their scores or the winner's position among them (a trial
+mechanism meeting the same hypothesis can leak far more once they are released).  So :func:`run_tuning`
+returns the winning model and its settings only (:class:`TuningResult`), reports no progress (a count of
+finished trials is K) and no timing (the run's duration grows with K); what the receipt states besides
+is public by construction: the distribution of K and its parameters, the candidate space, the per-trial
+budget and score noise the accountant fixed before any data was read.
+
+**Privacy of one trial.**  A record belongs to the held-out part iff a keyed hash of its own stable id says
+so (:func:`holdout_mask`; the key is a fresh secret of the run, drawn from the OS CSPRNG before the data is
+read and never released), so adding or removing it changes either the training run or the score, never
+both, and moves no other record: for every key, Q is (λ, max(ρ_train(λ), ρ_score(λ)))-RDP.  Over the
+candidate list Q is a mixture, whose Rényi divergence is at most the largest one (joint quasi-convexity):
+ρ_Q(λ) = max_c max(ρ_train,c(λ), ρ_score(λ)).  The bound holds for each key, hence for the run.
 
 **Theorem 2 (P&S 2022).**  If Q is (λ, ε)-RDP and (λ̂, ε̂)-RDP and K ~ D_{η,γ}, repeat-and-select is
 (λ, ε')-RDP with ``ε' = ε + (1+η)(1 − 1/λ̂) ε̂ + (1+η) log(1/γ)/λ̂ + log(E[K])/(λ−1)``; we take the best λ̂
@@ -97,13 +106,32 @@ def candidates(centre: dict) -> list[dict]:
     return out
 
 
-def holdout_mask(ids: np.ndarray, seed: int, share: int = 5) -> np.ndarray:
-    """Held-out records: ``splitmix64(id ⊕ seed) mod share == 0`` — a function of the record's own id and a
-    public seed, so a record's part does not depend on the others (the parallel composition above)."""
-    from .randomness import _splitmix64
+#: one record in HOLDOUT_SHARE is held out (in expectation)
+HOLDOUT_SHARE = 5
+#: bytes of the split key (BLAKE2b keys are at most 64)
+SPLIT_KEY_BYTES = 32
 
-    h = _splitmix64(np.asarray(ids).astype(np.int64).view(np.uint64) ^ np.uint64(seed % 2**64))
-    return (h % np.uint64(share)) == 0
+
+def fresh_split_key() -> bytes:
+    """A fresh secret key for one tuning run's held-out split, from the OS CSPRNG (never released)."""
+    import secrets
+
+    return secrets.token_bytes(SPLIT_KEY_BYTES)
+
+
+def holdout_mask(ids: np.ndarray, key: bytes, share: int = HOLDOUT_SHARE) -> np.ndarray:
+    """Held-out records: ``BLAKE2b-64(key, id) mod share == 0`` — a function of the record's own stable id and
+    the run's key only, so deleting or adding a record moves no other record between the parts (module doc).
+    ``ids``: the records' stable ids (int64, :attr:`Dataset.ids` of a schema with an ``id_column``)."""
+    import hashlib
+
+    if not isinstance(key, bytes) or not 16 <= len(key) <= 64:
+        raise ValueError("the split key must be 16–64 bytes (fresh_split_key)")
+    ids = np.ascontiguousarray(np.asarray(ids, dtype=np.int64)).astype("<i8")
+    raw = ids.tobytes()
+    digests = b"".join(hashlib.blake2b(raw[i:i + 8], digest_size=8, key=key).digest()
+                       for i in range(0, len(raw), 8))
+    return np.frombuffer(digests, dtype="<u8") % np.uint64(share) == 0
 
 
 def record_scores(task: str, y: np.ndarray, pred: np.ndarray, label_range=None) -> np.ndarray:
@@ -217,33 +245,31 @@ def sample_trials(mean_trials: int, randbelow=None) -> int:
     return k
 
 
-@dataclass
+@dataclass(frozen=True)
 class TuningResult:
+    """What repeat-and-select releases: the best trial's model and its settings.  Never K, the other trials,
+    any score or the winner's position (module doc, "What is released")."""
+
     model: object
+    settings: dict
     plan: TuningPlan
-    trials: list[dict]
-    winner: int
-    winner_score: float  # the winner's noisy held-out score sum (the only score released)
-    seconds: float
 
 
-def run_tuning(train_ds, holdout_ds, settings: list[dict], plan: TuningPlan, randomness, progress=None,
+def run_tuning(train_ds, holdout_ds, settings: list[dict], plan: TuningPlan, randomness,
                randbelow=None) -> TuningResult:
     """Run K ~ D_{1,γ} trials (each: a uniform candidate, trained on ``train_ds``, scored on ``holdout_ds`` with
-    discrete Gaussian noise σ_score on the fixed-point score sum) and return the best one."""
+    discrete Gaussian noise σ_score on the fixed-point score sum) and return the best one — only the best one."""
     import secrets
-    import time
 
     from .auto import noise_matched_l2
     from .config import Hyperparameters
     from .engine import train
 
     randbelow = randbelow or secrets.randbelow
-    t0 = time.perf_counter()
     k = sample_trials(plan.mean_trials, randbelow)
     scale = 2**20
-    trials, best, best_model = [], None, None
-    for i in range(k):
+    best_score, best = None, None
+    for _ in range(k):
         c = settings[randbelow(len(settings))]
         hp = Hyperparameters.from_dict({**c, "epsilon": plan.epsilon_trial, "delta": plan.delta})
         if "l2" not in c:  # λ matched to the trial's leaf noise, as auto does (costs no privacy)
@@ -252,18 +278,16 @@ def run_tuning(train_ds, holdout_ds, settings: list[dict], plan: TuningPlan, ran
         pred = res.model.predict(holdout_ds.X)
         s = record_scores(train_ds.schema.task, holdout_ds.y, pred, train_ds.schema.label_range)
         units = int(np.floor(np.clip(s, 0.0, 1.0) * scale).astype(np.int64).sum())
-        noisy = (units + int(randomness.discrete_gaussian(np.array([plan.sigma_score * scale]))[0])) / scale
-        trials.append({"trial": i + 1, "candidate": settings.index(c), "settings": c})
-        if best is None or noisy > best[1]:
-            best, best_model = (i, noisy), res.model
-        if progress is not None:
-            progress(i + 1, k)
-    return TuningResult(best_model, plan, trials, best[0], best[1], time.perf_counter() - t0)
+        noisy = units + int(randomness.discrete_gaussian(np.array([plan.sigma_score * scale]))[0])
+        if best_score is None or noisy > best_score:
+            best_score, best = noisy, TuningResult(res.model, dict(c), plan)
+    return best
 
 
-def tune_on(ds, centre: dict, plan: TuningPlan, randomness, seed: int, progress=None) -> tuple[TuningResult, list]:
-    """Split ``ds`` by :func:`holdout_mask` (public ``seed``) and run the trials over the candidates around
-    ``centre``; returns the result and the candidate list."""
+def tune_on(ds, centre: dict, plan: TuningPlan, randomness, key: bytes) -> tuple[TuningResult, list]:
+    """Split ``ds`` by :func:`holdout_mask` under the run's secret ``key`` and run the trials over the candidates
+    around ``centre``; returns the result and the candidate list.  ``ds.ids`` must be stable record ids (the
+    schema's ``id_column``; ``fedsbdt tune`` refuses a schema without one), never row numbers."""
     space = candidates(centre)
-    mask = holdout_mask(ds.ids, seed)
-    return run_tuning(ds.subset(~mask), ds.subset(mask), space, plan, randomness, progress=progress), space
+    mask = holdout_mask(ds.ids, key)
+    return run_tuning(ds.subset(~mask), ds.subset(mask), space, plan, randomness), space

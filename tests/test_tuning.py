@@ -10,8 +10,8 @@ import mpmath as mp
 import numpy as np
 import pytest
 
-from fedsbdt.common.tuning import (candidates, holdout_mask, record_scores, sample_trials, tnb_mean, trial_rdp,
-                                   tuning_epsilon, tuning_rdp)
+from fedsbdt.common.tuning import (candidates, fresh_split_key, holdout_mask, record_scores, sample_trials, tnb_mean,
+                                   trial_rdp, tuning_epsilon, tuning_rdp)
 
 ORDERS = np.arange(2, 200)
 
@@ -109,12 +109,17 @@ def test_trial_rdp_is_the_pointwise_max_and_total_grows_with_the_trial_budget():
     assert 0 < e1 < e2
 
 
-def test_holdout_depends_only_on_each_record_id():
-    ids = np.arange(10_000, dtype=np.int64)
-    m = holdout_mask(ids, 7)
+def test_holdout_depends_only_on_each_record_id_and_the_key():
+    ids = np.random.default_rng(2).choice(2**62, size=10_000, replace=False).astype(np.int64) - 2**61
+    key = fresh_split_key()
+    assert len(key) == 32 and key != fresh_split_key()  # a fresh secret per run
+    m = holdout_mask(ids, key)
     assert 0.18 < m.mean() < 0.22
-    np.testing.assert_array_equal(holdout_mask(ids[::3], 7), m[::3])  # other records do not move a record
-    assert not np.array_equal(holdout_mask(ids, 8), m)
+    np.testing.assert_array_equal(holdout_mask(ids[::3], key), m[::3])  # other records do not move a record
+    np.testing.assert_array_equal(holdout_mask(ids[::-1], key), m[::-1])  # nor does their order
+    assert not np.array_equal(holdout_mask(ids, fresh_split_key()), m)
+    with pytest.raises(ValueError, match="split key"):
+        holdout_mask(ids, b"short")
 
 
 def test_scores_lie_in_the_unit_interval():
@@ -133,25 +138,177 @@ def test_candidates_centre_first_and_distinct():
 
 
 def test_tune_cli_receipt_covers_all_trials_and_refuses_a_tiny_budget(tmp_path, capsys):
-    from pathlib import Path
-
     from fedsbdt.common.cli import main
 
-    ex = Path(__file__).resolve().parents[1] / "examples" / "abalone"
+    data, schema = write_task(tmp_path / "data")
     out = tmp_path / "m.json"
-    argv = ["tune", "--data", str(ex / "abalone.data"), "--schema", str(ex / "schema.toml"), "--out", str(out),
-            "--rows", "4177", "--quiet"]
+    argv = ["tune", "--data", str(data), "--schema", str(schema), "--out", str(out), "--rows", "400", "--quiet"]
     assert main([*argv, "--epsilon", "1e-5"]) == 2 and not out.exists()
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "too small for private tuning" in err
-    assert main([*argv, "--epsilon", "2", "--trials-mean", "2", "--seed", str(secrets.randbits(30)), "--json"]) == 0
+    assert main([*argv, "--epsilon", "2", "--trials-mean", "2", "--json"]) == 0
     res = json.loads(capsys.readouterr().out)  # exactly one JSON object
     model = json.loads(out.read_text())
-    assert res["epsilon"] == model["privacy"]["epsilon"] and res["trials"] == model["training"]["tuning"]["trials_run"]
+    assert res["epsilon"] == model["privacy"]["epsilon"] and res["tuning"] == model["training"]["tuning"]
     t = model["training"]["tuning"]
     assert model["privacy"]["epsilon"] <= 2 and t["epsilon_tuning"] <= 2
     assert t["epsilon_trial"] < t["epsilon_tuning"]  # one trial is cheaper than the whole tuning
-    assert len(t["trials"]) == t["trials_run"] >= 1 and 1 <= t["winner"] <= t["trials_run"]
-    assert all(tr["settings"] in t["candidates"] for tr in t["trials"])
+    assert t["trials_distribution"] == {"name": "truncated negative binomial", "shape": 1.0, "gamma": 0.5, "mean": 2}
+    assert t["settings"] in t["candidates"] and "'pid'" in t["holdout"]
     hp = model["hyperparameters"]
-    assert {k: hp[k] for k in t["winner_settings"]} == t["winner_settings"]
+    assert {k: hp[k] for k in t["settings"]} == t["settings"]
+
+
+# --------------------------------------------------------------------------- what fedsbdt tune releases (issue 37)
+
+FORBIDDEN = {"trials", "trials_run", "winner", "winner_noisy_score_sum", "holdout_seed", "seconds", "elapsed"}
+
+
+def write_task(folder, n: int = 400, id_column: bool = True):
+    """A small binary task: a CSV with a stable id column (shuffled large integers, not row numbers) and its
+    schema, with or without ``id_column``.  Returns (data path, schema path)."""
+    from pathlib import Path
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(11)
+    x = rng.uniform(0, 1, (n, 3))
+    y = (x[:, 0] + x[:, 1] * x[:, 2] + 0.3 * rng.normal(size=n) > 0.8).astype(int)
+    ids = rng.choice(10**9, size=n, replace=False) + 10**6
+    rows = ["pid,a,b,c,y"] + [f"{i},{u:.6f},{v:.6f},{w:.6f},{t}" for i, (u, v, w), t in zip(ids, x, y)]
+    (folder / "d.csv").write_text("\n".join(rows) + "\n")
+    features = "".join(f'\n[[features]]\nname = "{c}"\ntype = "numeric"\nrange = [0, 1]\n' for c in "abc")
+    (folder / "s.toml").write_text('name = "small"\ntask = "binary"\ntarget = "y"\n'
+                                   + ('id_column = "pid"\n' if id_column else "")
+                                   + '\n[format]\nheader = true\nseparator = ","\n' + features)
+    return folder / "d.csv", folder / "s.toml"
+
+
+def keys_anywhere(obj) -> set[str]:
+    """Every key of every dict in a parsed JSON document."""
+    if isinstance(obj, dict):
+        return set(obj) | {k for v in obj.values() for k in keys_anywhere(v)}
+    if isinstance(obj, list):
+        return {k for v in obj for k in keys_anywhere(v)}
+    return set()
+
+
+def test_tune_releases_the_winner_and_the_receipt_but_not_the_number_of_trials(tmp_path, capsys, monkeypatch):
+    """Papernot & Steinke's Thm. 2 covers the best trial with K hidden: the model file, --json, the text output and
+    the log (debug level) must hold no K, no trial list, no score and no winner index.  K is forced to 1 and to 3:
+    everything tune writes must be the same except what belongs to the winning model itself."""
+    import re
+
+    from fedsbdt.common import tuning
+    from fedsbdt.common.cli import main
+
+    data, schema = write_task(tmp_path / "data")
+    real = tuning.sample_trials
+
+    def run(k: int, json_out: bool):
+        folder = tmp_path / f"k{k}-{'json' if json_out else 'text'}"
+        folder.mkdir()
+        monkeypatch.chdir(folder)
+        monkeypatch.setattr(tuning, "sample_trials", lambda mean, randbelow=None: k)
+        argv = ["--log-level", "debug", "tune", "--data", str(data), "--schema", str(schema), "--epsilon", "1",
+                "--rows", "400", "--trials-mean", "2", "--out", "m.json"] + (["--json"] if json_out else [])
+        assert main(argv) == 0
+        cap = capsys.readouterr()
+        return cap.out, cap.err, json.loads((folder / "m.json").read_text())
+
+    winner_line = re.compile(r"T=\d+ depth=\d+ γ=\S+ η=\S+ (not )?cyclical")
+    texts = {}
+    for k in (1, 3):
+        out, err, text_model = run(k, json_out=False)
+        for text in (out, err):
+            assert not re.search(r"\btrials? \d|\d+ trials|winner|round \d|score =", text), text
+        texts[k] = (winner_line.sub("SETTINGS", out), err.count("\n"))
+        out, err, model = run(k, json_out=True)
+        res = json.loads(out)  # exactly one JSON object
+        assert not re.search(r"\btrials? \d|\d+ trials|winner|round \d|score =", err), err
+        for doc in (res, model, text_model):
+            assert not keys_anywhere(doc) & FORBIDDEN, keys_anywhere(doc) & FORBIDDEN
+        t = model["training"]["tuning"]
+        assert res["tuning"] == t and res["settings"] == t["settings"]
+        assert {key: model["hyperparameters"][key] for key in t["settings"]} == t["settings"]
+        assert t["settings"] in t["candidates"]  # the candidate space is public by construction
+        assert t["trials_distribution"]["mean"] == 2 and t["trials_distribution"]["shape"] == 1
+        texts[k, "json"] = ({key: v for key, v in res.items() if key != "settings"} | {"tuning": None},
+                            {key: v for key, v in t.items() if key != "settings"},
+                            {key: model["privacy"][key] for key in ("epsilon", "delta", "guarantee")})
+    assert texts[1] == texts[3]  # the text output and the number of log lines do not depend on K
+    assert texts[1, "json"] == texts[3, "json"]
+
+
+def test_tune_without_an_id_column_exits_2_with_one_line(tmp_path, capsys):
+    from fedsbdt.common.cli import main
+
+    data, schema = write_task(tmp_path, id_column=False)
+    out = tmp_path / "m.json"
+    rc = main(["tune", "--data", str(data), "--schema", str(schema), "--epsilon", "1", "--rows", "400",
+               "--trials-mean", "2", "--out", str(out), "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "id_column" in err and err.startswith("fedsbdt tune: error:")
+    assert not out.exists()
+
+
+class _Captured(Exception):
+    pass
+
+
+@pytest.mark.parametrize("which", ["id column", "bundled abalone"])
+def test_deleting_one_row_moves_no_other_record_between_training_and_held_out(tmp_path, capsys, monkeypatch, which):
+    """Run ``fedsbdt tune`` on a file and on the same file without one row, with the same split key in both runs
+    (the key is drawn independently of the data, so the two runs may be coupled on it), and stop it where the
+    trials would start: every other record must be on the same side in both.  With an id column the split is a
+    keyed hash of each record's id; the bundled Abalone example has none, so tune must refuse it (its row numbers
+    would move about a third of the records when one row is deleted)."""
+    from pathlib import Path
+
+    from fedsbdt.common import tuning
+    from fedsbdt.common.cli import main
+
+    if which == "id column":
+        data, schema = write_task(tmp_path / "data", n=1000)
+        header, lines = 1, data.read_text().splitlines()
+    else:
+        ex = Path(__file__).resolve().parents[1] / "examples" / "abalone"
+        data, schema = ex / "abalone.data", ex / "schema.toml"
+        header, lines = 0, data.read_text().splitlines()
+    fewer = tmp_path / "fewer.csv"
+    gone = header + 3  # an early row: with row numbers, every later record's number moves
+    fewer.write_text("\n".join(lines[:gone] + lines[gone + 1:]) + "\n")
+
+    real_tune_on, key = tuning.tune_on, []
+
+    def same_key(ds, centre, plan, randomness, k, *rest, **kw):
+        key.append(k)
+        return real_tune_on(ds, centre, plan, randomness, key[0], *rest, **kw)
+
+    def capture(train_ds, holdout_ds, *a, **kw):
+        raise _Captured({tuple(r) for r in np.column_stack([train_ds.X, train_ds.y])},
+                        {tuple(r) for r in np.column_stack([holdout_ds.X, holdout_ds.y])})
+
+    monkeypatch.setattr(tuning, "tune_on", same_key)
+    monkeypatch.setattr(tuning, "run_tuning", capture)
+
+    def sides(path):
+        argv = ["tune", "--data", str(path), "--schema", str(schema), "--epsilon", "4", "--rows", "4000",
+                "--out", str(tmp_path / "m.json"), "--quiet"]
+        try:
+            rc = main(argv)
+        except _Captured as c:
+            return c.args
+        err = capsys.readouterr().err
+        assert rc == 2 and "id_column" in err, err  # refused: there is no split to compare
+        return None
+
+    a, b = sides(data), sides(fewer)
+    if which == "id column":
+        assert a is not None and b is not None and 0.15 < len(a[1]) / 1000 < 0.25
+    if a is None or b is None:
+        return
+    (train_a, held_a), (train_b, held_b) = a, b
+    moved = (train_a & held_b) | (held_a & train_b)
+    assert len(moved) == 0, f"{len(moved)} of {len(train_b | held_b)} other records moved between training and held-out"
+    assert len((train_a | held_a) - (train_b | held_b)) == 1  # only the deleted record is missing

@@ -11,7 +11,11 @@ sees every trial's trees and every trial's evaluation, so what it learns is the 
 K trials: for the training records ``ε(Σ_i ρ_train,i)`` and for the held-out records ``ε(K·ρ_eval)`` (Thm. 5
 and Cor. 6 of the accountant).  A record lies in the training file or in the held-out file, never both, so
 the guarantee of one record is the larger of the two (parallel composition): the tuning plan states both,
-each ≤ the budget it was planned for, and every party recomputes them from the trial plans.
+each ≤ the budget it was planned for, and every party recomputes them from the trial plans.  K is fixed and
+public (the tuning plan pins every trial plan; every site runs each one), and the composition covers every
+trial's release, so what the coordinator logs, shows on its status page and writes (``tuning.json``, the
+winner's ``training.tuning`` listing the trials) stays inside the stated guarantee — unlike ``fedsbdt tune``,
+whose K must stay hidden (docs/auto.md "What a tuning plan releases").
 
 A tuning plan file (TOML) names its trial plans, each pinned by its SHA-256::
 
