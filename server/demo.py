@@ -52,6 +52,8 @@ from fedsbdt.common.cli import CliError, Progress, emit
 def _examples_folder() -> Path:
     """The bundled examples (``examples/`` of the repository), installed as ``fedsbdt.examples``."""
     spec = importlib.util.find_spec("fedsbdt.examples")
+    if spec is None or not spec.submodule_search_locations:  # an editable install: setuptools' finder does not
+        return Path(__file__).resolve().parents[1] / "examples"  # map the namespace package; the checkout's folder
     return Path(next(iter(spec.submodule_search_locations)))
 
 
