@@ -153,7 +153,8 @@ def test_plan_command_states_the_guarantee(tmp_path, capsys):
         k = Ed25519PrivateKey.generate().public_key().public_bytes_raw().hex()
         keys += ["--site", f"site-{i}={k}"]
     out = tmp_path / "plan.toml"
-    rc = main(["plan", "--schema", str(EXAMPLES / "abalone" / "schema.toml"), *keys, "--out", str(out),
+    rc = main(["plan", "--schema", str(EXAMPLES / "abalone" / "schema.toml"), "--settings", "paper", *keys,
+               "--out", str(out),
                "--dropout-slack", "1", "--json"])
     assert rc == 0
     p = Plan.load(out)
@@ -318,7 +319,8 @@ def test_fedsbdt_plan_sets_every_deadline(tmp_path, capsys):
     from .conftest import EXAMPLES
 
     keys = [bytes([i + 1]) * 32 for i in range(3)]
-    base = ["plan", "--schema", str(EXAMPLES / "abalone" / "schema.toml"), "--trees", "5", "--seed", "1",
+    base = ["plan", "--schema", str(EXAMPLES / "abalone" / "schema.toml"), "--settings", "paper",
+            "--trees", "5", "--seed", "1",
             *[a for i, k in enumerate(keys) for a in ("--site", f"s{i}={k.hex()}")]]
     assert main([*base, "--out", str(tmp_path / "p.toml"), "--join-deadline", "5", "--stage-deadline", "3",
                  "--quorum-deadline", "42", "--finish-deadline", "7"]) == 0
