@@ -213,7 +213,7 @@ def _serve(args: argparse.Namespace, listen: str, t0: float, plan, cal, randomne
     server.start()
     log.info(f"coordinator for plan {plan.sha256} listening on {server.address} "
              f"({'mutual TLS' if credentials else 'PLAIN TEXT (--insecure)'}); {plan.n} sites, t = {plan.threshold}, "
-             f"ε = {cal.epsilon:.6g}, noise {plan.noise}",
+             f"{plan.budget_text()}, noise {plan.noise}",
              extra={"event": "listening", "address": server.address, "plan_sha256": plan.sha256})
     if args.ready_fd is not None:
         try:
@@ -251,7 +251,8 @@ def _serve(args: argparse.Namespace, listen: str, t0: float, plan, cal, randomne
             f"session failed: {st.reason}", server.address
     model = state / "model.json"
     out = {"model": str(model), "model_sha256": sha256_file(model), "trees": len(session.trees),
-           "epsilon": cal.epsilon, "rounds_failed": session.rounds_failed, "seconds": secs,
+           "epsilon": cal.epsilon, "epsilon_total": plan.total_epsilon, "rounds_failed": session.rounds_failed,
+           "seconds": secs,
            "bytes_received": server.service.bytes_in, "bytes_sent": server.service.bytes_out,
            "mismatched_sites": list(getattr(st, "mismatched", ()))}
     out["trees_per_site"] = session.trees_with_data()
@@ -296,16 +297,16 @@ def write_evaluation(state: Path, receipt: dict, model_sha256: str) -> tuple[dic
     """Write the evaluation receipt (``STATE/evaluation.json``); returns it and one line for people."""
     import json
 
-    from fedsbdt.common.fed_eval import describe
+    from fedsbdt.common.fed_eval import describe_receipt
     from fedsbdt.common.files import write_atomic
 
     receipt = receipt | {"model_sha256": model_sha256}
     path = write_atomic(state / "evaluation.json", json.dumps(receipt, sort_keys=True, indent=1), "evaluation")
     if "metrics" not in receipt:
-        return receipt, f"federated evaluation: not released ({receipt.get('failed')})"
+        return receipt, f"federated evaluation: {describe_receipt(receipt)}"
     return receipt, (f"federated evaluation (ε_eval = {receipt['epsilon_eval']:g}, separate from the training "
                      f"ε = {receipt['training_epsilon']:.6g}; sites {', '.join(receipt['sites'])}): "
-                     f"{describe(receipt['metrics'], receipt.get('intervals'))}; receipt {path}")
+                     f"{describe_receipt(receipt)}; receipt {path}")
 
 
 # --------------------------------------------------------------------------- plan
@@ -337,8 +338,8 @@ def plan_hyperparameters(args: argparse.Namespace, schema):
     """(hyperparameters, auto choice or None) a plan pins: ``--settings auto`` (default) applies the rule of
     common/auto.py to the public inputs — ε, δ, the schema and the declared row count ``--rows N`` — exactly as
     ``fedsbdt train --rows N`` does, so federated = central; every flag given wins over it, λ included.  A
-    federation has no DP row count, so auto without ``--rows`` is refused (one line, exit 2).  Non-random tree
-    builders (greedy, DPBoost, Sarus) keep their own defaults, as in ``train``."""
+    federation has no DP row count, so auto without ``--rows`` is refused (one line, exit 2).  Modes with their
+    own defaults keep them, as in ``train`` (common.cli.settings_mode)."""
     from fedsbdt.common.auto import resolve
     from fedsbdt.common.cli import settings_mode
     from fedsbdt.common.config import Hyperparameters
@@ -405,7 +406,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     plan = make_plan(schema, hp, sites, args.threshold, args.session_id, **session)
     plan.save(args.out)
     emit(args, {"plan": str(args.out), "plan_sha256": plan.sha256, "sigma": plan.stated_sigma,
-                "epsilon": plan.stated_epsilon, "threshold": plan.threshold, "dropout_slack": plan.dropout_slack,
+                "epsilon": plan.stated_epsilon, "epsilon_total": plan.total_epsilon,
+                "threshold": plan.threshold, "dropout_slack": plan.dropout_slack,
                 "assumed_colluders": plan.assumed_colluders, "noise": plan.noise, "guarantee": plan.guarantee,
                 "sites": list(plan.site_ids), "seed": plan.hyperparameters.seed, "epsilon_eval": plan.eval_epsilon,
                 "secagg_graph": plan.secagg_graph, "neighbours": plan.secagg_neighbours or None,
@@ -416,6 +418,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
          f"{plan.dropout_slack}, noise {plan.noise}, σ = {plan.stated_sigma:.6g}, ε = {plan.stated_epsilon:.6g}"
          + (f"\nfederated evaluation: ε_eval = {plan.eval_epsilon:g} on the sites' held-out files "
             f"({plan.eval_bins} bins)" if plan.eval_epsilon is not None else "")
+         + f"\nprivacy budget: {plan.budget_text()}"
          + auto_lines(choice, plan.hyperparameters)
          + f"\nguarantee: {plan.guarantee}\nplan hash (give it to every site out of band): {plan.sha256}")
     return 0
@@ -598,8 +601,8 @@ def register(sub) -> None:
                         "all trials (default: none: one training plan; docs/auto.md)")
     p.add_argument("--settings", choices=["auto", "paper"], default="auto",
                    help="auto (default): the settings `fedsbdt train` uses, from ε, δ, the schema and --rows "
-                        "(docs/auto.md), so federated = central; paper: the S-BDT paper's defaults shown below (also "
-                        "what --tree-builder greedy/dpboost/sarus take). Any hyperparameter flag overrides either")
+                        "(docs/auto.md), so federated = central; paper: the S-BDT paper's defaults shown below (other "
+                        "modes keep their own defaults, as in train). Any hyperparameter flag overrides either")
     p.add_argument("--rows", type=int, default=None, metavar="N",
                    help="the number of training records of all sites together, declared public, for the auto "
                         "settings (required with --settings auto; a federation has no DP row count) (default: none)")

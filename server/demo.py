@@ -571,7 +571,8 @@ def _demo(args: argparse.Namespace, name: str | None = None) -> int:
         secs = time.perf_counter() - t0
         sha = hashlib_sha256(reference)
         federated = json.loads(out).get("evaluation") or {}
-        result.update({"epsilon": model.privacy["epsilon"], "delta": model.privacy["delta"], "sites": args.sites,
+        result.update({"epsilon": model.privacy["epsilon"], "epsilon_total": plan.total_epsilon,
+                       "delta": model.privacy["delta"], "sites": args.sites,
                        "trees": len(model.trees), "dataset": args.dataset, "rows": rows, "dropped": dropped,
                        "model_sha256": sha, "seconds": round(secs, 3), "federated": federated,
                        "settings": args.settings, "hyperparameters": model.hyperparameters.to_dict()})
@@ -586,8 +587,9 @@ def _demo(args: argparse.Namespace, name: str | None = None) -> int:
              f"{args.settings} settings{' for these records (declared public)' if args.settings == 'auto' else ''}: "
              f"{settings_text(model.hyperparameters.to_dict())}\n"
              f"{metric} (n={result['n']})\n"
-             f"privacy: (ε={model.privacy['epsilon']:.6g}, δ={model.privacy['delta']:.3g})-DP; every party wrote "
-             f"the identical model (sha256 {sha[:16]}…)\nwall time {secs:.1f} s")
+             f"privacy: {plan.budget_text()}, δ = {model.privacy['delta']:.3g}; every party wrote the identical "
+             f"model (sha256 {sha[:16]}…)\n"
+             f"wall time {secs:.1f} s")
         ok = True
         return 0
     finally:
@@ -600,13 +602,12 @@ def _demo(args: argparse.Namespace, name: str | None = None) -> int:
 
 def federated_text(receipt: dict) -> str:
     """The federated held-out metric, as the coordinator released it."""
-    from fedsbdt.common.fed_eval import describe
+    from fedsbdt.common.fed_eval import describe_receipt
 
     if "metrics" not in receipt:
-        return f"federated held-out evaluation: not released ({receipt.get('failed', 'no evaluation')})"
+        return f"federated held-out evaluation: {describe_receipt(receipt)}"
     return (f"held-out, evaluated federatedly (each site its own part; secure aggregation, ε_eval = "
-            f"{receipt['epsilon_eval']:g} separate from training): "
-            f"{describe(receipt['metrics'], receipt.get('intervals'))}")
+            f"{receipt['epsilon_eval']:g} separate from training): {describe_receipt(receipt)}")
 
 
 def _rows_text(rows: int, dropped: int) -> str:

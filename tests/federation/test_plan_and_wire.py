@@ -14,6 +14,7 @@ from fedsbdt.common.schema import Schema
 from fedsbdt.common.federation.plan import Plan, PlanError, SiteEntry, make_plan
 from fedsbdt.common.federation.wire import (
     AbortedMsg,
+    EvalRelease,
     FinishedMsg,
     InitScoreMsg,
     Purpose,
@@ -232,7 +233,10 @@ def test_every_event_round_trips_through_protobuf():
                 np.array([0.1, -0.2, 0.3, 1e-300]))
     events = [SetupMsg(b"\x01\x02"), RoundStartMsg(Purpose.TREE, 4, b"rs"), RoundMsg(b"\x00"),
               InitScoreMsg(-0.25, 0, ("a", "b", "c")), InitScoreMsg(0.0, None, ()), t,
-              FinishedMsg("ab" * 32, 10), AbortedMsg("no quorum")]
+              FinishedMsg("ab" * 32, 10), AbortedMsg("no quorum"),
+              # with the released evaluation (the noisy sum, negative entries included) or why there is none
+              FinishedMsg("cd" * 32, 4, EvalRelease((3, -2, 0, 1 << 40), ("a", "c"), 9)),
+              FinishedMsg("ef" * 32, 4, EvalRelease(failed="evaluation failed 20 times"))]
     for i, ev in enumerate(events):
         pb = event_to_proto(ev, i + 1)
         back = event_from_proto(type(pb).FromString(pb.SerializeToString()))
