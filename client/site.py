@@ -210,7 +210,7 @@ class SiteMachine:
         self._leaf_cache: dict[int, np.ndarray] = {}
         self.cpu_at_first_tree: float | None = None  # process CPU time when the first tree was applied
         #: the released federated evaluation as this site recomputed it from the coordinator's Finished (the
-        #: receipt written to evaluation.json next to the model), ``{"failed": why}``, or None
+        #: receipt written next to the model as ``<model>.evaluation.json``), ``{"failed": why}``, or None
         self.evaluation_released: dict | None = None
 
     # ------------------------------------------------------------------ views
@@ -659,7 +659,7 @@ class SiteMachine:
     def _evaluation_released(self, release, model_path: Path, sha: str) -> None:
         """The plan's federated evaluation as released: the metrics and their intervals recomputed here from the
         noisy sum the coordinator sent (post-processing, the coordinator's own receipt function), logged and
-        written to ``evaluation.json`` next to the model.  A release that does not fit the plan is logged and
+        written next to the model (``model.json`` → ``model.evaluation.json``: a tuning plan's trials keep one each).  A release that does not fit the plan is logged and
         ignored: the model stands on its own hash."""
         import json
 
@@ -684,7 +684,7 @@ class SiteMachine:
                                      release.sites) | {"model_sha256": sha}
         self.evaluation_released = receipt
         try:
-            path = write_atomic(model_path.parent / "evaluation.json", json.dumps(receipt, sort_keys=True, indent=1),
+            path = write_atomic(model_path.with_suffix(".evaluation.json"), json.dumps(receipt, sort_keys=True, indent=1),
                                 "evaluation")
         except (OSError, ValueError) as e:  # OutputError is a ValueError: the metrics are still logged
             path = f"not written ({e})"
