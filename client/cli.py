@@ -162,6 +162,8 @@ def _take_part(args: argparse.Namespace, t0: float, state: Path, pinned, identit
     """Take part in one session (``pinned``: the plan, or the hash of the plan the coordinator must serve) until
     the model is verified, shown on the status page ``page`` (``trial``: which trial of a tuning plan it is);
     (the JSON result, its line for people)."""
+    from fedsbdt.common.fed_eval import describe_receipt
+
     from .daemon import Daemon, DaemonError, DaemonOptions
     from .site import SessionAbort, SiteMachine, SiteOptions
 
@@ -192,28 +194,56 @@ def _take_part(args: argparse.Namespace, t0: float, state: Path, pinned, identit
                        "committed round — restart the client with the same command to resume") from None
     plan = machine.plan
     out = {"site": args.site, "model": str(done.model_path), "model_sha256": done.model_sha256,
-           "trees": machine.trees_applied, "epsilon": machine.cal.epsilon, "plan_sha256": plan.sha256,
+           "trees": machine.trees_applied, "epsilon": machine.cal.epsilon, "epsilon_total": plan.total_epsilon,
+           "plan_sha256": plan.sha256,
            "tree_contributions": machine.ledger.tree_contributions(), **machine.receipt(),
            "bytes_sent": daemon.bytes_sent, "bytes_received": daemon.bytes_received,
            "seconds": round(time.perf_counter() - t0, 3), "cpu_seconds": round(time.process_time(), 3)}
     charge = machine.ledger.eval_charge()
     if charge is not None:  # the held-out file's separate budget (one release, retries resend it)
         out["evaluation"] = charge
+    released = machine.evaluation_released  # the metrics the coordinator released, recomputed here
+    if released is not None:
+        out["evaluation_released"] = released
     children = resource.getrusage(resource.RUSAGE_CHILDREN)  # the data loader and the noise sampler processes
     out["child_cpu_seconds"] = round(children.ru_utime + children.ru_stime, 3)
     out["noise_processes"] = getattr(machine.randomness, "children", 0)
     if machine.cpu_at_first_tree is not None and machine.trees_applied > 1:
         out["cpu_ms_per_round"] = round((time.process_time() - machine.cpu_at_first_tree)
                                         / (machine.trees_applied - 1) * 1e3, 3)
-    without = out["trees_without_data"]
     return out, (f"{args.site}: model with {machine.trees_applied} trees verified "
-                 + (f"({out['trees_with_data']} carried this site's data; {len(without)} did not, from tree "
-                    f"{without[0]} on: failed attempts spent the budget) " if without else "")
+                 + without_data_text(out)
                  + f"(sha256 {done.model_sha256}) and written to {done.model_path}"
-                 + (f"\n{args.site}: held-out file evaluated: {charge['records']} records, ε_eval = "
-                    f"{charge['epsilon_eval']:g} (within --max-epsilon with the training ε = "
-                    f"{machine.cal.epsilon:.6g})"
-                    if charge is not None else ""))
+                 + (f"\n{args.site}: held-out file evaluated: {charge['records']} records; privacy budget "
+                    f"{plan.budget_text()}" if charge is not None else "")
+                 + (f"\n{args.site}: federated evaluation released to the sites: {describe_receipt(released)}"
+                    if released is not None else ""))
+
+
+def tree_ranges(trees: list[int]) -> str:
+    """Tree indices as ranges for people: ``664–966, 970``."""
+    out, start = [], None
+    for i, t in enumerate(trees):
+        if start is None:
+            start = t
+        if i + 1 == len(trees) or trees[i + 1] != t + 1:
+            out.append(f"{start}–{t}" if t > start else f"{t}")
+            start = None
+    return ", ".join(out)
+
+
+def without_data_text(receipt: dict) -> str:
+    """Which released trees did not carry this site's data, and why (``(… ) `` or nothing): released while the site
+    was not in the round (down, suspended or joining), or with its zero input after failed attempts had spent its
+    records' scheduled releases."""
+    absent, zero = receipt.get("trees_without_this_site", []), receipt.get("trees_with_zero_input", [])
+    if not absent and not zero:
+        return ""
+    why = ([f"{len(absent)} were released while this site was not in the round (not connected, suspended or not "
+            f"yet joined): trees {tree_ranges(absent)}"] if absent else []) + (
+        [f"{len(zero)} summed its zero input, because failed attempts it had answered spent its records' scheduled "
+         f"releases: trees {tree_ranges(zero)}"] if zero else [])
+    return f"({receipt['trees_with_data']} carried this site's data; {'; '.join(why)}) "
 
 
 def status_page(args: argparse.Namespace):
@@ -263,7 +293,9 @@ def register(sub) -> None:
                      help="the plan's SHA-256 received out of band (required, or --plan)")
     pol = c.add_argument_group("site policy (a served plan that breaks it is refused before joining)")
     pol.add_argument("--max-epsilon", type=float, metavar="X",
-                     help="refuse a plan whose ε exceeds this site's own limit X (default: no limit)")
+                     help="refuse a plan whose total privacy budget, ε plus the ε_eval of its federated "
+                          "evaluation (the plan's summary prints it), exceeds this site's own limit X "
+                          "(default: no limit)")
     pol.add_argument("--allow-central-noise", action="store_true",
                      help="accept a plan in central noise mode, where the sites add no noise: the coordinator "
                           "then sees the exact (noiseless) sum of the sites' vectors, and with a roster of few "

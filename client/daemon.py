@@ -76,6 +76,40 @@ class DaemonOptions:
     earlier_plans: frozenset = frozenset()
 
 
+def reachability(target: str, timeout: float = 2.0) -> str:
+    """What every address of ``host:port`` answers to a plain TCP connection, in one line (gRPC names only the
+    last address it tried: for ``localhost`` often ``[::1]``, hiding what 127.0.0.1 said)."""
+    import socket
+
+    host, sep, port = target.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit():
+        return f"{target!r} is not host:port"
+    try:
+        infos = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
+    except OSError as e:
+        return f"the host name {host!r} does not resolve ({e})"
+    seen, out = set(), []
+    for family, kind, proto, _, addr in infos:
+        shown = f"[{addr[0]}]:{addr[1]}" if family == socket.AF_INET6 else f"{addr[0]}:{addr[1]}"
+        if shown in seen:
+            continue
+        seen.add(shown)
+        try:
+            with socket.socket(family, kind, proto) as sock:
+                sock.settimeout(timeout)
+                sock.connect(addr)
+            answer = "accepts TCP connections"
+        except ConnectionRefusedError:
+            answer = "connection refused"
+        except TimeoutError:
+            answer = f"no answer within {timeout:g} s"
+        except OSError as e:
+            answer = (e.strerror or str(e)).lower()
+        out.append(f"{shown}: {answer}")
+    return f"{host} resolves to {len(out)} address{'es' if len(out) > 1 else ''} ({'; '.join(out)})"
+
+
 class Daemon:
     def __init__(self, machine: SiteMachine, target: str, tls: TlsFiles | None = None,
                  options: DaemonOptions = DaemonOptions()) -> None:
@@ -95,6 +129,7 @@ class Daemon:
         self._down_since: float | None = None
         self._backoff = options.backoff_initial
         self._tls_failures = 0
+        self._reached = False  # any call answered by the coordinator in this process
         self._sleep = threading.Event()
         self.bytes_sent = 0
         self.bytes_received = 0
@@ -122,6 +157,10 @@ class Daemon:
                 diagnosis = tls_probe(self.target, self.tls_files)
                 if diagnosis is not None:
                     raise DaemonError(f"cannot connect to the coordinator at {self.target}: {diagnosis}")
+        if now - self._down_since > self.options.reconnect_timeout and not self._reached:
+            raise DaemonError(f"never reached the coordinator at {self.target} in {self.options.reconnect_timeout:g} s "
+                              f"while {doing}: {reachability(self.target)}; is the coordinator running and listening "
+                              "there (its --listen, this site's --coordinator)? Restart the client to try again")
         if now - self._down_since > self.options.reconnect_timeout:
             raise DaemonError(f"lost the coordinator at {self.target} for more than "
                               f"{self.options.reconnect_timeout:g} s while {doing} (last error: {e.code().name}: "
@@ -132,6 +171,7 @@ class Daemon:
         self._backoff = min(self._backoff * 2, self.options.backoff_max)
 
     def _contact(self) -> None:
+        self._reached = True
         self._down_since = None
         self._backoff = self.options.backoff_initial
         self._tls_failures = 0

@@ -93,7 +93,7 @@ from fedsbdt.common.secagg.errors import InvalidMessage
 from fedsbdt.common.secagg.primitives import ed25519_public
 from fedsbdt.common.splits import random_splits
 from fedsbdt.common.federation.plan import Plan, PlanError
-from fedsbdt.common.federation.release import build_model, model_bytes, model_content_sha256
+from fedsbdt.common.federation.release import build_model, evaluation_receipt, model_bytes, model_content_sha256
 from fedsbdt.common.federation.wire import (
     NONCE_BYTES,
     AbortedMsg,
@@ -209,6 +209,9 @@ class SiteMachine:
         self.trees: list[TreeMsg] = []
         self._leaf_cache: dict[int, np.ndarray] = {}
         self.cpu_at_first_tree: float | None = None  # process CPU time when the first tree was applied
+        #: the released federated evaluation as this site recomputed it from the coordinator's Finished (the
+        #: receipt written next to the model as ``<model>.evaluation.json``), ``{"failed": why}``, or None
+        self.evaluation_released: dict | None = None
 
     # ------------------------------------------------------------------ views
 
@@ -329,8 +332,9 @@ class SiteMachine:
                         "(summed with the others') and must be trusted to add the noise",
                         extra={"event": "central_noise", "site": self.site_id})
         self.stage = Participating()
-        log.info(f"{self.site_id}: accepted plan {plan.sha256[:16]}… ({ds.n} records, ε = {cal.epsilon:.6g}, "
-                 f"noise {plan.noise})", extra={"event": "plan_accepted", "site": self.site_id, "records": ds.n})
+        log.info(f"{self.site_id}: accepted plan {plan.sha256[:16]}… ({ds.n} records, {plan.budget_text()}, "
+                 f"noise {plan.noise})", extra={"event": "plan_accepted", "site": self.site_id, "records": ds.n,
+                                                "epsilon": cal.epsilon, "epsilon_total": plan.total_epsilon})
         return plan
 
     def _accept_evaluation(self, plan: Plan):
@@ -649,7 +653,45 @@ class SiteMachine:
         self.close()
         log.info(f"{self.site_id}: model verified ({sha[:16]}…) and written to {out}",
                  extra={"event": "site_done", "site": self.site_id, "model_sha256": sha, "path": str(out)})
+        self._evaluation_released(ev.evaluation, out, sha)
         return [Done(sha)]
+
+    def _evaluation_released(self, release, model_path: Path, sha: str) -> None:
+        """The plan's federated evaluation as released: the metrics and their intervals recomputed here from the
+        noisy sum the coordinator sent (post-processing, the coordinator's own receipt function), logged and
+        written next to the model (``model.json`` → ``model.evaluation.json``: a tuning plan's trials keep one each).  A release that does not fit the plan is logged and
+        ignored: the model stands on its own hash."""
+        import json
+
+        from fedsbdt.common.fed_eval import describe_receipt
+        from fedsbdt.common.files import write_atomic
+
+        plan, spec = self.plan, self.plan.eval_spec
+        if spec is None or release is None:
+            return
+        if not release.total:
+            self.evaluation_released = {"failed": release.failed or "no reason given"}
+            log.warning(f"{self.site_id}: federated evaluation: {describe_receipt(self.evaluation_released)}",
+                        extra={"event": "evaluation_released", "site": self.site_id})
+            return
+        if (len(release.total) != spec.length or not set(release.sites) <= set(plan.site_ids)
+                or len(release.sites) < plan.threshold):
+            log.warning(f"{self.site_id}: the coordinator's evaluation release does not fit the plan ({len(release.total)} "
+                        f"entries for {spec.length}, sites {list(release.sites)}); ignored",
+                        extra={"event": "evaluation_ignored", "site": self.site_id})
+            return
+        receipt = evaluation_receipt(plan, np.asarray(release.total, dtype=np.int64), release.round_id,
+                                     release.sites) | {"model_sha256": sha}
+        self.evaluation_released = receipt
+        try:
+            path = write_atomic(model_path.with_suffix(".evaluation.json"), json.dumps(receipt, sort_keys=True, indent=1),
+                                "evaluation")
+        except (OSError, ValueError) as e:  # OutputError is a ValueError: the metrics are still logged
+            path = f"not written ({e})"
+        log.info(f"{self.site_id}: federated evaluation released (ε_eval = {receipt['epsilon_eval']:g}, sites "
+                 f"{', '.join(receipt['sites'])}): {describe_receipt(receipt)}; receipt {path}",
+                 extra={"event": "evaluation_released", "site": self.site_id, "evaluation": receipt,
+                        "path": str(path)})
 
     def receipt(self) -> dict:
         """What this site contributed: trees applied, trees whose leaf release carried its data (and those
@@ -657,11 +699,17 @@ class SiteMachine:
         rows = self.ledger.db.execute("SELECT DISTINCT tree FROM contributions WHERE kind = 'tree' AND with_data = 1"
                                       ).fetchall()
         with_data = {int(r[0]) for r in rows}
+        without = [t for t in self.trees if t.index not in with_data]
         out = {"trees": len(self.trees), "trees_with_data": len(with_data & set(range(len(self.trees)))),
-               "trees_without_data": [t.index for t in self.trees if t.index not in with_data],
+               "trees_without_data": [t.index for t in without],
+               # why: released from a sum this site was not in (not connected, suspended, joining) ...
+               "trees_without_this_site": [t.index for t in without if self.site_id not in t.sites],
+               # ... or it was in the sum with a zero input (its records' scheduled releases were spent)
+               "trees_with_zero_input": [t.index for t in without if self.site_id in t.sites],
                "failed_attempts": self.ledger.failed_attempts()}
         if not self.gate.mode.trains(self.plan):
-            out["trees_with_data"], out["trees_without_data"] = 0, []
+            out["trees_with_data"] = 0
+            out["trees_without_data"] = out["trees_without_this_site"] = out["trees_with_zero_input"] = []
         lt = LifetimeLedger(self.state_dir)
         try:
             out["lifetime"] = {role: {"epsilon": (x := lt.lifetime(key)).epsilon, "delta": x.delta}

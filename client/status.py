@@ -126,6 +126,7 @@ class SiteMonitor:
             "noise": plan.noise, "mode": mode_for(plan).name, "filter": bool(hp.filter),
             "rounds_answered": int(answered), "tree_rounds_with_data": int(tree_rounds),
             "epsilon": {"planned": cal.epsilon, "delta": cal.delta, "records": int(eps.size),
+                        "eval": plan.eval_epsilon, "total": plan.total_epsilon,
                         "max": float(eps.max()) if eps.size else 0.0, **q,
                         "exhausted": int(np.sum(spent > m.table.budget_units - UNITS_PER_ROUND))
                         if m.table is not None and spent.size else 0,
@@ -242,7 +243,8 @@ function render(s){
   var e=s.epsilon;if(!e)return;
   setText("records",e.records);setText("epsmax",num(e.max,4));setText("epsplan",num(e.planned,4));
   bar("epsbar",e.planned?e.max/e.planned:0);
-  setText("limit",s.max_epsilon===null?"no --max-epsilon":"this site's --max-epsilon "+s.max_epsilon);
+  setText("limit",(s.max_epsilon===null?"no --max-epsilon":"this site's --max-epsilon "+s.max_epsilon)+
+    (e.eval===null?"":" · the plan's total with ε_eval "+e.eval+" of the held-out records: "+num(e.total,4)));
   setText("p50",num(e.p50,4));setText("p90",num(e.p90,4));setText("p99",num(e.p99,4));
   setText("epsnote",(e.per_record?"per-record Rényi filter":"every record charged the worst case")+
     (e.exact?"":" (bound: the plan's ε)")+", δ = "+e.delta);

@@ -133,6 +133,17 @@ def auto_settings(inp: AutoInputs) -> AutoChoice:
     return AutoChoice(s, tuple(reasons), inp, b)
 
 
+def settings_text(s: dict[str, Any]) -> str:
+    """The rule's keys of ``s`` (settings or hyperparameters) on one line for people, λ included."""
+    parts = [f"T={s['trees']}", f"depth {s['depth']}", f"γ={s['subsample']:g}", f"η={s['learning_rate']:g}",
+             "cyclical" if s["cyclical"] else "not cyclical"]
+    parts += [f"{name}={s[k]:g}" for k, name in (("grad_clip", "g*"), ("l2", "λ"), ("init_share", "init share"))
+              if s.get(k) is not None]
+    parts += [f"{s['split_candidates']} split candidates"] if "split_candidates" in s else []
+    parts += [f"{s['tree_builder']} trees"] if "tree_builder" in s else []
+    return ", ".join(parts)
+
+
 def noise_matched_l2(hp, task: str) -> float:
     """λ = the noise std of a leaf's Hessian sum, ``h*·σ_leaf/√(2·r1)`` (at least 1): a leaf whose record count
     is below the noise is shrunk instead of divided by a near-zero (or clipped-to-zero) noisy Hessian.  σ_leaf

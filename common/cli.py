@@ -67,7 +67,7 @@ _HELP = {
 
 def add_hyperparameter_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("hyperparameters (plan keys with '-' for '_'; the defaults shown are the paper's, "
-                             "which train's --settings auto replaces for the keys not given)")
+                             "which --settings auto (train, plan, demo) replaces for the keys not given)")
     defaults = Hyperparameters()
     for f in dataclasses.fields(Hyperparameters):
         flag = "--" + f.name.replace("_", "-")

@@ -112,7 +112,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 
 def cmd_auto(args: argparse.Namespace) -> int:
-    from .auto import AutoInputs, auto_settings
+    """Every key the rule sets for these public inputs, λ included (:func:`resolve`, as ``train --rows N`` and
+    ``plan --rows N`` apply it), and the ``fedsbdt plan`` flags that pin exactly these settings."""
+    from .auto import resolve
     from .schema import Schema
 
     if args.rows < 1:
@@ -120,9 +122,15 @@ def cmd_auto(args: argparse.Namespace) -> int:
     if not args.epsilon > 0:
         raise CliError(f"--epsilon {args.epsilon:g}: must be > 0")
     schema = Schema.load(args.schema)
-    choice = auto_settings(AutoInputs.for_schema(schema, args.epsilon, args.delta, args.rows))
-    emit(args, choice.to_dict(), "\n".join([f"{k} = {v}" for k, v in choice.settings.items()]
-                                           + [f"because: {r}" for r in choice.reasons]))
+    _, choice = resolve({"epsilon": args.epsilon, "delta": args.delta}, schema, args.rows)
+    flags = " ".join(f"--{k.replace('_', '-')} {v}" if not isinstance(v, bool)
+                     else f"--{'' if v else 'no-'}{k.replace('_', '-')}" for k, v in choice.settings.items())
+    emit(args, choice.to_dict() | {"plan_flags": flags},
+         "\n".join([f"{k} = {v}" for k, v in choice.settings.items()]
+                   + [f"because: {r}" for r in choice.reasons]
+                   + [f"fedsbdt plan --rows {args.rows} --epsilon {args.epsilon:g}"
+                      + ("" if args.delta == 5e-8 else f" --delta {args.delta:g}")
+                      + f" pins these settings (or pass them: {flags})"]))
     return 0
 
 

@@ -59,6 +59,11 @@ DEFAULT_EPSILON = 0.1
 #: Default number of public score / residual bins.
 DEFAULT_BINS = 20
 TASKS = ("binary", "regression", "multiclass")
+#: the headline metrics of each task (what :func:`describe` shows, with their intervals)
+HEADLINE = {"binary": ("auc", "accuracy", "logloss"), "regression": ("rmse", "mae"),
+            "multiclass": ("macro_auc", "accuracy", "logloss")}
+#: a 95 % interval at least this share of its metric's possible range wide says nothing about the model
+TOO_WIDE = 0.5
 
 
 class EvalError(ValueError):
@@ -360,6 +365,63 @@ class EvalSpec:
         out["n"] = [max(float(n) - half_n, 0.0), max(float(n) + half_n, 0.0)]
         return {k: (None if x is None else [float(x[0]), float(x[1])]) for k, x in out.items()}
 
+    # ------------------------------------------------------------------ what the numbers mean
+
+    def metric_range(self, key: str) -> tuple[float, float]:
+        """The possible range of a headline metric (what :meth:`metrics` clamps it to)."""
+        if key in ("rmse", "mae"):
+            return 0.0, self._residual_range()
+        return (0.0, LOGLOSS_CLIP) if key == "logloss" else (0.0, 1.0)
+
+    def too_wide(self, intervals: dict) -> list[str]:
+        """The headline metrics whose 95 % interval spans at least :data:`TOO_WIDE` of their possible range (or
+        that have none): at this ε_eval and number of held-out records their released value means nothing."""
+        out = []
+        for k in HEADLINE[self.task]:
+            iv, (lo, hi) = intervals.get(k), self.metric_range(k)
+            if iv is None or iv[1] - iv[0] >= TOO_WIDE * (hi - lo):
+                out.append(k)
+        return out
+
+    def clamped(self, total: np.ndarray) -> list[str]:
+        """The headline metrics whose value from the noisy sums fell outside their possible range, so that
+        :meth:`metrics` shows a bound (accuracy 1.0, log-loss 0.0, …): an artefact of the noise, not a fact."""
+        v = np.asarray(total, dtype=np.float64)
+        B, Q, out = self.bins, SUM_UNITS, []
+
+        def outside(key: str, x: float | None) -> None:
+            lo, hi = self.metric_range(key)
+            if x is not None and not lo <= x <= hi:
+                out.append(key)
+
+        if self.task == "binary":
+            half = B // 2
+            right, wrong = v[:half].sum() + v[B + half:2 * B].sum(), v[half:B].sum() + v[B:B + half].sum()
+            n = right + wrong
+            pos, neg = v[B:2 * B], v[:B]
+            outside("auc", _binned_auc(pos, neg) if pos.sum() > 0 and neg.sum() > 0 else None)
+            if n > 0:
+                outside("accuracy", right / n)
+                outside("logloss", v[2 * B] / Q / n * LOGLOSS_CLIP)
+        elif self.task == "regression":
+            n, R = v[:B].sum(), self._residual_range()
+            if n > 0:
+                ms = v[B + 1] / Q / n
+                outside("rmse", math.copysign(math.sqrt(abs(ms)), ms) * R)
+                outside("mae", v[B] / Q / n * R)
+        else:
+            K = len(self.classes)
+            conf = v[2 * K * B:2 * K * B + K * K].reshape(K, K)
+            h = v[:2 * K * B].reshape(K, 2, B)
+            aucs = [_binned_auc(h[k, 0], h[k, 1]) for k in range(K) if h[k, 0].sum() > 0 and h[k, 1].sum() > 0]
+            if any(not 0 <= a <= 1 for a in aucs):
+                out.append("macro_auc")
+            n = conf.sum()
+            if n > 0:
+                outside("accuracy", np.trace(conf) / n)
+                outside("logloss", v[-1] / Q / n * LOGLOSS_CLIP)
+        return [k for k in HEADLINE[self.task] if k in out]
+
     def resolution(self, total: np.ndarray) -> dict:
         """How far the histogram metrics may be from the exact pooled ones (noiseless ``total``).
 
@@ -444,20 +506,52 @@ def _binned_auc(pos: np.ndarray, neg: np.ndarray) -> float | None:
     return float((pos * (below + 0.5 * neg)).sum() / (P * N))
 
 
-def describe(metrics: dict, intervals: dict | None = None) -> str:
-    """One line of the headline metrics (for the command line), each with its 95 % interval when given:
-    ``n≈1503 [1201, 1805] accuracy=0.8780 [0.8012, 0.9501] …``."""
+def describe(metrics: dict, intervals: dict | None = None, epsilon_eval: float | None = None,
+             too_wide: list[str] | tuple = (), clamped: list[str] | tuple = ()) -> str:
+    """The headline metrics for people.  With intervals, the 95 % interval is the headline and the noisy point
+    estimate comes after it (marked where it was clamped to its range); metrics whose interval is too wide to
+    mean anything at this ε_eval and n are named in a sentence of their own::
+
+        95 % intervals for the privacy noise: auc [0.8797, 0.8993], accuracy [0.8149, 0.8273], … (point
+        estimates: auc 0.8895, …; n ≈ 14835 [14680, 14990])
+
+    Without intervals (older receipts): ``n≈1503 accuracy=0.8780 …``."""
     keys = (("macro_auc", "accuracy", "logloss") if "macro_auc" in metrics
             else ("auc", "accuracy", "logloss") if "auc" in metrics else ("rmse", "mae"))
     iv = intervals or {}
+    if not iv:
+        return " ".join([f"n≈{metrics['n']:.0f}"] + [f"{k}={metrics[k]:.4f}" if metrics[k] is not None else f"{k}=n/a"
+                                                     for k in keys])
 
-    def ci(k: str, fmt: str) -> str:
+    def interval(k: str) -> str:
         x = iv.get(k)
-        return f" [{x[0]:{fmt}}, {x[1]:{fmt}}]" if x else ""
+        return f"{k} [{x[0]:.4f}, {x[1]:.4f}]" if x else f"{k} n/a"
 
-    parts = [f"n≈{metrics['n']:.0f}{ci('n', '.0f')}"] + [
-        f"{k}={metrics[k]:.4f}{ci(k, '.4f')}" if metrics[k] is not None else f"{k}=n/a" for k in keys]
-    return " ".join(parts) + (" (95 % intervals for the privacy noise)" if iv else "")
+    def point(k: str) -> str:
+        if metrics[k] is None:
+            return f"{k} n/a"
+        return f"{k} {metrics[k]:.4f}" + (" (clamped to its range: a noise artefact)" if k in clamped else "")
+
+    n = f"n ≈ {metrics['n']:.0f}" + (f" [{iv['n'][0]:.0f}, {iv['n'][1]:.0f}]" if iv.get("n") else "")
+    line = (f"95 % intervals for the privacy noise: {', '.join(interval(k) for k in keys)} (noisy point estimates: "
+            f"{', '.join(point(k) for k in keys)}; {n})")
+    wide = [k for k in keys if k in too_wide]
+    if wide:
+        at = f"at ε_eval = {epsilon_eval:g} and {n}" if epsilon_eval is not None else f"at this ε_eval and {n}"
+        what = ("these intervals are" if len(wide) == len(keys) else
+                f"the interval{'s' if len(wide) > 1 else ''} of {', '.join(wide)} {'are' if len(wide) > 1 else 'is'}")
+        line += (f". {at[0].upper()}{at[1:]}, {what} too wide to mean anything (at least half of the possible range): "
+                 "raise ε_eval or hold out more records (docs/federated-evaluation.md, \"Choosing ε_eval\")")
+    return line
+
+
+def describe_receipt(receipt: dict) -> str:
+    """:func:`describe` of an evaluation receipt (``evaluation.json``): its metrics, intervals, ε_eval and what is
+    too wide or clamped; or why nothing was released."""
+    if "metrics" not in receipt:
+        return f"not released ({receipt.get('failed', 'no evaluation')})"
+    return describe(receipt["metrics"], receipt.get("intervals"), receipt.get("epsilon_eval"),
+                    receipt.get("too_wide", ()), receipt.get("clamped", ()))
 
 
 def exact_metrics(spec: EvalSpec, y: np.ndarray, pred: np.ndarray) -> dict:

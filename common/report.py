@@ -297,9 +297,17 @@ def _guarantee(p: dict[str, Any], task: str) -> str:
     if "insecure" in str(p.get("randomness", "")).lower():
         warn = ('<div class="note"><strong>Warning:</strong> this model was trained with the deterministic, '
                 "insecure test randomness. The guarantee below does not hold. Do not release this model.</div>")
+    ev = p.get("evaluation") or {}
+    total = ""
+    if ev.get("epsilon") is not None:  # a federated evaluation: its own budget on the held-out records
+        e_eval = float(ev["epsilon"])
+        total = (f"<p>The federated evaluation adds <strong>ε_eval = {_e(_num(e_eval))}</strong> for every held-out "
+                 f"record (see below). <strong>In total ε + ε_eval = {_e(_num(eps + e_eval))}</strong>: the budget "
+                 "every site accepted (its --max-epsilon must allow it), and what a record in both a site's training "
+                 "and held-out file would lose.</p>")
     return warn + f"""
 <div class="summary"><p><strong>({_e(_num(eps))}, {_e(f"{delta:.3g}")})-differential privacy for every
-record</strong>, covering the initial score and every released tree.</p></div>
+{"training " if total else ""}record</strong>, covering the initial score and every released tree.</p>{total}</div>
 <p><strong>What this means for a patient.</strong> The model was trained with random noise calibrated so that
 it would look almost the same whether or not any one patient's record had been used. Whatever anyone
 concludes from the model — the published trees, their predictions, this report — the probability of any
@@ -382,21 +390,37 @@ def _evaluation(p: dict[str, Any], receipt: dict[str, Any] | None) -> str:
             f"their noisy histograms was revealed. That release has its own guarantee, "
             f"<strong>ε_eval = {_e(_num(e.get('epsilon')))}</strong> for every held-out record, separate from the "
             f"training guarantee (ε = {_e(_num(p.get('epsilon')))}) because the held-out records are not training "
-            "records (docs/federated-evaluation.md).</p>" + _table(rows))
+            "records (docs/federated-evaluation.md)"
+            + ("" if e.get("epsilon") is None else "; together <strong>ε + ε_eval = "
+               f"{_e(_num(float(p['epsilon']) + float(e['epsilon'])))}</strong>, the total each site accepted")
+            + ".</p>" + _table(rows))
     if receipt is not None and "metrics" in receipt:
         m = receipt["metrics"]
         keys = [k for k in ("n", "auc", "macro_auc", "accuracy", "logloss", "rmse", "mae") if k in m]
         iv = receipt.get("intervals") or {}
+        wide, clamped = set(receipt.get("too_wide", ())), set(receipt.get("clamped", ()))
 
         def ci(k: str) -> str:
             x = iv.get(k)
-            return f"95 % interval {x[0]:.4g} – {x[1]:.4g} (privacy noise)" if x else ""
+            return f"95 % interval {x[0]:.4g} – {x[1]:.4g}" if x else "no interval"
+
+        def point(k: str) -> str:
+            note = ("; too wide to mean anything at this ε_eval and n" if k in wide else "") + (
+                "; the point estimate is clamped to the metric's range (a noise artefact)" if k in clamped else "")
+            return f"noisy point estimate {_num(m[k])}{note}"
 
         body += ("<p>Released metrics (computed from the noisy aggregate; sites "
-                 f"{_e(', '.join(receipt.get('sites', [])))}). Each carries a 95 % interval for the noise added "
-                 "for privacy, computed from the public noise scale; it does not cover the sampling error of the "
-                 "held-out records:</p>"
-                 + _table([(k, m[k], ci(k)) for k in keys]))
+                 f"{_e(', '.join(receipt.get('sites', [])))}). The headline is each metric's 95 % interval for "
+                 "the noise added for privacy, computed from the public noise scale (it does not cover the sampling "
+                 "error of the held-out records); the noisy point estimate follows it:</p>"
+                 + _table([(k, ci(k), point(k)) for k in keys], head=("metric", "95 % interval", "point estimate")))
+        if wide:
+            n = f"{m['n']:.0f}"
+            body += (f'<div class="note"><strong>Too wide to mean anything:</strong> at ε_eval = '
+                     f"{_e(_num(receipt.get('epsilon_eval')))} and about {_e(n)} held-out records the "
+                     f"intervals of {_e(', '.join(k for k in keys if k in wide))} span at least half of their "
+                     "possible range, so these released values say nothing about the model. A larger ε_eval or more "
+                     "held-out records narrow them.</div>")
     return body
 
 

@@ -2,7 +2,8 @@
 
     fedsbdt coordinator --plan P [--listen ADDR] [--state DIR] [--tls-cert F --tls-key F --tls-ca F | --insecure]
                         [--status-port PORT [--status-host HOST]]
-    fedsbdt plan --schema S --site ID=identity.pub ... --out P [--threshold T] [--dropout-slack S] [hyperparameter flags]
+    fedsbdt plan --schema S --site ID=identity.pub ... --out P --rows N [--threshold T] [--dropout-slack S]
+                 [--settings auto|paper] [hyperparameter flags]
     fedsbdt ca init --out CA_DIR
     fedsbdt ca sign --ca CA_DIR --csr SITE/tls.csr --out SITE/tls.crt
     fedsbdt ca server --ca CA_DIR --host coordinator.example.org --out DIR
@@ -17,7 +18,7 @@ import signal
 import time
 from pathlib import Path
 
-from fedsbdt.common.cli import (CliError, add_hyperparameter_flags, emit, given_hyperparameters, hyperparameters_from_args,
+from fedsbdt.common.cli import (CliError, add_hyperparameter_flags, emit, given_hyperparameters,
                                 with_state_lock)
 from fedsbdt.common.config import SAMPLERS
 from fedsbdt.common.instance import address_in_use
@@ -212,7 +213,7 @@ def _serve(args: argparse.Namespace, listen: str, t0: float, plan, cal, randomne
     server.start()
     log.info(f"coordinator for plan {plan.sha256} listening on {server.address} "
              f"({'mutual TLS' if credentials else 'PLAIN TEXT (--insecure)'}); {plan.n} sites, t = {plan.threshold}, "
-             f"ε = {cal.epsilon:.6g}, noise {plan.noise}",
+             f"{plan.budget_text()}, noise {plan.noise}",
              extra={"event": "listening", "address": server.address, "plan_sha256": plan.sha256})
     if args.ready_fd is not None:
         try:
@@ -250,7 +251,8 @@ def _serve(args: argparse.Namespace, listen: str, t0: float, plan, cal, randomne
             f"session failed: {st.reason}", server.address
     model = state / "model.json"
     out = {"model": str(model), "model_sha256": sha256_file(model), "trees": len(session.trees),
-           "epsilon": cal.epsilon, "rounds_failed": session.rounds_failed, "seconds": secs,
+           "epsilon": cal.epsilon, "epsilon_total": plan.total_epsilon, "rounds_failed": session.rounds_failed,
+           "seconds": secs,
            "bytes_received": server.service.bytes_in, "bytes_sent": server.service.bytes_out,
            "mismatched_sites": list(getattr(st, "mismatched", ()))}
     out["trees_per_site"] = session.trees_with_data()
@@ -295,16 +297,16 @@ def write_evaluation(state: Path, receipt: dict, model_sha256: str) -> tuple[dic
     """Write the evaluation receipt (``STATE/evaluation.json``); returns it and one line for people."""
     import json
 
-    from fedsbdt.common.fed_eval import describe
+    from fedsbdt.common.fed_eval import describe_receipt
     from fedsbdt.common.files import write_atomic
 
     receipt = receipt | {"model_sha256": model_sha256}
     path = write_atomic(state / "evaluation.json", json.dumps(receipt, sort_keys=True, indent=1), "evaluation")
     if "metrics" not in receipt:
-        return receipt, f"federated evaluation: not released ({receipt.get('failed')})"
+        return receipt, f"federated evaluation: {describe_receipt(receipt)}"
     return receipt, (f"federated evaluation (ε_eval = {receipt['epsilon_eval']:g}, separate from the training "
                      f"ε = {receipt['training_epsilon']:.6g}; sites {', '.join(receipt['sites'])}): "
-                     f"{describe(receipt['metrics'], receipt.get('intervals'))}; receipt {path}")
+                     f"{describe_receipt(receipt)}; receipt {path}")
 
 
 # --------------------------------------------------------------------------- plan
@@ -326,12 +328,49 @@ def _site_arg(text: str) -> tuple[str, bytes]:
         raise CliError(str(e)) from None
 
 
+#: why ``fedsbdt plan`` (auto settings, the default) refuses to guess the row count
+NEEDS_ROWS = ("the auto settings (the default) follow ε and the number of training records of all sites together: "
+              "declare that number public with --rows N (auto reads only ε, δ, the schema and N; docs/auto.md), or "
+              "pass --settings paper for the S-BDT paper's settings")
+
+
+def plan_hyperparameters(args: argparse.Namespace, schema):
+    """(hyperparameters, auto choice or None) a plan pins: ``--settings auto`` (default) applies the rule of
+    common/auto.py to the public inputs — ε, δ, the schema and the declared row count ``--rows N`` — exactly as
+    ``fedsbdt train --rows N`` does, so federated = central; every flag given wins over it, λ included.  A
+    federation has no DP row count, so auto without ``--rows`` is refused (one line, exit 2).  Modes with their
+    own defaults keep them, as in ``train`` (common.cli.settings_mode)."""
+    from fedsbdt.common.auto import resolve
+    from fedsbdt.common.cli import settings_mode
+    from fedsbdt.common.config import Hyperparameters
+
+    given = given_hyperparameters(args)
+    mode = settings_mode(args, given)
+    if args.rows is not None and args.rows < 1:
+        raise CliError(f"--rows {args.rows}: the declared row count must be ≥ 1")
+    if mode == "auto" and args.rows is None:
+        raise CliError(NEEDS_ROWS)
+    keys, choice = resolve(given, schema, args.rows, "declared", mode)
+    hp = Hyperparameters.from_dict(keys)
+    return training_mode(hp).federated_hyperparameters(hp, given), choice  # the mode's defaults
+
+
+def auto_lines(choice, hp) -> str:
+    """The settings a plan pins (``hp``) and, with auto, why, for people (empty without auto)."""
+    if choice is None:
+        return ""
+    from fedsbdt.common.auto import settings_text
+
+    return (f"\nauto settings for n = {choice.inputs.rows} training records (declared public): "
+            f"{settings_text(hp.to_dict())}\n  because: " + "\n  because: ".join(choice.reasons))
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     from fedsbdt.common.schema import Schema
 
     from fedsbdt.common.federation.plan import Deadlines, SiteEntry, make_plan
 
-    evaluation = {}
+    evaluation, choice = {}, None
     if args.eval_epsilon is not None:
         evaluation = dict(eval_epsilon=args.eval_epsilon, eval_bins=args.eval_bins,
                           eval_residual_clip=args.eval_residual_clip)
@@ -342,8 +381,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         if not args.schema:
             raise CliError("--schema is required (unless --evaluate-model gives the model's schema)")
         schema = Schema.load(args.schema)
-        hp = hyperparameters_from_args(args)
-        hp = training_mode(hp).federated_hyperparameters(hp, given_hyperparameters(args))  # the mode's defaults
+        hp, choice = plan_hyperparameters(args, schema)
     sites = [SiteEntry(*_site_arg(s)) for s in args.site]
     session = dict(noise=args.noise, assumed_colluders=args.colluders, dropout_slack=args.dropout_slack,
                    epoch_rounds=args.epoch_rounds,
@@ -364,24 +402,29 @@ def cmd_plan(args: argparse.Namespace) -> int:
         session.update(randomness="insecure-test", test_seed=args.insecure_test_randomness,
                        test_noise=args.test_noise)
     if args.tune_trials is not None:
-        return write_tuning_plan(args, schema, hp, sites, session)
+        return write_tuning_plan(args, schema, hp, sites, session, choice)
     plan = make_plan(schema, hp, sites, args.threshold, args.session_id, **session)
     plan.save(args.out)
     emit(args, {"plan": str(args.out), "plan_sha256": plan.sha256, "sigma": plan.stated_sigma,
-                "epsilon": plan.stated_epsilon, "threshold": plan.threshold, "dropout_slack": plan.dropout_slack,
+                "epsilon": plan.stated_epsilon, "epsilon_total": plan.total_epsilon,
+                "threshold": plan.threshold, "dropout_slack": plan.dropout_slack,
                 "assumed_colluders": plan.assumed_colluders, "noise": plan.noise, "guarantee": plan.guarantee,
                 "sites": list(plan.site_ids), "seed": plan.hyperparameters.seed, "epsilon_eval": plan.eval_epsilon,
                 "secagg_graph": plan.secagg_graph, "neighbours": plan.secagg_neighbours or None,
-                "secagg_fast_path": plan.secagg_fast_path},
+                "secagg_fast_path": plan.secagg_fast_path, "hyperparameters": plan.hyperparameters.to_dict(),
+                "settings": "auto" if choice is not None else None if args.evaluate_model else "paper"}
+         | ({"auto": choice.to_dict()} if choice is not None else {}),
          f"wrote {args.out}: {plan.n} sites, t = {plan.threshold}, c = {plan.assumed_colluders}, dropout slack "
          f"{plan.dropout_slack}, noise {plan.noise}, σ = {plan.stated_sigma:.6g}, ε = {plan.stated_epsilon:.6g}"
          + (f"\nfederated evaluation: ε_eval = {plan.eval_epsilon:g} on the sites' held-out files "
             f"({plan.eval_bins} bins)" if plan.eval_epsilon is not None else "")
+         + f"\nprivacy budget: {plan.budget_text()}"
+         + auto_lines(choice, plan.hyperparameters)
          + f"\nguarantee: {plan.guarantee}\nplan hash (give it to every site out of band): {plan.sha256}")
     return 0
 
 
-def write_tuning_plan(args: argparse.Namespace, schema, hp, sites, session: dict) -> int:
+def write_tuning_plan(args: argparse.Namespace, schema, hp, sites, session: dict, choice=None) -> int:
     """``fedsbdt plan --tune-trials K``: K trial plans around the plan's settings and the tuning plan pinning them
     (common/federation/tuning.py); ``--epsilon`` and ``--eval-epsilon`` are the totals over all trials."""
     import secrets
@@ -411,8 +454,11 @@ def write_tuning_plan(args: argparse.Namespace, schema, hp, sites, session: dict
                 "epsilon_eval": tuning.stated_epsilon_eval, "epsilon_trial": first.stated_epsilon,
                 "epsilon_eval_trial": first.eval_epsilon, "trials": trials, "sites": list(first.site_ids),
                 "threshold": first.threshold, "assumed_colluders": first.assumed_colluders, "noise": first.noise,
-                "guarantee": first.guarantee, "seed": first.hyperparameters.seed},
-         f"wrote {args.out} and {len(trials)} trial plans: {first.n} sites, t = {first.threshold}, "
+                "guarantee": first.guarantee, "seed": first.hyperparameters.seed,
+                "settings": "auto" if choice is not None else "paper"}
+         | ({"auto": choice.to_dict()} if choice is not None else {}),
+         f"wrote {args.out} and {len(trials)} trial plans around the "
+         f"{'auto' if choice is not None else 'given'} settings: {first.n} sites, t = {first.threshold}, "
          f"c = {first.assumed_colluders}, noise {first.noise}\n"
          + "".join(f"  trial {i + 1}: {settings_line(t)} λ={t['l2']:.3g} ({written[i + 1].name})\n"
                    for i, t in enumerate(trials))
@@ -553,6 +599,13 @@ def register(sub) -> None:
                         "turn, each scored by a federated evaluation on the sites' held-out files; the coordinator "
                         "keeps the best. --epsilon and --eval-epsilon (then 0.1 if not given) are the totals over "
                         "all trials (default: none: one training plan; docs/auto.md)")
+    p.add_argument("--settings", choices=["auto", "paper"], default="auto",
+                   help="auto (default): the settings `fedsbdt train` uses, from ε, δ, the schema and --rows "
+                        "(docs/auto.md), so federated = central; paper: the S-BDT paper's defaults shown below (other "
+                        "modes keep their own defaults, as in train). Any hyperparameter flag overrides either")
+    p.add_argument("--rows", type=int, default=None, metavar="N",
+                   help="the number of training records of all sites together, declared public, for the auto "
+                        "settings (required with --settings auto; a federation has no DP row count) (default: none)")
     p.add_argument("--out", required=True, metavar="FILE", help="where to write the plan")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     add_hyperparameter_flags(p)

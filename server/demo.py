@@ -1,6 +1,6 @@
 """``fedsbdt demo``: a whole federation on loopback, as separate processes, with mutual TLS.
 
-    fedsbdt demo [--sites N] [--dataset abalone|adult] [--trees N] [--status-port PORT] [--json]
+    fedsbdt demo [--sites N] [--dataset abalone|adult] [--settings auto|paper] [--trees N] [--status-port PORT] [--json]
     fedsbdt demo --data FILE --schema S [--sites N] [--split-by COLUMN] [--json]
 
 1. makes a throw-away consortium CA, a coordinator certificate for
@@ -9,7 +9,9 @@
 2. splits the bundled data: Abalone — a public, fixed shuffle holds out 20 %
    for testing; Adult — ``adult.test`` is the test set; the training part is
    dealt round-robin to the sites, each file in the original format;
-3. writes the plan (privacy statement computed, public split seed fixed) and
+3. writes the plan (privacy statement computed, public split seed fixed; the
+   ``auto`` settings of ``fedsbdt train --rows N`` for the N records the sites
+   train on, declared public as ``fedsbdt plan --rows N`` does) and
    starts ``fedsbdt coordinator`` and one ``fedsbdt client`` per site as
    child processes, each site checking the plan hash it was given;
 4. shows progress from the coordinator's JSON log, waits, checks that every
@@ -258,9 +260,17 @@ def warm_up_kernels(schema, hp, quiet: bool = False, notice_after: float = 1.0) 
 
 
 def prepare(layout: Layout, n: int, dataset: str, hp_changes: dict, hosts: list[str],
-            max_epsilon: float | None = None, custom: CustomData | None = None, **session) -> tuple[object, int]:
-    """CA, coordinator certificate, site keys and certificates, data splits and the plan."""
+            max_epsilon: float | None = None, custom: CustomData | None = None, settings: str = "paper",
+            **session) -> tuple[object, int]:
+    """CA, coordinator certificate, site keys and certificates, data splits and the plan.
+
+    ``hp_changes``: the hyperparameters given; ``settings``: what the others take — ``"paper"`` (the S-BDT
+    paper's defaults; the default here, so that the benchmarks built on this function keep their settings) or
+    ``"auto"`` (``fedsbdt demo``'s default: the rule of common/auto.py for the records the sites train on,
+    declared public as ``fedsbdt plan --rows N`` declares them, so the demo trains what ``fedsbdt train --rows N``
+    trains on the same records)."""
     from fedsbdt.client.keys import IDENTITY_PUB, keygen, read_identity_pub
+    from fedsbdt.common.auto import resolve
     from fedsbdt.common.config import Hyperparameters
     from fedsbdt.common.schema import Schema
 
@@ -283,7 +293,9 @@ def prepare(layout: Layout, n: int, dataset: str, hp_changes: dict, hosts: list[
         rows = split_custom(custom, schema, n, layout)
     import secrets
 
-    hp = Hyperparameters(**hp_changes).replace(seed=hp_changes.get("seed") or secrets.randbits(31))
+    declared = training_rows(layout, site_ids(n), schema)[0] if settings == "auto" else None
+    keys, _ = resolve(hp_changes, schema, declared, "declared", settings)
+    hp = Hyperparameters.from_dict(keys).replace(seed=hp_changes.get("seed") or secrets.randbits(31))
     session.setdefault("deadlines", Deadlines(join=60.0, stage=10.0, quorum=120.0, finish=10.0))
     plan = make_plan(schema, hp, entries, session_id=f"fedsbdt-demo-{dataset}",
                      max_records_per_site=max(rows, 1), **session)
@@ -455,6 +467,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace, name: str | None = None) -> int:
+    from fedsbdt.common.auto import settings_text
     from fedsbdt.common.cli import evaluate_model
     from fedsbdt.common.data import load
     from fedsbdt.common.model import Ensemble
@@ -473,15 +486,14 @@ def _demo(args: argparse.Namespace, name: str | None = None) -> int:
         args.sites = 3 if args.sites is None else args.sites
     if not 2 <= args.sites <= 20:
         raise CliError(f"--sites must be between 2 and 20 for a demo on one machine (got {args.sites})")
-    hp = {"epsilon": args.epsilon, "trees": args.trees, "depth": args.depth}
-    if args.seed is not None:
-        hp["seed"] = args.seed
+    hp = {k: v for k, v in (("epsilon", args.epsilon), ("trees", args.trees), ("depth", args.depth),
+                            ("seed", args.seed)) if v is not None}
     hosts = args.host or ["localhost", "127.0.0.1"]
     if args.prepare:
         layout = Layout(Path(args.prepare))
         if layout.root.exists() and any(layout.root.iterdir()):
             raise CliError(f"{layout.root} is not empty; --prepare writes a fresh directory")
-        plan, _ = prepare(layout, args.sites, args.dataset, hp, hosts, custom=custom)
+        plan, _ = prepare(layout, args.sites, args.dataset, hp, hosts, custom=custom, settings=args.settings)
         rows, dropped = training_rows(layout, list(plan.site_ids), plan.schema)
         emit(args, {"dir": str(layout.root), "plan_sha256": plan.sha256, "sites": list(plan.site_ids),
                     "rows": rows, "dropped": dropped},
@@ -495,7 +507,8 @@ def _demo(args: argparse.Namespace, name: str | None = None) -> int:
     procs = Processes()
     ok = False
     try:
-        plan, _ = prepare(layout, args.sites, args.dataset, hp, hosts, custom=custom, eval_epsilon=args.eval_epsilon)
+        plan, _ = prepare(layout, args.sites, args.dataset, hp, hosts, custom=custom, eval_epsilon=args.eval_epsilon,
+                          settings=args.settings)
         rows, dropped = training_rows(layout, list(plan.site_ids), plan.schema)
         warm_up_kernels(plan.schema, plan.hyperparameters, quiet=args.json)
         total = plan.hyperparameters.total_rounds
@@ -549,9 +562,11 @@ def _demo(args: argparse.Namespace, name: str | None = None) -> int:
         secs = time.perf_counter() - t0
         sha = hashlib_sha256(reference)
         federated = json.loads(out).get("evaluation") or {}
-        result.update({"epsilon": model.privacy["epsilon"], "delta": model.privacy["delta"], "sites": args.sites,
+        result.update({"epsilon": model.privacy["epsilon"], "epsilon_total": plan.total_epsilon,
+                       "delta": model.privacy["delta"], "sites": args.sites,
                        "trees": len(model.trees), "dataset": args.dataset, "rows": rows, "dropped": dropped,
-                       "model_sha256": sha, "seconds": round(secs, 3), "federated": federated})
+                       "model_sha256": sha, "seconds": round(secs, 3), "federated": federated,
+                       "settings": args.settings, "hyperparameters": model.hyperparameters.to_dict()})
         metric = (f"rmse={result['rmse']:.4f}" if "rmse" in result
                   else f"auc={result['auc']:.4f} accuracy={result['accuracy']:.4f}")
         metric = (f"{federated_text(federated)}\npooled for comparison (only a demo holds all held-out records; "
@@ -560,9 +575,12 @@ def _demo(args: argparse.Namespace, name: str | None = None) -> int:
         emit(args, result,
              f"federated S-BDT on {args.dataset}: {args.sites} sites (separate processes, mutual TLS, "
              f"secure aggregation, {plan.noise} noise), {len(model.trees)} trees, {_rows_text(rows, dropped)}\n"
+             f"{args.settings} settings{' for these records (declared public)' if args.settings == 'auto' else ''}: "
+             f"{settings_text(model.hyperparameters.to_dict())}\n"
              f"{metric} (n={result['n']})\n"
-             f"privacy: (ε={model.privacy['epsilon']:.6g}, δ={model.privacy['delta']:.3g})-DP; every party wrote "
-             f"the identical model (sha256 {sha[:16]}…)\nwall time {secs:.1f} s")
+             f"privacy: {plan.budget_text()}, δ = {model.privacy['delta']:.3g}; every party wrote the identical "
+             f"model (sha256 {sha[:16]}…)\n"
+             f"wall time {secs:.1f} s")
         ok = True
         return 0
     finally:
@@ -575,13 +593,12 @@ def _demo(args: argparse.Namespace, name: str | None = None) -> int:
 
 def federated_text(receipt: dict) -> str:
     """The federated held-out metric, as the coordinator released it."""
-    from fedsbdt.common.fed_eval import describe
+    from fedsbdt.common.fed_eval import describe_receipt
 
     if "metrics" not in receipt:
-        return f"federated held-out evaluation: not released ({receipt.get('failed', 'no evaluation')})"
+        return f"federated held-out evaluation: {describe_receipt(receipt)}"
     return (f"held-out, evaluated federatedly (each site its own part; secure aggregation, ε_eval = "
-            f"{receipt['epsilon_eval']:g} separate from training): "
-            f"{describe(receipt['metrics'], receipt.get('intervals'))}")
+            f"{receipt['epsilon_eval']:g} separate from training): {describe_receipt(receipt)}")
 
 
 def _rows_text(rows: int, dropped: int) -> str:
@@ -608,8 +625,6 @@ def register(sub) -> None:
     from fedsbdt.common.statuspage import add_status_flags
 
     d = sub.add_parser("demo", help="a whole federation on loopback: coordinator and sites as processes, mutual TLS")
-    from fedsbdt.common.config import Hyperparameters
-
     d.add_argument("--sites", type=int, metavar="N",
                    help="number of sites, 2..20 (default: 3; with --split-by and no --sites, one per value)")
     d.add_argument("--dataset", choices=DATASETS, help="bundled dataset (default: abalone)")
@@ -621,10 +636,12 @@ def register(sub) -> None:
     d.add_argument("--split-by", metavar="COLUMN",
                    help="with --data: deal the rows to the sites by this column's value (e.g. a hospital "
                         "column; default: round-robin)")
-    trees = Hyperparameters().trees
-    d.add_argument("--trees", type=int, default=trees, metavar="N",
-                   help=f"trees T_regular (default: {trees}, as fedsbdt train)")
-    d.add_argument("--depth", type=int, default=3, metavar="N", help="tree depth (default: 3)")
+    d.add_argument("--settings", choices=["auto", "paper"], default="auto",
+                   help="auto (default): the settings fedsbdt train --rows N uses for the sites' training records "
+                        "(docs/auto.md); paper: the S-BDT paper's defaults (T 100, depth 3, …). --trees and --depth "
+                        "override either")
+    d.add_argument("--trees", type=int, metavar="N", help="trees T_regular (default: from --settings)")
+    d.add_argument("--depth", type=int, metavar="N", help="tree depth (default: from --settings)")
     d.add_argument("--epsilon", type=float, default=1.0, metavar="X", help="privacy budget ε (default: 1)")
     d.add_argument("--seed", type=int, metavar="N", help="public split seed (default: random)")
     d.add_argument("--eval-epsilon", type=float, default=1.0, metavar="X",

@@ -72,6 +72,7 @@ from fedsbdt.common.federation.release import build_model, evaluation_receipt, m
 from fedsbdt.common.federation.wire import (
     AbortedMsg,
     Deferred,
+    EvalRelease,
     Event,
     FinishedMsg,
     InitScoreMsg,
@@ -907,8 +908,10 @@ class Session:
                 last = max((t.index for t in self.trees if s in t.sites), default=None)
                 parts.append(f"{s} {n}" + (" (none)" if last is None else f" (last at tree {last})"))
         full = sum(n == total for n in per.values())
-        line = (f"trained {total} trees; sites in every released sum: {full} of {len(per)} "
-                f"(trees per site: {', '.join(parts)})")
+        everyone = ("every site took part in all of them" if full == len(per) else
+                    f"{full} of the {len(per)} sites took part in all of them")
+        line = (f"trained {total} trees, each released from a sum over at least t = {self.plan.threshold} sites; "
+                f"trees per site: {', '.join(parts)} ({everyone})")
         if self.rounds_failed:  # a failed attempt a site answered spends one of its records' scheduled releases
             budget = mode_for(self.plan).budget(self.plan)
             if any(n is not None for k, n in budget.items() if k not in ("init", "eval")):
@@ -932,7 +935,17 @@ class Session:
         self._say_whom_we_await(now)  # at most deadlines.finish, then the coordinator exits
         for s in self.sites.values():
             if s.token is not None:
-                out.append((s.site_id, FinishedMsg(sha, len(self.trees))))
+                out.append((s.site_id, self._finished_msg(sha)))
+
+    def _finished_msg(self, sha: str) -> FinishedMsg:
+        """Finished, with what the evaluation round released (the noisy sum and its sites; the sites recompute
+        the metrics from it) or why it released nothing."""
+        ev = self.evaluation
+        if ev is None:
+            return FinishedMsg(sha, len(self.trees))
+        if "metrics" not in ev:
+            return FinishedMsg(sha, len(self.trees), EvalRelease(failed=str(ev.get("failed", ""))))
+        return FinishedMsg(sha, len(self.trees), EvalRelease(tuple(ev["sum"]), tuple(ev["sites"]), ev["round_id"]))
 
     def _fail(self, reason: str, out: list[Outgoing]) -> None:
         self.stage = Failed(reason)
@@ -950,7 +963,7 @@ class Session:
         if isinstance(st, Failed):
             return [(site_id, AbortedMsg(st.reason))]
         if isinstance(st, (Finishing, Finished)):
-            return [(site_id, FinishedMsg(st.model_sha256, len(self.trees)))]
+            return [(site_id, self._finished_msg(st.model_sha256))]
         for e in self.coord.ready_epochs():
             parts = self._routed.get(e, {}).get(site_id)
             if parts is not None:

@@ -168,7 +168,8 @@ class CoordinatorMonitor:
             "round_seconds": {"last": _r(self._last_round_seconds), "count": hist[0],
                               "mean": _r(hist[1] / hist[0]) if hist[0] else None},
             "epsilon": {"spent": spent, "planned": self.cal.epsilon, "delta": self.cal.delta,
-                        "exact": self.exact_epsilon},
+                        "exact": self.exact_epsilon, "eval": self.plan.eval_epsilon,
+                        "total": self.plan.total_epsilon},
             "eta_seconds": _r(eta), "model_sha256": st["model_sha256"], "sites": sites,
             "uptime_seconds": round(now - self.started, 3), "time": wall, "tuning": self.tuning,
         }
@@ -245,7 +246,9 @@ function render(s){
   setText("roundwork",s.round?(s.round.work+" · "+s.round.phase+" · "+dur(s.round.seconds)):"between rounds");
   setText("eps",num(s.epsilon.spent,4));setText("epsplan",num(s.epsilon.planned,4));
   bar("epsbar",s.epsilon.planned?s.epsilon.spent/s.epsilon.planned:0);
-  setText("epsnote",(s.epsilon.exact?"worst-case record, δ = ":"bound: the plan's ε, δ = ")+s.epsilon.delta);
+  setText("epsnote",(s.epsilon.exact?"worst-case record, δ = ":"bound: the plan's ε, δ = ")+s.epsilon.delta+
+    (s.epsilon.eval===null?"":" · plus ε_eval "+s.epsilon.eval+" of the held-out records: "+num(s.epsilon.total,4)+
+     " in total"));
   setText("lat",s.round_seconds.last===null?"—":dur(s.round_seconds.last));
   setText("latmean",s.round_seconds.mean===null?"":"mean "+dur(s.round_seconds.mean)+" over "+s.round_seconds.count+" rounds");
   setText("failed",s.rounds_failed);$("failed").className="v"+(s.rounds_failed?" warn":"");

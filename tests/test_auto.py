@@ -116,7 +116,11 @@ def test_auto_command_prints_the_rule_for_public_inputs(capsys):
     assert main(["auto", "--schema", str(EX / "abalone" / "schema.toml"), "--epsilon", "1", "--rows", "4177",
                  "--json"]) == 0
     got = json.loads(capsys.readouterr().out)
-    assert got["settings"] == auto_settings(AutoInputs.for_schema(ABALONE, 1.0, 5e-8, 4177)).settings
+    rule = auto_settings(AutoInputs.for_schema(ABALONE, 1.0, 5e-8, 4177)).settings
+    # every key a plan needs, λ included (matched to the noise of exactly these settings, as train and plan use it)
+    assert got["settings"] == rule | {"l2": noise_matched_l2(Hyperparameters.from_dict({**rule, "epsilon": 1.0}),
+                                                             "regression")}
+    assert f"--l2 {got['settings']['l2']}" in got["plan_flags"] and "--no-cyclical" in got["plan_flags"]
 
 
 def test_noise_matched_l2_is_the_hessian_noise_std():

@@ -444,3 +444,65 @@ def test_intervals_cover_the_whole_range_when_n_is_lost_in_the_noise():
     assert iv["rmse"] == [0.0, 2.5] and iv["mae"] == [0.0, 2.5] and iv["n"][0] == 0.0
     with pytest.raises(EvalError):
         spec.intervals(v, 0)
+
+
+# --------------------------------------------------------------------------- what an operator is told
+
+
+def _release(spec, y, p, seed, sites=3):
+    """The summed vector of ``sites`` sites' histograms plus their noise shares (seeded test randomness)."""
+    rnd = InsecureTestRandomness(seed=seed, i_understand_this_is_insecure=True)
+    return sum(spec.histogram(yy, pp) + rnd.discrete_gaussian(spec.noise_scales()) for yy, pp in
+               [(y[i::sites], p[i::sites]) for i in range(sites)])
+
+
+def test_small_held_out_files_are_called_too_wide_and_the_interval_is_the_headline():
+    """The issue's case: ε_eval = 0.5, ~40 records per site.  The interval leads, the noisy point estimate follows
+    it, and a sentence says the intervals are too wide to mean anything at this ε_eval and n."""
+    from fedsbdt.common.fed_eval import HEADLINE, TOO_WIDE, describe
+
+    spec = EvalSpec("binary", 0.5, DELTA, 20)
+    y, p = binary_data(np.random.default_rng(3), 120)
+    for seed in range(1, 6):  # (seeded: in these five releases every headline interval is that wide)
+        v = _release(spec, y, p, seed)
+        m, iv = spec.metrics(v), spec.intervals(v, 3)
+        wide = spec.too_wide(iv)
+        assert wide == list(HEADLINE["binary"])  # every headline interval spans ≥ half its range
+        assert all(iv[k][1] - iv[k][0] >= TOO_WIDE * (spec.metric_range(k)[1] - spec.metric_range(k)[0]) for k in wide)
+        text = describe(m, iv, 0.5, wide, spec.clamped(v))
+        assert text.startswith("95 % intervals for the privacy noise: auc [")
+        assert "At ε_eval = 0.5 and n ≈ " in text and "too wide to mean anything" in text
+        assert text.index("[") < text.index("point estimates")  # the interval before the point estimate
+    # thousands of records at ε_eval = 1: informative, no such sentence
+    y, p = binary_data(np.random.default_rng(4), 15_000)
+    big = EvalSpec("binary", 1.0, DELTA, 20)
+    v = _release(big, y, p, 1)
+    iv = big.intervals(v, 3)
+    assert big.too_wide(iv) == [] and "too wide" not in describe(big.metrics(v), iv, 1.0, [], big.clamped(v))
+    # regression: the range of RMSE and MAE is [0, R]
+    reg = EvalSpec("regression", 1.0, DELTA, 20, label_range=(1.0, 29.0))
+    assert reg.metric_range("rmse") == (0.0, 7.0)
+
+
+def test_values_clamped_by_the_noise_are_marked_and_real_bounds_are_not():
+    """Accuracy 1.0 and log-loss 0.0 from noisy sums outside the range are clamping artefacts: `clamped` names
+    them and the text says so; a noiseless perfect model's AUC 1.0 is not marked."""
+    from fedsbdt.common.fed_eval import describe
+
+    spec = EvalSpec("binary", 0.5, DELTA, 20)
+    v = np.zeros(spec.length)
+    B = spec.bins
+    v[0], v[B + B - 1] = 40.0, 40.0  # 40 negatives in the bottom score bin, 40 positives in the top one
+    v[B // 2] = -9.0  # noise: a negative count of wrong negatives (score ≥ 0.5, y = 0)
+    v[2 * B] = -500.0  # noise: a negative log-loss sum
+    m = spec.metrics(v)
+    assert m["accuracy"] == 1.0 and m["logloss"] == 0.0
+    assert spec.clamped(v) == ["accuracy", "logloss"]
+    text = describe(m, spec.intervals(v, 3), 0.5, [], spec.clamped(v))
+    assert "accuracy 1.0000 (clamped to its range: a noise artefact)" in text
+    assert "logloss 0.0000 (clamped to its range: a noise artefact)" in text
+    clean = spec.histogram(np.array([0.0, 1.0]), np.array([0.01, 0.99]))
+    assert spec.metrics(clean)["auc"] == 1.0 and spec.clamped(clean) == []
+    mc = EvalSpec("multiclass", 1.0, DELTA, 20, classes=("a", "b", "c"))
+    y, p = _multiclass_data(np.random.default_rng(2), 300)
+    assert mc.clamped(mc.histogram(y, p)) == []

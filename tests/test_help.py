@@ -47,6 +47,11 @@ def test_demo_and_train_share_the_hyperparameter_defaults():
     from fedsbdt.common.config import Hyperparameters
 
     demo = {a.dest: a.default for a in PARSERS["demo"]._actions}
-    assert demo["trees"] == Hyperparameters().trees
+    train = {a.dest: a.default for a in PARSERS["train"]._actions}
+    plan = {a.dest: a.default for a in PARSERS["plan"]._actions}
+    # trees and depth follow --settings (auto by default) in demo, train and plan alike
+    assert demo["trees"] is demo["depth"] is train["trees"] is plan["trees"] is None
+    assert demo["settings"] == train["settings"] == plan["settings"] == "auto"
+    assert demo["epsilon"] == Hyperparameters().epsilon
     text = PARSERS["client"].format_help()
     assert re.search(r"--max-epsilon X\s+refuse .*\(default:\s+no\s+limit\)", text, re.S)

@@ -400,6 +400,28 @@ class Plan:
     def insecure(self) -> bool:
         return self.randomness != "secure"
 
+    @property
+    def trains(self) -> bool:
+        """False for an evaluation-only plan (``evaluation.model_sha256``): it releases no trees."""
+        return self.eval_model_sha256 is None
+
+    @property
+    def total_epsilon(self) -> float:
+        """The budget a site accepts for this plan, which its ``--max-epsilon`` must allow: the training ε (if the
+        plan trains) plus ε_eval (if it evaluates) — what a record in both files would lose (client/gate.py)."""
+        return ((self.stated_epsilon if self.trains else 0.0)
+                + (float(self.eval_epsilon) if self.eval_epsilon is not None else 0.0))
+
+    def budget_text(self) -> str:
+        """The plan's privacy budget for people, the total whenever there are two parts:
+        ``ε = 1 (training records) + ε_eval = 0.5 (held-out records) = 1.5 in total``, or ``ε = 1``."""
+        parts = ([f"ε = {self.stated_epsilon:.6g}"] if self.trains else []) + (
+            [f"ε_eval = {self.eval_epsilon:.6g}"] if self.eval_epsilon is not None else [])
+        if len(parts) == 1:
+            return parts[0]
+        return (f"{parts[0]} (training records) + {parts[1]} (held-out records) = {self.total_epsilon:.6g} in total "
+                "(what a site's --max-epsilon must allow)")
+
     def identity_key(self, site_id: str) -> bytes | None:
         for s in self.sites:
             if s.site_id == site_id:

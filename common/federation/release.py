@@ -83,13 +83,18 @@ def evaluation_declaration(plan: Plan) -> dict:
 
 
 def evaluation_receipt(plan: Plan, total, round_id: int, sites: Sequence[str]) -> dict:
-    """What the coordinator releases after an evaluation round: metrics from the noisy sum, and their terms."""
+    """What the coordinator releases after an evaluation round: the noisy sum itself (the DP release; the sites
+    get it with Finished and recompute this receipt from it), the metrics computed from it, and their terms.
+    A function of the plan and the release only: every party that holds the sum writes the same receipt."""
+    spec = plan.eval_spec
+    intervals = spec.intervals(total, len(sites))  # 95 % intervals for the privacy noise (common/fed_eval.py)
     return {"epsilon_eval": float(plan.eval_epsilon), "delta_eval": float(plan.hyperparameters.delta),
-            "sigma_eval": plan.eval_spec.sigma, "bins": plan.eval_bins, "training_epsilon": plan.stated_epsilon,
-            "plan_sha256": plan.sha256, "round_id": int(round_id), "sites": list(sites),
-            "metrics": plan.eval_spec.metrics(total),
-            # 95 % intervals for the privacy noise, from the public noise scale (common/fed_eval.py)
-            "intervals": plan.eval_spec.intervals(total, len(sites)), "interval_level": 0.95}
+            "sigma_eval": spec.sigma, "bins": plan.eval_bins, "training_epsilon": plan.stated_epsilon,
+            "plan_sha256": plan.sha256, "round_id": int(round_id), "sites": sorted(sites),
+            "sum": [int(x) for x in np.asarray(total, dtype=np.int64)],
+            "metrics": spec.metrics(total), "intervals": intervals, "interval_level": 0.95,
+            # what the numbers do not say: intervals too wide at this ε_eval and n, values clamped by the noise
+            "too_wide": spec.too_wide(intervals), "clamped": spec.clamped(total)}
 
 
 def model_bytes(model: Ensemble) -> bytes:

@@ -28,6 +28,8 @@ import numpy as np
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 #: A round start carries at most 2^this − 1 splits (a complete tree of the deepest allowed depth)
 MAX_SPLITS_LOG2 = 16
+#: longest evaluation sum a Finished event may carry (fed_eval.EvalSpec.length is far below)
+MAX_EVAL_LENGTH = 1 << 20
 #: Largest number of trees one GetTrees answer carries (the answer also stays below half the size limit).
 MAX_TREES_PER_PAGE = 4096
 
@@ -190,9 +192,22 @@ class TreeMsg:
 
 
 @dataclass(frozen=True)
+class EvalRelease:
+    """What the evaluation round released, sent to the sites with Finished: the noisy sum of the sites'
+    evaluation vectors and the sites it sums (each site recomputes the metrics from it:
+    release.evaluation_receipt), or why nothing was released."""
+
+    total: tuple[int, ...] = ()
+    sites: tuple[str, ...] = ()
+    round_id: int = 0
+    failed: str = ""
+
+
+@dataclass(frozen=True)
 class FinishedMsg:
     model_sha256: str
     trees: int
+    evaluation: EvalRelease | None = None  # plans with [evaluation]
 
 
 @dataclass(frozen=True)
@@ -320,7 +335,12 @@ def event_to_proto(ev: Event, seq: int):
     if isinstance(ev, TreeMsg):
         return pb.Event(seq=seq, tree=tree_to_proto(ev))
     if isinstance(ev, FinishedMsg):
-        return pb.Event(seq=seq, finished=pb.Finished(model_sha256=ev.model_sha256, trees=ev.trees))
+        f = pb.Finished(model_sha256=ev.model_sha256, trees=ev.trees)
+        if ev.evaluation is not None:
+            e = ev.evaluation
+            f.evaluation.CopyFrom(pb.EvaluationRelease(sum=list(e.total), sites=list(e.sites), round_id=e.round_id,
+                                                       failed=e.failed))
+        return pb.Event(seq=seq, finished=f)
     if isinstance(ev, AbortedMsg):
         return pb.Event(seq=seq, aborted=pb.Aborted(reason=ev.reason))
     raise TypeError(f"not an event: {type(ev).__name__}")
@@ -349,7 +369,13 @@ def event_from_proto(m) -> Event:
         h = m.finished.model_sha256
         if len(h) != 64 or any(c not in "0123456789abcdef" for c in h):
             raise WireError("finished event without a SHA-256 model hash")
-        return FinishedMsg(h, int(m.finished.trees))
+        release = None
+        if m.finished.HasField("evaluation"):
+            e = m.finished.evaluation
+            if len(e.sum) > MAX_EVAL_LENGTH:
+                raise WireError(f"finished event: an evaluation sum of {len(e.sum)} entries")
+            release = EvalRelease(tuple(int(x) for x in e.sum), _ids(e.sites), int(e.round_id), e.failed[:2000])
+        return FinishedMsg(h, int(m.finished.trees), release)
     if kind == "aborted":
         return AbortedMsg(m.aborted.reason[:2000])
     raise WireError(f"unknown event kind {kind!r}")

@@ -293,7 +293,8 @@ def test_fedsbdt_plan_writes_the_fast_path_option(tmp_path, capsys):
     keys = [bytes([i + 1]) * 32 for i in range(8)]
 
     def base(n):
-        return ["plan", "--schema", str(EXAMPLES / "abalone" / "schema.toml"), "--trees", "5", "--seed", "1",
+        return ["plan", "--schema", str(EXAMPLES / "abalone" / "schema.toml"), "--settings", "paper",
+                "--trees", "5", "--seed", "1",
                 "--json", *[a for i, k in enumerate(keys[:n]) for a in ("--site", f"s{i}={k.hex()}")]]
 
     assert main([*base(3), "--out", str(tmp_path / "a.toml")]) == 0

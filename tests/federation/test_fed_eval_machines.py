@@ -223,3 +223,63 @@ def test_noiseless_multiclass_federated_evaluation_equals_pooled(tmp_path, noise
     assert abs(m["logloss"] - pooled["logloss"]) <= res["logloss"]
     for s in SITES:
         assert f.machines[s].ledger.eval_charge()["records"] in (19, 20)
+
+
+def test_every_site_gets_the_released_metrics_and_writes_the_coordinators_receipt(tmp_path):
+    """The sites see the released evaluation: Finished carries the noisy sum and its sites, and every site
+    recomputes the coordinator's receipt from it (post-processing), logs it and writes it next to its
+    model (model.evaluation.json) — the very receipt the coordinator publishes."""
+    import json
+
+    f = EvalFed(tmp_path, eval_epsilon=0.5, test_noise=True).start()
+    f.fed.run()
+    assert f.session.exit_code == 0, f.session.stage
+    ev = f.session.evaluation
+    assert "metrics" in ev and len(ev["sum"]) == f.plan.eval_spec.length
+    assert ev["too_wide"] == f.plan.eval_spec.too_wide(ev["intervals"])
+    sha = model_sha256(build_model(f.plan, f.session.init, f.session.trees))
+    for s in SITES:
+        m = f.machines[s]
+        assert m.evaluation_released == ev | {"model_sha256": sha}
+        written = json.loads((m.stage.model_path.parent / "model.evaluation.json").read_text())
+        assert written == ev | {"model_sha256": sha}
+
+
+TOTAL = "ε = 1 (training records) + ε_eval = 0.5 (held-out records) = 1.5 in total"
+
+
+def test_the_total_budget_a_site_accepts_is_shown_wherever_the_plans_epsilon_is(tmp_path, caplog, capsys):
+    """A site accepts ε + ε_eval (its --max-epsilon caps the sum): the plan summary, the site's log, both status
+    pages and the report show that total, not the training ε alone."""
+    import json
+    import logging
+
+    from fedsbdt.client.status import SiteMonitor
+    from fedsbdt.common.cli import main
+    from fedsbdt.common.report import write_report
+    from fedsbdt.server.status import CoordinatorMonitor
+
+    caplog.set_level(logging.INFO)
+    f = EvalFed(tmp_path, eval_epsilon=0.5)
+    assert f.plan.total_epsilon == pytest.approx(1.5) and f.plan.budget_text().startswith(TOTAL)
+    accepted = [r.getMessage() for r in caplog.records if "accepted plan" in r.getMessage()]
+    assert len(accepted) == 3 and all(TOTAL in m for m in accepted)
+    f.start()
+    f.fed.run()
+    mon = CoordinatorMonitor(f.session)
+    mon._take_snapshot(0.0)
+    assert mon.current()["epsilon"]["total"] == pytest.approx(1.5) and mon.current()["epsilon"]["eval"] == 0.5
+    site = SiteMonitor(f.machines[SITES[0]], max_epsilon=1.5).current()
+    assert site["epsilon"]["total"] == pytest.approx(1.5) and site["epsilon"]["eval"] == 0.5
+    # the plan command's summary
+    keys = [f"--site=s{i}={bytes([i + 1]).hex() * 32}" for i in range(3)]
+    from .conftest import EXAMPLES
+
+    assert main(["plan", "--schema", str(EXAMPLES / "abalone" / "schema.toml"), *keys, "--settings", "paper", "--trees", "4",
+                 "--eval-epsilon", "0.5", "--out", str(tmp_path / "p.toml")]) == 0
+    assert f"privacy budget: {TOTAL}" in capsys.readouterr().out
+    # the report of the released model
+    model = tmp_path / "model.json"
+    model.write_bytes(f.session.model_json)
+    write_report(model, tmp_path / "report.html")
+    assert "In total ε + ε_eval = 1.5</strong>" in (tmp_path / "report.html").read_text()

@@ -189,8 +189,9 @@ def test_a_site_leaves_after_the_policys_failed_attempts_and_says_why(tmp_path, 
     f.fed.run()
     assert f.session.exit_code == 0 and len(f.session.trees) == hp.total_rounds
     assert f.session.trees_with_data() == {"hosp-a": 0, "hosp-b": 4, "hosp-c": 4}
-    assert f.session.data_summary().startswith("trained 4 trees; sites in every released sum: 2 of 3 (trees per "
-                                               "site: hosp-a 0 (none), hosp-b 4, hosp-c 4); 3 round(s) failed")
+    assert f.session.data_summary().startswith("trained 4 trees, each released from a sum over at least t = 2 sites; "
+                                               "trees per site: hosp-a 0 (none), hosp-b 4, hosp-c 4 (2 of the 3 "
+                                               "sites took part in all of them); 3 round(s) failed")
 
 
 def test_the_default_failure_policy_is_small():
@@ -209,7 +210,8 @@ def test_summaries_say_how_many_trees_carried_data_from_which_site(tmp_path):
     data = f.session.trees_with_data()
     assert data == {s: len(f.session.trees) for s in SITES}  # every site was in every released sum
     summary = f.session.data_summary()  # every site was in every sum, but not every sum carried its data
-    assert summary.startswith("trained 3 trees; sites in every released sum: 3 of 3") and \
+    assert summary.startswith("trained 3 trees, each released from a sum over at least t = 2 sites; trees per "
+                              "site: hosp-a 3, hosp-b 3, hosp-c 3 (every site took part in all of them)") and \
         summary.endswith("; 1 round(s) failed, and each one a site had answered spent one of the releases this plan "
                          "schedules for its records, so up to 1 of the last trees may carry no data from such a site "
                          "(its receipt lists them)"), summary

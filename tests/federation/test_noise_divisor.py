@@ -204,7 +204,8 @@ def test_fedsbdt_plan_writes_and_validates_the_dropout_slack(tmp_path, capsys):
     from .conftest import EXAMPLES
 
     keys = [bytes([i + 1]) * 32 for i in range(3)]
-    base = ["plan", "--schema", str(EXAMPLES / "abalone" / "schema.toml"), "--trees", "5", "--seed", "1",
+    base = ["plan", "--schema", str(EXAMPLES / "abalone" / "schema.toml"), "--settings", "paper",
+            "--trees", "5", "--seed", "1",
             "--json", *[a for i, k in enumerate(keys) for a in ("--site", f"s{i}={k.hex()}")]]
     assert main([*base, "--out", str(tmp_path / "p.toml"), "--dropout-slack", "1"]) == 0
     out = json.loads(capsys.readouterr().out)

@@ -14,6 +14,7 @@ from fedsbdt.common.schema import Schema
 from fedsbdt.common.federation.plan import Plan, PlanError, SiteEntry, make_plan
 from fedsbdt.common.federation.wire import (
     AbortedMsg,
+    EvalRelease,
     FinishedMsg,
     InitScoreMsg,
     Purpose,
@@ -153,7 +154,8 @@ def test_plan_command_states_the_guarantee(tmp_path, capsys):
         k = Ed25519PrivateKey.generate().public_key().public_bytes_raw().hex()
         keys += ["--site", f"site-{i}={k}"]
     out = tmp_path / "plan.toml"
-    rc = main(["plan", "--schema", str(EXAMPLES / "abalone" / "schema.toml"), *keys, "--out", str(out),
+    rc = main(["plan", "--schema", str(EXAMPLES / "abalone" / "schema.toml"), "--settings", "paper", *keys,
+               "--out", str(out),
                "--dropout-slack", "1", "--json"])
     assert rc == 0
     p = Plan.load(out)
@@ -231,7 +233,10 @@ def test_every_event_round_trips_through_protobuf():
                 np.array([0.1, -0.2, 0.3, 1e-300]))
     events = [SetupMsg(b"\x01\x02"), RoundStartMsg(Purpose.TREE, 4, b"rs"), RoundMsg(b"\x00"),
               InitScoreMsg(-0.25, 0, ("a", "b", "c")), InitScoreMsg(0.0, None, ()), t,
-              FinishedMsg("ab" * 32, 10), AbortedMsg("no quorum")]
+              FinishedMsg("ab" * 32, 10), AbortedMsg("no quorum"),
+              # with the released evaluation (the noisy sum, negative entries included) or why there is none
+              FinishedMsg("cd" * 32, 4, EvalRelease((3, -2, 0, 1 << 40), ("a", "c"), 9)),
+              FinishedMsg("ef" * 32, 4, EvalRelease(failed="evaluation failed 20 times"))]
     for i, ev in enumerate(events):
         pb = event_to_proto(ev, i + 1)
         back = event_from_proto(type(pb).FromString(pb.SerializeToString()))
@@ -318,7 +323,8 @@ def test_fedsbdt_plan_sets_every_deadline(tmp_path, capsys):
     from .conftest import EXAMPLES
 
     keys = [bytes([i + 1]) * 32 for i in range(3)]
-    base = ["plan", "--schema", str(EXAMPLES / "abalone" / "schema.toml"), "--trees", "5", "--seed", "1",
+    base = ["plan", "--schema", str(EXAMPLES / "abalone" / "schema.toml"), "--settings", "paper",
+            "--trees", "5", "--seed", "1",
             *[a for i, k in enumerate(keys) for a in ("--site", f"s{i}={k.hex()}")]]
     assert main([*base, "--out", str(tmp_path / "p.toml"), "--join-deadline", "5", "--stage-deadline", "3",
                  "--quorum-deadline", "42", "--finish-deadline", "7"]) == 0

@@ -14,6 +14,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from fedsbdt.client.ledger import ledger_path
 from fedsbdt.common.config import Hyperparameters
@@ -141,7 +142,8 @@ def test_demo_runs_a_whole_federation_and_prints_one_json_object():
     assert p.returncode == 0, p.stderr[-3000:]
     out = json.loads(p.stdout)
     assert set(out) == {"n", "rmse", "epsilon", "delta", "sites", "trees", "dataset", "rows", "dropped",
-                        "model_sha256", "seconds", "federated"}
+                        "model_sha256", "seconds", "federated", "epsilon_total", "settings", "hyperparameters"}
+    assert out["settings"] == "auto" and out["epsilon_total"] == pytest.approx(out["epsilon"] + 1.0)  # ε_eval 1
     fed = out["federated"]  # the held-out metric, evaluated federatedly (docs/federated-evaluation.md)
     assert fed["epsilon_eval"] == 1.0 and fed["training_epsilon"] == out["epsilon"] and len(fed["sites"]) == 3
     assert fed["model_sha256"] == out["model_sha256"] and 0 < fed["metrics"]["rmse"] <= 7.0

@@ -131,7 +131,8 @@ def test_fedsbdt_plan_writes_the_sparse_graph_option(tmp_path, capsys):
 
     def base(n):
         keys = [bytes([i + 1]) * 32 for i in range(n)]
-        return ["plan", "--schema", str(EXAMPLES / "abalone" / "schema.toml"), "--trees", "5", "--seed", "1",
+        return ["plan", "--schema", str(EXAMPLES / "abalone" / "schema.toml"), "--settings", "paper",
+                "--trees", "5", "--seed", "1",
                 "--json", *[a for i, k in enumerate(keys) for a in ("--site", f"s{i}={k.hex()}")]]
 
     assert main([*base(8), "--out", str(tmp_path / "p.toml"), "--secagg-graph", "sparse", "--neighbours", "4"]) == 0

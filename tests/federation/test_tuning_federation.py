@@ -94,7 +94,7 @@ def test_a_tuning_plan_round_trips_and_refuses_what_does_not_add_up(tmp_path, id
 def test_the_plan_command_refuses_a_budget_too_small_for_the_trials(tmp_path, identities):
     args = [sys.executable, "-m", "fedsbdt.common.cli", "plan", "--schema", "examples/abalone/schema.toml",
             *(a for s, i in identities.items() for a in ("--site", f"{s}={i.public.hex()}")),
-            "--epsilon", "0.01", "--tune-trials", "9", "--out", str(tmp_path / "t.toml")]
+            "--settings", "paper", "--epsilon", "0.01", "--tune-trials", "9", "--out", str(tmp_path / "t.toml")]
     r = subprocess.run(args, capture_output=True, text=True, cwd=_root())
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
     assert "is too small for 9 trials" in r.stderr and not list(tmp_path.glob("t*.toml"))

@@ -176,12 +176,26 @@ class TreeRecord(_message.Message):
     def __init__(self, index: _Optional[int] = ..., round_id: _Optional[int] = ..., sites: _Optional[_Iterable[str]] = ..., features: _Optional[_Iterable[int]] = ..., thresholds: _Optional[_Iterable[float]] = ..., leaves: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class Finished(_message.Message):
-    __slots__ = ("model_sha256", "trees")
+    __slots__ = ("model_sha256", "trees", "evaluation")
     MODEL_SHA256_FIELD_NUMBER: _ClassVar[int]
     TREES_FIELD_NUMBER: _ClassVar[int]
+    EVALUATION_FIELD_NUMBER: _ClassVar[int]
     model_sha256: str
     trees: int
-    def __init__(self, model_sha256: _Optional[str] = ..., trees: _Optional[int] = ...) -> None: ...
+    evaluation: EvaluationRelease
+    def __init__(self, model_sha256: _Optional[str] = ..., trees: _Optional[int] = ..., evaluation: _Optional[_Union[EvaluationRelease, _Mapping]] = ...) -> None: ...
+
+class EvaluationRelease(_message.Message):
+    __slots__ = ("sum", "sites", "round_id", "failed")
+    SUM_FIELD_NUMBER: _ClassVar[int]
+    SITES_FIELD_NUMBER: _ClassVar[int]
+    ROUND_ID_FIELD_NUMBER: _ClassVar[int]
+    FAILED_FIELD_NUMBER: _ClassVar[int]
+    sum: _containers.RepeatedScalarFieldContainer[int]
+    sites: _containers.RepeatedScalarFieldContainer[str]
+    round_id: int
+    failed: str
+    def __init__(self, sum: _Optional[_Iterable[int]] = ..., sites: _Optional[_Iterable[str]] = ..., round_id: _Optional[int] = ..., failed: _Optional[str] = ...) -> None: ...
 
 class Aborted(_message.Message):
     __slots__ = ("reason",)
