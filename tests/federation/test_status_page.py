@@ -249,6 +249,15 @@ def test_coordinator_metrics_match_the_session(fed):
     assert m["fedsbdt_epsilon_planned"] == pytest.approx(fed.plan.stated_epsilon, rel=1e-12)
     assert m["fedsbdt_epsilon_spent"] == pytest.approx(fed.plan.stated_epsilon, rel=1e-9)
     assert st["epsilon"]["exact"] is True
+    # issue 37: nothing computed from a site's records (the coordinator sees only noisy sums; the page shows the
+    # plan's statement, counts, and the ε of the releases so far): a fixed list of metrics, no record statistics
+    families = {f.name for f in text_string_to_metric_families(get(fed.url + "metrics")[1])
+                if not f.name.endswith("_created")}  # (prometheus_client's creation times of counters)
+    assert families == {"fedsbdt_trees_released", "fedsbdt_trees_planned", "fedsbdt_failed_rounds",
+                        "fedsbdt_round_seconds", "fedsbdt_sites_connected", "fedsbdt_sites_joined",
+                        "fedsbdt_sites_caught_up", "fedsbdt_sites_suspended", "fedsbdt_sites_roster",
+                        "fedsbdt_epsilon_spent", "fedsbdt_epsilon_planned", "fedsbdt_eta_seconds"}, families
+    assert not keys(st) & (RECORD_KEYS - {"count"}), st  # (round_seconds.count: released rounds)
 
 
 def test_epsilon_so_far_agrees_with_an_independent_calibration():
