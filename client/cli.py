@@ -85,7 +85,8 @@ def _run_client(args: argparse.Namespace, t0: float, state: Path) -> int:
         raise CliError("pin the plan you agreed to: pass --plan FILE or --plan-hash SHA256 (received out of "
                        "band); a site never takes part in whatever plan the coordinator serves")
     policy = SitePolicy(args.allow_central_noise, args.min_sites, args.min_threshold, args.min_colluders,
-                        max_failed_attempts=args.max_failed_attempts, lifetime_epsilon=args.lifetime_epsilon)
+                        max_failed_attempts=args.max_failed_attempts, lifetime_epsilon=args.lifetime_epsilon,
+                        max_failed_attempts_per_session=args.max_failed_attempts_per_session)
     tuning = None
     if args.plan and is_tuning_plan(args.plan):
         tuning = FederatedTuning.load(args.plan)
@@ -318,6 +319,11 @@ def register(sub) -> None:
                           "more than N times after this site answered it: each retry that carries data spends "
                           "privacy budget "
                           f"(default: {MAX_FAILED_ATTEMPTS})")
+    pol.add_argument("--max-failed-attempts-per-session", type=int, metavar="N",
+                     help="leave the session (exit 2, saying why) once the coordinator has failed more than N rounds "
+                          "in all after this site answered them, counted in the site's ledger (a restart keeps the "
+                          "count) (default: a tenth of the plan's trees, rounded up, at least --max-failed-attempts: "
+                          "each failed attempt may cost one of the last trees this site's data)")
     pol.add_argument("--lifetime-epsilon", type=float, default=DEFAULT_LIFETIME_EPSILON, metavar="X",
                      help="refuse a plan that would bring the lifetime ε of this site's data (every plan, "
                           "evaluation and central `train --ledger` run on the same records, `fedsbdt ledger "
@@ -331,7 +337,11 @@ def register(sub) -> None:
                    help="accept a plan with deterministic test-only randomness (no privacy; tests only)")
     c.add_argument("--reconnect-timeout", type=float, default=300.0, metavar="SECONDS",
                    help="give up after this many seconds without reaching the coordinator (default: 300)")
-    add_status_flags(c)
+    add_status_flags(c).add_argument(
+        "--status-show-records", action="store_true",
+        help="also show statistics of this site's records on its status page and /metrics: the record count, the ε "
+             "each record spent (quantiles, maximum), the records out of budget; they are not differentially "
+             "private, so only with a loopback --status-host (default: not shown)")
     c.add_argument("--json", action="store_true", help="print one JSON object on stdout at the end")
     c.set_defaults(func=cmd_client, on_interrupt="every committed round is kept in {state}; restart the same "
                                                    "command to resume")

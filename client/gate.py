@@ -8,13 +8,13 @@ schedule, the release kinds, their privacy events and the per-record budget, and
    random-tree plan), a tree or level outside the plan — refused before anything is computed;
 2. **applies the site's failure policy** (:meth:`Gate.attempt`): a further attempt of a stage the site
    already answered means the coordinator failed the earlier ones; once it has failed one round more than
-   ``--max-failed-attempts`` times the site leaves the session (:class:`LeaveSession`, one line naming what
-   the coordinator did);
+   ``--max-failed-attempts`` times, or all rounds together more than ``--max-failed-attempts-per-session``
+   times (counted in the plan's ledger: a restart keeps the count), the site leaves the session
+   (:class:`LeaveSession`, one line naming what the coordinator did);
 3. **admits the records the release reads** (:meth:`Gate.admit`): each record's charges in this plan must
    stay a sub-multiset of the plan's schedule (the mode's :meth:`~fedsbdt.common.modes.base.Mode.budget`);
    a release that would exceed it carries no data (zeros plus the noise share: not charged) and the
-   operator is told so — at most ``--max-failed-attempts`` times, since only failed attempts spend
-   budget beyond the schedule;
+   operator is told so — once per round, not once per attempt;
 4. **charges exactly those records** (:meth:`Gate.charge`) in the lifetime ledger (common/lifetime.py):
    every attempt that carries data, whatever the mode.  The caller runs it inside the round's transaction,
    after secure aggregation accepted the round and before the masked vector is returned: the lifetime row
@@ -63,6 +63,7 @@ class Gate:
         self.datasets: dict[str, tuple[str, int]] = {}  # role ("train" / "eval") -> (dataset key, records)
         self._counts: dict[str, np.ndarray] = {}
         self._kinds = [k for k, v in self.budget.items() if v is not None]
+        self._told: set[tuple] = set()  # (role, kind, tree) whose spent records the operator was told about
 
     # ------------------------------------------------------------------ before joining
 
@@ -145,18 +146,27 @@ class Gate:
     def attempt(self, kind: str, tree: int | None, level: int | None = None) -> None:
         """A new attempt of a stage: raises :class:`LeaveSession` once the coordinator has failed this stage
         (a round this site answered and the coordinator did not release) more than ``--max-failed-attempts``
-        times.  Counted per stage: a dropout or a coordinator restart fails one attempt of one round, which is
-        normal; a coordinator that asks for the same round again and again is not (and each data-carrying retry
-        spends budget, which the gate charges in any case)."""
+        times, or the rounds of this session together more than ``--max-failed-attempts-per-session`` times.
+        Counted from the plan's ledger (every masked input after the first of its stage), so a restarted site
+        keeps the count.  A dropout or a coordinator restart fails one attempt of one round, which is normal; a
+        coordinator that asks for the same round again and again is not, nor one that fails every round a few
+        times (each data-carrying retry spends budget, which the gate charges in any case)."""
         failed = self.ledger.attempts_any(kind, tree, level)  # every earlier attempt of this stage failed
         limit = self.policy.max_failed_attempts
+        where = "the initial score" if kind == "init" else f"the {kind} round of tree {tree}" + (
+            f" level {level}" if level is not None else "")
         if failed > limit:
-            where = "the initial score" if kind == "init" else f"the {kind} round of tree {tree}" + (
-                f" level {level}" if level is not None else "")
             raise LeaveSession(
                 f"leaving the session: the coordinator failed {where} {failed} times after this site had answered "
                 f"it (it released nothing) and asks again; each retry that carries data spends privacy budget, so "
                 f"this site stops at --max-failed-attempts {limit}")
+        in_session = self.ledger.failed_attempts() + int(failed > 0)  # this stage's last attempt failed too
+        cap = self.policy.session_failure_limit(self.plan)
+        if in_session > cap:
+            raise LeaveSession(
+                f"leaving the session: the coordinator failed {in_session} rounds of this session after this site "
+                f"had answered them (it released nothing) and asks for {where} again; each retry that carries data "
+                f"spends privacy budget, so this site stops at --max-failed-attempts-per-session {cap}")
 
     def admit(self, kind: str, mask: np.ndarray, role: str = "train", tree: int | None = None,
               partial: bool = False) -> np.ndarray | None:
@@ -174,18 +184,21 @@ class Gate:
         if not over.any():
             return mask
         keep = mask & ~over if partial else None
-        what = kind if tree is None else f"the {kind} round of tree {tree}"
-        if keep is not None and keep.any():
-            log.warning(f"{self.site_id}: {int(over.sum())} records have been charged all {cap} {kind} releases the "
-                        f"plan schedules for them (the coordinator failed rounds this site had answered): they sit "
-                        f"out {what}", extra={"event": "records_spent", "site": self.site_id, "kind": kind,
-                                              "tree": tree, "records": int(over.sum())})
-            return keep
-        log.warning(f"{self.site_id}: {int(over.sum())} records have been charged all {cap} {kind} releases the plan "
-                    f"schedules for them (the coordinator failed rounds this site had answered): {what} carries no "
-                    "data from this site (not charged)",
-                    extra={"event": "budget_exhausted", "site": self.site_id, "kind": kind, "tree": tree})
-        return None
+        sits_out = keep is not None and bool(keep.any())  # only the spent records sit out; else no data at all
+        if (role, kind, tree) not in self._told:  # told once per round, not again at each of its retries
+            self._told.add((role, kind, tree))
+            what = kind if tree is None else f"the {kind} round of tree {tree}"
+            if sits_out:
+                log.warning(f"{self.site_id}: {int(over.sum())} records have been charged all {cap} {kind} releases "
+                            f"the plan schedules for them (the coordinator failed rounds this site had answered): they "
+                            f"sit out {what}", extra={"event": "records_spent", "site": self.site_id, "kind": kind,
+                                                      "tree": tree, "records": int(over.sum())})
+            else:
+                log.warning(f"{self.site_id}: {int(over.sum())} records have been charged all {cap} {kind} releases "
+                            f"the plan schedules for them (the coordinator failed rounds this site had answered): "
+                            f"{what} carries no data from this site (not charged)",
+                            extra={"event": "budget_exhausted", "site": self.site_id, "kind": kind, "tree": tree})
+        return keep if sits_out else None
 
     def charge(self, kind: str, mask: np.ndarray | None, tree: int | None = None, level: int | None = None,
                round_id: int | None = None, role: str = "train") -> None:

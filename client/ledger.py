@@ -259,9 +259,7 @@ class SiteLedger:
 
     def failed_attempts(self) -> int:
         """Attempts the coordinator did not release: every masked input after the first of its stage."""
-        return int(self.db.execute(
-            "SELECT COUNT(*) - (SELECT COUNT(*) FROM (SELECT DISTINCT kind, tree, level FROM contributions)) "
-            "FROM contributions").fetchone()[0])
+        return failed_attempts(self.db)
 
     def tree_contributions(self) -> int:
         """Tree rounds in which this site sent data (each costs one accounted round, retries included)."""
@@ -327,6 +325,14 @@ class SiteLedger:
                            ("eval_noise", np.asarray(noise, dtype="<i8").tobytes()),
                            ("eval_charge", json.dumps(charge, sort_keys=True).encode())):
             self.db.execute("INSERT INTO meta (key, value) VALUES (?, ?)", (key, value))
+
+
+def failed_attempts(db: sqlite3.Connection) -> int:
+    """Failed attempts in a site database (``db``: any connection to it, read-only included): every masked input
+    after the first of its stage (kind, tree, level)."""
+    return int(db.execute(
+        "SELECT COUNT(*) - (SELECT COUNT(*) FROM (SELECT DISTINCT kind, tree, level FROM contributions)) "
+        "FROM contributions").fetchone()[0])
 
 
 class SqliteStorage:

@@ -24,6 +24,12 @@ MIN_SITES, MIN_THRESHOLD, MIN_COLLUDERS = 3, 2, 0
 #: Default of ``--max-failed-attempts``: how often the coordinator may fail one round after this site answered it
 #: (each retry that carries data spends budget) before the site leaves the session.
 MAX_FAILED_ATTEMPTS = 3
+#: Default of ``--max-failed-attempts-per-session``: one failed attempt per this many of the plan's trees (a tenth,
+#: rounded up), at least ``--max-failed-attempts``.  Each failed attempt that carried data spends one of the
+#: releases the plan schedules for the records it read, so up to that many of the last trees may carry no data from
+#: this site: the default bounds that loss at a tenth of the site's contribution, while a long session still
+#: survives the occasional dropout or coordinator restart (each fails one attempt of one round).
+SESSION_TREES_PER_FAILED_ATTEMPT = 10
 #: Default of ``--max-eval-epsilon``: the largest ε_eval of a plan's federated evaluation a site accepts.
 MAX_EVAL_EPSILON = 1.0
 
@@ -38,7 +44,10 @@ class SitePolicy:
         min_sites: the smallest roster n accepted (``--min-sites``).
         min_threshold: the smallest secure-aggregation threshold t accepted (``--min-threshold``).
         min_colluders: the smallest declared colluder count c accepted (``--min-colluders``).
-        max_failed_attempts: failed attempts the site tolerates before it leaves (``--max-failed-attempts``).
+        max_failed_attempts: failed attempts of one round the site tolerates before it leaves
+            (``--max-failed-attempts``).
+        max_failed_attempts_per_session: failed attempts of all rounds together
+            (``--max-failed-attempts-per-session``; None: :meth:`session_failure_limit`'s default for the plan).
         lifetime_epsilon: the lifetime ε cap of each dataset (``--lifetime-epsilon``; common/lifetime.py).
     """
 
@@ -48,6 +57,7 @@ class SitePolicy:
     min_colluders: int = MIN_COLLUDERS
     max_failed_attempts: int = MAX_FAILED_ATTEMPTS
     lifetime_epsilon: float = DEFAULT_LIFETIME_EPSILON
+    max_failed_attempts_per_session: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.lifetime_epsilon, bool) or not (isinstance(self.lifetime_epsilon, (int, float))
@@ -57,6 +67,17 @@ class SitePolicy:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < low:
                 raise ConfigError(f"--{name.replace('_', '-')} must be an integer ≥ {low} (got {v!r})")
+        v = self.max_failed_attempts_per_session
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+            raise ConfigError(f"--max-failed-attempts-per-session must be an integer ≥ 0 (got {v!r})")
+
+    def session_failure_limit(self, plan: "Plan") -> int:
+        """Failed attempts of all rounds of ``plan`` together this site tolerates: the flag's value, or by default a
+        tenth of the plan's trees (rounded up), at least ``--max-failed-attempts``."""
+        if self.max_failed_attempts_per_session is not None:
+            return self.max_failed_attempts_per_session
+        trees = plan.hyperparameters.total_rounds
+        return max(self.max_failed_attempts, -(-trees // SESSION_TREES_PER_FAILED_ATTEMPT))
 
     def refusal(self, plan: "Plan") -> str | None:
         """Why this policy refuses ``plan`` (one sentence naming the flag), or None if it accepts it."""

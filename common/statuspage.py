@@ -9,12 +9,18 @@ The server only *reads*: ``snapshot()`` (a callable the coordinator or site modu
 thread-safe copy of the state, and the metrics live in a per-process registry (no global state).  It
 binds 127.0.0.1 unless ``--status-host`` says otherwise; bound to a loopback address it also refuses a
 request whose ``Host`` header names anything but a loopback host (a web page elsewhere that rebinds its
-DNS name to 127.0.0.1 cannot read the status).  A port already in use is a :class:`StatusPageError`
-(the commands turn it into one line and exit 2 before they do anything else).
+DNS name to 127.0.0.1 cannot read the status).  Bound to any other address it needs ``--status-token-file``:
+a secret every request must send, as ``Authorization: Bearer TOKEN`` (Prometheus, curl) or as the password of
+HTTP Basic authentication (a browser asks for it); without the token every path answers 401.  (Over plain
+HTTP the token crosses the network in clear: a network only the operators reach, or a TLS proxy in front.)
+A port already in use, a page beyond loopback without a token, or a token file that cannot be one is a
+:class:`StatusPageError` (the commands turn it into one line and exit 2 before they do anything else).
 """
 from __future__ import annotations
 
 import argparse
+import base64
+import hmac
 import ipaddress
 import json
 import logging
@@ -32,6 +38,9 @@ log = logging.getLogger("fedsbdt.status")
 REFRESH_MS = 1000
 DEFAULT_HOST = "127.0.0.1"
 LOOPBACK_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost"}
+UNAUTHORIZED = "unauthorized: send the status token (Authorization: Bearer …)\n".encode()
+#: The shortest token ``--status-token-file`` may hold (e.g. ``openssl rand -hex 32`` writes 64 characters).
+MIN_TOKEN_CHARS = 16
 #: The page may run its own inline script and style and fetch from its own origin; nothing else.
 CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; "
        "img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
@@ -41,18 +50,26 @@ class StatusPageError(RuntimeError):
     """The status page cannot be served (the message is one sentence)."""
 
 
-def add_status_flags(p: argparse.ArgumentParser) -> None:
-    """``--status-port`` and ``--status-host`` (the live status page and ``/metrics``)."""
+def add_status_flags(p: argparse.ArgumentParser):
+    """``--status-port``, ``--status-host`` and ``--status-token-file`` (the live status page and ``/metrics``);
+    returns their argument group (a command adds its own page's flags to it)."""
     g = p.add_argument_group("live status page (docs/deployment.md \"Status page and metrics\")")
     g.add_argument("--status-port", type=int, metavar="PORT",
                    help="serve a live status page on this port: / (HTML), /status.json and /metrics (Prometheus); "
                         "0 picks a free port (default: no status page)")
     g.add_argument("--status-host", default=DEFAULT_HOST, metavar="HOST",
                    help=f"address the status page binds (default: {DEFAULT_HOST}, this machine only; 0.0.0.0 "
-                        "serves every interface)")
+                        "serves every interface, and needs --status-token-file)")
+    g.add_argument("--status-token-file", metavar="FILE",
+                   help="a file holding a secret token (one line, at least 16 characters, e.g. `openssl rand -hex "
+                        "32`) that every request to the page must send, as `Authorization: Bearer TOKEN` or as the "
+                        "password of HTTP Basic authentication (browsers); required with a --status-host other than "
+                        "a loopback address (default: none, loopback only)")
+    return g
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address or a name of this machine's loopback) reaches this machine only."""
     if host.lower() in LOOPBACK_NAMES:
         return True
     try:
@@ -85,13 +102,15 @@ class StatusServer:
     port on construction (so that a command can refuse a taken port before it starts anything) and serves
     from :meth:`start` on."""
 
-    def __init__(self, host: str, port: int, page: str, what: str = "status page") -> None:
+    def __init__(self, host: str, port: int, page: str, what: str = "status page",
+                 token: str | None = None) -> None:
         from prometheus_client import CollectorRegistry  # only a command with --status-port loads it
 
         self.page = page.encode()
+        self.token = None if token is None else token.encode()  # every request must send it (401 otherwise)
         self.snapshot: Callable[[], dict] = dict
         self.registry = CollectorRegistry(auto_describe=True)
-        self.loopback_only = _is_loopback(host)
+        self.loopback_only = is_loopback(host)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         try:
             self.httpd = _HttpServer((host, port), family, self._handler())
@@ -140,9 +159,13 @@ class StatusServer:
                 self.do_GET(body=False)
 
             def do_GET(self, body: bool = True) -> None:
-                if server.loopback_only and not _is_loopback(_host_of(self.headers.get("Host", ""))):
+                if server.loopback_only and not is_loopback(_host_of(self.headers.get("Host", ""))):
                     return self._send(403, "text/plain; charset=utf-8", b"forbidden: not a loopback host name\n",
                                       body)
+                if server.token is not None and not _authorized(self.headers.get("Authorization", ""), server.token):
+                    return self._send(401, "text/plain; charset=utf-8", UNAUTHORIZED, body,
+                                      [("WWW-Authenticate", 'Bearer realm="fedsbdt"'),
+                                       ("WWW-Authenticate", 'Basic realm="fedsbdt", charset="UTF-8"')])
                 path = self.path.split("?", 1)[0]
                 try:
                     if path in ("/", "/index.html"):
@@ -157,8 +180,10 @@ class StatusServer:
                     return self._send(500, "text/plain; charset=utf-8", b"internal error\n", body)
                 self._send(404, "text/plain; charset=utf-8", b"not found: try /, /status.json or /metrics\n", body)
 
-            def _send(self, code: int, ctype: str, data: bytes, body: bool) -> None:
+            def _send(self, code: int, ctype: str, data: bytes, body: bool, extra=()) -> None:
                 self.send_response(code)
+                for name, value in extra:
+                    self.send_header(name, value)
                 self.send_header("Content-Type", ctype)
                 self.send_header("Content-Length", str(len(data)))
                 self.send_header("Cache-Control", "no-store")
@@ -171,13 +196,65 @@ class StatusServer:
         return Handler
 
 
-def bind(args: argparse.Namespace, page: str, what: str) -> StatusServer | None:
-    """The (bound, not yet serving) server of ``--status-port``; None without the flag."""
+def _authorized(header: str, token: bytes) -> bool:
+    """Whether an ``Authorization`` header carries ``token``: ``Bearer TOKEN``, or ``Basic`` with TOKEN as the
+    password (any user name); compared in constant time."""
+    scheme, _, value = header.strip().partition(" ")
+    value = value.strip()
+    if scheme.lower() == "bearer":
+        return hmac.compare_digest(value.encode(), token)
+    if scheme.lower() == "basic":
+        try:
+            password = base64.b64decode(value, validate=True).partition(b":")[2]
+        except ValueError:
+            return False
+        return hmac.compare_digest(password, token)
+    return False
+
+
+def read_token(path: str) -> str:
+    """The token in ``path`` (one line, surrounding white space ignored); StatusPageError if it cannot be one."""
+    try:
+        text = open(path, encoding="utf-8").read().strip()
+    except (OSError, UnicodeDecodeError) as e:
+        raise StatusPageError(f"cannot read --status-token-file {path}: {getattr(e, 'strerror', None) or e}") from None
+    if not text:
+        raise StatusPageError(f"--status-token-file {path} is empty; put a secret in it, e.g. `openssl rand -hex 32 "
+                              f"> {path}`")
+    if any(c.isspace() or not c.isprintable() or not c.isascii() for c in text):
+        raise StatusPageError(f"--status-token-file {path} must hold the token alone, on one line (printable ASCII, "
+                              "no spaces)")
+    if len(text) < MIN_TOKEN_CHARS:
+        raise StatusPageError(f"--status-token-file {path} is too short to be a secret ({len(text)} characters, at "
+                              f"least {MIN_TOKEN_CHARS}; e.g. `openssl rand -hex 32 > {path}`)")
+    return text
+
+
+def status_token(args: argparse.Namespace, what: str) -> str | None:
+    """The token of ``--status-token-file`` (None without it), once the flags are checked: a page beyond loopback
+    needs one.  StatusPageError (one sentence naming the flag) otherwise."""
+    path = getattr(args, "status_token_file", None)
     if getattr(args, "status_port", None) is None:
+        if path is not None:
+            raise StatusPageError("--status-token-file guards the status page: pass --status-port too")
         return None
     if not 0 <= args.status_port <= 65535:
         raise StatusPageError(f"--status-port {args.status_port}: a port is a number from 0 to 65535")
-    return StatusServer(args.status_host, args.status_port, page, what)
+    if path is None:
+        if not is_loopback(args.status_host):
+            raise StatusPageError(f"--status-host {args.status_host} serves the {what} beyond this machine: pass "
+                                  "--status-token-file FILE (a secret every request must send as `Authorization: "
+                                  "Bearer …`), or bind a loopback address")
+        return None
+    return read_token(path)
+
+
+def bind(args: argparse.Namespace, page: str, what: str) -> StatusServer | None:
+    """The (bound, not yet serving) server of ``--status-port``; None without the flag."""
+    token = status_token(args, what)
+    if getattr(args, "status_port", None) is None:
+        return None
+    return StatusServer(args.status_host, args.status_port, page, what, token)
 
 
 def page(title: str, body: str, script: str) -> str:

@@ -450,7 +450,12 @@ def query_to_csv(src, schema, out: Path) -> Path:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from fedsbdt.common.sources import DataSource, source_from_args
+    from fedsbdt.common.statuspage import StatusPageError, status_token
 
+    try:  # the coordinator's page flags, checked before anything starts (beyond loopback: a token)
+        status_token(args, "coordinator's status page")
+    except StatusPageError as e:
+        raise CliError(str(e)) from None
     src = source_from_args(args)
     if not isinstance(src, DataSource):
         return _demo(args)
@@ -614,10 +619,11 @@ def hashlib_sha256(data: bytes) -> str:
 
 
 def status_flags(args: argparse.Namespace) -> list[str]:
-    """The coordinator's ``--status-port``/``--status-host`` (the demo's live status page)."""
+    """The coordinator's ``--status-port``/``--status-host``/``--status-token-file`` (the demo's live status page)."""
     if args.status_port is None:
         return []
-    return ["--status-port", str(args.status_port), "--status-host", args.status_host]
+    token = ["--status-token-file", str(Path(args.status_token_file).resolve())] if args.status_token_file else []
+    return ["--status-port", str(args.status_port), "--status-host", args.status_host, *token]
 
 
 def register(sub) -> None:

@@ -9,6 +9,7 @@ from the site database with plain SQL.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
 import sqlite3
@@ -194,10 +195,104 @@ def test_a_site_leaves_after_the_policys_failed_attempts_and_says_why(tmp_path, 
                                                "sites took part in all of them); 3 round(s) failed")
 
 
+def fail_every_tree(f: Fed, times: int, until=lambda: False) -> None:
+    """A hostile coordinator: every attempt of a tree round up to the ``times``-th fails after every site sent its
+    masked input (only hosp-a hears what follows), the next one is released — within any per-round limit of
+    ``times`` or more.  Runs until the session ends or ``until()``."""
+    def intercept(site, ev):
+        w = getattr(f.session.phase, "work", None)
+        if not isinstance(ev, RoundMsg) or site == "hosp-a" or w is None or w.purpose != Purpose.TREE:
+            return True
+        return f.machines["hosp-a"].ledger.attempts_any("tree", w.tree) > times  # this attempt's number
+
+    f.fed.intercept = intercept
+    f.fed.run(until=until)
+
+
+def test_a_coordinator_failing_every_tree_the_per_round_limit_is_stopped_by_the_session_limit(tmp_path):
+    """Issue 37 finding 6: every tree failed exactly --max-failed-attempts (3) times, then released.  Per round this
+    is within the limit; before, every site said "Done" after 24 failed attempts and spent its budget on trees 0–1.
+    The session limit (default for 8 trees: 3, the per-round limit) stops each site when tree 1 is asked for a
+    second time: 4 failed attempts in all, each site leaves with one line naming what the coordinator did."""
+    hp = Hyperparameters(trees=8, depth=2, seed=5, epsilon=1.0)
+    f = GateFed(tmp_path, hp, secagg_fast_path="never").start()
+    assert SitePolicy().session_failure_limit(f.plan) == 3
+    left = []
+    for _ in SITES:
+        with pytest.raises(SessionAbort) as e:
+            fail_every_tree(f, 3)
+        site = next(s for s in SITES if s not in left and f.machines[s].stage.name == "aborted")
+        assert str(e.value) == ("leaving the session: the coordinator failed 4 rounds of this session after this "
+                                "site had answered them (it released nothing) and asks for the tree round of tree 1 "
+                                "again; each retry that carries data spends privacy budget, so this site stops at "
+                                "--max-failed-attempts-per-session 3")
+        left.append(site)
+        f.fed.crash(site)
+    for s in SITES:  # nothing sent after the limit: tree 0 four times, tree 1 once
+        rows = f.db(s).execute("SELECT tree, COUNT(*) FROM contributions WHERE kind = 'tree' GROUP BY tree").fetchall()
+        assert rows == [(0, 4), (1, 1)]
+        assert f.machines[s].ledger.failed_attempts() == 3  # (tree 1's attempt is known failed once it is asked again)
+
+
+def test_the_session_failure_count_survives_a_restart(tmp_path):
+    """The count is the site's ledger's (every masked input after the first of its stage), so a site restarted
+    between failures leaves at the same point as one that was not: trees 0 and 1 failed once each, every site
+    restarted, tree 2 failed once → the third failure is one more than --max-failed-attempts-per-session 2."""
+    hp = Hyperparameters(trees=6, depth=2, seed=5, epsilon=1.0)
+    f = GateFed(tmp_path, hp, policy=SitePolicy(allow_central_noise=True, max_failed_attempts_per_session=2),
+                secagg_fast_path="never").start()
+    fail_every_tree(f, 1, until=lambda: len(f.session.trees) >= 2)
+    assert f.session.rounds_failed == 2
+    for s in SITES:
+        f.restart_site(s)  # a new process on the same state directory
+    with pytest.raises(SessionAbort, match=r"^leaving the session: the coordinator failed 3 rounds of this session "
+                                           r".* the tree round of tree 2 again; .*--max-failed-attempts-per-session 2$"):
+        fail_every_tree(f, 1)
+
+
+def test_the_budget_warning_is_given_once_per_round_not_once_per_failed_attempt(tmp_path, caplog):
+    """Finding 6's second half: with the session limit off, the same coordinator spends every record's 8 tree
+    releases on trees 0–1 (4 attempts each); trees 2–7 carry no data from any site.  The operator is told once per
+    such tree (was: once per attempt, 24 times), and the receipt lists the same trees."""
+    hp = Hyperparameters(trees=8, depth=2, seed=5, epsilon=1.0)
+    f = GateFed(tmp_path, hp, policy=SitePolicy(allow_central_noise=True, max_failed_attempts_per_session=100),
+                secagg_fast_path="never").start()
+    with caplog.at_level(logging.WARNING, logger="fedsbdt.site"):
+        fail_every_tree(f, 3)
+    assert f.session.exit_code == 0 and f.session.rounds_failed == 24
+    for s in SITES:
+        told = [(r.kind, r.tree) for r in caplog.records
+                if getattr(r, "event", None) in ("budget_exhausted", "records_spent") and r.site == s]
+        assert told == [("tree", t) for t in range(2, 8)], told
+        assert f.machines[s].receipt()["trees_without_data"] == list(range(2, 8))
+
+
 def test_the_default_failure_policy_is_small():
     assert SitePolicy().max_failed_attempts == 3
     with pytest.raises(Exception, match="max-failed-attempts"):
         SitePolicy(max_failed_attempts=-1)
+    with pytest.raises(Exception, match="max-failed-attempts-per-session"):
+        SitePolicy(max_failed_attempts_per_session=-1)
+    # the session's limit: a tenth of the plan's trees, at least the per-round limit; an explicit value wins
+    from fedsbdt.common.federation.plan import make_plan
+
+    for trees, want in ((8, 3), (30, 3), (31, 4), (100, 10), (1000, 100)):
+        plan = make_plan(*_tiny_plan_args(trees))
+        assert SitePolicy().session_failure_limit(plan) == want, trees
+        assert SitePolicy(max_failed_attempts=5).session_failure_limit(plan) == max(5, want)
+        assert SitePolicy(max_failed_attempts_per_session=0).session_failure_limit(plan) == 0
+
+
+def _tiny_plan_args(trees: int):
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from fedsbdt.common.federation.plan import SiteEntry
+
+    from .conftest import abalone_with_ids
+
+    schema, _ = abalone_with_ids(30)
+    sites = [SiteEntry(s, Ed25519PrivateKey.generate().public_key().public_bytes_raw()) for s in SITES]
+    return schema, Hyperparameters(trees=trees, depth=2, seed=1, epsilon=1.0), sites
 
 
 def test_summaries_say_how_many_trees_carried_data_from_which_site(tmp_path):

@@ -5,7 +5,8 @@ One module-scoped federation (3-site roster, mutual TLS) serves every assertion:
 
 1. the coordinator and hospital-1 start with status pages; with one site of t = 2 connected the session
    keeps gathering, so both pages are drawn by Chromium in a stable state (the roster named, 0 trees);
-2. hospital-2 starts, the session runs; mid-training hospital-1's ``/metrics`` is scraped;
+2. hospital-2 starts with a loopback page that opts in to its record statistics (``--status-show-records``),
+   the session runs; mid-training both sites' ``/metrics`` and ``status.json`` are read;
 3. every tree released, the coordinator waits (deadline ``finish``) for hospital-3, which never joins:
    its page is drawn again (a higher tree count) and ``/metrics`` is checked against the model.
 
@@ -98,13 +99,16 @@ class Dom(HTMLParser):
             self._cell.append(data)
 
 
-def get(url: str, host: str | None = None) -> tuple[int, str, dict]:
-    req = urllib.request.Request(url, headers={"Host": host} if host else {})
+def get(url: str, host: str | None = None, headers: dict | None = None) -> tuple[int, str, dict]:
+    req = urllib.request.Request(url, headers={**({"Host": host} if host else {}), **(headers or {})})
+    def joined(h) -> dict:  # a header sent more than once: its values joined, as one header would list them
+        return {k: ", ".join(h.get_all(k)) for k in h.keys()}
+
     try:
         with urllib.request.urlopen(req, timeout=30) as r:
-            return r.status, r.read().decode(), dict(r.headers)
+            return r.status, r.read().decode(), joined(r.headers)
     except urllib.error.HTTPError as e:
-        return e.code, e.read().decode(), dict(e.headers)
+        return e.code, e.read().decode(), joined(e.headers)
 
 
 def metrics(url: str) -> dict[str, float]:
@@ -129,10 +133,11 @@ class Federation:
         self.plan = self.files.plan
         self.cluster = Cluster(root, root / "plan.toml")
         self.root = root
-        self.coord_port, self.site_port = free_port(), free_port()
+        self.coord_port, self.site_port, self.site2_port = free_port(), free_port(), free_port()
         self.coordinator = self.cluster.coordinator("--status-port", str(self.coord_port))
         self.url = f"http://127.0.0.1:{self.coord_port}/"
         self.site_url = f"http://127.0.0.1:{self.site_port}/"
+        self.site2_url = f"http://127.0.0.1:{self.site2_port}/"
         self.h1 = self.cluster.site("hospital-1", self.files.data["hospital-1"], "--status-port", str(self.site_port))
         self.h2 = None
         c = self.cluster
@@ -145,10 +150,13 @@ class Federation:
         self.gathering_json = json.loads(get(self.url + "status.json")[1])
         self.site_dom = Dom(chromium_dom(self.site_url))
         # the session starts once a second site is connected (t = 2; the join deadline has passed)
-        self.h2 = c.site("hospital-2", self.files.data["hospital-2"])
+        self.h2 = c.site("hospital-2", self.files.data["hospital-2"], "--status-port", str(self.site2_port),
+                         "--status-show-records")
         c.wait_event(lambda e: e.get("_proc") == "coordinator" and e.get("event") == "tree" and e["tree"] >= 2)
-        self.site_metrics = metrics(self.site_url)
+        self.site_metrics, self.site_metrics_text = metrics(self.site_url), get(self.site_url + "metrics")[1]
         self.site_json = json.loads(get(self.site_url + "status.json")[1])
+        self.site2_metrics = metrics(self.site2_url)
+        self.site2_json = json.loads(get(self.site2_url + "status.json")[1])
         c.wait_event(lambda e: e.get("_proc") == "coordinator" and e.get("event") == "finished", timeout=180)
         for p in (self.h1, self.h2):  # their streams closed: the page shows them disconnected
             assert p.wait() == 0, p.errors
@@ -241,6 +249,15 @@ def test_coordinator_metrics_match_the_session(fed):
     assert m["fedsbdt_epsilon_planned"] == pytest.approx(fed.plan.stated_epsilon, rel=1e-12)
     assert m["fedsbdt_epsilon_spent"] == pytest.approx(fed.plan.stated_epsilon, rel=1e-9)
     assert st["epsilon"]["exact"] is True
+    # issue 37: nothing computed from a site's records (the coordinator sees only noisy sums; the page shows the
+    # plan's statement, counts, and the ε of the releases so far): a fixed list of metrics, no record statistics
+    families = {f.name for f in text_string_to_metric_families(get(fed.url + "metrics")[1])
+                if not f.name.endswith("_created")}  # (prometheus_client's creation times of counters)
+    assert families == {"fedsbdt_trees_released", "fedsbdt_trees_planned", "fedsbdt_failed_rounds",
+                        "fedsbdt_round_seconds", "fedsbdt_sites_connected", "fedsbdt_sites_joined",
+                        "fedsbdt_sites_caught_up", "fedsbdt_sites_suspended", "fedsbdt_sites_roster",
+                        "fedsbdt_epsilon_spent", "fedsbdt_epsilon_planned", "fedsbdt_eta_seconds"}, families
+    assert not keys(st) & (RECORD_KEYS - {"count"}), st  # (round_seconds.count: released rounds)
 
 
 def test_epsilon_so_far_agrees_with_an_independent_calibration():
@@ -260,21 +277,115 @@ def test_epsilon_so_far_agrees_with_an_independent_calibration():
         assert back.sigma == pytest.approx(cal.sigma, rel=1e-5), k
 
 
-def test_the_site_page_shows_its_own_ledger(fed):
-    d = fed.site_dom
+#: Everything a site's page and /metrics show by default: no value computed from its records (issue 37, finding 7).
+SITE_METRICS = {"fedsbdt_site_trees_applied", "fedsbdt_site_rounds_answered_total", "fedsbdt_site_refusals_total",
+                "fedsbdt_site_failed_attempts_total", "fedsbdt_site_failed_attempts_limit",
+                "fedsbdt_site_epsilon_planned"}
+#: What only a loopback page with --status-show-records adds (statistics of the site's records, not DP).
+RECORD_KEYS = {"records", "count", "max", "p50", "p90", "p99", "exhausted", "tree_rounds_with_data"}
+
+
+def keys(x) -> set:
+    """Every key of a JSON value, at any depth."""
+    if isinstance(x, dict):
+        return set(x) | set().union(*(keys(v) for v in x.values()))
+    return set().union(*(keys(v) for v in x)) if isinstance(x, list) else set()
+
+
+def test_the_site_page_shows_no_record_statistics_by_default(fed):
+    """Issue 37 finding 7: the page (drawn by Chromium), status.json and /metrics of a site show the plan's public
+    statement and counts of rounds and attempts, never its record count, ε quantiles or records out of budget."""
+    d, m, st = fed.site_dom, fed.site_metrics, fed.site_json
     assert d.text["site"] == "hospital-1" and d.text["stage"] == "participating"
-    n = sum(1 for _ in open(fed.files.data["hospital-1"])) - 1
-    assert d.text["records"] == str(n) and d.text["epsmax"] == "0.0000" and d.text["refusals"] == "0"
-    assert d.text["plan"] == fed.plan.sha256[:16] + "…"
-    m, st = fed.site_metrics, fed.site_json
-    assert m["fedsbdt_site_records"] == n and m["fedsbdt_site_refusals_total"] == 0
+    for shown_only_with_the_flag in ("records", "epsmax", "p50", "p90", "p99", "exhausted"):
+        assert d.text.get(shown_only_with_the_flag, "—") == "—", (shown_only_with_the_flag, d.text)
+    assert {k.split("{")[0] for k in m} == SITE_METRICS
+    assert "record" not in fed.site_metrics_text.lower() and "quantile" not in fed.site_metrics_text
+    assert st["records"] is None and not keys(st) & (RECORD_KEYS - {"records"}), st
+    assert d.text["plan"] == fed.plan.sha256[:16] + "…" and d.text["refusals"] == "0"
+    assert d.text["epsplan"] == f"{fed.plan.stated_epsilon:.4f}" and d.text["failed"] == "0"
+    assert d.text["failedlimit"] == "3"  # 16 trees: a tenth is 2, the per-round limit 3 is more
+    assert "--status-show-records" in d.text["ledgernote"]
+    assert m["fedsbdt_site_epsilon_planned"] == fed.plan.stated_epsilon and m["fedsbdt_site_refusals_total"] == 0
     assert m["fedsbdt_site_rounds_answered_total"] >= 2 and m["fedsbdt_site_trees_applied"] >= 1
+    assert m["fedsbdt_site_failed_attempts_total"] == 0 and m["fedsbdt_site_failed_attempts_limit"] == 3
+    assert st["epsilon"] == {"planned": fed.plan.stated_epsilon, "delta": fed.plan.hyperparameters.delta}
+    assert st["failed_attempts"] == {"session": 0, "limit": 3, "per_round_limit": 3}
+
+
+def test_a_loopback_page_that_opts_in_shows_the_sites_own_ledger(fed):
+    """``--status-show-records`` (loopback only): the record count and every record's ε, as before."""
+    m, st = fed.site2_metrics, fed.site2_json
+    n = sum(1 for _ in open(fed.files.data["hospital-2"])) - 1
+    assert m["fedsbdt_site_records"] == n == st["records"]["count"]
     q = [m[f"fedsbdt_site_epsilon_spent{{quantile={p}}}"] for p in ("0.5", "0.9", "0.99", "1")]
     assert q == sorted(q) and 0 < q[-1] == m["fedsbdt_site_epsilon_max"] <= fed.plan.stated_epsilon
     # without the filter every record is charged the worst case of the tree rounds it sent data in
-    k = st["tree_rounds_with_data"]
+    k = st["records"]["tree_rounds_with_data"]
     cal = fed.plan.calibration()
     assert q[0] == q[-1] == pytest.approx(epsilon_so_far(cal, k, True, HP.epsilon), rel=1e-12)
+    assert SITE_METRICS <= {k.split("{")[0] for k in m}
+
+
+def test_a_page_beyond_loopback_needs_a_token_and_never_shows_records(tmp_path, fed):
+    """Bound beyond loopback a page needs --status-token-file (refused without one: one line, exit 2, for the
+    coordinator and the site); --status-show-records is refused there even with a token.  A site page on 0.0.0.0
+    with a token answers 401 to a request without it, and shows no record statistics to one with it."""
+    token = tmp_path / "status.token"
+    token.write_text("s3cret-token-0123456789abcdef\n")
+    plan, data3, key3 = str(fed.root / "plan.toml"), str(fed.files.data["hospital-3"]), fed.root / "hospital-3"
+    coordinator = ["coordinator", "--plan", plan, "--state", str(tmp_path / "coordinator"), "--insecure",
+                   "--listen", "127.0.0.1:0", "--allow-insecure-test-randomness"]
+    site = ["client", "--coordinator", "127.0.0.1:9", "--site", "hospital-3", "--plan", plan, "--data", data3,
+            "--state", str(tmp_path / "hospital-3"), "--identity-key", str(key3 / "identity.key"), "--insecure",
+            "--reconnect-timeout", "60"]
+    for argv, line in (
+            ([*coordinator, "--status-port", "0", "--status-host", "0.0.0.0"],
+             "fedsbdt coordinator: error: --status-host 0.0.0.0 serves the coordinator's status page beyond this "
+             "machine: pass --status-token-file FILE (a secret every request must send as `Authorization: Bearer "
+             "…`), or bind a loopback address"),
+            ([*site, "--status-port", "0", "--status-host", "0.0.0.0"],
+             "fedsbdt client: error: --status-host 0.0.0.0 serves the site's status page beyond this machine: pass "
+             "--status-token-file FILE (a secret every request must send as `Authorization: Bearer …`), or bind a "
+             "loopback address"),
+            ([*site, "--status-port", "0", "--status-host", "0.0.0.0", "--status-token-file", str(token),
+              "--status-show-records"],
+             "fedsbdt client: error: --status-show-records puts statistics of this site's records (not "
+             "differentially private) on its status page, which is served on a loopback --status-host only, not "
+             "on 0.0.0.0")):
+        r = subprocess.run([sys.executable, "-m", "fedsbdt.common.cli", *argv], capture_output=True, text=True,
+                           cwd=ROOT, timeout=60)
+        assert r.returncode == 2 and r.stderr.strip().splitlines() == [line], (argv, r.stderr)
+    assert not (tmp_path / "coordinator").exists()  # nothing written
+    port = free_port()
+    p = subprocess.Popen([sys.executable, "-m", "fedsbdt.common.cli", "--log-format", "json", *site, "--status-port",
+                          str(port), "--status-host", "0.0.0.0", "--status-token-file", str(token)],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        url = f"http://127.0.0.1:{port}/"
+        bearer = {"Authorization": "Bearer s3cret-token-0123456789abcdef"}
+        deadline = time.monotonic() + 60
+        while True:  # the page serves once the site accepted the plan (it then waits for the coordinator)
+            try:
+                code, body, _ = get(url + "status.json", headers=bearer)
+                if code == 200 and json.loads(body)["stage"] == "participating":
+                    break
+            except OSError:
+                pass
+            assert p.poll() is None and time.monotonic() < deadline, p.stderr.read() if p.poll() is not None else ""
+            time.sleep(0.2)
+        for path in ("", "status.json", "metrics"):
+            code, _, headers = get(url + path)
+            assert code == 401 and headers["WWW-Authenticate"].startswith("Bearer"), (path, code)
+            assert get(url + path, headers={"Authorization": "Bearer not-the-token"})[0] == 401
+            assert get(url + path, headers=bearer)[0] == 200
+        st = json.loads(get(url + "status.json", headers=bearer)[1])
+        assert st["records"] is None and not keys(st) & (RECORD_KEYS - {"records"}), st
+        text = get(url + "metrics", headers=bearer)[1]
+        assert {f.name for f in text_string_to_metric_families(text)} == {k.removesuffix("_total") for k in SITE_METRICS}
+    finally:
+        p.kill()
+        p.wait(timeout=30)
 
 
 def test_a_taken_status_port_is_one_line_and_exit_2(tmp_path, fed):
@@ -316,7 +427,9 @@ def test_the_site_ledger_page_with_the_filter_charges_each_record_its_own_ledger
     import numpy as np
 
     from fedsbdt.client.ledger import SiteLedger, ledger_path
-    from fedsbdt.client.status import SiteMonitor
+    from fedsbdt.client.policy import SitePolicy
+    from fedsbdt.client.status import SITE_PAGE, SiteMonitor
+    from fedsbdt.common.statuspage import StatusServer
     from fedsbdt.common.engine import filter_for
     from fedsbdt.common.rdp_filter import UNITS_PER_ROUND
 
@@ -332,23 +445,71 @@ def test_the_site_ledger_page_with_the_filter_charges_each_record_its_own_ledger
     ledger.ensure_records(ids)
     spent = np.array([table.budget_units, table.budget_units // 2, UNITS_PER_ROUND, 0])
     machine = SimpleNamespace(site_id="hospital-1", plan=plan, cal=cal, table=table, state_dir=tmp_path / "hospital-1",
-                              stage=SimpleNamespace(name="participating"), trees_applied=3)
-    mon = SiteMonitor(machine, max_epsilon=2.0)
+                              stage=SimpleNamespace(name="participating"), trees_applied=3, ledger=ledger,
+                              options=SimpleNamespace(policy=SitePolicy()))
+    mon = SiteMonitor(machine, max_epsilon=2.0, show_records=True)
+    hidden = SiteMonitor(machine, max_epsilon=2.0)  # the default: none of it
+    server = StatusServer("127.0.0.1", 0, SITE_PAGE, "site's status page")
     try:
         with ledger.transaction():
             ledger.charge(ids, np.zeros(4, np.int64), spent)
-        e = mon._snapshot(0.0)["epsilon"]
-        assert e["per_record"] and e["records"] == 4 and e["exhausted"] == 1
+        e = mon._snapshot(0.0)["records"]
+        assert e["per_record"] and e["count"] == 4 and e["exhausted"] == 1
         assert e["max"] < cal.epsilon  # no initial score sent yet: the trees' part only
         with ledger.transaction():
             ledger.log_contribution(1, "init", None, True, None, None)
         logging.getLogger("fedsbdt.site").warning("x", extra={"event": "refused", "site": "hospital-1"})
         logging.getLogger("fedsbdt.site").warning("y", extra={"event": "refused", "site": "hospital-2"})
         s = mon._snapshot(1.0)
-        e = s["epsilon"]
+        e = s["records"]
         assert e["max"] == pytest.approx(cal.epsilon, rel=1e-12)
         assert 0 < e["p50"] < e["p90"] < e["max"]
         assert s["rounds_answered"] == 1 and s["refusals"] == 1 and s["max_epsilon"] == 2.0
+        assert hidden._snapshot(1.0)["records"] is None and hidden._snapshot(1.0)["rounds_answered"] == 1
+        # the opted-in page, drawn by Chromium over real HTTP
+        server.start(mon.current, mon.registry)
+        d = Dom(chromium_dom(server.url))
+        assert d.text["records"] == "4" and d.text["exhausted"] == "1" and d.text["epsmax"] == f"{e['max']:.4f}"
+        assert d.text["p50"] == f"{e['p50']:.4f}" and "per-record Rényi filter" in d.text["epsnote"]
     finally:
+        server.close()
         mon.close()
+        hidden.close()
         ledger.close()
+
+
+def test_a_token_guards_every_path_and_a_browser_may_send_it_as_the_basic_password(tmp_path):
+    """``--status-token-file`` on any address: every path answers 401 without the token (sent as a Bearer token,
+    or as the password of HTTP Basic authentication, which a browser asks for); a token file that is missing,
+    empty or too short to be a secret is refused with one sentence."""
+    import argparse
+    import base64
+
+    from fedsbdt.common.statuspage import StatusPageError, add_status_flags, bind
+
+    parser = argparse.ArgumentParser()
+    add_status_flags(parser)
+    token = tmp_path / "token"
+    for content, message in ((None, "cannot read --status-token-file"), ("\n", "is empty"),
+                             ("short", "is too short to be a secret"), ("two words in a token", "one line")):
+        if content is not None:
+            token.write_text(content)
+        with pytest.raises(StatusPageError, match=message):
+            bind(parser.parse_args(["--status-port", "0", "--status-token-file", str(token)]), "<p>x</p>", "page")
+    token.write_text("  0123456789abcdef0123  \n")
+    server = bind(parser.parse_args(["--status-port", "0", "--status-token-file", str(token)]), "<p>x</p>", "page")
+    try:
+        server.start(lambda: {"ok": 1}, server.registry)
+        basic = lambda user_pw: {"Authorization": "Basic " + base64.b64encode(user_pw.encode()).decode()}  # noqa: E731
+        for path in ("", "status.json", "metrics", "nothing"):
+            assert get(server.url + path)[0] == 401
+            assert get(server.url + path, headers={"Authorization": "Bearer 0123456789abcdef012"})[0] == 401
+            assert get(server.url + path, headers=basic("any:0123456789abcdef0124"))[0] == 401
+            want = 404 if path == "nothing" else 200
+            assert get(server.url + path, headers={"Authorization": "Bearer 0123456789abcdef0123"})[0] == want
+            assert get(server.url + path, headers=basic("operator:0123456789abcdef0123"))[0] == want
+        code, body, headers = get(server.url)
+        assert body == "unauthorized: send the status token (Authorization: Bearer …)\n"
+        assert headers["WWW-Authenticate"].startswith('Bearer realm="fedsbdt"')
+    finally:
+        server.close()

@@ -8,6 +8,10 @@ points from a seeded RNG (``benchmarks/soak.py`` runs the long version).
 """
 from __future__ import annotations
 
+import json
+import sqlite3
+
+from fedsbdt.client.ledger import ledger_path
 from fedsbdt.common.config import Hyperparameters
 from fedsbdt.common.federation.plan import Deadlines
 
@@ -34,8 +38,8 @@ def test_kill_every_stage_at_sites_and_coordinator_within_one_training(tmp_path,
     st = make_setup(tmp_path, ca_dir, hp, n_rows=450, epoch_rounds=5, deadlines=DEADLINES,
                     secagg_fast_path="never")  # every stage: the consistency and unmask exchanges too
     fed = federation(st.plan_path)
-    for s in SITES:
-        fed.configure_site(s, st.data[s])
+    for s in SITES:  # 12 kills, each may fail a round the sites answered: beyond the default session limit (3)
+        fed.configure_site(s, st.data[s], "--max-failed-attempts-per-session", str(hp.total_rounds))
     kills = run_with_kill_points(fed, SCHEDULE, SITES, timeout=240)
     stages = {k.point.split("@")[0] for k in kills}
     assert stages == {"init_round", "epoch_setup", "masked_input", "consistency", "unmask", "tree_release"}
@@ -52,8 +56,8 @@ def test_seeded_random_kill_soak_short(tmp_path, ca_dir, federation):
     hp = Hyperparameters(trees=12, extra_trees=4, filter=True, depth=2, seed=5, epsilon=1.0, subsample=0.5)
     st = make_setup(tmp_path, ca_dir, hp, n_rows=300, epoch_rounds=4, deadlines=DEADLINES)
     fed = federation(st.plan_path)
-    for s in SITES:
-        fed.configure_site(s, st.data[s])
+    for s in SITES:  # the crashes are the test here, not the sites' failure policy (the tests below)
+        fed.configure_site(s, st.data[s], "--max-failed-attempts-per-session", str(hp.total_rounds))
     kills = run_with_random_kills(fed, SITES, seed=20261122, kills=4, trees_total=hp.total_rounds, timeout=180)
     assert kills  # (a point whose stage never recurs does not fire: allowed in a random schedule)
     check_outcome(fed, st.plan, SITES, st.records)
@@ -79,3 +83,33 @@ def test_sites_leave_after_the_coordinator_fails_a_round_they_answered(tmp_path,
     last = [ln for ln in site.lines if ln.strip()][-1]
     assert "leaving the session: the coordinator failed the tree round of tree 1 1 times after this site had " \
            "answered it" in last and "--max-failed-attempts 0" in last, last
+
+
+def test_sites_leave_after_the_sessions_failed_attempts_not_only_one_rounds(tmp_path, ca_dir, federation):
+    """Issue 37 finding 6, real processes: the coordinator dies once in tree 1 and once in tree 2, each time after
+    every site had sent its masked input (it queues the consistency requests), and comes back.  One failure per
+    round is within the per-round limit (default 3); with --max-failed-attempts-per-session 1 each site leaves when
+    tree 2 is asked for again: exit 2, one line naming what the coordinator did, nothing more sent."""
+    hp = Hyperparameters(trees=4, depth=2, seed=11, epsilon=1.0)
+    st = make_setup(tmp_path, ca_dir, hp, n_rows=300, epoch_rounds=8, deadlines=DEADLINES,
+                    secagg_fast_path="never")
+    fed = federation(st.plan_path)
+    coord = fed.coordinator(kill_at="consistency@1")  # the initial score counts as tree 0
+    for s in SITES:
+        fed.site(s, st.data[s], "--max-failed-attempts-per-session", "1")
+    for nxt in ("consistency@2", None):
+        fed.wait_event(lambda e: e.get("event") == "testhook_kill" and e["_proc"] == "coordinator"
+                       and e["_inc"] == coord.incarnation, timeout=120)
+        coord.wait(timeout=30)
+        coord = fed.coordinator(kill_at=nxt)
+    left = fed.wait_event(lambda e: e.get("event") == "_exit" and e["_proc"] in SITES, timeout=120)
+    site = fed.current[left["_proc"]]
+    assert left["rc"] == 2, site.errors
+    lines = [ln for ln in site.lines if ln.strip()]
+    assert json.loads(lines[-1])["msg"].endswith(
+        "leaving the session: the coordinator failed 2 rounds of this session after this site had answered them "
+        "(it released nothing) and asks for the tree round of tree 2 again; each retry that carries data spends "
+        "privacy budget, so this site stops at --max-failed-attempts-per-session 1"), lines[-1]
+    rows = sqlite3.connect(ledger_path(tmp_path / site.name, st.plan.sha256)).execute(
+        "SELECT tree, COUNT(*) FROM contributions WHERE kind = 'tree' GROUP BY tree").fetchall()
+    assert rows == [(0, 1), (1, 2), (2, 1)]  # tree 2's retry was never answered
