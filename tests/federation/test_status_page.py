@@ -309,7 +309,8 @@ def test_the_site_page_shows_no_record_statistics_by_default(fed):
     assert m["fedsbdt_site_epsilon_planned"] == fed.plan.stated_epsilon and m["fedsbdt_site_refusals_total"] == 0
     assert m["fedsbdt_site_rounds_answered_total"] >= 2 and m["fedsbdt_site_trees_applied"] >= 1
     assert m["fedsbdt_site_failed_attempts_total"] == 0 and m["fedsbdt_site_failed_attempts_limit"] == 3
-    assert st["epsilon"] == {"planned": fed.plan.stated_epsilon, "delta": fed.plan.hyperparameters.delta}
+    assert st["epsilon"] == {"planned": fed.plan.stated_epsilon, "delta": fed.plan.hyperparameters.delta,
+                             "eval": None, "total": fed.plan.total_epsilon}  # the plan's public statement only
     assert st["failed_attempts"] == {"session": 0, "limit": 3, "per_round_limit": 3}
 
 
