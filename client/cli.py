@@ -29,7 +29,7 @@ from pathlib import Path
 
 from fedsbdt.common.cli import CliError, emit, with_state_lock
 
-from fedsbdt.common.lifetime import DEFAULT_LIFETIME_EPSILON
+from fedsbdt.common.lifetime import DEFAULT_LIFETIME_DELTA, DEFAULT_LIFETIME_EPSILON, DEFAULT_POPULATION
 
 from .policy import MAX_EVAL_EPSILON, MAX_FAILED_ATTEMPTS, MIN_COLLUDERS, MIN_SITES, MIN_THRESHOLD
 
@@ -85,7 +85,8 @@ def _run_client(args: argparse.Namespace, t0: float, state: Path) -> int:
         raise CliError("pin the plan you agreed to: pass --plan FILE or --plan-hash SHA256 (received out of "
                        "band); a site never takes part in whatever plan the coordinator serves")
     policy = SitePolicy(args.allow_central_noise, args.min_sites, args.min_threshold, args.min_colluders,
-                        max_failed_attempts=args.max_failed_attempts, lifetime_epsilon=args.lifetime_epsilon)
+                        max_failed_attempts=args.max_failed_attempts, lifetime_epsilon=args.lifetime_epsilon,
+                        lifetime_delta=args.lifetime_delta, population=args.population)
     tuning = None
     if args.plan and is_tuning_plan(args.plan):
         tuning = FederatedTuning.load(args.plan)
@@ -287,9 +288,16 @@ def register(sub) -> None:
                           "privacy budget "
                           f"(default: {MAX_FAILED_ATTEMPTS})")
     pol.add_argument("--lifetime-epsilon", type=float, default=DEFAULT_LIFETIME_EPSILON, metavar="X",
-                     help="refuse a plan that would bring the lifetime ε of this site's data (every plan, "
-                          "evaluation and central `train --ledger` run on the same records, `fedsbdt ledger "
-                          f"--state DIR`) above X (default: {DEFAULT_LIFETIME_EPSILON:g})")
+                     help="refuse a plan that would bring the lifetime ε of this site's records (one account: every "
+                          "plan, evaluation and central `train/tune --ledger` run from this state directory, whatever "
+                          f"file or query it read, `fedsbdt ledger --state DIR`) above X (default: "
+                          f"{DEFAULT_LIFETIME_EPSILON:g})")
+    pol.add_argument("--lifetime-delta", type=float, default=DEFAULT_LIFETIME_DELTA, metavar="X",
+                     help="the δ at which the lifetime ε is computed (never a plan's own δ) "
+                          f"(default: {DEFAULT_LIFETIME_DELTA:g})")
+    pol.add_argument("--population", default=DEFAULT_POPULATION, metavar="NAME",
+                     help="charge the account of this declared population, disjoint from the site's other records "
+                          f"(default: {DEFAULT_POPULATION}, the site's one account)")
     c.add_argument("--schema", metavar="FILE",
                    help="this site's copy of the public schema: must equal the plan's (default: none: no check)")
     c.add_argument("--out", metavar="FILE", help="where to write the verified model (default: STATE/model.json)")

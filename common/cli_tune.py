@@ -47,6 +47,11 @@ def cmd_tune(args: argparse.Namespace) -> int:
         raise CliError(str(e).replace(f"ε = {budget:g}", f"ε = {args.epsilon:g}")) from None
     randomness = SecureRandomness(sampler=args.sampler)
     ds = _load_data(args, schema)
+    from .ledger_cli import central_run, charge_central, lifetime_line
+
+    # --ledger: the lifetime cap before anything is drawn, at the whole budget (the receipt's ε is at most that)
+    run = central_run(args, ds.ids, schema.id_column, {"type": "approx", "epsilon": float(args.epsilon),
+                                                        "delta": float(args.delta)}, args.delta)
     source = "declared"
     rows = args.rows
     if rows is None:
@@ -88,17 +93,21 @@ def cmd_tune(args: argparse.Namespace) -> int:
         "centre": {"mode": "auto", **choice.to_dict()},
     }
     m.training["tuning"] = tuning
+    # charged as stated, (ε, δ) (Papernot & Steinke give no RDP curve here), before the model is written
+    life = charge_central(run, "tune", {"type": "approx", "epsilon": float(p["epsilon"]), "delta": float(p["delta"])})
     m.save(args.out)
     out = {"epsilon": p["epsilon"], "delta": p["delta"], "trials": len(res.trials), "winner": res.winner + 1,
            "winner_settings": tuning["winner_settings"], "epsilon_trial": plan.epsilon_trial,
            "seconds": round(res.seconds, 3), "model": str(args.out), "tuning": tuning}
+    if life is not None:
+        out["lifetime"] = life
     lines = [f"tuned over {len(res.trials)} trials (random count, mean {plan.mean_trials}) on {ds.n} rows in "
              f"{res.seconds:.1f}s; each trial ε={plan.epsilon_trial:.4g}, score noise σ={plan.sigma_score:.4g}"]
     lines += [f"  trial {t['trial']}: {settings_line(t['settings'])}" for t in res.trials]
     lines.append(f"winner: trial {res.winner + 1} ({settings_line(tuning['winner_settings'])}), the highest noisy "
                  "held-out score")
     lines.append(f"privacy: (ε={p['epsilon']:.6g}, δ={p['delta']:.3g}) for the whole tuning, target {args.epsilon:g}")
-    lines.append(f"model written to {args.out}")
+    lines.append(f"model written to {args.out}" + lifetime_line(life, getattr(args, "ledger", None)))
     emit(args, out, "\n".join(lines))
     return 0
 
@@ -138,6 +147,9 @@ def register(sub) -> None:
     t.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     t.add_argument("--quiet", action="store_true", help="no progress output")
     add_source_flags(t)
+    from .ledger_cli import add_ledger_flags
+
+    add_ledger_flags(t, "tuning")
     t.set_defaults(func=cmd_tune)
 
     a = sub.add_parser("auto", help="print the auto settings for public inputs (no data read; for plans)")
