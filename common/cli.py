@@ -251,6 +251,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     from .schema import Schema
 
     check_output_path(args.out, "model")  # before any work (and before any privacy is spent)
+    from .ledger_cli import check_flags
+
+    check_flags(args)  # --population, --lifetime-delta
     schema = Schema.load(args.schema)
     if getattr(args, "rows", None) is not None and args.rows < 1:
         raise CliError(f"--rows {args.rows}: the declared row count must be ≥ 1")

@@ -31,6 +31,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from .tuning import candidates, plan_tuning, tune_on
 
     check_output_path(args.out, "model")
+    from .ledger_cli import check_flags
+
+    check_flags(args)  # --population, --lifetime-delta
     if not args.epsilon > 0:
         raise CliError(f"--epsilon {args.epsilon:g}: must be > 0")
     if args.rows is not None and args.rows < 1:

@@ -82,6 +82,15 @@ class CentralRun:
     release_delta: float
 
 
+def check_flags(args) -> None:
+    """``--population`` and ``--lifetime-delta`` of a central command, before anything is read (one line)."""
+    try:
+        check_population(args.population)
+        check_lifetime_delta(args.lifetime_delta)
+    except LifetimeError as e:
+        raise CliError(str(e)) from None
+
+
 def central_run(args, ids, id_column: str | None, event, release_delta: float) -> CentralRun | None:
     """``train/tune --ledger DIR``: the run, checked against ``--lifetime-epsilon`` (``event``, what it may cost a
     worst-case record, on every record it reads, in the population's one account; ``release_delta``: the run's own

@@ -338,7 +338,7 @@ def _compose(sets: list[_Set], table: list[dict], delta: float, releases: int) -
         floor_e += max(f[1] for f in found)
         floor_d += max(f[2] for f in found)
     if not keyed:
-        return Lifetime(epsilon_at(floor_c, floor_e, floor_d, delta), delta, releases, 0, 0, floor_d)
+        return Lifetime(float(epsilon_at(floor_c, floor_e, floor_d, delta)), delta, releases, 0, 0, float(floor_d))
     all_ids = np.unique(np.concatenate([s.ids for s in keyed]))
     hist = np.zeros(all_ids.size, np.int64)
     for s in keyed:  # by record id, across every keyed set of the account
@@ -352,7 +352,7 @@ def _compose(sets: list[_Set], table: list[dict], delta: float, releases: int) -
         eps = epsilon_at(floor_c + c, floor_e + e, floor_d + dl, delta)
         if eps > best[0]:
             best = (eps, int(k), floor_d + dl)
-    return Lifetime(best[0], delta, releases, int(all_ids.size), best[1], best[2])
+    return Lifetime(float(best[0]), delta, releases, int(all_ids.size), best[1], float(best[2]))
 
 
 def _add_extra(sets: dict[str, _Set], table: dict[str, int], extra, find) -> int:

@@ -380,3 +380,42 @@ def test_a_ledger_written_by_the_first_schema_is_upgraded_in_place(tmp_path):
     db.commit()
     rc, out, err = cli("ledger", "--state", state)
     assert rc == 2 and "newer fedsbdt" in err
+
+
+# --------------------------------------------------------------------------- the composition itself
+
+
+def test_records_compose_by_id_and_an_unkeyed_sets_worst_row_counts_for_every_record(tmp_path):
+    """By id across record sets (whatever their load order), and an unkeyed set's worst row for every record:
+    the account's ε is its worst record's, as dp-accounting composes that record's releases."""
+    from fedsbdt.common.lifetime import LifetimeLedger, RecordSource
+
+    def g(z):
+        return {"type": "gaussian", "noise_multiplier": z}
+
+    lt = LifetimeLedger(tmp_path)
+    a = lt.record_set("default", RecordSource("a.csv", "aa" * 32, np.arange(10), keyed=True))
+    b = lt.record_set("default", RecordSource("b.csv", "bb" * 32, np.arange(5, 15)[::-1].copy(), keyed=True))
+    c = lt.record_set("default", RecordSource("c.csv", "cc" * 32, np.arange(8), keyed=False))  # row numbers
+    lt.charge(a, "tree", g(2.0), 1e-6, np.arange(10) < 5, "p" * 64)  # ids 0..4
+    lt.charge(b, "tree", g(3.0), 1e-6, None, "q" * 64)  # ids 5..14
+    lt.charge(b, "tree", g(3.0), 1e-6, np.arange(10) >= 5, "q" * 64)  # b's rows 5..9: ids 9..5
+    lt.charge(c, "tree", g(4.0), 1e-6, np.arange(8) < 2, "r" * 64)  # rows 0, 1
+    lt.charge(c, "tree", g(5.0), 1e-6, np.arange(8) >= 2, "r" * 64)  # rows 2..7: the worst row is the first two
+    life = lt.lifetime()
+    G = dp_accounting.GaussianDpEvent
+    # ids 0..4: σ 2 (RDP α/8) and c's worst row (σ 4); ids 5..9: σ 3 twice (α/9) and σ 4; ids 10..14: σ 3, σ 4
+    assert life.epsilon == pytest.approx(dp_epsilon([G(2.0), G(4.0)], LIFETIME_DELTA), rel=1e-3)
+    assert (life.records, life.worst, life.delta) == (15, 5, LIFETIME_DELTA)
+    # a session alone, and a release to come on every record of a source (what admission adds)
+    assert lt.lifetime(session="q" * 64).epsilon == pytest.approx(dp_epsilon([G(3.0), G(3.0)], LIFETIME_DELTA),
+                                                                   rel=1e-3)
+    more = RecordSource("d.csv", "dd" * 32, np.array([12, 13, 99]), keyed=True)
+    after = lt.lifetime(extra=[(more, g(1.0))])
+    oracle = dp_epsilon([G(3.0), G(4.0), G(1.0)], LIFETIME_DELTA)  # ids 12, 13 (99: σ 1 and σ 4 only)
+    assert after.epsilon == pytest.approx(oracle, rel=0.01) and after.epsilon >= oracle  # integer orders: ≥
+    assert after.records == 16 and lt.lifetime().records == 15  # nothing written
+    # the gate's per-plan counts follow the ids into another set of the same records
+    again = lt.record_set("default", RecordSource("b2.csv", "ee" * 32, np.arange(5, 15), keyed=True))
+    np.testing.assert_array_equal(lt.plan_counts(again, "q" * 64, ["tree"])[:, 0], [2] * 5 + [1] * 5)
+    lt.close()
