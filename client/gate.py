@@ -17,9 +17,9 @@ schedule, the release kinds, their privacy events and the per-record budget, and
    budget beyond the schedule;
 4. **charges exactly those records** (:meth:`Gate.charge`) in the lifetime ledger (common/lifetime.py), in
    the one account of the site's population (``--population``; by record id where the schema has an
-   ``id_column``): every attempt that carries data, whatever the mode.  The caller runs it inside the round's transaction,
-   after secure aggregation accepted the round and before the masked vector is returned: the lifetime row
-   commits first (a crash then over-charges, never under-charges), the plan's ledger with the send.
+   ``id_column``): every attempt that carries data, whatever the mode.  The caller runs it inside the round's
+   transaction, after secure aggregation accepted the round and before the masked vector is returned: the
+   lifetime row commits first (a crash then over-charges, never under-charges), the plan's ledger with the send.
 
 Before joining, :meth:`Gate.admission_refusal` checks the plan against ``--max-epsilon`` (training ε plus
 ε_eval), ``--max-eval-epsilon`` and ``--lifetime-epsilon`` (the population's lifetime ε, at

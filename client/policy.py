@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from fedsbdt.common.config import ConfigError
-from fedsbdt.common.lifetime import (DEFAULT_LIFETIME_DELTA, DEFAULT_LIFETIME_EPSILON, DEFAULT_POPULATION, LifetimeError,
-                                      check_lifetime_delta, check_population)
+from fedsbdt.common.lifetime import (DEFAULT_LIFETIME_DELTA, DEFAULT_LIFETIME_EPSILON, DEFAULT_POPULATION,
+                                      LifetimeError, check_lifetime_delta, check_population)
 
 if TYPE_CHECKING:
     from fedsbdt.common.federation.plan import Plan

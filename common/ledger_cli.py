@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sqlite3
 from dataclasses import dataclass
 
 from .cli import CliError, emit
@@ -77,7 +78,7 @@ class CentralRun:
     state: str
     population: str
     delta: float
-    dataset: str
+    source: RecordSource
     event: object
     release_delta: float
 
@@ -116,12 +117,7 @@ def central_run(args, ids, id_column: str | None, event, release_delta: float) -
     if refusal is not None:
         lt.close()
         raise CliError(refusal)
-    try:
-        key = lt.record_set(population, src)
-    except LifetimeError as e:
-        lt.close()
-        raise CliError(str(e)) from None
-    return CentralRun(lt, str(args.ledger), population, delta, key, event, float(release_delta))
+    return CentralRun(lt, str(args.ledger), population, delta, src, event, float(release_delta))
 
 
 def _refusal(after: Lifetime, now: Lifetime, event, args, population: str, delta: float) -> str | None:
@@ -145,9 +141,13 @@ def charge_central(run: CentralRun | None, purpose: str, event=None) -> dict | N
     committed before its model is written; returns the account's lifetime after it (for the run's output)."""
     if run is None:
         return None
-    try:
-        run.ledger.charge(run.dataset, purpose, run.event if event is None else event, run.release_delta)
+    try:  # the record set is registered only now, with the run's release (nothing for a run that never ends)
+        key = run.ledger.record_set(run.population, run.source)
+        run.ledger.charge(key, purpose, run.event if event is None else event, run.release_delta)
         life = run.ledger.lifetime(run.population, run.delta)
+    except (LifetimeError, sqlite3.Error) as e:
+        raise CliError(f"{run.state}: the lifetime ledger could not record this run ({e}); the model was not "
+                       "written") from None
     finally:
         run.ledger.close()
     return {"population": run.population, "epsilon": life.epsilon, "delta": life.delta}
@@ -163,10 +163,10 @@ def lifetime_line(life: dict | None, state: str | None) -> str:
 def add_ledger_flags(t, what: str = "train") -> None:
     """``--ledger``, ``--lifetime-epsilon``, ``--lifetime-delta`` and ``--population`` of a central command."""
     t.add_argument("--ledger", metavar="DIR",
-                   help=f"charge this {what} run to the lifetime ledger in DIR (a site's state directory: its federated "
-                        "plans, evaluations and other central runs on the same population compose with it, whatever "
-                        "file or query they read; `fedsbdt ledger --state DIR`) (default: none: the run is not "
-                        "charged to a lifetime ledger)")
+                   help=f"charge this {what} run to the lifetime ledger in DIR (a site's state directory: its "
+                        "federated plans, evaluations and other central runs on the same population compose with "
+                        "it, whatever file or query they read; `fedsbdt ledger --state DIR`) (default: none: the run "
+                        "is not charged to a lifetime ledger)")
     t.add_argument("--lifetime-epsilon", type=float, default=DEFAULT_LIFETIME_EPSILON, metavar="X",
                    help="with --ledger: refuse to train if the population's lifetime ε (its worst record) would "
                         f"exceed X (default: {DEFAULT_LIFETIME_EPSILON:g})")

@@ -162,8 +162,8 @@ def approx(d: dict) -> tuple[float, float]:
 
 
 def epsilon_at(rdp: np.ndarray, approx_epsilon: float, approx_delta: float, delta: float) -> float:
-    """ε at ``delta`` of an RDP curve composed with (ε, δ)-only releases (Σε, Σδ): Cor. 6 at δ − Σδ, plus Σε
-    (basic composition); ∞ once Σδ reaches δ."""
+    """ε at ``delta`` of an RDP curve composed with (ε, δ)-only releases (Σε, Σδ): Cor. 6 at δ − Σδ, plus
+    Σε (basic composition); ∞ once Σδ reaches δ."""
     if approx_delta >= delta:
         return math.inf
     rdp_eps = 0.0
@@ -305,12 +305,41 @@ class _Histories:
             self._step[key] = self._index[t]
         return self._step[key]
 
+    def merge(self, a: int, b: int) -> int:
+        """The history of a record read by the releases of histories ``a`` and ``b`` (memoised)."""
+        key = (a, -1 - b)
+        if key not in self._step:
+            d = dict(self.items[a])
+            for e, k in self.items[b]:
+                d[e] = d.get(e, 0) + k
+            t = tuple(sorted(d.items()))
+            if t not in self._index:
+                self._index[t] = len(self.items)
+                self.items.append(t)
+            self._step[key] = self._index[t]
+        return self._step[key]
+
     def charge(self, hist: np.ndarray, where: np.ndarray, e: int) -> None:
-        """The records ``where`` (indices into ``hist``) were read by event ``e``."""
+        """The records ``where`` (indices into ``hist``) were read by event ``e`` (one gather: the histories
+        present move to their successors, found without sorting)."""
         if where.size == 0:
             return
-        old, inv = np.unique(hist[where], return_inverse=True)
-        hist[where] = np.array([self.add(int(h), e) for h in old], np.int64)[inv]
+        sub = hist[where]
+        step = np.arange(len(self.items), dtype=np.int64)
+        for h in np.flatnonzero(np.bincount(sub, minlength=step.size)):
+            step[h] = self.add(int(h), e)
+        hist[where] = step[sub]
+
+
+def _unique_inverse(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(sorted distinct values of ``a``, the index of each entry of ``a`` among them), by one argsort."""
+    order = np.argsort(a)
+    sorted_ = a[order]
+    first = np.ones(a.size, bool)
+    first[1:] = sorted_[1:] != sorted_[:-1]
+    inverse = np.empty(a.size, np.int64)
+    inverse[order] = np.cumsum(first) - 1
+    return sorted_[first], inverse
 
 
 def _compose(sets: list[_Set], table: list[dict], delta: float, releases: int) -> Lifetime:
@@ -333,21 +362,34 @@ def _compose(sets: list[_Set], table: list[dict], delta: float, releases: int) -
         hist = np.zeros(s.n, np.int64)
         for mask, e in s.reads:
             hs.charge(hist, np.arange(s.n) if mask is None else np.flatnonzero(mask), e)
-        found = [parts(hs.items[h]) for h in np.unique(hist)]
+        found = [parts(hs.items[h]) for h in np.flatnonzero(np.bincount(hist))]
         floor_c = floor_c + np.max([f[0] for f in found], axis=0)
         floor_e += max(f[1] for f in found)
         floor_d += max(f[2] for f in found)
     if not keyed:
         return Lifetime(float(epsilon_at(floor_c, floor_e, floor_d, delta)), delta, releases, 0, 0, float(floor_d))
-    all_ids = np.unique(np.concatenate([s.ids for s in keyed]))
+    # by record id, across every keyed set of the account: each set's rows compose in load order (sequential
+    # memory), then the set's histories merge into its records' (one gather per set)
+    all_ids, inverse = _unique_inverse(np.concatenate([s.ids for s in keyed]))
     hist = np.zeros(all_ids.size, np.int64)
-    for s in keyed:  # by record id, across every keyed set of the account
-        at = np.searchsorted(all_ids, s.ids)
+    start = 0
+    for s in keyed:
+        at = inverse[start:start + s.n]
+        start += s.n
+        if not s.reads:
+            continue
+        local = np.zeros(s.n, np.int64)
         for mask, e in s.reads:
-            hs.charge(hist, at if mask is None else at[mask], e)
-    uniq, counts = np.unique(hist, return_counts=True)
+            hs.charge(local, np.arange(s.n) if mask is None else np.flatnonzero(mask), e)
+        width = len(hs.items)
+        pair = hist[at] * width + local
+        pairs, which = _unique_inverse(pair)
+        merged = np.array([hs.merge(int(p // width), int(p % width)) for p in pairs], np.int64)
+        hist[at] = merged[which]
+    counts = np.bincount(hist)
     best = (-1.0, 0, 0.0)
-    for h, k in zip(uniq, counts):
+    for h in np.flatnonzero(counts):
+        k = counts[h]
         c, e, dl = parts(hs.items[h])
         eps = epsilon_at(floor_c + c, floor_e + e, floor_d + dl, delta)
         if eps > best[0]:
@@ -380,7 +422,7 @@ def projected_lifetime(delta: float, extra) -> Lifetime:
 
 
 def _pack_ids(ids: np.ndarray) -> bytes:
-    return zlib.compress(np.ascontiguousarray(ids, np.int64).astype("<i8").tobytes())
+    return zlib.compress(np.ascontiguousarray(ids, np.int64).astype("<i8").tobytes(), 1)
 
 
 def _unpack_ids(blob: bytes) -> np.ndarray:
@@ -548,8 +590,9 @@ class LifetimeLedger:
         if session is not None:
             where.append(f"{_SESSION} = ?")
             args.append(session)
-        q = (f"SELECT r.id, r.dataset, r.at, r.plan_sha256, r.purpose, r.tree, r.level, r.round_id, r.records, r.event, "
-             f"r.epsilon, r.delta, {_SESSION}, d.population FROM releases r JOIN datasets d ON r.dataset = d.key"
+        q = ("SELECT r.id, r.dataset, r.at, r.plan_sha256, r.purpose, r.tree, r.level, r.round_id, r.records, "
+             f"r.event, r.epsilon, r.delta, {_SESSION}, d.population FROM releases r JOIN datasets d "
+             "ON r.dataset = d.key"
              + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY r.id")
         keys = ("id", "dataset", "at", "plan_sha256", "purpose", "tree", "level", "round_id", "records", "event",
                 "epsilon", "delta", "session", "population")
@@ -566,8 +609,10 @@ class LifetimeLedger:
         """The account's record sets in memory with their reads, the event table, the number of releases; ``extra``:
         (RecordSource, event) releases that read every record of their source, as if made now."""
         sets: dict[str, _Set] = {}
-        for key, keyed, n, blob in self.db.execute("SELECT key, keyed, records, ids FROM datasets WHERE population = ?",
-                                                   (population,)):
+        only = ("" if session is None else  # a session alone: the sets it read
+                f" AND key IN (SELECT r.dataset FROM releases r WHERE {_SESSION} = ?)")
+        for key, keyed, n, blob in self.db.execute("SELECT key, keyed, records, ids FROM datasets WHERE population = ?"
+                                                   + only, (population,) + (() if session is None else (session,))):
             sets[key] = _Set(bool(keyed), int(n), _unpack_ids(blob) if keyed else None)
         where, args = "d.population = ?", [population]
         if exclude_plan is not None:
@@ -584,8 +629,6 @@ class LifetimeLedger:
             mask = None if blob is None else np.unpackbits(np.frombuffer(blob, np.uint8), count=s.n).astype(bool)
             s.reads.append((mask, table.setdefault(ev, len(table))))
             count += 1
-        if session is not None:  # a session alone: the sets it read
-            sets = {k: s for k, s in sets.items() if s.reads}
         count += _add_extra(sets, table, extra, lambda src: self._find(population, src)[0])
         return list(sets.values()), [json.loads(e) for e in table], count
 
@@ -601,7 +644,8 @@ class LifetimeLedger:
     def plan_counts(self, dataset: str, plan_sha256: str, kinds: list[str]) -> np.ndarray:
         """How many releases of each kind of ``kinds`` the plan charged each record of the set ``dataset`` (records ×
         kinds): by record id across the account's keyed sets, by position in an unkeyed set."""
-        row = self.db.execute("SELECT population, keyed, records, ids FROM datasets WHERE key = ?", (dataset,)).fetchone()
+        row = self.db.execute("SELECT population, keyed, records, ids FROM datasets WHERE key = ?",
+                              (dataset,)).fetchone()
         if row is None:
             raise LifetimeError(f"unknown record set {dataset[:16]}…")
         population, keyed, n, blob = row
@@ -646,8 +690,9 @@ class LifetimeLedger:
             purposes: dict[str, int] = {}
             srcs: dict[str, dict] = {}
             for p, key, src, digest, records, keyed, legacy in self.db.execute(
-                    f"SELECT r.purpose, d.key, d.source, d.content_sha256, d.records, d.keyed, d.legacy FROM releases r "
-                    f"JOIN datasets d ON r.dataset = d.key WHERE d.population = ? AND {_SESSION} = ? ORDER BY r.id",
+                    "SELECT r.purpose, d.key, d.source, d.content_sha256, d.records, d.keyed, d.legacy FROM "
+                    f"releases r JOIN datasets d ON r.dataset = d.key WHERE d.population = ? AND {_SESSION} = ? "
+                    "ORDER BY r.id",
                     (population, s)):
                 purposes[p] = purposes.get(p, 0) + 1
                 srcs.setdefault(key, {"key": key, "source": src, "content_sha256": digest, "records": int(records),
@@ -657,11 +702,14 @@ class LifetimeLedger:
             else:
                 kind = "central tune run" if set(purposes) == {"tune"} else "central train run"
             life = self.lifetime(population, delta, session=s)
-            stamp = lambda t: _dt.datetime.fromtimestamp(t, _dt.timezone.utc).isoformat(timespec="seconds")  # noqa: E731
-            out.append({"session": s, "kind": kind, "plan_sha256": plan, "first": stamp(first), "last": stamp(last),
+            out.append({"session": s, "kind": kind, "plan_sha256": plan, "first": _stamp(first), "last": _stamp(last),
                         "releases": int(n), "purposes": purposes, "epsilon": life.epsilon,
                         "sources": list(srcs.values())})
         return out
+
+
+def _stamp(t: float) -> str:
+    return _dt.datetime.fromtimestamp(t, _dt.timezone.utc).isoformat(timespec="seconds")
 
 
 def summary(ledger: LifetimeLedger, delta: float = DEFAULT_LIFETIME_DELTA, releases: bool = False) -> dict:

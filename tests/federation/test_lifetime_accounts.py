@@ -63,7 +63,8 @@ def run_events(model_path: Path) -> list:
     model = json.loads(Path(model_path).read_text())
     p, hp = model["privacy"], model["hyperparameters"]
     ev = [dp_accounting.LaplaceDpEvent(1 / e) for e in (p["eps_init"], p["eps_ds"]) if e > 0]
-    tree = dp_accounting.PoissonSampledDpEvent(hp["subsample"], dp_accounting.GaussianDpEvent(p["sigma"] / math.sqrt(2)))
+    tree = dp_accounting.PoissonSampledDpEvent(hp["subsample"],
+                                               dp_accounting.GaussianDpEvent(p["sigma"] / math.sqrt(2)))
     return ev + [dp_accounting.SelfComposedDpEvent(tree, hp["trees"])]
 
 
@@ -272,7 +273,6 @@ def test_the_lifetime_cap_refuses_a_join_and_a_tune_on_the_same_records(tmp_path
     hp = Hyperparameters(trees=2, depth=2, seed=5, epsilon=1.0, init_share=0.0)
     probe = GateFed(tmp_path / "probe", hp)  # the plan's own ε at the lifetime δ, for the caps below
     alone = dp_epsilon(random_events_dp(probe.plan, 2), LIFETIME_DELTA)
-    schema, raw = probe.schema, probe.raw
     data = tmp_path / "data"
     data.mkdir()
     schema_file = tmp_path / "abalone-ids.toml"
