@@ -2,7 +2,8 @@
 
     fedsbdt keygen --site ID --out DIR
     fedsbdt client --coordinator ADDR --site ID --data F (--plan P | --plan-hash H) [--state DIR]
-                   [--max-epsilon E] [--allow-central-noise] [--min-sites N] [--min-threshold T]
+                   [--max-epsilon E] [--lifetime-epsilon X] [--lifetime-delta X] [--population NAME]
+                   [--allow-central-noise] [--min-sites N] [--min-threshold T]
                    [--min-colluders C] [--schema S] [--out M]
                    [--tls-cert F --tls-key F --tls-ca F --identity-key F | --insecure]
                    [--status-port PORT [--status-host HOST]]

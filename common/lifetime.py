@@ -56,7 +56,7 @@ from .accountant import (ComposedEvent, ExponentialEvent, GaussianEvent, Laplace
 #: Default of ``--lifetime-epsilon`` (docs/privacy.md "Lifetime ledger"): the ε a site lets one population spend
 #: over all plans, sessions, evaluations and central runs together.
 DEFAULT_LIFETIME_EPSILON = 10.0
-#: Default of ``--lifetime-delta``: the δ at which the lifetime ε is stated (20 central runs stated only as
+#: Default of ``--lifetime-delta``: the δ at which the lifetime ε is stated (19 central runs stated only as
 #: (ε, δ) at the default δ = 5e-8 fit in it; RDP releases spend none of it).
 DEFAULT_LIFETIME_DELTA = 1e-6
 #: The account of a site's records when no population is declared.
