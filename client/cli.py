@@ -2,7 +2,8 @@
 
     fedsbdt keygen --site ID --out DIR
     fedsbdt client --coordinator ADDR --site ID --data F (--plan P | --plan-hash H) [--state DIR]
-                   [--max-epsilon E] [--allow-central-noise] [--min-sites N] [--min-threshold T]
+                   [--max-epsilon E] [--lifetime-epsilon X] [--lifetime-delta X] [--population NAME]
+                   [--allow-central-noise] [--min-sites N] [--min-threshold T]
                    [--min-colluders C] [--schema S] [--out M]
                    [--tls-cert F --tls-key F --tls-ca F --identity-key F | --insecure]
                    [--status-port PORT [--status-host HOST]]
@@ -29,7 +30,7 @@ from pathlib import Path
 
 from fedsbdt.common.cli import CliError, emit, with_state_lock
 
-from fedsbdt.common.lifetime import DEFAULT_LIFETIME_EPSILON
+from fedsbdt.common.lifetime import DEFAULT_LIFETIME_DELTA, DEFAULT_LIFETIME_EPSILON, DEFAULT_POPULATION
 
 from .policy import MAX_EVAL_EPSILON, MAX_FAILED_ATTEMPTS, MIN_COLLUDERS, MIN_SITES, MIN_THRESHOLD
 
@@ -86,7 +87,8 @@ def _run_client(args: argparse.Namespace, t0: float, state: Path) -> int:
                        "band); a site never takes part in whatever plan the coordinator serves")
     policy = SitePolicy(args.allow_central_noise, args.min_sites, args.min_threshold, args.min_colluders,
                         max_failed_attempts=args.max_failed_attempts, lifetime_epsilon=args.lifetime_epsilon,
-                        max_failed_attempts_per_session=args.max_failed_attempts_per_session)
+                        max_failed_attempts_per_session=args.max_failed_attempts_per_session,
+                        lifetime_delta=args.lifetime_delta, population=args.population)
     tuning = None
     if args.plan and is_tuning_plan(args.plan):
         tuning = FederatedTuning.load(args.plan)
@@ -325,9 +327,16 @@ def register(sub) -> None:
                           "count) (default: a tenth of the plan's trees, rounded up, at least --max-failed-attempts: "
                           "each failed attempt may cost one of the last trees this site's data)")
     pol.add_argument("--lifetime-epsilon", type=float, default=DEFAULT_LIFETIME_EPSILON, metavar="X",
-                     help="refuse a plan that would bring the lifetime ε of this site's data (every plan, "
-                          "evaluation and central `train --ledger` run on the same records, `fedsbdt ledger "
-                          f"--state DIR`) above X (default: {DEFAULT_LIFETIME_EPSILON:g})")
+                     help="refuse a plan that would bring the lifetime ε of this site's records (one account: every "
+                          "plan, evaluation and central `train/tune --ledger` run from this state directory, whatever "
+                          f"file or query it read, `fedsbdt ledger --state DIR`) above X (default: "
+                          f"{DEFAULT_LIFETIME_EPSILON:g})")
+    pol.add_argument("--lifetime-delta", type=float, default=DEFAULT_LIFETIME_DELTA, metavar="X",
+                     help="the δ at which the lifetime ε is computed (never a plan's own δ) "
+                          f"(default: {DEFAULT_LIFETIME_DELTA:g})")
+    pol.add_argument("--population", default=DEFAULT_POPULATION, metavar="NAME",
+                     help="charge the account of this declared population, disjoint from the site's other records "
+                          f"(default: {DEFAULT_POPULATION}, the site's one account)")
     c.add_argument("--schema", metavar="FILE",
                    help="this site's copy of the public schema: must equal the plan's (default: none: no check)")
     c.add_argument("--out", metavar="FILE", help="where to write the verified model (default: STATE/model.json)")

@@ -15,24 +15,26 @@ schedule, the release kinds, their privacy events and the per-record budget, and
    stay a sub-multiset of the plan's schedule (the mode's :meth:`~fedsbdt.common.modes.base.Mode.budget`);
    a release that would exceed it carries no data (zeros plus the noise share: not charged) and the
    operator is told so — once per round, not once per attempt;
-4. **charges exactly those records** (:meth:`Gate.charge`) in the lifetime ledger (common/lifetime.py):
-   every attempt that carries data, whatever the mode.  The caller runs it inside the round's transaction,
-   after secure aggregation accepted the round and before the masked vector is returned: the lifetime row
-   commits first (a crash then over-charges, never under-charges), the plan's ledger with the send.
+4. **charges exactly those records** (:meth:`Gate.charge`) in the lifetime ledger (common/lifetime.py), in
+   the one account of the site's population (``--population``; by record id where the schema has an
+   ``id_column``): every attempt that carries data, whatever the mode.  The caller runs it inside the round's
+   transaction, after secure aggregation accepted the round and before the masked vector is returned: the
+   lifetime row commits first (a crash then over-charges, never under-charges), the plan's ledger with the send.
 
 Before joining, :meth:`Gate.admission_refusal` checks the plan against ``--max-epsilon`` (training ε plus
-ε_eval), ``--max-eval-epsilon`` and ``--lifetime-epsilon`` (each dataset's lifetime ε after the whole plan).
+ε_eval), ``--max-eval-epsilon`` and ``--lifetime-epsilon`` (the population's lifetime ε, at
+``--lifetime-delta``, after the whole plan on every record it reads).
 """
 from __future__ import annotations
 
 import logging
+import math
 from pathlib import Path
 
 import numpy as np
 
 from fedsbdt.common.accountant import compose
-from fedsbdt.common.lifetime import (FILE, LifetimeLedger, curve, curves_epsilon, dataset_key, event_to_json,
-                                      sha256_ids)
+from fedsbdt.common.lifetime import FILE, LifetimeLedger, RecordSource, projected_lifetime
 from fedsbdt.common.modes import mode_for
 from fedsbdt.common.modes.base import PURPOSE_KIND
 
@@ -60,7 +62,7 @@ class Gate:
         self.budget = self.mode.budget(plan)
         self.state_dir = Path(state_dir)
         self.lifetime: LifetimeLedger | None = None
-        self.datasets: dict[str, tuple[str, int]] = {}  # role ("train" / "eval") -> (dataset key, records)
+        self.datasets: dict[str, tuple[str, int]] = {}  # role ("train" / "eval") -> (record set key, records)
         self._counts: dict[str, np.ndarray] = {}
         self._kinds = [k for k, v in self.budget.items() if v is not None]
         self._told: set[tuple] = set()  # (role, kind, tree) whose spent records the operator was told about
@@ -74,9 +76,9 @@ class Gate:
                          for k, n in self.budget.items() if k != "eval" and self.mode.event(self.plan, k) is not None])
 
     def admission_refusal(self, epsilon: float, max_epsilon: float | None, max_eval_epsilon: float | None,
-                          sources: dict[str, tuple[str, np.ndarray]]) -> str | None:
-        """Why the site does not join (one sentence naming the flag), or None.  ``sources``: role ->
-        (data identity, record ids) of the data the plan reads.  Reads the lifetime ledger, writes nothing."""
+                          sources: dict[str, RecordSource]) -> str | None:
+        """Why the site does not join (one sentence naming the flag), or None.  ``sources``: role -> the record set
+        the plan reads (common/lifetime.py ``record_source``).  Reads the lifetime ledger, writes nothing."""
         plan, spec = self.plan, self.plan.eval_spec
         trains = self.mode.trains(plan)
         eps_eval = float(spec.epsilon) if spec is not None else 0.0
@@ -89,46 +91,50 @@ class Gate:
             what = " + ".join(parts) + (f" = {total:.6g}" if len(parts) > 1 else "")
             return (f"the plan's privacy budget {what} exceeds this site's limit --max-epsilon "
                     f"{max_epsilon:g}; refusing to take part")
-        cap = self.policy.lifetime_epsilon
-        if not (self.state_dir / FILE).exists():
-            lt = None
-        else:
-            lt = LifetimeLedger(self.state_dir, create=False)
-        try:
-            for role, (identity, ids) in sources.items():
-                event, delta = ((self.training_event(), plan.hyperparameters.delta) if role == "train" else
-                                (self.mode.event(plan, "eval"), spec.delta))
-                key = dataset_key(identity, sha256_ids(ids))
-                known = lt is not None and lt.db.execute("SELECT 1 FROM datasets WHERE key = ?", (key,)).fetchone()
-                if known:
-                    after = lt.lifetime(key, event, delta, exclude_plan=plan.sha256)
-                    eps_after, before = after.epsilon, lt.lifetime(key).epsilon
-                else:
-                    eps_after, before = curves_epsilon(curve(event_to_json(event))[None, :], delta), 0.0
-                if eps_after > cap:
-                    return (f"joining would bring the lifetime ε of this site's {role} data to {eps_after:.6g} "
-                            f"(now {before:.6g}, across every plan, evaluation and central run on it: "
-                            f"`fedsbdt ledger --state {self.state_dir}`), above --lifetime-epsilon {cap:g}; "
-                            "refusing to take part")
-        finally:
-            if lt is not None:
+        if not sources:
+            return None
+        policy = self.policy
+        cap, delta, population = policy.lifetime_epsilon, policy.lifetime_delta, policy.population
+        extra = [(src, self.training_event() if role == "train" else self.mode.event(plan, "eval"))
+                 for role, src in sources.items()]
+        if (self.state_dir / FILE).exists():
+            lt = LifetimeLedger(self.state_dir)
+            try:
+                after = lt.lifetime(population, delta, extra=extra, exclude_plan=plan.sha256)
+                now = lt.lifetime(population, delta)
+            finally:
                 lt.close()
+        else:  # nothing released yet (and nothing written before joining)
+            after, now = projected_lifetime(delta, extra), projected_lifetime(delta, ())
+        where = f"this site's records (population {population})"
+        if math.isinf(after.epsilon):
+            return (f"joining would spend δ = {after.approx_delta:.3g} of {where}, not less than --lifetime-delta "
+                    f"{delta:g}: central runs stated only as (ε, δ) spent it (`fedsbdt ledger --state "
+                    f"{self.state_dir}`); refusing to take part")
+        if after.epsilon > cap:
+            return (f"joining would bring the lifetime ε of {where} to {after.epsilon:.6g} at --lifetime-delta "
+                    f"{delta:g} (now {now.epsilon:.6g}: every plan, evaluation and central run on them, `fedsbdt "
+                    f"ledger --state {self.state_dir}`), above --lifetime-epsilon {cap:g}; refusing to take part")
         return None
 
-    def open(self, sources: dict[str, tuple[str, np.ndarray]]) -> None:
-        """Register the plan's datasets in the lifetime ledger and load this plan's charges so far."""
+    def open(self, sources: dict[str, RecordSource]) -> None:
+        """Register the plan's record sets in the population's account and load this plan's charges so far."""
         self.lifetime = LifetimeLedger(self.state_dir)
-        for role, (identity, ids) in sources.items():
-            key = self.lifetime.dataset(role if role == "eval" else "train", identity, ids)
-            n = int(np.asarray(ids).size)
-            self.datasets[role] = (key, n)
-            counts = np.zeros((n, len(self._kinds)), np.int64)
-            for blob, kind in self.lifetime.db.execute(
-                    "SELECT mask, purpose FROM releases WHERE dataset = ? AND plan_sha256 = ?", (key, self.plan.sha256)):
-                if kind in self._kinds:
-                    j = self._kinds.index(kind)
-                    counts[:, j] += 1 if blob is None else np.unpackbits(np.frombuffer(blob, np.uint8), count=n)
-            self._counts[role] = counts
+        for role, src in sources.items():
+            key = self.lifetime.record_set(self.policy.population, src)
+            self.datasets[role] = (key, int(src.ids.size))
+            self._counts[role] = self.lifetime.plan_counts(key, self.plan.sha256, self._kinds)
+
+    def lifetime_receipt(self) -> dict:
+        """The population's lifetime (ε, δ) for the site's receipt, under each role the plan read."""
+        policy = self.policy
+        lt = LifetimeLedger(self.state_dir)
+        try:
+            life = lt.lifetime(policy.population, policy.lifetime_delta)
+        finally:
+            lt.close()
+        one = {"population": policy.population, "epsilon": life.epsilon, "delta": life.delta}
+        return {role: dict(one) for role in self.datasets}
 
     def close(self) -> None:
         if self.lifetime is not None:

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from fedsbdt.common.config import ConfigError
-from fedsbdt.common.lifetime import DEFAULT_LIFETIME_EPSILON
+from fedsbdt.common.lifetime import (DEFAULT_LIFETIME_DELTA, DEFAULT_LIFETIME_EPSILON, DEFAULT_POPULATION,
+                                      LifetimeError, check_lifetime_delta, check_population)
 
 if TYPE_CHECKING:
     from fedsbdt.common.federation.plan import Plan
@@ -48,7 +49,10 @@ class SitePolicy:
             (``--max-failed-attempts``).
         max_failed_attempts_per_session: failed attempts of all rounds together
             (``--max-failed-attempts-per-session``; None: :meth:`session_failure_limit`'s default for the plan).
-        lifetime_epsilon: the lifetime ε cap of each dataset (``--lifetime-epsilon``; common/lifetime.py).
+        lifetime_epsilon: the lifetime ε cap of the population's account (``--lifetime-epsilon``;
+            common/lifetime.py).
+        lifetime_delta: the δ at which the lifetime ε is computed (``--lifetime-delta``).
+        population: the account every release is charged to (``--population``; default: the site's one account).
     """
 
     allow_central_noise: bool = False
@@ -58,11 +62,18 @@ class SitePolicy:
     max_failed_attempts: int = MAX_FAILED_ATTEMPTS
     lifetime_epsilon: float = DEFAULT_LIFETIME_EPSILON
     max_failed_attempts_per_session: int | None = None
+    lifetime_delta: float = DEFAULT_LIFETIME_DELTA
+    population: str = DEFAULT_POPULATION
 
     def __post_init__(self) -> None:
         if isinstance(self.lifetime_epsilon, bool) or not (isinstance(self.lifetime_epsilon, (int, float))
                                                            and self.lifetime_epsilon > 0):
             raise ConfigError(f"--lifetime-epsilon must be > 0 (got {self.lifetime_epsilon!r})")
+        try:
+            check_lifetime_delta(self.lifetime_delta)
+            check_population(self.population)
+        except LifetimeError as e:
+            raise ConfigError(str(e)) from None
         for name, low in (("min_sites", 2), ("min_threshold", 1), ("min_colluders", 0), ("max_failed_attempts", 0)):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < low:

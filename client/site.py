@@ -86,7 +86,7 @@ from fedsbdt.common.config import ConfigError
 from fedsbdt.common.data import DataError
 from fedsbdt.common.engine import filter_for
 from fedsbdt.common.fixedpoint import FixedPointError
-from fedsbdt.common.lifetime import LifetimeLedger, data_identity
+from fedsbdt.common.lifetime import record_source
 from fedsbdt.common.schema import Schema
 from fedsbdt.common.secagg import ProtocolAbort, RoundStart, SecAggSite, decode_message
 from fedsbdt.common.secagg.errors import InvalidMessage
@@ -286,11 +286,11 @@ class SiteMachine:
                               f"max_records_per_site = {plan.max_records_per_site}")
         self.held_out = self._accept_evaluation(plan)
         hp = plan.hyperparameters
-        sources = {}  # the data the plan's releases read, by identity (the lifetime ledger's datasets)
+        sources = {}  # the records the plan's releases read (the lifetime ledger's record sets, with provenance)
         if gate.mode.trains(plan) and self.data_path is not None:
-            sources["train"] = (data_identity(self.data_path), ds.ids)
+            sources["train"] = record_source(self.data_path, ds.ids, plan.schema.id_column)
         if self.held_out is not None:
-            sources["eval"] = (data_identity(self.options.eval_data), self.held_out.ids)
+            sources["eval"] = record_source(self.options.eval_data, self.held_out.ids, plan.schema.id_column)
         refusal = gate.admission_refusal(cal.epsilon, None, None, sources)
         if refusal is not None:
             raise SiteRefusal(refusal)
@@ -710,12 +710,7 @@ class SiteMachine:
         if not self.gate.mode.trains(self.plan):
             out["trees_with_data"] = 0
             out["trees_without_data"] = out["trees_without_this_site"] = out["trees_with_zero_input"] = []
-        lt = LifetimeLedger(self.state_dir)
-        try:
-            out["lifetime"] = {role: {"epsilon": (x := lt.lifetime(key)).epsilon, "delta": x.delta}
-                               for role, (key, _) in self.gate.datasets.items()}
-        finally:
-            lt.close()
+        out["lifetime"] = self.gate.lifetime_receipt()
         return out
 
     def close(self) -> None:

@@ -251,6 +251,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     from .schema import Schema
 
     check_output_path(args.out, "model")  # before any work (and before any privacy is spent)
+    from .ledger_cli import check_flags
+
+    check_flags(args)  # --population, --lifetime-delta
     schema = Schema.load(args.schema)
     if getattr(args, "rows", None) is not None and args.rows < 1:
         raise CliError(f"--rows {args.rows}: the declared row count must be ≥ 1")
@@ -263,9 +266,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     ds = _load_data(args, schema)
     hp, choice, eps_rows = auto_hyperparameters(args, schema, ds.n, randomness)
     cal = calibration_for(hp)  # fail fast on impossible budgets, before any work
-    from .ledger_cli import central_run, charge_central
+    from .ledger_cli import central_run, charge_central, lifetime_line
+    from .lifetime import central_event
 
-    run = central_run(args, args.data, ds.ids, cal.epsilon + eps_rows, cal.delta)  # --ledger: lifetime cap first
+    # --ledger: the lifetime cap first (the run's RDP events where its receipt has them, else its (ε, δ))
+    run = central_run(args, ds.ids, schema.id_column, central_event(hp, cal, eps_rows), cal.delta)
     quiet = args.quiet or (args.json and getattr(args, "log_format", "text") != "json")
     prog = Progress("train", hp.total_rounds, quiet=quiet, extra=f"ε={cal.epsilon + eps_rows:.4g}",
                     fields={"epsilon": cal.epsilon + eps_rows})
@@ -276,7 +281,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     add_rows_receipt(res.model, eps_rows, hp.epsilon + eps_rows)
     if choice is not None:
         res.model.training["settings"] = {"mode": "auto", **choice.to_dict()}
-    charge_central(run, cal.epsilon + eps_rows, cal.delta)  # committed before the model is written
+    life = charge_central(run, "train")  # committed before the model is written
     res.model.save(args.out)
     p = res.model.privacy
     out = {"epsilon": p["epsilon"], "delta": p["delta"], "sigma": p["sigma"], "alpha": p["alpha"],
@@ -284,6 +289,8 @@ def cmd_train(args: argparse.Namespace) -> int:
            "model": str(args.out), "settings": settings_mode(args, given), "hyperparameters": hp.to_dict()}
     if choice is not None:
         out["auto"] = choice.to_dict()
+    if life is not None:
+        out["lifetime"] = life
     if hp.filter:
         from .engine import filter_for
         from .rdp_filter import exhausted_share
@@ -299,7 +306,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     emit(args, out, f"trained {len(res.model.trees)} trees on {ds.n} rows{dropped_text(ds.dropped)} in "
                     f"{res.seconds:.2f}s\n"
                     f"privacy: (ε={p['epsilon']:.6g}, δ={p['delta']:.3g}) accountant={p['accountant']}{noise} "
-                    f"{hp.tree_builder} trees{why}\nmodel written to {args.out}")
+                    f"{hp.tree_builder} trees{why}\nmodel written to {args.out}"
+                    + lifetime_line(life, getattr(args, "ledger", None)))
     return 0
 
 
@@ -538,9 +546,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_source_flags(t)
     add_settings_flags(t)
     add_hyperparameter_flags(t)
-    from .ledger_cli import add_train_flags
+    from .ledger_cli import add_ledger_flags
 
-    add_train_flags(t)
+    add_ledger_flags(t, "train")
     t.set_defaults(func=cmd_train, on_interrupt="no model was written and nothing was released; run the same "
                                                  "command again to train")
 

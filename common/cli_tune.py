@@ -34,6 +34,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from .tuning import HOLDOUT_SHARE, SHAPE, candidates, fresh_split_key, plan_tuning, tune_on
 
     check_output_path(args.out, "model")
+    from .ledger_cli import check_flags
+
+    check_flags(args)  # --population, --lifetime-delta
     if not args.epsilon > 0:
         raise CliError(f"--epsilon {args.epsilon:g}: must be > 0")
     if args.rows is not None and args.rows < 1:
@@ -55,6 +58,11 @@ def cmd_tune(args: argparse.Namespace) -> int:
     randomness = SecureRandomness(sampler=args.sampler)
     key = fresh_split_key()  # drawn before the data is read: independent of it, never released
     ds = _load_data(args, schema)
+    from .ledger_cli import central_run, charge_central, lifetime_line
+
+    # --ledger: the lifetime cap before anything is drawn, at the whole budget (the receipt's ε is at most that)
+    run = central_run(args, ds.ids, schema.id_column, {"type": "approx", "epsilon": float(args.epsilon),
+                                                        "delta": float(args.delta)}, args.delta)
     source = "declared"
     rows = args.rows
     if rows is None:
@@ -97,16 +105,20 @@ def cmd_tune(args: argparse.Namespace) -> int:
         "centre": {"mode": "auto", **choice.to_dict()},
     }
     m.training["tuning"] = tuning
+    # charged as stated, (ε, δ) (Papernot & Steinke give no RDP curve here), before the model is written
+    life = charge_central(run, "tune", {"type": "approx", "epsilon": float(p["epsilon"]), "delta": float(p["delta"])})
     m.save(args.out)
     out = {"epsilon": p["epsilon"], "delta": p["delta"], "settings": res.settings, "epsilon_trial": plan.epsilon_trial,
            "model": str(args.out), "tuning": tuning}
+    if life is not None:
+        out["lifetime"] = life
     n_words = f"n = {rows} ({'declared' if source == 'declared' else 'a DP count'})"
     lines = [f"tuned privately over a random number of trials (geometric, mean {plan.mean_trials}; how many ran, "
              f"the other trials and all scores are not released), {n_words}; each trial ε={plan.epsilon_trial:.4g}, "
              f"score noise σ={plan.sigma_score:.4g}",
              f"chosen: {settings_line(res.settings)}, the highest noisy held-out score",
              f"privacy: (ε={p['epsilon']:.6g}, δ={p['delta']:.3g}) for the whole tuning, target {args.epsilon:g}",
-             f"model written to {args.out}"]
+             f"model written to {args.out}" + lifetime_line(life, getattr(args, "ledger", None))]
     emit(args, out, "\n".join(lines))
     return 0
 
@@ -156,6 +168,9 @@ def register(sub) -> None:
                    help="accepted for symmetry with train; tune never shows progress (it would tell the number of "
                         "trials)")
     add_source_flags(t)
+    from .ledger_cli import add_ledger_flags
+
+    add_ledger_flags(t, "tuning")
     t.set_defaults(func=cmd_tune)
 
     a = sub.add_parser("auto", help="print the auto settings for public inputs (no data read; for plans)")

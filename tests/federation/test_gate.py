@@ -420,14 +420,16 @@ def random_events_dp(plan, n_trees: int) -> list:
 
 def test_a_second_plan_over_the_lifetime_cap_is_refused_and_the_total_matches_dp_accounting(tmp_path):
     hp = Hyperparameters(trees=2, depth=2, seed=5, epsilon=1.0, init_share=0.0)
-    policy = SitePolicy(allow_central_noise=True, lifetime_epsilon=1.1)
+    # the lifetime at the plans' own δ here, so that one plan's lifetime ε is the plan's ε
+    policy = SitePolicy(allow_central_noise=True, lifetime_epsilon=1.1, lifetime_delta=hp.delta)
     f = GateFed(tmp_path, hp, policy=policy).start()
     f.fed.run()
     assert f.session.exit_code == 0
     lt = lifetime.LifetimeLedger(tmp_path / "state-hosp-a")
     (ds,) = lt.datasets()
-    total = lt.lifetime(ds["key"])
-    rel = lt.releases(ds["key"])
+    assert ds["population"] == "default" and ds["keyed"]
+    total = lt.lifetime(delta=hp.delta)  # the site's one account
+    rel = lt.releases()
     assert [r["purpose"] for r in rel] == ["tree", "tree"] and all(r["plan_sha256"] == f.plan.sha256 for r in rel)
     oracle = dp_epsilon(random_events_dp(f.plan, 2), hp.delta)
     assert total.epsilon == pytest.approx(oracle, rel=0.02) and total.epsilon >= oracle * (1 - 1e-9)
@@ -439,7 +441,8 @@ def test_a_second_plan_over_the_lifetime_cap_is_refused_and_the_total_matches_dp
 
     m = SiteMachine("hosp-a", f2.keys["hosp-a"], f.paths["hosp-a"], tmp_path / "state-hosp-a",
                     f2.options(policy=policy))
-    with pytest.raises(SiteRefusal, match=r"lifetime ε of this site's train data to 1\.12\d+ \(now 1, .*--lifetime-epsilon 1.1"):
+    with pytest.raises(SiteRefusal, match=r"lifetime ε of this site's records \(population default\) to 1\.12\d+ at "
+                                          r"--lifetime-delta 5e-08 \(now 1: .*--lifetime-epsilon 1.1"):
         m.accept_plan(f2.plan.canonical_json, f2.plan.sha256)
     assert len(lifetime.LifetimeLedger(tmp_path / "state-hosp-a").releases()) == 2  # nothing charged
     # with a larger cap it joins, and the lifetime composes both plans (dp-accounting: 4 trees)
@@ -449,7 +452,7 @@ def test_a_second_plan_over_the_lifetime_cap_is_refused_and_the_total_matches_dp
     m.gate.charge("tree", None, 0, None, 1)
     m.gate.charge("tree", None, 1, None, 2)
     lt = lifetime.LifetimeLedger(tmp_path / "state-hosp-a")
-    both = lt.lifetime(ds["key"]).epsilon
+    both = lt.lifetime(delta=hp.delta).epsilon
     assert both == pytest.approx(dp_epsilon(random_events_dp(f.plan, 4), hp.delta), rel=0.02)
 
 
@@ -457,7 +460,7 @@ def test_the_ledger_command_lists_every_release_and_the_lifetime(tmp_path):
     from fedsbdt.common.cli import main
 
     lt = lifetime.LifetimeLedger(tmp_path)
-    key = lt.dataset("train", "ab" * 32, np.arange(10))
+    key = lt.record_set("default", lifetime.RecordSource("d.csv", "ab" * 32, np.arange(10), keyed=True))
     lt.charge(key, "tree", {"type": "gaussian", "noise_multiplier": 2.0}, 1e-6, np.arange(10) < 4, "p" * 64, 0, None, 7)
     lt.charge(key, "train", {"type": "approx", "epsilon": 0.5, "delta": 1e-7}, 1e-7)
     lt.close()
@@ -466,19 +469,20 @@ def test_the_ledger_command_lists_every_release_and_the_lifetime(tmp_path):
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        assert main(["ledger", "--state", str(tmp_path), "--json"]) == 0
+        assert main(["ledger", "--state", str(tmp_path), "--json", "--releases"]) == 0
     d = json.loads(out.getvalue())
-    (ds,) = d["datasets"]
-    assert [r["purpose"] for r in ds["releases"]] == ["tree", "train"]
-    assert ds["releases"][0]["records"] == 4 and ds["releases"][0]["plan_sha256"] == "p" * 64
-    assert ds["lifetime"]["delta"] == pytest.approx(1e-6 + 1e-7)
-    g = dp_epsilon([dp_accounting.GaussianDpEvent(2.0)], 1e-6)
-    assert ds["lifetime"]["epsilon"] == pytest.approx(g + 0.5, rel=0.02)
+    (acct,) = d["populations"]
+    assert [r["purpose"] for r in acct["releases"]] == ["tree", "train"]
+    assert acct["releases"][0]["records"] == 4 and acct["releases"][0]["plan_sha256"] == "p" * 64
+    assert acct["lifetime"]["delta"] == 1e-6 == d["lifetime_delta"]  # the lifetime δ, whatever the releases'
+    # the (ε, δ) release spends its δ from the lifetime δ: the Gaussian converted at 1e-6 − 1e-7, plus its ε
+    g = dp_epsilon([dp_accounting.GaussianDpEvent(2.0)], 1e-6 - 1e-7)
+    assert acct["lifetime"]["epsilon"] == pytest.approx(g + 0.5, rel=0.02)
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        assert main(["ledger", "--state", str(tmp_path)]) == 0
+        assert main(["ledger", "--state", str(tmp_path), "--releases"]) == 0
     text = out.getvalue()
-    assert "lifetime" in text and "tree" in text and "4 records" in text
+    assert "lifetime" in text and "tree 0" in text and "4 records" in text
     assert main(["ledger", "--state", str(tmp_path / "nothing")]) == 2
 
 
