@@ -296,6 +296,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         why = (f"\nauto settings: {s.trees} trees, depth {s.depth}, γ={s.subsample:g}, η={s.learning_rate:g}, "
                f"{'cyclical' if s.cyclical else 'not cyclical'}, {s.tree_builder} trees\n  because: "
                + "\n  because: ".join(choice.reasons))
+    if args.quiet:  # the result, one line: no settings, no reasons (errors and warnings still come)
+        emit(args, out, f"trained {len(res.model.trees)} trees on {ds.n} rows{dropped_text(ds.dropped)}: "
+                        f"(ε={p['epsilon']:.6g}, δ={p['delta']:.3g})-DP; model written to {args.out}")
+        return 0
     emit(args, out, f"trained {len(res.model.trees)} trees on {ds.n} rows{dropped_text(ds.dropped)} in "
                     f"{res.seconds:.2f}s\n"
                     f"privacy: (ε={p['epsilon']:.6g}, δ={p['delta']:.3g}) accountant={p['accountant']}{noise} "
@@ -532,7 +536,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="public schema (TOML), e.g. examples/abalone/schema.toml")
     t.add_argument("--out", required=True, metavar="FILE", help="where to write the model (JSON)")
     t.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    t.add_argument("--quiet", action="store_true", help="no progress output")
+    t.add_argument("--quiet", action="store_true",
+                   help="no progress output, and one line for the result (errors and warnings still show)")
     t.add_argument("--sampler", choices=SAMPLERS, default="ours",
                    help="exact noise sampler: ours (default) or opendp (~30x slower)")
     add_source_flags(t)

@@ -92,6 +92,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
     out = {"epsilon": p["epsilon"], "delta": p["delta"], "trials": len(res.trials), "winner": res.winner + 1,
            "winner_settings": tuning["winner_settings"], "epsilon_trial": plan.epsilon_trial,
            "seconds": round(res.seconds, 3), "model": str(args.out), "tuning": tuning}
+    if args.quiet:  # the result, one line (errors and warnings still show)
+        emit(args, out, f"tuned over {len(res.trials)} trials on {ds.n} rows, winner trial {res.winner + 1}: "
+                        f"(ε={p['epsilon']:.6g}, δ={p['delta']:.3g})-DP; model written to {args.out}")
+        return 0
     lines = [f"tuned over {len(res.trials)} trials (random count, mean {plan.mean_trials}) on {ds.n} rows in "
              f"{res.seconds:.1f}s; each trial ε={plan.epsilon_trial:.4g}, score noise σ={plan.sigma_score:.4g}"]
     lines += [f"  trial {t['trial']}: {settings_line(t['settings'])}" for t in res.trials]
@@ -136,7 +140,8 @@ def register(sub) -> None:
     t.add_argument("--seed", type=int, default=None, metavar="N", help="public seed of the held-out split (default: random)")
     t.add_argument("--sampler", choices=["ours", "opendp"], default="ours", help="exact noise sampler (default: ours)")
     t.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    t.add_argument("--quiet", action="store_true", help="no progress output")
+    t.add_argument("--quiet", action="store_true",
+                   help="no progress output, and one line for the result (errors and warnings still show)")
     add_source_flags(t)
     t.set_defaults(func=cmd_tune)
 

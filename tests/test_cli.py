@@ -49,6 +49,18 @@ def test_train_evaluate_predict_account_json(tmp_path, trained):
     assert acc["epsilon"] <= 0.105
 
 
+def test_quiet_train_prints_the_result_in_one_line(tmp_path):
+    """``--quiet`` (issue 36): the result and nothing else; it printed 11 lines (the auto settings' reasons)."""
+    model = tmp_path / "m.json"
+    p = run("train", "--data", str(ABALONE), "--schema", str(EXAMPLES / "abalone/schema.toml"), "--out", str(model),
+            "--trees", "3", "--quiet")
+    assert p.stdout.splitlines() == [f"trained 3 trees on 4177 rows: (ε=1, δ=5e-08)-DP; model written to {model}"]
+    assert p.stderr == "" and model.exists()
+    p = run("train", "--data", str(ABALONE), "--schema", str(EXAMPLES / "abalone/schema.toml"), "--out", str(model),
+            "--trees", "3")
+    assert len(p.stdout.splitlines()) > 3 and "because:" in p.stdout  # without it: the settings and their reasons
+
+
 def test_binary_evaluate_keys(tmp_path):
     model = tmp_path / "m.json"
     run("train", "--data", str(ADULT), "--schema", str(EXAMPLES / "adult/schema.toml"),

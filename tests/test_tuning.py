@@ -155,3 +155,18 @@ def test_tune_cli_receipt_covers_all_trials_and_refuses_a_tiny_budget(tmp_path, 
     assert all(tr["settings"] in t["candidates"] for tr in t["trials"])
     hp = model["hyperparameters"]
     assert {k: hp[k] for k in t["winner_settings"]} == t["winner_settings"]
+
+
+def test_quiet_tune_prints_the_result_in_one_line(tmp_path, capsys):
+    """``--quiet`` (issue 36): one line for the result, not every trial's settings."""
+    from pathlib import Path
+
+    from fedsbdt.common.cli import main
+
+    ex = Path(__file__).resolve().parents[1] / "examples" / "abalone"
+    out = tmp_path / "m.json"
+    assert main(["tune", "--data", str(ex / "abalone.data"), "--schema", str(ex / "schema.toml"), "--out", str(out),
+                 "--rows", "4177", "--quiet", "--epsilon", "2", "--trials-mean", "2"]) == 0
+    printed = capsys.readouterr()
+    (line,) = printed.out.splitlines()
+    assert line.startswith("tuned over ") and line.endswith(f"-DP; model written to {out}") and printed.err == ""
