@@ -213,9 +213,33 @@ def _load_csv(p: Path, schema: Schema, labels: bool) -> Dataset:
 # ---------------------------------------------------------------------- validation
 
 
-def _fail(source: str, problems: list[str], total: int) -> DataError:
+def _fail(source: str, problems: list[str], total: int, hint: str = "") -> DataError:
     more = f" (and {total - len(problems)} more)" if total > len(problems) else ""
-    return DataError(f"{source}: " + "; ".join(problems) + more)
+    return DataError(f"{source}: " + "; ".join(problems) + more + hint)
+
+
+#: the text a value outside a public range may not hold back: the schema setting that accepts such values
+RANGE_HINT = ('; to clip such values to the public range, set out_of_range = "clip" in the schema\'s [format] '
+              "(or widen the range from public knowledge, never from the data)")
+
+
+def missing_hint(features) -> str:
+    """The schema settings that accept a missing value of ``features`` (names; none: the label or id column)."""
+    names = list(dict.fromkeys(features))
+    if not names:
+        return '; to drop such rows, set on_missing = "drop" in the schema\'s [format]'
+    more = f" and {len(names) - MAX_REPORTED} more" if len(names) > MAX_REPORTED else ""
+    which = (f"feature {names[0]!r}" if len(names) == 1
+             else "features " + ", ".join(repr(n) for n in names[:MAX_REPORTED]) + more)
+    return (f"; to keep missing values, set allow_missing = true on {which} (docs/missing-values.md), or "
+            'on_missing = "drop" in the schema\'s [format] to drop such rows')
+
+
+def _blank(texts) -> np.ndarray:
+    """Which of ``texts`` read as a missing value (empty, ``NaN``) rather than as a wrong one."""
+    import pandas as pd
+    s = pd.Series(texts, dtype=object).astype(str).str.strip().str.lower()
+    return (s.isin(["", "nan", "+nan", "-nan", "none", "<na>"])).to_numpy()
 
 
 def _validate(frame: pd.DataFrame, schema: Schema, source: str, lines: np.ndarray, id_col: str | None,
@@ -259,7 +283,9 @@ def _validate(frame: pd.DataFrame, schema: Schema, source: str, lines: np.ndarra
                 probs = ([f"{row_word} {lines[i]}, column {needed[where[i]]!r}: missing value (NULL or{marker})"
                           .replace(" or)", ")") for i in bad[:MAX_REPORTED]] if batch else
                          [f"{row_word} {lines[i]}: missing value{marker}" for i in bad[:MAX_REPORTED]])
-                raise _fail(source, probs, bad.size)
+                names = set(schema.feature_names)
+                raise _fail(source, probs, bad.size,
+                            missing_hint(needed[k] for k in where[bad] if needed[k] in names))
     if not keep.any() and not batch:
         raise DataError(f"{source}: no rows left after dropping {rows(dropped)} with missing values")
     frame = frame.loc[keep]
@@ -340,17 +366,19 @@ def _numeric(col, name, source, lines, row_word, lo, hi, out_of_range, placehold
     if bad.size:
         vals = col.to_numpy()
         raise _fail(source, [f"{row_word} {lines[i]}, column {name!r}: {vals[i]!r} is not a number"
-                             for i in bad[:MAX_REPORTED]], bad.size)
+                             for i in bad[:MAX_REPORTED]], bad.size,
+                    missing_hint([name]) if _blank(vals[bad]).any() else "")  # an empty field: a missing value
     bad = np.flatnonzero(~np.isfinite(v))
     if bad.size:
         raise _fail(source, [f"{row_word} {lines[i]}, column {name!r}: {v[i]} (NaN/inf) is not allowed"
-                             for i in bad[:MAX_REPORTED]], bad.size)
+                             for i in bad[:MAX_REPORTED]], bad.size,
+                    missing_hint([name]) if np.isnan(v[bad]).any() else "")  # NaN: a missing value; inf is not
     outside = np.flatnonzero((v < lo) | (v > hi))
     if outside.size:
         if out_of_range == "clip":
             return np.clip(v, lo, hi)
         raise _fail(source, [f"{row_word} {lines[i]}, column {name!r}: {v[i]:g} is outside the public range "
-                             f"[{lo:g}, {hi:g}]" for i in outside[:MAX_REPORTED]], outside.size)
+                             f"[{lo:g}, {hi:g}]" for i in outside[:MAX_REPORTED]], outside.size, RANGE_HINT)
     return v
 
 
@@ -365,14 +393,16 @@ def _categorical(col, f, source, lines, row_word) -> np.ndarray:
     missing = np.flatnonzero(col.isna().to_numpy())  # Parquet nulls
     if missing.size:
         raise _fail(source, [f"{row_word} {lines[i]}, column {f.name!r}: missing value (public levels: "
-                             f"{', '.join(f.levels)})" for i in missing[:MAX_REPORTED]], missing.size)
+                             f"{', '.join(f.levels)})" for i in missing[:MAX_REPORTED]], missing.size,
+                    missing_hint([f.name]))
     s = col.astype(str).str.strip()
     codes = _mapped(s, {lvl: float(k) for k, lvl in enumerate(f.levels)})
     bad = np.flatnonzero(np.isnan(codes))
     if bad.size:
         vals = s.to_numpy()
         raise _fail(source, [f"{row_word} {lines[i]}, column {f.name!r}: unknown category {vals[i]!r} "
-                             f"(public levels: {', '.join(f.levels)})" for i in bad[:MAX_REPORTED]], bad.size)
+                             f"(public levels: {', '.join(f.levels)})" for i in bad[:MAX_REPORTED]], bad.size,
+                    missing_hint([f.name]) if (vals[bad] == "").any() else "")  # an empty field: a missing value
     return codes
 
 
