@@ -40,6 +40,7 @@ class Dataset:
     dropped: int = 0  # rows dropped for missing values (format.on_missing = "drop")
     arrival: np.ndarray | None = None  # int64 round from which each record is available (schema.arrival_column)
     id_values: np.ndarray | None = None  # the schema's id column as written in the file (None without one)
+    carried: tuple[tuple[str, np.ndarray], ...] = ()  # other columns asked for (load(carry=…)), as written
 
     @property
     def n(self) -> int:
@@ -48,7 +49,8 @@ class Dataset:
     def subset(self, idx: np.ndarray) -> "Dataset":
         return Dataset(self.X[idx], None if self.y is None else self.y[idx], self.ids[idx], self.schema,
                        self.source, self.dropped, None if self.arrival is None else self.arrival[idx],
-                       None if self.id_values is None else self.id_values[idx])
+                       None if self.id_values is None else self.id_values[idx],
+                       tuple((c, v[idx]) for c, v in self.carried))
 
     # ------------------------------------------------------------------ arrays
 
@@ -74,28 +76,29 @@ class Dataset:
 # ---------------------------------------------------------------------- files
 
 
-def load(path, schema: Schema, labels: bool = True) -> Dataset:
+def load(path, schema: Schema, labels: bool = True, carry: tuple[str, ...] = ()) -> Dataset:
     """Read a CSV (as described by ``schema.format``) or a Parquet file and validate it; or, for a
     :class:`~fedsbdt.common.sources.DataSource`, run its query (:mod:`fedsbdt.common.sqlread`).
 
     ``labels=False`` (prediction): the target column may be present or absent and is not read;
-    the returned dataset has ``y = None``.
+    the returned dataset has ``y = None``.  ``carry``: further columns, kept as written for the records kept
+    (``Dataset.carried``; ``fedsbdt predict --keep``), each required.
     """
     if not isinstance(path, (str, Path)):  # a DataSource (a query against a database or a file)
         from .sqlread import load_query
 
-        return load_query(path, schema, labels)
+        return load_query(path, schema, labels, carry)
     p = Path(path)
     if not p.exists():
         raise DataError(f"data file not found: {p}")
     if p.is_dir():
         raise DataError(f"{p} is a directory, not a data file")
     if p.suffix.lower() in (".parquet", ".pq"):
-        return _load_parquet(p, schema, labels)
-    return _load_csv(p, schema, labels)
+        return _load_parquet(p, schema, labels, carry)
+    return _load_csv(p, schema, labels, carry)
 
 
-def _load_parquet(p: Path, schema: Schema, labels: bool) -> Dataset:
+def _load_parquet(p: Path, schema: Schema, labels: bool, carry: tuple[str, ...] = ()) -> Dataset:
     import pandas as pd
     try:
         frame = pd.read_parquet(p)
@@ -103,7 +106,7 @@ def _load_parquet(p: Path, schema: Schema, labels: bool) -> Dataset:
         raise DataError(f"{p}: not a readable Parquet file ({type(e).__name__}: {e})") from None
     frame.columns = [str(c) for c in frame.columns]
     return _validate(frame, schema, str(p), lines=np.arange(1, len(frame) + 1), id_col=schema.id_column,
-                     row_word="row", labels=labels)
+                     row_word="row", labels=labels, carry=carry)
 
 
 def _field_counts(texts, fmt) -> np.ndarray | None:
@@ -159,7 +162,7 @@ def _data_lines(p: Path, fmt) -> tuple[np.ndarray, list[str]]:
     return np.asarray(lines, dtype=np.int64), all_lines
 
 
-def _load_csv(p: Path, schema: Schema, labels: bool) -> Dataset:
+def _load_csv(p: Path, schema: Schema, labels: bool, carry: tuple[str, ...] = ()) -> Dataset:
     import pandas as pd
     fmt = schema.format
     lines, text = _data_lines(p, fmt)
@@ -207,7 +210,8 @@ def _load_csv(p: Path, schema: Schema, labels: bool) -> Dataset:
     if len(frame) != lines.size:
         raise DataError(f"{p}: could not align {len(frame)} parsed rows with {lines.size} data lines; "
                         "check the separator and quoting")
-    return _validate(frame, schema, str(p), lines=lines, id_col=schema.id_column, row_word="line", labels=labels)
+    return _validate(frame, schema, str(p), lines=lines, id_col=schema.id_column, row_word="line", labels=labels,
+                     carry=carry)
 
 
 # ---------------------------------------------------------------------- validation
@@ -243,15 +247,19 @@ def _blank(texts) -> np.ndarray:
 
 
 def _validate(frame: pd.DataFrame, schema: Schema, source: str, lines: np.ndarray, id_col: str | None,
-              row_word: str, labels: bool = True, batch: bool = False) -> Dataset:
+              row_word: str, labels: bool = True, batch: bool = False, carry: tuple[str, ...] = ()) -> Dataset:
     """Validate one table (or, ``batch``, one batch of a query's rows: a NULL is a missing value, no rows is
     no error, and the id column is only carried along as ``id_values``: :mod:`fedsbdt.common.sqlread` makes the
-    ids of all batches at once)."""
+    ids of all batches at once); the ``carry`` columns come along unvalidated, as written."""
     needed = (schema.feature_names + ([schema.target] if labels else []) + ([id_col] if id_col else [])
               + ([schema.arrival_column] if schema.arrival_column else []))
     missing_cols = [c for c in needed if c not in frame.columns]
     if missing_cols:
         raise DataError(f"{source}: missing column(s) {', '.join(repr(c) for c in missing_cols)}; "
+                        f"found {', '.join(repr(str(c)) for c in frame.columns)}")
+    absent = [c for c in carry if c not in frame.columns]
+    if absent:
+        raise DataError(f"{source}: no column {', '.join(repr(c) for c in absent)} to keep; "
                         f"found {', '.join(repr(str(c)) for c in frame.columns)}")
     n = len(frame)
     if n == 0 and not batch:
@@ -326,7 +334,8 @@ def _validate(frame: pd.DataFrame, schema: Schema, source: str, lines: np.ndarra
             raise _fail(source, [f"{row_word} {lines[i]}, column {name!r}: {vals[i]!r} is not a round number ≥ 0"
                                  for i in bad[:MAX_REPORTED]], bad.size)
         arrival = v.astype(np.int64)
-    return Dataset(np.ascontiguousarray(X), y, ids, schema, source, dropped, arrival, id_values)
+    carried = tuple((c, frame[c].to_numpy()) for c in carry)
+    return Dataset(np.ascontiguousarray(X), y, ids, schema, source, dropped, arrival, id_values, carried)
 
 
 def rows(n: int) -> str:
