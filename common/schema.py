@@ -108,10 +108,10 @@ def _marks(table: dict[str, Any], markable: tuple[str, ...], place: str, source:
     return list(dict.fromkeys(marks))
 
 
-def data_derived_marks(d: dict[str, Any], source: str = "schema") -> list[str]:
-    """What a schema's parsed form still marks as data-derived, for people: ``label_range`` and
-    ``age (range, allow_missing)`` (a feature group by its first and last name)."""
-    out = _marks(d, TOP_MARKABLE, "at the top level", source)
+def data_derived_marks(d: dict[str, Any], source: str = "schema") -> tuple[list[str], list[str]]:
+    """What a schema's parsed form still marks as data-derived, for people: (the top-level keys, e.g.
+    ``label_range``; the features, e.g. ``age (range, allow_missing)``, a group by its first and last name)."""
+    top, out = _marks(d, TOP_MARKABLE, "at the top level", source), []
     for i, f in enumerate(d.get("features") or []):
         if not isinstance(f, dict) or "data_derived" not in f:
             continue
@@ -125,24 +125,23 @@ def data_derived_marks(d: dict[str, Any], source: str = "schema") -> list[str]:
         else:
             label = str(f.get("pattern", f"features[{i}]"))
         out.append(f"{label} ({', '.join(marks)})")
-    return out
+    return top, out
 
 
-def _refuse_data_derived(marks: list[str], source: str) -> None:
+def _refuse_data_derived(top: list[str], feats: list[str], source: str) -> None:
     """A drafted schema whose data-derived marks (:func:`data_derived_marks`) are still there: one line naming
     the marked keys."""
-    if not marks:
+    if not (top or feats):
         return
-    top = [m for m in marks if "(" not in m]
-    feats = [m for m in marks if "(" in m]
     parts = list(top)
     if feats:
         shown = ", ".join(feats[:MARKS_SHOWN])
         more = f" and {len(feats) - MARKS_SHOWN} more" if len(feats) > MARKS_SHOWN else ""
         parts.append(f"feature{'s' if len(feats) > 1 else ''} {shown}{more}")
-    raise SchemaError(f"{source}: {', '.join(parts)} {'is' if len(marks) == 1 else 'are'} still marked data-derived "
-                      "by `fedsbdt schema draft`; replace them with public knowledge (reference ranges, code lists) "
-                      "and delete the data_derived marks (docs/data-sources.md#drafting-a-schema)")
+    verb = "is" if len(top) + len(feats) == 1 else "are"
+    raise SchemaError(f"{source}: {', '.join(parts)} {verb} still marked data-derived by `fedsbdt schema draft`; "
+                      "replace them with public knowledge (reference ranges, code lists) and delete the data_derived "
+                      "marks (docs/data-sources.md#drafting-a-schema)")
 
 
 def expand_pattern(pattern: str) -> list[str]:
@@ -282,9 +281,9 @@ class Schema:
             if not isinstance(d, dict):
                 raise SchemaError(f"{source}: a schema is a table of keys")
             schema = cls._from_dict(d, source)
-            marks = data_derived_marks(d, source)  # checked either way: a misspelt mark is refused
+            top, feats = data_derived_marks(d, source)  # checked either way: a misspelt mark is refused
             if not allow_data_derived:
-                _refuse_data_derived(marks, source)
+                _refuse_data_derived(top, feats, source)
             return schema
         except SchemaError:
             raise

@@ -178,7 +178,7 @@ def test_a_site_skips_a_trial_it_finished_and_waits_while_the_coordinator_serves
     c = cluster_factory(tmp_path / "tune.trial-1.toml")  # this coordinator serves trial 1 and waits for sites
     c.coordinator()
     (tmp_path / SITES[0]).mkdir(exist_ok=True)
-    (tmp_path / SITES[0] / "model.trial-1.json").write_text("{}")
+    (tmp_path / SITES[0] / f"model-{tuning.sha256[:16]}.trial-1.json").write_text("{}")
     site = c.site(SITES[0], data[SITES[0]], "--allow-insecure-test-randomness", "--plan", str(tmp_path / "tune.toml"),
                   "--reconnect-timeout", "6", "--status-port", "0")
     page = c.wait_event(lambda ev: ev.get("_proc") == SITES[0] and ev.get("event") == "status_page", timeout=60)
