@@ -175,6 +175,10 @@ def draft_parts(frame, target: str, id_column: str | None = None, name: str = "d
             for c, why in left_out.items()]
     if header_format:
         out += ["", "[format]", "header = true", 'separator = ","']
+    if not [c for c in cols if c not in (target, id_column) and c not in left_out]:
+        ids = ", ".join(repr(c) for c in [id_column, *left_out] if c is not None)
+        raise CliError(f"no column is left for a feature: besides the target {target!r} the data holds only record "
+                       f"ids ({ids}: a distinct value in every row)")
     for c in cols:
         if c in (target, id_column) or c in left_out:
             continue

@@ -85,6 +85,11 @@ def test_draft_refusals(tmp_path, table):
     assert len(p.stderr.strip().splitlines()) == 1
     p = fedsbdt("schema", "draft", "--data", str(tmp_path / "d.csv"), "--target", "ward", "--max-levels", "5")
     assert p.returncode == 2 and "12 distinct values" in p.stderr
+    (tmp_path / "ids.csv").write_text("pid,y\n1,a\n2,b\n3,a\n")
+    p = fedsbdt("schema", "draft", "--data", str(tmp_path / "ids.csv"), "--target", "y")
+    assert p.returncode == 2 and p.stderr.strip().endswith("no column is left for a feature: besides the target 'y' "
+                                                           "the data holds only record ids ('pid': a distinct value "
+                                                           "in every row)")
 
 
 def drafted(tmp_path) -> Path:
