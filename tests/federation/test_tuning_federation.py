@@ -149,7 +149,7 @@ def test_three_site_processes_run_the_trials_and_the_coordinator_keeps_the_best(
     for i, plan in enumerate(tuning.trials):  # every trial: the sites' models are the coordinator's, = central
         ref = (tmp_path / "coordinator" / f"trial-{i + 1}" / "model.json").read_bytes()
         for s in SITES:
-            assert (tmp_path / s / f"model.trial-{i + 1}.json").read_bytes() == ref
+            assert (tmp_path / s / f"model-{tuning.sha256[:16]}.trial-{i + 1}.json").read_bytes() == ref
         _, res = central_training(tmp_path, schema, raw.iloc[:450], plan.hyperparameters, seed=3)
         assert_same_trees(json.loads(ref), res.model)
     for p in c.procs[1:]:
