@@ -54,10 +54,13 @@ print("\n".join(p["project"]["dependencies"]))' > /tmp/requirements.txt; \
     pip install $from -r /tmp/requirements.txt; \
     rm /tmp/requirements.txt pyproject.toml
 
+# The wheel of stage 1 is copied, not bind-mounted into the RUN below: podman's (buildah's) layer cache does not
+# look into a bind mount's content, so that RUN came from the cache after a change to the code, and the image
+# tagged held the code of an older build.
 # The exact noise samplers compiled into numba's cache (NUMBA_CACHE_DIR) now: a site's first noise draw,
 # before it joins, then takes a second instead of ~15 s of compiling (on a host with the build host's CPU).
-RUN --mount=type=bind,from=wheel,source=/dist,target=/dist \
-    pip install --no-index --no-deps /dist/fedsbdt-*.whl && mkdir -p /var/cache/fedsbdt/numba \
+COPY --from=wheel /dist /dist
+RUN pip install --no-index --no-deps /dist/fedsbdt-*.whl && rm -r /dist && mkdir -p /var/cache/fedsbdt/numba \
     && python -c "import fedsbdt.common.cli, fedsbdt.server.cli, fedsbdt.client.cli, fedsbdt.proto.v1.federation_pb2_grpc" \
     && python -c "from fedsbdt.client.isolated_noise import compile_samplers; compile_samplers()"
 

@@ -79,6 +79,7 @@ def _run_client(args: argparse.Namespace, t0: float, state: Path) -> int:
 
     from .keys import IDENTITY_KEY, load_identity
     from .policy import SitePolicy
+    from .site import model_path
 
     if args.plan and args.plan_hash:
         raise CliError("give either --plan or --plan-hash, not both")
@@ -126,7 +127,8 @@ def _run_client(args: argparse.Namespace, t0: float, state: Path) -> int:
         return 0
     trials, lines = [], []
     for i, plan in enumerate(tuning.trials):
-        model_out = (Path(args.out) if args.out else state / "model.json").with_suffix(f".trial-{i + 1}.json")
+        model_out = (Path(args.out) if args.out else model_path(state, tuning.sha256)).with_suffix(
+            f".trial-{i + 1}.json")
         if model_out.exists():  # verified and written before a restart: not joined again
             trials.append({"trial": i + 1, "plan_sha256": plan.sha256, "model": str(model_out),
                            "model_sha256": sha256_file(model_out), "resumed": True})
@@ -339,7 +341,9 @@ def register(sub) -> None:
                           f"(default: {DEFAULT_POPULATION}, the site's one account)")
     c.add_argument("--schema", metavar="FILE",
                    help="this site's copy of the public schema: must equal the plan's (default: none: no check)")
-    c.add_argument("--out", metavar="FILE", help="where to write the verified model (default: STATE/model.json)")
+    c.add_argument("--out", metavar="FILE",
+                   help="where to write the verified model (default: STATE/model-<first 16 hex digits of the plan "
+                        "hash>.json: one per plan, as the ledger)")
     c.add_argument("--identity-key", metavar="FILE", help="Ed25519 identity key (default: STATE/identity.key)")
     add_tls_flags(c, "STATE")
     c.add_argument("--allow-insecure-test-randomness", action="store_true",

@@ -135,13 +135,20 @@ class SessionAbort(RuntimeError):
     """The session cannot continue for this site (the coordinator aborted it or sent something false)."""
 
 
+def model_path(state_dir: str | os.PathLike, plan_sha256: str) -> Path:
+    """Where a site writes a plan's verified model without ``--out``: ``<state>/model-<first 16 hex digits of the
+    plan hash>.json``, beside that plan's ledger, so that the next plan in the same state directory does not
+    overwrite it."""
+    return Path(state_dir) / f"model-{plan_sha256[:16]}.json"
+
+
 @dataclass(frozen=True)
 class SiteOptions:
     max_epsilon: float | None = None
     expected_plan_sha256: str | None = None  # from --plan-hash or the hash of --plan (required by accept_plan)
     local_schema: Schema | None = None  # from --schema
     allow_insecure_test_randomness: bool = False
-    model_out: Path | None = None  # default: <state>/model.json
+    model_out: Path | None = None  # default: <state>/model-<plan hash prefix>.json (model_path)
     policy: SitePolicy = SitePolicy()  # central-noise opt-in, smallest roster, threshold, colluders
     eval_data: Path | None = None  # --eval-data: held-out file for the plan's federated evaluation
     max_eval_epsilon: float | None = MAX_EVAL_EPSILON  # --max-eval-epsilon: refuse a plan whose ε_eval exceeds this
@@ -644,7 +651,7 @@ class SiteMachine:
         if sha != ev.model_sha256:
             raise self._abort(f"the model rebuilt from the released trees has hash {sha}, the coordinator "
                               f"announced {ev.model_sha256}")
-        out = self.options.model_out or (self.state_dir / "model.json")
+        out = self.options.model_out or model_path(self.state_dir, self.plan.sha256)
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.with_name(out.name + ".tmp")
         tmp.write_bytes(data)
@@ -659,7 +666,7 @@ class SiteMachine:
     def _evaluation_released(self, release, model_path: Path, sha: str) -> None:
         """The plan's federated evaluation as released: the metrics and their intervals recomputed here from the
         noisy sum the coordinator sent (post-processing, the coordinator's own receipt function), logged and
-        written next to the model (``model.json`` → ``model.evaluation.json``: a tuning plan's trials keep one each).  A release that does not fit the plan is logged and
+        written next to the model (``model-<plan>.json`` → ``model-<plan>.evaluation.json``: a tuning plan's trials keep one each).  A release that does not fit the plan is logged and
         ignored: the model stands on its own hash."""
         import json
 

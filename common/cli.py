@@ -303,6 +303,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         why = (f"\nauto settings: {s.trees} trees, depth {s.depth}, γ={s.subsample:g}, η={s.learning_rate:g}, "
                f"{'cyclical' if s.cyclical else 'not cyclical'}, {s.tree_builder} trees\n  because: "
                + "\n  because: ".join(choice.reasons))
+    if args.quiet:  # the result, one line: no settings, no reasons (errors and warnings still come)
+        emit(args, out, f"trained {len(res.model.trees)} trees on {ds.n} rows{dropped_text(ds.dropped)}: "
+                        f"(ε={p['epsilon']:.6g}, δ={p['delta']:.3g})-DP; model written to {args.out}")
+        return 0
     emit(args, out, f"trained {len(res.model.trees)} trees on {ds.n} rows{dropped_text(ds.dropped)} in "
                     f"{res.seconds:.2f}s\n"
                     f"privacy: (ε={p['epsilon']:.6g}, δ={p['delta']:.3g}) accountant={p['accountant']}{noise} "
@@ -388,9 +392,19 @@ def cmd_predict(args: argparse.Namespace) -> int:
     threshold = 0.5 if args.threshold is None else args.threshold
     if not 0.0 <= threshold <= 1.0:
         raise CliError(f"--threshold {threshold:g}: must be a probability in [0, 1]")
-    ds, id_col = _load_for_prediction(args, model.schema)
+    keep = kept_columns(args.keep)
+    outputs = ["prediction"] + (["probability"] if model.task == "binary" else
+                                [f"probability_{k}" for k in model.schema.classes])
+    for c in keep:
+        if c in outputs:
+            raise CliError(f"--keep {c!r}: the predictions file has a column {c!r} already")
+    ds, id_col = _load_for_prediction(args, model.schema, keep)
     pred = model.predict(ds.X)
     frame = pd.DataFrame({id_col: ds.id_values} if id_col else {"id": ds.ids})
+    for c, values in ds.carried:  # --keep: input columns as written, beside the id
+        if c in frame.columns:
+            raise CliError(f"--keep {c!r}: the predictions file has a column {c!r} already (the id)")
+        frame[c] = values
     if model.task == "regression":
         frame["prediction"] = pred
     elif model.task == "multiclass":
@@ -403,6 +417,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
         frame["prediction"] = [schema.positive[0] if q >= threshold else schema.negative[0] for q in pred]
     write_atomic(args.out, frame.to_csv(index=False), "predictions")
     out = {"n": ds.n, "dropped": ds.dropped, "out": str(args.out), "id": id_col or "row number"}
+    if keep:
+        out["kept"] = list(keep)
     if model.task == "binary":
         out["threshold"] = threshold
     emit(args, out, f"wrote {ds.n} predictions to {args.out}{dropped_text(ds.dropped)}"
@@ -410,15 +426,23 @@ def cmd_predict(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load_for_prediction(args: argparse.Namespace, schema):
-    """(dataset, id column) of the records to predict: the schema's id column if the data has it; data without
-    it is read by row number (id column None)."""
+def kept_columns(given: list[str] | None) -> tuple[str, ...]:
+    """``--keep a,b --keep c`` → ("a", "b", "c"): input columns copied into the predictions file."""
+    names = [c.strip() for flag in given or () for c in flag.split(",")]
+    if any(not c for c in names):
+        raise CliError("--keep takes column names separated by commas, e.g. --keep age,sex")
+    return tuple(dict.fromkeys(names))
+
+
+def _load_for_prediction(args: argparse.Namespace, schema, keep: tuple[str, ...] = ()):
+    """(dataset, id column) of the records to predict (with the ``keep`` columns carried along): the schema's id
+    column if the data has it; data without it is read by row number (id column None)."""
     from .data import DataError, load
     from .sources import source_from_args
 
     path = source_from_args(args)
     try:
-        return load(path, schema, labels=False), schema.id_column  # the label column may be absent
+        return load(path, schema, labels=False, carry=keep), schema.id_column  # the label column may be absent
     except DataError as e:
         if schema.id_column is None:
             raise
@@ -426,7 +450,7 @@ def _load_for_prediction(args: argparse.Namespace, schema):
     no_id = dataclasses.replace(schema, id_column=None,
                                 columns=tuple(c for c in schema.columns if c != schema.id_column))
     try:
-        return load(path, no_id, labels=False), None
+        return load(path, no_id, labels=False, carry=keep), None
     except DataError:
         raise first from None
 
@@ -540,7 +564,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="public schema (TOML), e.g. examples/abalone/schema.toml")
     t.add_argument("--out", required=True, metavar="FILE", help="where to write the model (JSON)")
     t.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    t.add_argument("--quiet", action="store_true", help="no progress output")
+    t.add_argument("--quiet", action="store_true",
+                   help="no progress output, and one line for the result (errors and warnings still show)")
     t.add_argument("--sampler", choices=SAMPLERS, default="ours",
                    help="exact noise sampler: ours (default) or opendp (~30x slower)")
     add_source_flags(t)
@@ -572,6 +597,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "from 0 as 'id' when the schema or the file has none; then 'probability' for binary "
                          "tasks, 'probability_<class>' per class for multiclass tasks, and 'prediction', the "
                          "schema's label)")
+    pr.add_argument("--keep", action="append", metavar="COLUMNS",
+                    help="copy these input columns (names separated by commas; as written) into the predictions "
+                         "file, after the id; repeatable (default: none)")
     pr.add_argument("--threshold", type=float, metavar="X",
                     help="binary models: predict the positive label when its probability is at least X "
                          "(default: 0.5)")

@@ -112,6 +112,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
            "model": str(args.out), "tuning": tuning}
     if life is not None:
         out["lifetime"] = life
+    if args.quiet:  # the result, one line (errors and warnings still show)
+        emit(args, out, f"tuned privately: {settings_line(res.settings)}, (ε={p['epsilon']:.6g}, δ={p['delta']:.3g})-DP; "
+                        f"model written to {args.out}")
+        return 0
     n_words = f"n = {rows} ({'declared' if source == 'declared' else 'a DP count'})"
     lines = [f"tuned privately over a random number of trials (geometric, mean {plan.mean_trials}; how many ran, "
              f"the other trials and all scores are not released), {n_words}; each trial ε={plan.epsilon_trial:.4g}, "
@@ -165,8 +169,8 @@ def register(sub) -> None:
     t.add_argument("--sampler", choices=["ours", "opendp"], default="ours", help="exact noise sampler (default: ours)")
     t.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     t.add_argument("--quiet", action="store_true",
-                   help="accepted for symmetry with train; tune never shows progress (it would tell the number of "
-                        "trials)")
+                   help="no progress output (tune never shows progress: it would tell the number of trials), "
+                        "and one line for the result (errors and warnings still show)")
     add_source_flags(t)
     from .ledger_cli import add_ledger_flags
 

@@ -40,6 +40,7 @@ class Dataset:
     dropped: int = 0  # rows dropped for missing values (format.on_missing = "drop")
     arrival: np.ndarray | None = None  # int64 round from which each record is available (schema.arrival_column)
     id_values: np.ndarray | None = None  # the schema's id column as written in the file (None without one)
+    carried: tuple[tuple[str, np.ndarray], ...] = ()  # other columns asked for (load(carry=…)), as written
 
     @property
     def n(self) -> int:
@@ -48,7 +49,8 @@ class Dataset:
     def subset(self, idx: np.ndarray) -> "Dataset":
         return Dataset(self.X[idx], None if self.y is None else self.y[idx], self.ids[idx], self.schema,
                        self.source, self.dropped, None if self.arrival is None else self.arrival[idx],
-                       None if self.id_values is None else self.id_values[idx])
+                       None if self.id_values is None else self.id_values[idx],
+                       tuple((c, v[idx]) for c, v in self.carried))
 
     # ------------------------------------------------------------------ arrays
 
@@ -74,28 +76,29 @@ class Dataset:
 # ---------------------------------------------------------------------- files
 
 
-def load(path, schema: Schema, labels: bool = True) -> Dataset:
+def load(path, schema: Schema, labels: bool = True, carry: tuple[str, ...] = ()) -> Dataset:
     """Read a CSV (as described by ``schema.format``) or a Parquet file and validate it; or, for a
     :class:`~fedsbdt.common.sources.DataSource`, run its query (:mod:`fedsbdt.common.sqlread`).
 
     ``labels=False`` (prediction): the target column may be present or absent and is not read;
-    the returned dataset has ``y = None``.
+    the returned dataset has ``y = None``.  ``carry``: further columns, kept as written for the records kept
+    (``Dataset.carried``; ``fedsbdt predict --keep``), each required.
     """
     if not isinstance(path, (str, Path)):  # a DataSource (a query against a database or a file)
         from .sqlread import load_query
 
-        return load_query(path, schema, labels)
+        return load_query(path, schema, labels, carry)
     p = Path(path)
     if not p.exists():
         raise DataError(f"data file not found: {p}")
     if p.is_dir():
         raise DataError(f"{p} is a directory, not a data file")
     if p.suffix.lower() in (".parquet", ".pq"):
-        return _load_parquet(p, schema, labels)
-    return _load_csv(p, schema, labels)
+        return _load_parquet(p, schema, labels, carry)
+    return _load_csv(p, schema, labels, carry)
 
 
-def _load_parquet(p: Path, schema: Schema, labels: bool) -> Dataset:
+def _load_parquet(p: Path, schema: Schema, labels: bool, carry: tuple[str, ...] = ()) -> Dataset:
     import pandas as pd
     try:
         frame = pd.read_parquet(p)
@@ -103,7 +106,7 @@ def _load_parquet(p: Path, schema: Schema, labels: bool) -> Dataset:
         raise DataError(f"{p}: not a readable Parquet file ({type(e).__name__}: {e})") from None
     frame.columns = [str(c) for c in frame.columns]
     return _validate(frame, schema, str(p), lines=np.arange(1, len(frame) + 1), id_col=schema.id_column,
-                     row_word="row", labels=labels)
+                     row_word="row", labels=labels, carry=carry)
 
 
 def _field_counts(texts, fmt) -> np.ndarray | None:
@@ -159,7 +162,7 @@ def _data_lines(p: Path, fmt) -> tuple[np.ndarray, list[str]]:
     return np.asarray(lines, dtype=np.int64), all_lines
 
 
-def _load_csv(p: Path, schema: Schema, labels: bool) -> Dataset:
+def _load_csv(p: Path, schema: Schema, labels: bool, carry: tuple[str, ...] = ()) -> Dataset:
     import pandas as pd
     fmt = schema.format
     lines, text = _data_lines(p, fmt)
@@ -207,27 +210,56 @@ def _load_csv(p: Path, schema: Schema, labels: bool) -> Dataset:
     if len(frame) != lines.size:
         raise DataError(f"{p}: could not align {len(frame)} parsed rows with {lines.size} data lines; "
                         "check the separator and quoting")
-    return _validate(frame, schema, str(p), lines=lines, id_col=schema.id_column, row_word="line", labels=labels)
+    return _validate(frame, schema, str(p), lines=lines, id_col=schema.id_column, row_word="line", labels=labels,
+                     carry=carry)
 
 
 # ---------------------------------------------------------------------- validation
 
 
-def _fail(source: str, problems: list[str], total: int) -> DataError:
+def _fail(source: str, problems: list[str], total: int, hint: str = "") -> DataError:
     more = f" (and {total - len(problems)} more)" if total > len(problems) else ""
-    return DataError(f"{source}: " + "; ".join(problems) + more)
+    return DataError(f"{source}: " + "; ".join(problems) + more + hint)
+
+
+#: the text a value outside a public range may not hold back: the schema setting that accepts such values
+RANGE_HINT = ('; to clip such values to the public range, set out_of_range = "clip" in the schema\'s [format] '
+              "(or widen the range from public knowledge, never from the data)")
+
+
+def missing_hint(features) -> str:
+    """The schema settings that accept a missing value of ``features`` (names; none: the label or id column)."""
+    names = list(dict.fromkeys(features))
+    if not names:
+        return '; to drop such rows, set on_missing = "drop" in the schema\'s [format]'
+    more = f" and {len(names) - MAX_REPORTED} more" if len(names) > MAX_REPORTED else ""
+    which = (f"feature {names[0]!r}" if len(names) == 1
+             else "features " + ", ".join(repr(n) for n in names[:MAX_REPORTED]) + more)
+    return (f"; to keep missing values, set allow_missing = true on {which} (docs/missing-values.md), or "
+            'on_missing = "drop" in the schema\'s [format] to drop such rows')
+
+
+def _blank(texts) -> np.ndarray:
+    """Which of ``texts`` read as a missing value (empty, ``NaN``) rather than as a wrong one."""
+    import pandas as pd
+    s = pd.Series(texts, dtype=object).astype(str).str.strip().str.lower()
+    return (s.isin(["", "nan", "+nan", "-nan", "none", "<na>"])).to_numpy()
 
 
 def _validate(frame: pd.DataFrame, schema: Schema, source: str, lines: np.ndarray, id_col: str | None,
-              row_word: str, labels: bool = True, batch: bool = False) -> Dataset:
+              row_word: str, labels: bool = True, batch: bool = False, carry: tuple[str, ...] = ()) -> Dataset:
     """Validate one table (or, ``batch``, one batch of a query's rows: a NULL is a missing value, no rows is
     no error, and the id column is only carried along as ``id_values``: :mod:`fedsbdt.common.sqlread` makes the
-    ids of all batches at once)."""
+    ids of all batches at once); the ``carry`` columns come along unvalidated, as written."""
     needed = (schema.feature_names + ([schema.target] if labels else []) + ([id_col] if id_col else [])
               + ([schema.arrival_column] if schema.arrival_column else []))
     missing_cols = [c for c in needed if c not in frame.columns]
     if missing_cols:
         raise DataError(f"{source}: missing column(s) {', '.join(repr(c) for c in missing_cols)}; "
+                        f"found {', '.join(repr(str(c)) for c in frame.columns)}")
+    absent = [c for c in carry if c not in frame.columns]
+    if absent:
+        raise DataError(f"{source}: no column {', '.join(repr(c) for c in absent)} to keep; "
                         f"found {', '.join(repr(str(c)) for c in frame.columns)}")
     n = len(frame)
     if n == 0 and not batch:
@@ -259,7 +291,9 @@ def _validate(frame: pd.DataFrame, schema: Schema, source: str, lines: np.ndarra
                 probs = ([f"{row_word} {lines[i]}, column {needed[where[i]]!r}: missing value (NULL or{marker})"
                           .replace(" or)", ")") for i in bad[:MAX_REPORTED]] if batch else
                          [f"{row_word} {lines[i]}: missing value{marker}" for i in bad[:MAX_REPORTED]])
-                raise _fail(source, probs, bad.size)
+                names = set(schema.feature_names)
+                raise _fail(source, probs, bad.size,
+                            missing_hint(needed[k] for k in where[bad] if needed[k] in names))
     if not keep.any() and not batch:
         raise DataError(f"{source}: no rows left after dropping {rows(dropped)} with missing values")
     frame = frame.loc[keep]
@@ -300,7 +334,8 @@ def _validate(frame: pd.DataFrame, schema: Schema, source: str, lines: np.ndarra
             raise _fail(source, [f"{row_word} {lines[i]}, column {name!r}: {vals[i]!r} is not a round number ≥ 0"
                                  for i in bad[:MAX_REPORTED]], bad.size)
         arrival = v.astype(np.int64)
-    return Dataset(np.ascontiguousarray(X), y, ids, schema, source, dropped, arrival, id_values)
+    carried = tuple((c, frame[c].to_numpy()) for c in carry)
+    return Dataset(np.ascontiguousarray(X), y, ids, schema, source, dropped, arrival, id_values, carried)
 
 
 def rows(n: int) -> str:
@@ -340,17 +375,19 @@ def _numeric(col, name, source, lines, row_word, lo, hi, out_of_range, placehold
     if bad.size:
         vals = col.to_numpy()
         raise _fail(source, [f"{row_word} {lines[i]}, column {name!r}: {vals[i]!r} is not a number"
-                             for i in bad[:MAX_REPORTED]], bad.size)
+                             for i in bad[:MAX_REPORTED]], bad.size,
+                    missing_hint([name]) if _blank(vals[bad]).any() else "")  # an empty field: a missing value
     bad = np.flatnonzero(~np.isfinite(v))
     if bad.size:
         raise _fail(source, [f"{row_word} {lines[i]}, column {name!r}: {v[i]} (NaN/inf) is not allowed"
-                             for i in bad[:MAX_REPORTED]], bad.size)
+                             for i in bad[:MAX_REPORTED]], bad.size,
+                    missing_hint([name]) if np.isnan(v[bad]).any() else "")  # NaN: a missing value; inf is not
     outside = np.flatnonzero((v < lo) | (v > hi))
     if outside.size:
         if out_of_range == "clip":
             return np.clip(v, lo, hi)
         raise _fail(source, [f"{row_word} {lines[i]}, column {name!r}: {v[i]:g} is outside the public range "
-                             f"[{lo:g}, {hi:g}]" for i in outside[:MAX_REPORTED]], outside.size)
+                             f"[{lo:g}, {hi:g}]" for i in outside[:MAX_REPORTED]], outside.size, RANGE_HINT)
     return v
 
 
@@ -365,14 +402,16 @@ def _categorical(col, f, source, lines, row_word) -> np.ndarray:
     missing = np.flatnonzero(col.isna().to_numpy())  # Parquet nulls
     if missing.size:
         raise _fail(source, [f"{row_word} {lines[i]}, column {f.name!r}: missing value (public levels: "
-                             f"{', '.join(f.levels)})" for i in missing[:MAX_REPORTED]], missing.size)
+                             f"{', '.join(f.levels)})" for i in missing[:MAX_REPORTED]], missing.size,
+                    missing_hint([f.name]))
     s = col.astype(str).str.strip()
     codes = _mapped(s, {lvl: float(k) for k, lvl in enumerate(f.levels)})
     bad = np.flatnonzero(np.isnan(codes))
     if bad.size:
         vals = s.to_numpy()
         raise _fail(source, [f"{row_word} {lines[i]}, column {f.name!r}: unknown category {vals[i]!r} "
-                             f"(public levels: {', '.join(f.levels)})" for i in bad[:MAX_REPORTED]], bad.size)
+                             f"(public levels: {', '.join(f.levels)})" for i in bad[:MAX_REPORTED]], bad.size,
+                    missing_hint([f.name]) if (vals[bad] == "").any() else "")  # an empty field: a missing value
     return codes
 
 

@@ -38,6 +38,12 @@ its place and the closest known key, never ignored.
 
 ``format.on_missing = "keep"`` allows missing values in every feature
 (docs/missing-values.md); ``"drop"`` / ``"error"`` apply to the other columns.
+
+A ``data_derived = ["range"]`` key (in a feature block, or at the top level for ``label_range``, ``positive``,
+``negative``, ``classes``, ``task``) marks values that ``fedsbdt schema draft`` learned from a site's records.
+Such a schema is a draft, not a schema: it is refused (naming the marked keys) until the operator replaces
+the values with public knowledge and deletes the marks; only the draft command itself reads it
+(``allow_data_derived=True``).  The marks are no part of the schema's content (nor of its digest).
 """
 from __future__ import annotations
 
@@ -66,10 +72,15 @@ class SchemaError(ValueError):
 #: every key a schema may hold at its top level; any other key is refused (a misspelt ``id_colum`` would
 #: otherwise key the privacy ledger by row number without a word)
 TOP_KEYS = ("name", "task", "target", "features", "columns", "id_column", "arrival_column", "label_range",
-            "positive", "negative", "classes", "format")
+            "positive", "negative", "classes", "format", "data_derived")
 #: the keys of one ``[[features]]`` block: exactly one of name / names / pattern, then its type's keys
-FEATURE_KEYS = {"numeric": ("name", "names", "pattern", "type", "range", "allow_missing"),
-                "categorical": ("name", "names", "pattern", "type", "levels", "allow_missing")}
+FEATURE_KEYS = {"numeric": ("name", "names", "pattern", "type", "range", "allow_missing", "data_derived"),
+                "categorical": ("name", "names", "pattern", "type", "levels", "allow_missing", "data_derived")}
+#: the keys a ``data_derived`` mark may name: at the top level, and in a feature block
+TOP_MARKABLE = ("task", "label_range", "positive", "negative", "classes")
+FEATURE_MARKABLE = ("type", "range", "levels", "allow_missing")
+#: features named one by one in the refusal of a drafted schema, then "and N more"
+MARKS_SHOWN = 6
 #: a feature group's pattern: ``lab_{1..36}`` or ``lab_{01..36}`` (zero-padded like the first bound)
 _PATTERN = re.compile(r"^(?P<pre>[^{}]*)\{(?P<lo>\d+)\.\.(?P<hi>\d+)\}(?P<post>[^{}]*)$")
 MAX_GROUP = 100_000
@@ -82,6 +93,55 @@ def _check_keys(table: dict[str, Any], known, place: str, source: str) -> None:
             close = difflib.get_close_matches(str(key), known, n=1, cutoff=0.6)
             hint = f"; did you mean {close[0]!r}?" if close else f" (known keys: {', '.join(known)})"
             raise SchemaError(f"{source}: unknown key {key!r} {place}{hint}")
+
+
+def _marks(table: dict[str, Any], markable: tuple[str, ...], place: str, source: str) -> list[str]:
+    """The keys a table's ``data_derived`` list marks as learned from the records (``[]`` without marks); a mark
+    that names no markable key is refused, as an unknown key is."""
+    marks = table.get("data_derived", [])
+    if not (isinstance(marks, list) and all(isinstance(m, str) for m in marks)):
+        raise SchemaError(f"{source}: data_derived {place} must be a list of key names, got {marks!r}")
+    for m in marks:
+        if m not in markable:
+            raise SchemaError(f"{source}: data_derived {place} names {m!r}, which is not one of "
+                              f"{', '.join(markable)}")
+    return list(dict.fromkeys(marks))
+
+
+def data_derived_marks(d: dict[str, Any], source: str = "schema") -> tuple[list[str], list[str]]:
+    """What a schema's parsed form still marks as data-derived, for people: (the top-level keys, e.g.
+    ``label_range``; the features, e.g. ``age (range, allow_missing)``, a group by its first and last name)."""
+    top, out = _marks(d, TOP_MARKABLE, "at the top level", source), []
+    for i, f in enumerate(d.get("features") or []):
+        if not isinstance(f, dict) or "data_derived" not in f:
+            continue
+        marks = _marks(f, FEATURE_MARKABLE, f"in features[{i}]", source)
+        if not marks:
+            continue
+        if "name" in f:
+            label = str(f["name"])
+        elif isinstance(f.get("names"), list) and f["names"]:
+            label = str(f["names"][0]) if len(f["names"]) == 1 else f"{f['names'][0]}…{f['names'][-1]}"
+        else:
+            label = str(f.get("pattern", f"features[{i}]"))
+        out.append(f"{label} ({', '.join(marks)})")
+    return top, out
+
+
+def _refuse_data_derived(top: list[str], feats: list[str], source: str) -> None:
+    """A drafted schema whose data-derived marks (:func:`data_derived_marks`) are still there: one line naming
+    the marked keys."""
+    if not (top or feats):
+        return
+    parts = list(top)
+    if feats:
+        shown = ", ".join(feats[:MARKS_SHOWN])
+        more = f" and {len(feats) - MARKS_SHOWN} more" if len(feats) > MARKS_SHOWN else ""
+        parts.append(f"feature{'s' if len(feats) > 1 else ''} {shown}{more}")
+    verb = "is" if len(top) + len(feats) == 1 else "are"
+    raise SchemaError(f"{source}: {', '.join(parts)} {verb} still marked data-derived by `fedsbdt schema draft`; "
+                      "replace them with public knowledge (reference ranges, code lists) and delete the data_derived "
+                      "marks (docs/data-sources.md#drafting-a-schema)")
 
 
 def expand_pattern(pattern: str) -> list[str]:
@@ -213,13 +273,18 @@ class Schema:
     # ------------------------------------------------------------------ construction
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any], source: str = "schema") -> "Schema":
+    def from_dict(cls, d: dict[str, Any], source: str = "schema", allow_data_derived: bool = False) -> "Schema":
         """Validate a schema's parsed form; anything malformed raises :class:`SchemaError` and nothing else
-        (a schema arrives inside plans, possibly from a hostile coordinator)."""
+        (a schema arrives inside plans, possibly from a hostile coordinator).  A draft that still carries
+        ``data_derived`` marks is refused unless ``allow_data_derived`` (``fedsbdt schema draft``'s own check)."""
         try:
             if not isinstance(d, dict):
                 raise SchemaError(f"{source}: a schema is a table of keys")
-            return cls._from_dict(d, source)
+            schema = cls._from_dict(d, source)
+            top, feats = data_derived_marks(d, source)  # checked either way: a misspelt mark is refused
+            if not allow_data_derived:
+                _refuse_data_derived(top, feats, source)
+            return schema
         except SchemaError:
             raise
         except (TypeError, ValueError, KeyError, AttributeError, ArithmeticError) as e:
@@ -312,7 +377,9 @@ class Schema:
         )
 
     @classmethod
-    def load(cls, path: str | Path) -> "Schema":
+    def load(cls, path: str | Path, allow_data_derived: bool = False) -> "Schema":
+        """The schema in the TOML file ``path`` (a draft with ``data_derived`` marks is refused, see
+        :meth:`from_dict`)."""
         p = Path(path)
         try:
             raw = tomllib.loads(p.read_text(encoding="utf-8"))
@@ -320,7 +387,7 @@ class Schema:
             raise SchemaError(f"schema file not found: {p}") from None
         except tomllib.TOMLDecodeError as e:
             raise SchemaError(f"{p}: not valid TOML: {e}") from None
-        return cls.from_dict(raw, source=str(p))
+        return cls.from_dict(raw, source=str(p), allow_data_derived=allow_data_derived)
 
     # ------------------------------------------------------------------ views
 

@@ -43,8 +43,9 @@ class RowLabels:
         return len(self.rows)
 
 
-def load_query(src: DataSource, schema: Schema, labels: bool = True) -> Dataset:
-    """The records of ``src``'s query, validated against ``schema`` (``labels=False``: for prediction)."""
+def load_query(src: DataSource, schema: Schema, labels: bool = True, carry: tuple[str, ...] = ()) -> Dataset:
+    """The records of ``src``'s query, validated against ``schema`` (``labels=False``: for prediction;
+    ``carry``: further columns kept as returned, :func:`fedsbdt.common.data.load`)."""
     where = src.display
     id_col = schema.id_column
     parts: list[tuple[Dataset, int]] = []
@@ -59,7 +60,7 @@ def load_query(src: DataSource, schema: Schema, labels: bool = True) -> Dataset:
         n = len(frame)
         lab = RowLabels(np.arange(offset + 1, offset + n + 1),
                         frame[id_col].to_numpy() if id_col in frame.columns else None, id_col)
-        parts.append((_validate(frame, schema, where, lab, id_col, "row", labels, batch=True), offset))
+        parts.append((_validate(frame, schema, where, lab, id_col, "row", labels, batch=True, carry=carry), offset))
         offset += n
     if offset == 0:
         raise DataError(f"{where}: the query returned no rows")
@@ -79,7 +80,8 @@ def load_query(src: DataSource, schema: Schema, labels: bool = True) -> Dataset:
         ids = ids_of(pd.Series(id_values), id_col, where, lab, "row")
     else:
         ids = kept.astype(np.int64)  # without an id column: the row number in the result, from 0
-    return Dataset(X, y, ids, schema, where, dropped, arrival, id_values)
+    carried = tuple((c, np.concatenate([dict(ds.carried)[c] for ds, _ in parts])) for c in carry)
+    return Dataset(X, y, ids, schema, where, dropped, arrival, id_values, carried)
 
 
 def read_frame(src: DataSource, schema: Schema):

@@ -484,6 +484,9 @@ def _demo(args: argparse.Namespace, name: str | None = None) -> int:
         if args.dataset is not None:
             raise CliError("--dataset picks a bundled dataset; leave it out with --data")
         custom = CustomData(Path(args.data), Path(args.schema), args.split_by)
+        from fedsbdt.common.schema import Schema
+
+        Schema.load(custom.schema)  # a bad schema (or a draft's data-derived marks) before anything is written
         args.sites = custom_site_count(custom, args.sites)
         args.dataset = name or custom.data.name
     else:

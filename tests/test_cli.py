@@ -49,6 +49,18 @@ def test_train_evaluate_predict_account_json(tmp_path, trained):
     assert acc["epsilon"] <= 0.105
 
 
+def test_quiet_train_prints_the_result_in_one_line(tmp_path):
+    """``--quiet`` (issue 36): the result and nothing else; it printed 11 lines (the auto settings' reasons)."""
+    model = tmp_path / "m.json"
+    p = run("train", "--data", str(ABALONE), "--schema", str(EXAMPLES / "abalone/schema.toml"), "--out", str(model),
+            "--trees", "3", "--quiet")
+    assert p.stdout.splitlines() == [f"trained 3 trees on 4177 rows: (ε=1, δ=5e-08)-DP; model written to {model}"]
+    assert p.stderr == "" and model.exists()
+    p = run("train", "--data", str(ABALONE), "--schema", str(EXAMPLES / "abalone/schema.toml"), "--out", str(model),
+            "--trees", "3")
+    assert len(p.stdout.splitlines()) > 3 and "because:" in p.stdout  # without it: the settings and their reasons
+
+
 def test_binary_evaluate_keys(tmp_path):
     model = tmp_path / "m.json"
     run("train", "--data", str(ADULT), "--schema", str(EXAMPLES / "adult/schema.toml"),
@@ -109,6 +121,58 @@ def test_bad_data_leaves_no_model(tmp_path):
             ok=False)
     assert p.returncode == 2 and "line 1" in p.stderr and "Rings" in p.stderr
     assert not model.exists()
+
+
+def test_predict_keep_copies_chosen_input_columns_into_the_predictions(tmp_path, abalone_model):
+    """``predict --keep COL[,COL]`` (repeatable; issue 36): input columns as written, after the id, for the
+    records predicted (a dropped row's values go with it); a missing column or a clash is one line, exit 2."""
+    import pandas as pd
+
+    rows = [r for r in ABALONE.read_text().splitlines() if r.strip()][:20]
+    labelled = tmp_path / "labelled.csv"
+    labelled.write_text("\n".join(rows) + "\n")
+    out = tmp_path / "p.csv"
+    res = json.loads(run("predict", "--model", str(abalone_model), "--data", str(labelled), "--out", str(out),
+                         "--keep", "Sex,Length", "--keep", "Rings", "--json").stdout)
+    assert res["kept"] == ["Sex", "Length", "Rings"] and res["n"] == 20
+    got = pd.read_csv(out, dtype=str)
+    assert list(got.columns) == ["id", "Sex", "Length", "Rings", "prediction"]
+    assert got[["Sex", "Length", "Rings"]].values.tolist() == [r.split(",")[:2] + [r.split(",")[-1]] for r in rows]
+    plain = tmp_path / "plain.csv"
+    run("predict", "--model", str(abalone_model), "--data", str(labelled), "--out", str(plain))
+    assert got["prediction"].tolist() == pd.read_csv(plain, dtype=str)["prediction"].tolist()
+    # a dropped row (missing value, on_missing = "drop") takes its kept values with it
+    schema = (EXAMPLES / "abalone/schema.toml").read_text().replace("[format]\n",
+                                                                   '[format]\nmissing = "?"\non_missing = "drop"\n')
+    (tmp_path / "s.toml").write_text(schema)
+    model = tmp_path / "m.json"
+    run("train", "--data", str(labelled), "--schema", str(tmp_path / "s.toml"), "--out", str(model), "--trees", "2",
+        "--quiet")
+    holes = list(rows)
+    holes[3] = ",".join(["?"] + rows[3].split(",")[1:])
+    (tmp_path / "holes.csv").write_text("\n".join(holes) + "\n")
+    run("predict", "--model", str(model), "--data", str(tmp_path / "holes.csv"), "--out", str(out), "--keep", "Length")
+    got = pd.read_csv(out, dtype=str)
+    assert got["id"].tolist() == [str(i) for i in range(20) if i != 3]
+    assert got["Length"].tolist() == [r.split(",")[1] for i, r in enumerate(rows) if i != 3]
+    # a query (DuckDB over the file): the kept columns as the query returns them
+    run("predict", "--model", str(abalone_model), "--data", str(labelled), "--query",
+        "SELECT * FROM data WHERE Sex = 'M'", "--out", str(out), "--keep", "Sex,Rings")
+    got = pd.read_csv(out, dtype=str)
+    males = [r.split(",") for r in rows if r.startswith("M,")]
+    assert list(got.columns) == ["id", "Sex", "Rings", "prediction"] and len(got) == len(males) > 0
+    assert got["Sex"].tolist() == ["M"] * len(males) and got["Rings"].tolist() == [r[-1] for r in males]
+    # refusals: one line, exit 2, nothing written
+    bare = tmp_path / "bare.csv"
+    bare.write_text("\n".join(r.rsplit(",", 1)[0] for r in rows) + "\n")
+    for keep, needle in (("Rings", "no column 'Rings' to keep"), ("prediction", "--keep 'prediction': the "
+                         "predictions file has a column 'prediction' already"), ("Sex,,Length", "--keep takes column "
+                         "names separated by commas")):
+        target = tmp_path / "refused.csv"
+        p = run("predict", "--model", str(abalone_model), "--data", str(bare), "--out", str(target), "--keep", keep,
+                ok=False)
+        assert p.returncode == 2 and needle in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+        assert not target.exists()
 
 
 def test_corrupt_model_file(tmp_path):

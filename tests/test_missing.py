@@ -146,6 +146,34 @@ def test_missing_where_not_allowed_keeps_the_clear_error(tmp_path, body, needle)
     assert needle in str(e.value)
 
 
+KEEP = "; to keep missing values, set allow_missing = true on feature 'b' (docs/missing-values.md), or on_missing"
+DROP = "; to drop such rows, set on_missing = \"drop\" in the schema's [format]"
+CLIP = "; to clip such values to the public range, set out_of_range = \"clip\" in the schema's [format]"
+
+
+@pytest.mark.parametrize("body,message,hint", [
+    # a missing value names the setting that keeps it (or drops its row); a wrong value names none
+    ("a,c,b,y\n1,u,?,0\n", "line 2: missing value '?'", KEEP),
+    ("a,c,b,y\n1,u,,0\n", "line 2, column 'b': '' is not a number", KEEP),
+    ("a,c,b,y\n1,u,nan,0\n", "line 2, column 'b': nan (NaN/inf) is not allowed", KEEP),
+    ("a,c,b,y\n1,u,1,?\n", "line 2: missing value '?'", DROP),  # a label: never kept
+    ("a,c,b,y\n1,u,11,0\n", "line 2, column 'b': 11 is outside the public range [0, 10]", CLIP),
+    ("a,c,b,y\n1,u,abc,0\n", "line 2, column 'b': 'abc' is not a number", ""),
+    ("a,c,b,y\n1,u,inf,0\n", "line 2, column 'b': inf (NaN/inf) is not allowed", ""),
+])
+def test_a_refused_value_names_the_schema_setting_that_would_accept_it(tmp_path, body, message, hint):
+    p = tmp_path / "d.csv"
+    p.write_text(body)
+    with pytest.raises(DataError) as e:
+        load(p, toy_schema())
+    text = str(e.value)
+    assert text.startswith(f"{p}: {message}") and "\n" not in text
+    if hint:
+        assert text[len(f"{p}: {message}"):].startswith(hint), text
+    else:
+        assert text == f"{p}: {message}"
+
+
 def test_nan_in_arrays_where_not_allowed_is_refused(adult):
     X = adult.X[:50].copy()
     X[3, 0] = np.nan

@@ -312,3 +312,16 @@ def test_deleting_one_row_moves_no_other_record_between_training_and_held_out(tm
     moved = (train_a & held_b) | (held_a & train_b)
     assert len(moved) == 0, f"{len(moved)} of {len(train_b | held_b)} other records moved between training and held-out"
     assert len((train_a | held_a) - (train_b | held_b)) == 1  # only the deleted record is missing
+
+
+def test_quiet_tune_prints_the_result_in_one_line(tmp_path, capsys):
+    """``--quiet`` (issue 36): one line for the result, not every trial's settings."""
+    from fedsbdt.common.cli import main
+
+    data, schema = write_task(tmp_path / "data")
+    out = tmp_path / "m.json"
+    assert main(["tune", "--data", str(data), "--schema", str(schema), "--out", str(out),
+                 "--rows", "400", "--quiet", "--epsilon", "2", "--trials-mean", "2"]) == 0
+    printed = capsys.readouterr()
+    (line,) = printed.out.splitlines()
+    assert line.startswith("tuned privately: ") and line.endswith(f"-DP; model written to {out}") and printed.err == ""

@@ -126,11 +126,21 @@ def tls_session_files(root: Path, ca_dir: Path, schema, raw: pd.DataFrame, hp, s
     return SessionFiles(ids, plan, data, held)
 
 
+def site_model(root: Path, site: str, coordinator_model: bytes) -> Path:
+    """Where ``site`` (state ``root/site``) wrote the model of the plan the coordinator's ``model.json`` names."""
+    import json
+
+    from fedsbdt.client.site import model_path
+
+    return model_path(root / site, json.loads(coordinator_model)["training"]["plan_sha256"])
+
+
 def models_identical(root: Path, sites) -> bytes:
-    """The coordinator's ``model.json`` (bytes), after asserting that every site wrote the very same file."""
+    """The coordinator's ``model.json`` (bytes), after asserting that every site wrote the very same file (its
+    ``model-<plan hash prefix>.json``)."""
     ref = (root / "coordinator" / "model.json").read_bytes()
     for s in sites:
-        assert (root / s / "model.json").read_bytes() == ref, f"{s}'s model differs from the coordinator's"
+        assert site_model(root, s, ref).read_bytes() == ref, f"{s}'s model differs from the coordinator's"
     return ref
 
 

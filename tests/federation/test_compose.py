@@ -41,6 +41,15 @@ def test_services_are_a_coordinator_and_three_hospitals(compose):
     assert compose["services"]["coordinator"]["ports"] == ["7443:7443"]
 
 
+def test_a_refused_hospital_is_not_restarted_and_the_coordinator_is(compose):
+    """A client's exit 2 is a refusal (the plan breaks its policy, bad data or keys) that no restart changes;
+    compose's restart policies cannot tell exit codes apart, so the hospitals are never restarted (issue 36: a
+    refused client was restarted five times).  The coordinator resumes from its checkpoint after a failure."""
+    assert compose["services"]["coordinator"]["restart"] == "on-failure:5"
+    for h in HOSPITALS:
+        assert compose["services"][h]["restart"] == "no", h  # the string "no" (a bare no would be YAML's false)
+
+
 def test_every_command_parses_with_the_cli_and_matches_its_volumes(compose):
     coord = compose["services"]["coordinator"]
     a = parse(coord["command"])

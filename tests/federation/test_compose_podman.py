@@ -97,8 +97,17 @@ class Session:
     def events(self, name: str) -> list[dict]:
         return [r for r in self.records if r.get("event") == name]
 
+    def model_file(self, party: str) -> Path:
+        """The coordinator's ``model.json``; a hospital's ``model-<plan hash prefix>.json`` (one per plan)."""
+        if party == "coordinator":
+            return self.deploy / party / "model.json"
+        from fedsbdt.client.site import model_path
+        from fedsbdt.common.federation.plan import Plan
+
+        return model_path(self.deploy / party, Plan.load(self.deploy / "plan" / "plan.toml").sha256)
+
     def model(self, party: str) -> bytes:
-        path = self.deploy / party / "model.json"
+        path = self.model_file(party)
         assert path.is_file(), f"{party} wrote no model:\n{self.tail()}"
         return path.read_bytes()
 
@@ -133,7 +142,7 @@ def test_coordinator_and_three_hospital_containers_train_over_mutual_tls_to_one_
     assert sorted(r["site"] for r in s.events("plan_accepted")) == HOSPITALS
     reference = s.model("coordinator")
     for h in HOSPITALS:
-        assert s.model(h) == reference, f"{h}'s model.json differs from the coordinator's"
+        assert s.model(h) == reference, f"{h}'s model differs from the coordinator's"
     model = json.loads(reference)
     assert len(model["trees"]) == 5
     assert all(r["sites"] == HOSPITALS for r in model["training"]["rounds"])
@@ -166,7 +175,7 @@ def test_a_hospital_container_stopped_mid_training_exits_130_and_the_session_fin
     assert "restart the same command to resume" in stopped["msg"], stopped
     exits = {svc: c["ExitCode"] for svc, c in containers.items() if svc != "hospital-3"}
     assert exits == {"coordinator": 0, "hospital-1": 0, "hospital-2": 0}, s.tail()
-    assert not (s.deploy / "hospital-3" / "model.json").exists()
+    assert not s.model_file("hospital-3").exists()
     reference = s.model("coordinator")
     assert s.model("hospital-1") == reference and s.model("hospital-2") == reference
     model = json.loads(reference)

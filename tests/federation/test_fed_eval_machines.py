@@ -228,7 +228,7 @@ def test_noiseless_multiclass_federated_evaluation_equals_pooled(tmp_path, noise
 def test_every_site_gets_the_released_metrics_and_writes_the_coordinators_receipt(tmp_path):
     """The sites see the released evaluation: Finished carries the noisy sum and its sites, and every site
     recomputes the coordinator's receipt from it (post-processing), logs it and writes it next to its
-    model (model.evaluation.json) — the very receipt the coordinator publishes."""
+    model (model-<plan>.evaluation.json) — the very receipt the coordinator publishes."""
     import json
 
     f = EvalFed(tmp_path, eval_epsilon=0.5, test_noise=True).start()
@@ -241,7 +241,7 @@ def test_every_site_gets_the_released_metrics_and_writes_the_coordinators_receip
     for s in SITES:
         m = f.machines[s]
         assert m.evaluation_released == ev | {"model_sha256": sha}
-        written = json.loads((m.stage.model_path.parent / "model.evaluation.json").read_text())
+        written = json.loads(m.stage.model_path.with_suffix(".evaluation.json").read_text())
         assert written == ev | {"model_sha256": sha}
 
 

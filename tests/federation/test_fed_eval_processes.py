@@ -70,7 +70,8 @@ def test_three_sites_train_then_evaluate_and_release_only_the_aggregate_metrics(
         assert r["epsilon_total"] == out["epsilon_total"] == pytest.approx(out["epsilon"] + 0.2)
         # the released metrics reach every site (over gRPC, with Finished): it writes the coordinator's receipt
         assert r["evaluation_released"] == ev
-        assert json.loads((tmp_path / s / "model.evaluation.json").read_text()) == receipt
+        (written,) = (tmp_path / s).glob("model-*.evaluation.json")  # beside the plan-named model
+        assert json.loads(written.read_text()) == receipt
         logged = [e for e in c.events if e.get("_proc") == s and e.get("event") == "evaluation_released"]
         assert len(logged) == 1 and logged[0]["evaluation"] == ev
     # the report shows ε_eval in a section of its own, apart from the training ε, with the released metrics

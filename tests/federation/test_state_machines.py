@@ -159,6 +159,23 @@ def test_federation_equals_the_centralised_engine(tmp_path, use_filter):
                 assert spent == central[rid]
 
 
+def test_a_second_plan_in_the_same_state_directory_keeps_the_first_plans_model(tmp_path):
+    """A site's model file is named by its plan (issue 36: the next plan overwrote ``STATE/model.json``):
+    ``model-<first 16 hex digits of the plan hash>.json``, as its ledger."""
+    hp = tree_hp(trees=2)
+    first = Fed(tmp_path, hp).start()
+    first.fed.run()
+    second = Fed(tmp_path, hp.replace(seed=hp.seed + 1)).start()  # the same sites, data and state directories
+    second.fed.run()
+    assert first.session.exit_code == second.session.exit_code == 0
+    assert first.session.model_json != second.session.model_json
+    for s in SITES:
+        a, b = first.machines[s].stage.model_path, second.machines[s].stage.model_path
+        assert a.parent == b.parent == tmp_path / f"state-{s}"
+        assert a.read_bytes() == first.session.model_json and b.read_bytes() == second.session.model_json
+        assert (a.name, b.name) == (f"model-{first.plan.sha256[:16]}.json", f"model-{second.plan.sha256[:16]}.json")
+
+
 # --------------------------------------------------------------------------- dropouts and retries
 
 

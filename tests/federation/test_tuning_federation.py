@@ -149,7 +149,7 @@ def test_three_site_processes_run_the_trials_and_the_coordinator_keeps_the_best(
     for i, plan in enumerate(tuning.trials):  # every trial: the sites' models are the coordinator's, = central
         ref = (tmp_path / "coordinator" / f"trial-{i + 1}" / "model.json").read_bytes()
         for s in SITES:
-            assert (tmp_path / s / f"model.trial-{i + 1}.json").read_bytes() == ref
+            assert (tmp_path / s / f"model-{tuning.sha256[:16]}.trial-{i + 1}.json").read_bytes() == ref
         _, res = central_training(tmp_path, schema, raw.iloc[:450], plan.hyperparameters, seed=3)
         assert_same_trees(json.loads(ref), res.model)
     for p in c.procs[1:]:
@@ -178,7 +178,7 @@ def test_a_site_skips_a_trial_it_finished_and_waits_while_the_coordinator_serves
     c = cluster_factory(tmp_path / "tune.trial-1.toml")  # this coordinator serves trial 1 and waits for sites
     c.coordinator()
     (tmp_path / SITES[0]).mkdir(exist_ok=True)
-    (tmp_path / SITES[0] / "model.trial-1.json").write_text("{}")
+    (tmp_path / SITES[0] / f"model-{tuning.sha256[:16]}.trial-1.json").write_text("{}")
     site = c.site(SITES[0], data[SITES[0]], "--allow-insecure-test-randomness", "--plan", str(tmp_path / "tune.toml"),
                   "--reconnect-timeout", "6", "--status-port", "0")
     page = c.wait_event(lambda ev: ev.get("_proc") == SITES[0] and ev.get("event") == "status_page", timeout=60)

@@ -252,13 +252,15 @@ def check_outcome(fed: Federation, plan, sites: list[str], records: dict[str, in
        committed that round;
     7. every site's ledger covers exactly its records.
     """
+    from fedsbdt.client.site import model_path
     from fedsbdt.common.engine import filter_for
 
     hp = plan.hyperparameters
     ref = (fed.root / "coordinator" / "model.json").read_bytes()
     for s in sites:
         if s not in without_model:
-            assert (fed.root / s / "model.json").read_bytes() == ref, f"{s}'s model differs from the coordinator's"
+            assert model_path(fed.root / s, plan.sha256).read_bytes() == ref, \
+                f"{s}'s model differs from the coordinator's"
     model = json.loads(ref)
     log = read_checkpoint(fed.root / "coordinator")
     trees = [b for k, b in log if k == "tree"]
