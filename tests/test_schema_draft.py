@@ -132,7 +132,7 @@ def test_train_tune_plan_client_and_demo_refuse_a_draft_until_its_marks_are_dele
     commands = {
         "train": ["train", "--data", data, "--schema", str(out), "--out", str(written[0]), "--trees", "2"],
         "tune": ["tune", "--data", data, "--schema", str(out), "--epsilon", "1", "--out", str(written[1])],
-        "plan": ["plan", "--schema", str(out), *sites, "--out", str(written[2])],
+        "plan": ["plan", "--schema", str(out), *sites, "--rows", "500", "--out", str(written[2])],
         "client": ["client", "--coordinator", "127.0.0.1:9", "--site", "s0", "--data", data, "--plan-hash",
                    "ab" * 32, "--state", str(tmp_path / "st"), "--insecure", "--schema", str(out)],
         "demo": ["demo", "--data", data, "--schema", str(out), "--workdir", str(tmp_path / "demo")],
