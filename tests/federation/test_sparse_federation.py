@@ -13,7 +13,7 @@ from fedsbdt.common.config import Hyperparameters
 from fedsbdt.common.federation.plan import Deadlines, Plan, PlanError, SiteEntry, make_plan
 from fedsbdt.server.session import Session
 
-from .conftest import abalone_with_ids, write_splits
+from .conftest import abalone_with_ids, site_model, write_splits
 from .inproc import Clock, InProcess
 
 SITES = [f"hosp-{i}" for i in range(8)]
@@ -176,9 +176,10 @@ def test_six_site_processes_train_on_the_sparse_graph_over_mutual_tls(tmp_path, 
     assert coord.wait() == 0, coord.errors
     for s, p in procs.items():
         assert p.wait() == 0, p.errors
-    model = json.loads((tmp_path / "coordinator" / "model.json").read_bytes())
+    released = (tmp_path / "coordinator" / "model.json").read_bytes()
+    model = json.loads(released)
     for s in sites:
-        assert (tmp_path / s / "model.json").read_bytes() == (tmp_path / "coordinator" / "model.json").read_bytes()
+        assert site_model(tmp_path, s, released).read_bytes() == released
     union = tmp_path / "union.csv"
     raw.to_csv(union, index=False)
     ref = train(load(union, schema), hp, InsecureTestRandomness(seed=2, noise=False,
