@@ -495,9 +495,10 @@ def check(name: str, scenario: str, tmp_path, monkeypatch) -> list[Row]:
 
 
 MODE_NAMES = sorted(modes.registered())
+SCENARIOS = ("clean", "failures")
 
 
-@pytest.mark.parametrize("scenario", ["clean", "failures"])
+@pytest.mark.parametrize("scenario", SCENARIOS)
 @pytest.mark.parametrize("name", MODE_NAMES)
 def test_every_mode_charges_each_record_exactly_what_its_sites_release(name, scenario, tmp_path, monkeypatch):
     for row in check(name, scenario, tmp_path, monkeypatch):
