@@ -232,12 +232,10 @@ class EvalNoise(Noise):
     def scales(self, shares: int = 1, **where) -> np.ndarray:
         return self.spec.noise_scales()
 
-    def multiplier(self) -> float:
-        """1/√Σ_j (Δ_j/S_j)² over the worst record's coordinates of :meth:`scales` (``EvalSpec.normalised_sensitivity``)."""
-        return 1.0 / self.spec.normalised_sensitivity()
-
     def touched(self) -> tuple[Touch, ...]:
-        return (Touch(1.0, self.spec.normalised_sensitivity()),)  # one whitened coordinate group, as multiplier()
+        """The worst record's coordinates whitened by their scales: ``√Σ_j (Δ_j/S_j)²`` over :meth:`scales`
+        (``EvalSpec.normalised_sensitivity``: one count of each histogram it enters and every clipped sum)."""
+        return (Touch(1.0, self.spec.normalised_sensitivity()),)
 
 
 @dataclass(frozen=True)
