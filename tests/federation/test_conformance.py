@@ -563,3 +563,24 @@ def test_a_plan_whose_releases_cost_other_than_it_states_is_refused(monkeypatch)
     with pytest.raises(PlanError, match=r"states ε = 3\.9999.* cost 2\.7427"):
         make_plan(schema, training_hp("dpboost"), [SiteEntry(s, bytes([i + 1]) * 32) for i, s in
                                                    enumerate(["a", "b", "c"])], randomness="insecure-test")
+
+
+def test_the_parties_take_noise_scales_only_from_the_plans_declarations():
+    """Sites (client/, the modes' site rounds), the coordinator's rounds and the session draw noise at the scales of
+    ``plan.releases`` (or the plan's methods that read it), never from a noise-scale function of their own: the
+    event the gate charges is computed from those declarations (common/modes/releases.py)."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    raw = re.compile(r"(?<!plan\.)\b(leaf_noise_scales|level_noise_scales|sketch_noise_scales?|init_noise_scales|"
+                     r"noise_scales)\s*\(")
+    found = {}
+    for path in [*(root / "client").rglob("*.py"), *(root / "server").rglob("*.py"),
+                 *(root / "common" / "modes").glob("*.py")]:
+        if path.name == "releases.py":
+            continue
+        hits = [m.group(0) for m in raw.finditer(path.read_text()) if not path.read_text()[:m.start()].endswith("def ")]
+        if hits:
+            found[str(path.relative_to(root))] = hits
+    assert found == {}, found
