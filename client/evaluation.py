@@ -67,7 +67,7 @@ def eval_input(plan, model, held_out: Dataset | None, randomness) -> tuple[np.nd
         x = spec.histogram(held_out.y, model.predict(held_out.X))
         n = int(held_out.n)
         digest = hashlib.sha256(np.ascontiguousarray(held_out.ids, dtype=np.int64).tobytes()).hexdigest()
-    noise = np.asarray(randomness.discrete_gaussian(spec.noise_scales()), dtype=np.int64)
+    noise = np.asarray(randomness.discrete_gaussian(plan.releases["eval"].scales()), dtype=np.int64)  # the declared noise
     charge = {"epsilon_eval": float(spec.epsilon), "delta_eval": float(spec.delta), "sigma_eval": spec.sigma,
               "records": n, "record_ids_sha256": digest}
     return x, noise, charge

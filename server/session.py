@@ -48,7 +48,7 @@ from typing import Callable
 
 import numpy as np
 
-from fedsbdt.common.boosting import init_noise_scales, init_score
+from fedsbdt.common.boosting import init_score
 from fedsbdt.common.modes import mode_for
 from fedsbdt.common.multiclass import init_vector_len
 from fedsbdt.common.secagg import (
@@ -853,7 +853,7 @@ class Session:
             return
         if work.purpose == Purpose.INIT_SCORE:
             if central:
-                total = total + self.randomness.discrete_laplace(init_noise_scales(self.hp, self.enc, self.cal))
+                total = total + self.randomness.discrete_laplace(self.plan.releases["init"].scales())
             score = init_score(total, self.plan.schema.task, self.enc)
             multi = np.ndim(score) > 0  # multiclass: one margin per class
             msg = InitScoreMsg(0.0 if multi else float(score), result.round_id, tuple(result.survivors),

@@ -189,9 +189,10 @@ def test_the_sites_code_path_draws_that_noise():
     from types import SimpleNamespace
 
     from fedsbdt.client.evaluation import eval_input
+    from fedsbdt.common.modes.releases import EvalNoise, Release
 
     spec = EvalSpec("binary", 0.5, DELTA, 20)
-    plan = SimpleNamespace(eval_spec=spec)
+    plan = SimpleNamespace(eval_spec=spec, releases={"eval": Release("eval", EvalNoise(spec))})  # the plan's declaration
     rnd = SecureRandomness()
     z = []
     for _ in range(40):

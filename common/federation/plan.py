@@ -310,13 +310,48 @@ class Plan:
         return self.noise_divisor(participants) + self.assumed_colluders
 
     def leaf_share_scales(self, shares: int):
-        """Per-coordinate std (fixed-point units) of one site's leaf-noise share when split into ``shares``."""
-        from fedsbdt.common.boosting import leaf_noise_scales
-
+        """Per-coordinate std (fixed-point units) of one site's leaf-noise share when split into ``shares`` (the
+        plan's ``tree`` release, :attr:`releases`)."""
         if not self.noise_shares <= shares <= self.n:
             raise PlanError(f"leaf noise cannot be split into {shares} shares (t − c = {self.noise_shares}, "
                             f"n = {self.n})")
-        return leaf_noise_scales(self.hyperparameters, self.encoding, self.calibration().sigma, shares=shares)
+        return self.releases["tree"].scales(shares)
+
+    @cached_property
+    def releases(self):
+        """Every release kind of the plan → its declaration (common/modes/releases.py): the noise every party
+        draws for it and the privacy event the sites' gates charge, derived from that noise.  Read-only."""
+        from types import MappingProxyType
+
+        from fedsbdt.common.modes import mode_for
+
+        return MappingProxyType(mode_for(self).releases(self))
+
+    def check_release_accounting(self) -> None:
+        """Refuse a plan whose statement of ε is not what its releases cost.
+
+        The training releases the schedule allows a record (the mode's ``plan_event``: the events of the
+        declared releases, which the gates charge and which are computed from the noise the sites draw) must
+        compose to the stated ε at the plan's δ (RDP ledger, Cor. 6), and the evaluation's event to ε_eval.
+        A mode whose calibration and release declarations disagree — federated DPBoost's levels drawn as
+        Gaussians of σ_s but charged as ε = 0 exponential-mechanism events (issue 37, finding 1) — cannot
+        produce or join a plan."""
+        from fedsbdt.common.accountant import default_alpha_max, event_epsilon_rdp
+        from fedsbdt.common.modes import mode_for
+
+        mode, hp = mode_for(self), self.hyperparameters
+        checks = []
+        if mode.trains(self):
+            checks.append(("ε", self.stated_epsilon, mode.plan_event(self, without=("eval",)), hp.delta))
+        if self.eval_spec is not None:
+            checks.append(("ε_eval", float(self.eval_spec.epsilon), self.releases["eval"].event,
+                           float(self.eval_spec.delta)))
+        for what, stated, event, delta in checks:
+            got = event_epsilon_rdp(event, delta, default_alpha_max(stated, delta))[0]
+            if not math.isclose(got, stated, rel_tol=PRIVACY_RTOL, abs_tol=0.0):
+                raise PlanError(f"the plan states {what} = {stated!r}, but the releases its sites draw noise for "
+                                f"cost {got!r} (mode {mode.name}: {', '.join(self.releases)}); refusing a plan "
+                                "whose privacy statement is not what its releases are charged")
 
     @cached_property
     def greedy_grid(self):
@@ -350,8 +385,7 @@ class Plan:
         """Per-entry std (integer units) of one site's share of a level's noise when split into ``shares``."""
         if not 1 <= shares <= self.n:
             raise PlanError(f"level noise cannot be split into {shares} shares (n = {self.n})")
-        return self.greedy_grid.noise_scales(tree, level, self.encoding.grad.bound_units,
-                                             self.calibration().sigma_select, shares)
+        return self.releases["level"].scales(shares, tree=tree, level=level)
 
     @cached_property
     def eval_spec(self):
@@ -458,6 +492,7 @@ class Plan:
                 raise PlanError(f"the plan states {what} = {stated!r} but this party's accountant gives "
                                 f"{mine!r} for the plan's hyperparameters; refusing a plan whose noise does not "
                                 "match its privacy claim")
+        self.check_release_accounting()
         return cal
 
     def noise_scales(self):
@@ -470,12 +505,9 @@ class Plan:
         """
         if self.noise != "distributed":
             return None, None
-        from fedsbdt.common.boosting import init_noise_scales, leaf_noise_scales
-
-        cal = self.calibration()
-        hp, enc = self.hyperparameters, self.encoding
-        leaf = leaf_noise_scales(hp, enc, cal.sigma, shares=self.noise_shares)
-        init = init_noise_scales(hp, enc, cal) if hp.init_share > 0 else None
+        rel = self.releases
+        leaf = rel["tree"].scales(self.noise_shares) if "tree" in rel else None
+        init = rel["init"].scales() if "init" in rel else None
         return leaf, init
 
     def central_retry_noise_scales(self):
@@ -488,12 +520,8 @@ class Plan:
         """
         if self.noise != "central":
             return None
-        from fedsbdt.common.boosting import init_noise_scales, leaf_noise_scales
-
-        cal = self.calibration()
-        hp, enc = self.hyperparameters, self.encoding
-        return (leaf_noise_scales(hp, enc, cal.sigma, shares=1),
-                init_noise_scales(hp, enc, cal) if hp.init_share > 0 else None)
+        rel = self.releases
+        return (rel["tree"].scales(1) if "tree" in rel else None, rel["init"].scales() if "init" in rel else None)
 
     def share_closeness(self) -> tuple[float, float]:
         """(smallest leaf-noise share std in integer units, relative RDP excess η) of distributed noise.
@@ -865,5 +893,7 @@ def make_plan(schema: Schema, hp: Hyperparameters, sites: list[SiteEntry], thres
         c = default_colluders(n, t) if isinstance(t, int) and not isinstance(t, bool) else 0
     else:
         t = threshold if threshold is not None else (n + c) // 2 + 1
-    return Plan(assumed_colluders=c, session_id=session_id, schema=schema, hyperparameters=hp, sites=tuple(sites), threshold=t,
-                stated_sigma=cal.sigma, stated_epsilon=cal.epsilon, **session)
+    plan = Plan(assumed_colluders=c, session_id=session_id, schema=schema, hyperparameters=hp, sites=tuple(sites),
+                threshold=t, stated_sigma=cal.sigma, stated_epsilon=cal.epsilon, **session)
+    plan.check_release_accounting()  # the ε it states is what its releases are charged
+    return plan

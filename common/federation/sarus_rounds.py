@@ -385,17 +385,6 @@ class SarusTree:
             return self.tree_grid.layout(0, level).length
         return 2 * self.hp.leaves
 
-    def noise_scales(self, purpose, level: int, shares: int = 1) -> np.ndarray:
-        """Per-entry std of one of ``shares`` shares of a release's noise (sites' and central mode's)."""
-        from .wire import Purpose
-
-        g = self.enc.grad.bound_units
-        if purpose == Purpose.SKETCH:
-            return self.grid.sketch_noise_scales(self.cal.sigma_sketch, shares)
-        if purpose == Purpose.LEVEL:
-            return self.grid.level_noise_scales(self.tree_grid.layout(0, level), g, self.cal.sigma_select, shares)
-        return self.grid.leaf_noise_scales(g, self.cal.sigma, shares)
-
     def choose(self, noisy: np.ndarray, level: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(features, thresholds, stopped) of the level's nodes (:func:`select`); the state does not change."""
         parent = np.zeros(2**level, bool) if level == 0 else np.repeat(self.stopped[level - 1], 2)

@@ -8,10 +8,12 @@ mode of the pinned plan (:func:`fedsbdt.common.modes.mode_for`):
   (purpose, tree, level) is a round of the plan (:meth:`Mode.schedule_refusal`);
 * **release kind** — every data-carrying release is of one *kind* (``init``, ``level``, ``tree``,
   ``sketch``, ``eval``; :meth:`Mode.kind`), with
-* **its privacy event** — the accountant event (common/accountant.py, in the spirit of dp-accounting's
-  DpEvent) one release costs a worst-case record it reads (:meth:`Mode.event`; the sensitivity is the
-  event's: every release here is a sum with per-record contributions clipped to the plan's bounds, so the
-  worst-case record's event is that of sensitivity 1 in the event's units), and
+* **its declaration** — one :class:`~fedsbdt.common.modes.releases.Release` per kind (:meth:`Mode.releases`):
+  the noise every site draws for it (and the coordinator adds in central noise mode) and, computed from
+  that very noise and the records' clip bounds, the accountant event (common/accountant.py, in the spirit
+  of dp-accounting's DpEvent) one release costs a worst-case record it reads (:meth:`Mode.event`).  A mode
+  declares noises, never events: what the gate charges cannot differ from what the sites draw, and the
+  plan's ε is checked against the composition of these events (``Plan.check_release_accounting``), and
 * **its budget** — how many releases of each kind one record may be charged in this plan
   (:meth:`Mode.budget`): the plan's schedule as a multiset.  A record's charges stay a sub-multiset of the
   schedule, so its privacy loss is at most the plan's event (:meth:`Mode.plan_event`) whatever the
@@ -22,10 +24,10 @@ Which records a release reads is the site's to compute (its data); the gate char
 """
 from __future__ import annotations
 
-import math
-
-from fedsbdt.common.accountant import (ComposedEvent, GaussianEvent, compose, init_score_events)
+from fedsbdt.common.accountant import ComposedEvent, compose
 from fedsbdt.common.federation.wire import Purpose
+
+from .releases import EvalNoise, InitNoise, Release
 
 KINDS = ("init", "sketch", "level", "tree", "eval")
 PURPOSE_KIND = {Purpose.INIT_SCORE: "init", Purpose.SKETCH: "sketch", Purpose.LEVEL: "level", Purpose.TREE: "tree",
@@ -83,17 +85,37 @@ class Mode:
     def kind(self, purpose) -> str:
         return PURPOSE_KIND[Purpose(purpose)]
 
-    def event(self, plan, kind: str):
-        """The event one data-carrying release of ``kind`` costs a worst-case record it reads (None: free)."""
-        if kind == "init":
+    def releases(self, plan) -> dict[str, Release]:
+        """Every release kind ``plan`` schedules → its :class:`~fedsbdt.common.modes.releases.Release` (the noise
+        the parties draw for it and the event derived from that noise).  Read it through ``plan.releases``
+        (computed once per plan): the sites' draws, the coordinator's central noise and the gate's charges
+        all do."""
+        out: dict[str, Release] = {}
+        if self.trains(plan):
             cal = plan.calibration()
-            return init_score_events(cal.eps_init, cal.eps_ds) if cal.eps_init > 0 or cal.eps_ds > 0 else None
-        if kind == "eval":
-            return GaussianEvent(plan.eval_spec.sigma)
-        return self.tree_event(plan, kind)
+            if plan.hyperparameters.init_share > 0 and (cal.eps_init > 0 or cal.eps_ds > 0):
+                out["init"] = Release("init", InitNoise(plan.hyperparameters, plan.encoding, cal))
+            out.update(self.tree_releases(plan))
+        if plan.eval_spec is not None:
+            out["eval"] = Release("eval", EvalNoise(plan.eval_spec))
+        return out
 
-    def tree_event(self, plan, kind: str):  # pragma: no cover - every training mode overrides it
+    def tree_releases(self, plan) -> dict[str, Release]:  # pragma: no cover - every training mode overrides it
+        """The releases of the plan's trees (kinds ``sketch``, ``level``, ``tree``), declared by their noise."""
         raise NotImplementedError
+
+    def release(self, plan, kind: str) -> Release:
+        """The declaration of ``kind`` in ``plan`` (a kind the plan does not release is an error)."""
+        try:
+            return plan.releases[kind]
+        except KeyError:
+            raise ValueError(f"the plan releases no {kind!r} (mode {self.name}: "
+                             f"{', '.join(plan.releases) or 'no releases'})") from None
+
+    def event(self, plan, kind: str):
+        """The event one data-carrying release of ``kind`` costs a worst-case record it reads (None: it is part of
+        another kind's event): always the event of the noise the parties draw for it (:meth:`releases`)."""
+        return self.release(plan, kind).event
 
     def budget(self, plan) -> dict[str, int | None]:
         """Releases of each kind one record may be charged in this plan (the schedule as a multiset)."""
@@ -111,7 +133,9 @@ class Mode:
 
     def plan_event(self, plan, without: tuple[str, ...] = ()) -> ComposedEvent:
         """The whole plan for a worst-case record (training and evaluation): what joining it may cost; ``without``
-        leaves out releases of those kinds (e.g. ``("eval",)``: what the training records alone may cost)."""
+        leaves out releases of those kinds (e.g. ``("eval",)``: what the training records alone may cost).  The
+        composition of the declared releases' events over the schedule (:meth:`budget`), which the plan's
+        stated ε must equal (``Plan.check_release_accounting``)."""
         budget = {k: n for k, n in self.budget(plan).items() if k not in without}
         parts = [compose(self.event(plan, k), count=n or 0) for k, n in budget.items()
                  if n and self.event(plan, k) is not None]
@@ -155,8 +179,3 @@ class Mode:
         from .site_rounds import SiteRounds
 
         return SiteRounds(plan, site)
-
-
-def gaussian(sigma: float) -> GaussianEvent:
-    """A Gaussian sum release of unweighted noise σ (noise multiplier σ/√2, common/accountant.py module doc)."""
-    return GaussianEvent(sigma / math.sqrt(2.0))

@@ -26,10 +26,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedsbdt.common.boosting import leaf_noise_scales, leaf_values
+from fedsbdt.common.boosting import leaf_values
 from fedsbdt.common.federation.wire import Purpose
 from fedsbdt.common.multiclass import round_vector_len
 from fedsbdt.common.splits import Splits, random_splits
+
+from .base import PURPOSE_KIND
 
 
 @dataclass(frozen=True)
@@ -87,8 +89,13 @@ class TreeRounds:
         return {}
 
     def central_noise_scales(self, purpose: Purpose, tree: int, level: int) -> np.ndarray:
-        """Per-entry std (integer units) of the noise the coordinator adds to a round in central noise mode."""
-        return leaf_noise_scales(self.hp, self.enc, self.cal.sigma)
+        """Per-entry std (integer units) of the noise the coordinator adds to a round in central noise mode: the
+        full noise of the round's release as the plan declares it (``plan.releases``, the sites' very draw)."""
+        return self.plan.releases[PURPOSE_KIND[Purpose(purpose)]].scales(1, **self.noise_layout(purpose, tree, level))
+
+    def noise_layout(self, purpose: Purpose, tree: int, level: int) -> dict:
+        """What fixes the layout of a round's noise (the ``where`` of common/modes/releases.py); base: nothing."""
+        return {}
 
     # ------------------------------------------------------------------ rounds before the leaves
 

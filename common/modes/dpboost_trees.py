@@ -37,7 +37,9 @@ class DPBoostTrees(GreedyTrees):
         return DPBoostRounds(plan, records)
 
     def federated_hyperparameters(self, hp, given):
-        return hp  # DPBoost selects with the exponential mechanism (docs/dpboost.md)
+        # ``selection`` stays "exponential" (the central DPBoost builder's setting, which the configuration
+        # pins); a federated level is always a Gaussian histogram release (GreedyTrees.tree_releases)
+        return hp
 
     # ---- site side
     def site_rounds(self, plan, site):

@@ -35,10 +35,8 @@ class GreedyRounds(TreeRounds):
     def request(self, purpose, tree, level):
         return self.split_fields(level)
 
-    def central_noise_scales(self, purpose, tree, level):
-        if purpose == Purpose.LEVEL:
-            return self.grid.noise_scales(tree, level, self.enc.grad.bound_units, self.cal.sigma_select)
-        return super().central_noise_scales(purpose, tree, level)
+    def noise_layout(self, purpose, tree, level):
+        return {"tree": tree, "level": level} if purpose == Purpose.LEVEL else {}
 
     def release(self, purpose, tree, level, noisy):
         if purpose != Purpose.LEVEL:

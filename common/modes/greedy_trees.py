@@ -1,28 +1,28 @@
 """Greedy trees (docs/greedy.md): ``depth`` level rounds of noisy histograms, then the leaf round.
 
 Release kinds: ``level`` — every record in every level (the nodes of a level hold disjoint records: one
-release), the exponential mechanism's ε (bounded range) or a Gaussian of σ_s/√2; ``tree`` — the leaves, a
-Gaussian of σ/√2.  Budget: ``T·depth`` levels and ``T`` leaf releases per record.
+release), a Gaussian of σ_s/√2 (noisy histograms); ``tree`` — the leaves, a Gaussian of σ/√2.  Budget: ``T·depth`` levels and ``T`` leaf releases per record.
 """
 from __future__ import annotations
 
-from fedsbdt.common.accountant import ExponentialEvent
 from fedsbdt.common.federation.wire import Purpose
 
 from . import register
-from .base import Mode, gaussian
+from .base import Mode
+from .releases import LeafNoise, LevelNoise, Release
 
 
 class GreedyTrees(Mode):
     name = "greedy"
     tree_purposes = (Purpose.LEVEL,)
 
-    def tree_event(self, plan, kind):
-        cal = plan.calibration()
-        if kind == "level":
-            hp = plan.hyperparameters
-            return ExponentialEvent(cal.eps_select) if hp.selection == "exponential" else gaussian(cal.sigma_select)
-        return gaussian(cal.sigma)
+    def tree_releases(self, plan):
+        """A level is a Gaussian histogram release of σ_s whatever ``hp.selection`` says (a federation selects
+        from noisy histograms: no party holds the exact gains the exponential mechanism needs); the leaves a
+        Gaussian of σ.  Both events come from the noise the sites draw (common/modes/releases.py)."""
+        cal, enc = plan.calibration(), plan.encoding
+        return {"level": Release("level", LevelNoise(plan.greedy_grid, enc.grad.bound_units, cal.sigma_select)),
+                "tree": Release("tree", LeafNoise(plan.hyperparameters, enc, cal.sigma))}
 
     def rounds(self, plan) -> int:
         """Sequential trees a record is in (all of them)."""

@@ -6,10 +6,9 @@ with ``filter = true`` the individual Rényi filter bounds each record instead (
 """
 from __future__ import annotations
 
-from fedsbdt.common.accountant import PoissonSampledEvent
-
 from . import register
-from .base import Mode, gaussian
+from .base import Mode
+from .releases import LeafNoise, Release
 
 
 class RandomTrees(Mode):
@@ -17,8 +16,9 @@ class RandomTrees(Mode):
     uniform_tree_rounds = True
     isolated_sampler = True
 
-    def tree_event(self, plan, kind):
-        return PoissonSampledEvent(plan.hyperparameters.subsample, gaussian(plan.calibration().sigma))
+    def tree_releases(self, plan):
+        hp = plan.hyperparameters
+        return {"tree": Release("tree", LeafNoise(hp, plan.encoding, plan.calibration().sigma), rate=hp.subsample)}
 
     def tree_budget(self, plan):
         hp = plan.hyperparameters

@@ -45,8 +45,8 @@ class SarusRounds(TreeRounds):
             return {}
         return self.split_fields(level) | {"sketch": tuple(int(x) for x in self.tree.sketch)}
 
-    def central_noise_scales(self, purpose, tree, level):
-        return self.tree.noise_scales(purpose, level)
+    def noise_layout(self, purpose, tree, level):
+        return {"layout": self.tree.tree_grid.layout(0, level)} if purpose == Purpose.LEVEL else {}
 
     def release(self, purpose, tree, level, noisy):
         if purpose == Purpose.SKETCH:

@@ -132,8 +132,9 @@ class SarusSite(SiteRounds):
         with_data = with_data and m.gate.admit(kind, read, tree=ev.tree) is not None
         x = self._vector(ev, state, present) if with_data else np.zeros(expected, np.int64)
         p, noise = len(start.participants), None
-        scales = (lambda shares: self.grid.sketch_noise_scales(m.cal.sigma_sketch, shares)) if state is None else \
-            (lambda shares: state.noise_scales(ev.purpose, ev.level, shares))
+        release = plan.releases[kind]  # the noise the plan declares for this release (and charges for)
+        where = {"layout": state.tree_grid.layout(0, ev.level)} if ev.purpose == Purpose.LEVEL else {}
+        scales = lambda shares: release.scales(shares, **where)  # noqa: E731
         if plan.noise == "distributed" and plan.threshold <= p <= plan.n:  # otherwise secagg refuses the round
             noise = m.randomness.discrete_gaussian(scales(plan.noise_divisor(p)))
         elif plan.noise == "central" and attempts > 0:  # a retry: a full, fresh share

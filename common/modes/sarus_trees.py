@@ -2,30 +2,34 @@
 one Poisson subsample.
 
 The tree's releases compose under one subsampling (their Gaussian parts add up to one Gaussian, Thm. 5), so a
-tree costs one :func:`~fedsbdt.common.federation.sarus_rounds.tree_event`, charged with its first release (the
+tree costs one Poisson-subsampled composition of its Gaussians (the event of :meth:`SarusTrees.tree_releases`,
+equal to :func:`~fedsbdt.common.federation.sarus_rounds.tree_event`), charged with its first release (the
 sketch); its levels and leaves cost nothing more.  Budget per record: ``T`` sketches, ``T·depth`` levels and
 ``T`` leaf releases (each stage of a tree carries data once: common/modes/sarus_site.py).
 """
 from __future__ import annotations
 
-import math
-
-from fedsbdt.common.federation.sarus_rounds import SKETCH_SHARE, tree_event
 from fedsbdt.common.federation.wire import Purpose
 
 from . import register
 from .base import Mode
+from .releases import Release, SarusLevelNoise, SketchNoise
 
 
 class SarusTrees(Mode):
     name = "sarus"
     tree_purposes = (Purpose.SKETCH, Purpose.LEVEL)
 
-    def tree_event(self, plan, kind):
-        if kind != "sketch":
-            return None  # inside the tree's subsampled composition, charged with the sketch
-        hp, cal = plan.hyperparameters, plan.calibration()
-        return tree_event(cal.sigma_sketch * math.sqrt(SKETCH_SHARE), hp.depth, hp.subsample)
+    def tree_releases(self, plan):
+        """The sketch, each level and the leaves, each with its own noise; the tree's event — their Gaussians
+        composed on one Poisson subsample — is charged with the sketch, the levels and leaves inside it."""
+        hp, cal, grid, g = plan.hyperparameters, plan.calibration(), plan.sarus_grid, plan.encoding.grad.bound_units
+        level = SarusLevelNoise(grid, g, cal.sigma_select)
+        leaves = SarusLevelNoise(grid, g, cal.sigma, leaves=True)
+        return {"sketch": Release("sketch", SketchNoise(grid, cal.sigma_sketch), rate=hp.subsample,
+                                  composed=((level, hp.depth), (leaves, 1))),
+                "level": Release("level", level, charged_with="sketch"),
+                "tree": Release("tree", leaves, charged_with="sketch")}
 
     def tree_budget(self, plan):
         hp = plan.hyperparameters

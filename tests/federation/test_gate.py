@@ -169,6 +169,42 @@ def test_a_coordinator_failing_tree_0_until_the_caps_run_out_gets_no_more_than_e
         assert dpboost_worst_epsilon(f, s) <= eps * (1 + 1e-6)
 
 
+def test_federated_dpboost_charges_its_levels_as_the_gaussians_its_sites_draw(tmp_path):
+    """Issue 37, finding 1: `fedsbdt plan --tree-builder dpboost` keeps selection = "exponential" (the central
+    builder's setting) while the sites release Gaussian level histograms; main's gate charged every level as
+    an exponential-mechanism event of ε = 0, so a record's charges composed to ε 2.74 for a plan of ε 4.0.
+    Oracle: dp-accounting on the schedule of one record (N_e·depth levels and N_e leaf releases) at the noise
+    multipliers of the full noise the sites draw (per-entry std from the plan's draw, sensitivities from the
+    public clip bounds: F gradient entries ≤ g* and F counts ≤ 1 per level, h* and g* per leaf)."""
+    from fedsbdt.client.gate import Gate
+    from fedsbdt.common.accountant import default_alpha_max, event_epsilon_rdp
+    from fedsbdt.common.boosting import leaf_noise_scales
+    from fedsbdt.common.federation.plan import SiteEntry, make_plan
+    from fedsbdt.common.modes import training_mode
+    from fedsbdt.common.schema import Schema
+
+    given = dict(tree_builder="dpboost", epsilon=4.0, trees=4, ensemble_trees=2, depth=2, seed=5)
+    hp = Hyperparameters(**builder_defaults(given))
+    hp = training_mode(hp).federated_hyperparameters(hp, set(given))  # what `fedsbdt plan` pins
+    assert hp.selection == "exponential"
+    plan = make_plan(Schema.load(ROOT / "examples" / "abalone" / "schema.toml"), hp,
+                     [SiteEntry(s, bytes([i + 1]) * 32) for i, s in enumerate(SITES)], randomness="insecure-test")
+    enc = plan.encoding
+    level = plan.level_share_scales(0, 0, 1)  # the full level noise the sites draw (one share of one)
+    F = plan.greedy_grid.layout(0, 0).features.size
+    z_level = 1 / math.sqrt(F * (enc.grad.bound_units / level[0]) ** 2 + F * (1 / level[-1]) ** 2)
+    leaf = leaf_noise_scales(hp, enc, plan.calibration().sigma)
+    L = hp.leaves
+    z_leaf = 1 / math.sqrt((enc.hess.bound_units / leaf[0]) ** 2 + (enc.grad.bound_units / leaf[L]) ** 2)
+    n_e = 2  # 4 trees in ensembles of 2: a record is in one tree of each
+    oracle = dp_epsilon([dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(z_level), n_e * hp.depth),
+                         dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(z_leaf), n_e)], hp.delta)
+    gate = Gate(plan, SitePolicy(), None, tmp_path, "hosp-a")
+    charged = event_epsilon_rdp(gate.training_event(), hp.delta, default_alpha_max(hp.epsilon, hp.delta))[0]
+    assert oracle == pytest.approx(plan.stated_epsilon, rel=1e-6)
+    assert charged == pytest.approx(oracle, rel=1e-6), f"gate ε {charged:.6g}, plan ε {plan.stated_epsilon:.6g}"
+
+
 # --------------------------------------------------------------------------- (c) failures
 
 
