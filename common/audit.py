@@ -512,6 +512,14 @@ def audit_hyperparameters(hp):
     return hp if hp.seed is not None else hp.replace(seed=secrets.randbits(63))
 
 
+def check_audit_inputs(dataset, confidence: float) -> None:
+    """What every audit run refuses before training (one line each, :class:`AuditError`)."""
+    if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) or not 0 < confidence < 1:
+        raise AuditError(f"--confidence {confidence!r}: must be in (0, 1)")
+    if dataset.schema.task not in ("regression", "binary"):
+        raise AuditError(f"the audit supports regression and binary tasks, not {dataset.schema.task}")
+
+
 def run_central_audit(dataset, hp, canaries: int = 1000, confidence: float = 0.95, randomness=None, progress=None,
                       *, _noise_factor: float = 1.0) -> tuple[AuditResult, object]:
     """Draw canaries, train centrally (:func:`fedsbdt.common.engine.train`) on the data plus the canaries whose
@@ -525,14 +533,10 @@ def run_central_audit(dataset, hp, canaries: int = 1000, confidence: float = 0.9
     from .engine import train
     from .randomness import SecureRandomness
 
-    if not 0 < confidence < 1:
-        raise AuditError(f"--confidence {confidence!r}: must be in (0, 1)")
-    if dataset.schema.task not in ("regression", "binary"):
-        raise AuditError(f"the audit supports regression and binary tasks, not {dataset.schema.task}")
+    check_audit_inputs(dataset, confidence)
     hp = audit_hyperparameters(hp)
     t0 = time.perf_counter()
     can = draw_canaries(dataset.schema, canaries)
-    _check_delta(can.m, hp.delta)
     randomness = randomness or SecureRandomness()
     if _noise_factor != 1.0:
         randomness = ScaledNoise(randomness, _noise_factor)
