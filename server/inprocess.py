@@ -16,6 +16,8 @@ trained on data they hold in memory.
 """
 from __future__ import annotations
 
+import contextlib
+import logging
 import math
 import tempfile
 from collections import deque
@@ -61,6 +63,7 @@ class InProcessSetup:
     test_noise: bool = True  # insecure-test only: False releases exact sums
     noise_factor: float = 1.0
     site_prefix: str = "site"
+    quiet: bool = True  # the coordinator's and the sites' INFO lines held back while the federation runs
 
     def __post_init__(self) -> None:
         if self.noise not in ("distributed", "central"):
@@ -76,7 +79,7 @@ class InProcessSetup:
 
 def write_site_file(ds: Dataset, path: Path) -> Path:
     """``ds`` as a Parquet file its schema parses back to the same arrays (numbers exact, categorical features as
-    their level names, missing values as nulls, labels as 0/1 or the scaled-back regression values)."""
+    their level names, missing values as nulls, class labels as the schema's label strings)."""
     import pandas as pd
 
     schema = ds.schema
@@ -90,6 +93,8 @@ def write_site_file(ds: Dataset, path: Path) -> Path:
     frame = pd.DataFrame(cols)
     if schema.task == "multiclass":
         frame[schema.target] = [schema.classes[int(v)] for v in ds.y]
+    elif schema.task == "binary":
+        frame[schema.target] = np.where(np.asarray(ds.y) == 1, schema.positive[0], schema.negative[0]).astype(object)
     else:
         frame[schema.target] = np.asarray(ds.y, dtype=np.float64)
     if schema.id_column is not None:
@@ -251,7 +256,25 @@ def train_in_process(datasets: Sequence[Dataset], hp: Hyperparameters, setup: In
 
     The sites' files, ledgers and state live in ``workdir`` (a temporary directory, removed afterwards, when
     none is given)."""
-    if workdir is not None:
+    with _quiet(setup.quiet), contextlib.ExitStack() as stack:
+        if workdir is None:
+            workdir = stack.enter_context(tempfile.TemporaryDirectory(prefix="fedsbdt-inprocess-"))
         return InProcessFederation.create(datasets, hp, workdir, setup).run(progress)
-    with tempfile.TemporaryDirectory(prefix="fedsbdt-inprocess-") as tmp:
-        return InProcessFederation.create(datasets, hp, tmp, setup).run(progress)
+
+
+#: the loggers of the coordinator and the sites, whose per-round INFO lines a caller of train_in_process (an audit,
+#: a benchmark) does not want: with ``quiet`` they log warnings and errors only while the federation runs
+FEDERATION_LOGGERS = ("fedsbdt.coordinator", "fedsbdt.site")
+
+
+@contextlib.contextmanager
+def _quiet(quiet: bool):
+    loggers = [logging.getLogger(n) for n in FEDERATION_LOGGERS] if quiet else []
+    before = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(max(lg.getEffectiveLevel(), logging.WARNING))
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, before):
+            lg.setLevel(level)

@@ -59,12 +59,13 @@ def test_records_are_dealt_round_robin_to_at_least_two_sites():
 
 def test_a_site_file_parses_back_to_the_same_records(tmp_path):
     s = Schema.from_dict({
-        "name": "mixed", "task": "binary", "target": "y", "columns": ["a", "c", "y"],
+        "name": "mixed", "task": "binary", "target": "y", "columns": ["a", "c", "y"], "positive": ["Yes"],
+        "negative": ["No"],
         "format": {"on_missing": "keep"},
         "features": [{"name": "a", "type": "numeric", "range": [2.0, 5.0]},
                      {"name": "c", "type": "categorical", "levels": ["u", "v", "w"]}]})
     X = np.array([[2.1, "v"], [np.nan, "w"], [4.999999999999, None]], dtype=object)
-    ds = Dataset.from_arrays(X, np.array([1.0, 0.0, 1.0]), s)
+    ds = Dataset.from_arrays(X, np.array(["Yes", "No", "Yes"], dtype=object), s)
     back = load(write_site_file(ds, tmp_path / "s.parquet"), s)
     assert np.array_equal(back.X, ds.X, equal_nan=True) and np.array_equal(back.y, ds.y)
 
