@@ -152,8 +152,13 @@ class SiteOptions:
     policy: SitePolicy = SitePolicy()  # central-noise opt-in, smallest roster, threshold, colluders
     eval_data: Path | None = None  # --eval-data: held-out file for the plan's federated evaluation
     max_eval_epsilon: float | None = MAX_EVAL_EPSILON  # --max-eval-epsilon: refuse a plan whose ε_eval exceeds this
+    #: TEST-ONLY, never a flag: this site's leaf noise × the factor (the federated audit's negative control and
+    #: planted bug, fedsbdt.server.federated_audit); 1.0 everywhere else
+    audit_noise_factor: float = 1.0
 
     def __post_init__(self) -> None:
+        if isinstance(self.audit_noise_factor, bool) or not 0 <= self.audit_noise_factor <= 1:
+            raise ConfigError("the test-only noise factor must be in [0, 1]")
         if self.max_epsilon is not None and not self.max_epsilon > 0:
             raise ConfigError("--max-epsilon must be > 0")
         if self.max_eval_epsilon is not None and not self.max_eval_epsilon > 0:
@@ -263,6 +268,10 @@ class SiteMachine:
             # shares ahead (modes that draw a share per level on demand sample in-process)
             if not getattr(randomness, "insecure", False) and mode_for(plan).isolated_sampler:
                 randomness = IsolatedSampler(randomness)
+            if self.options.audit_noise_factor != 1.0:  # TEST-ONLY (see SiteOptions)
+                from .audit_noise import scaled_noise
+
+                randomness = scaled_noise(randomness, self.options.audit_noise_factor)
             cal = plan.verify_privacy()
         except PlanError as e:
             raise SiteRefusal(str(e)) from None

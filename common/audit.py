@@ -512,6 +512,14 @@ def audit_hyperparameters(hp):
     return hp if hp.seed is not None else hp.replace(seed=secrets.randbits(63))
 
 
+def check_audit_inputs(dataset, confidence: float) -> None:
+    """What every audit run refuses before training (one line each, :class:`AuditError`)."""
+    if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) or not 0 < confidence < 1:
+        raise AuditError(f"--confidence {confidence!r}: must be in (0, 1)")
+    if dataset.schema.task not in ("regression", "binary"):
+        raise AuditError(f"the audit supports regression and binary tasks, not {dataset.schema.task}")
+
+
 def run_central_audit(dataset, hp, canaries: int = 1000, confidence: float = 0.95, randomness=None, progress=None,
                       *, _noise_factor: float = 1.0) -> tuple[AuditResult, object]:
     """Draw canaries, train centrally (:func:`fedsbdt.common.engine.train`) on the data plus the canaries whose
@@ -525,14 +533,10 @@ def run_central_audit(dataset, hp, canaries: int = 1000, confidence: float = 0.9
     from .engine import train
     from .randomness import SecureRandomness
 
-    if not 0 < confidence < 1:
-        raise AuditError(f"--confidence {confidence!r}: must be in (0, 1)")
-    if dataset.schema.task not in ("regression", "binary"):
-        raise AuditError(f"the audit supports regression and binary tasks, not {dataset.schema.task}")
+    check_audit_inputs(dataset, confidence)
     hp = audit_hyperparameters(hp)
     t0 = time.perf_counter()
     can = draw_canaries(dataset.schema, canaries)
-    _check_delta(can.m, hp.delta)
     randomness = randomness or SecureRandomness()
     if _noise_factor != 1.0:
         randomness = ScaledNoise(randomness, _noise_factor)
@@ -567,3 +571,77 @@ def audit_html(a: dict) -> str:
             f"were trained on (Steinke, Nasr &amp; Jagielski, one-run audit). {_e(verdict)} A small ε_lower "
             "means this attack could not see more; it is a lower bound, not a proof (docs/audit.md).</p>"
             + _table(rows))
+
+
+# --------------------------------------------------------------------------- the reconstruction benchmark
+
+#: the arms of benchmarks/reconstruction.py, in the order the report lists them, with what each one is
+RECONSTRUCTION_ARMS = (
+    ("baseline", "no model: the attacker's own records as its guess"),
+    ("fedsbdt_eps_0.1", "fedsbdt, ε = 0.1"),
+    ("fedsbdt_eps_1", "fedsbdt, ε = 1"),
+    ("fedsbdt_eps_10", "fedsbdt, ε = 10"),
+    ("fedsbdt_no_noise", "fedsbdt without noise (not a release: what the noise protects)"),
+    ("xgboost", "non-private federated XGBoost (reference)"),
+)
+
+
+def check_reconstruction(d) -> dict:
+    """The reconstruction benchmark's results (benchmarks/results/reconstruction.json), validated: a summary of
+    shares in [0, 1] for each arm present (one-line :class:`AuditError` otherwise)."""
+    summary = d.get("summary") if isinstance(d, dict) else None
+    if not isinstance(summary, dict) or not summary:
+        raise AuditError("not a reconstruction benchmark result (no 'summary'; benchmarks/reconstruction.py writes "
+                         "one)")
+    for arm, v in summary.items():
+        for metric in ("records", "features"):
+            x = (v.get(metric) or {}).get("mean") if isinstance(v, dict) else None
+            if isinstance(x, bool) or not isinstance(x, (int, float)) or not 0 <= x <= 1:
+                raise AuditError(f"reconstruction result: {arm}.{metric}.mean must be a share in [0, 1], got {x!r}")
+    return d
+
+
+def reconstruction_html(d: dict, epsilon: float, audit: dict | None = None) -> str:
+    """The report's reconstruction section: the proof's ε, the audit's ε_lower (if the model carries one) and
+    the share of a victim site's records a curious site reconstructed, beside the non-private reference."""
+    from .report import _e
+
+    d = check_reconstruction(d)
+    summary, tol = d["summary"], d.get("tolerance", {})
+    known = [(a, what) for a, what in RECONSTRUCTION_ARMS if a in summary]
+    known += [(a, a) for a in summary if a not in dict(RECONSTRUCTION_ARMS)]
+    eps_arms = {a: float(a.rsplit("_", 1)[1]) for a, _ in known if a.startswith("fedsbdt_eps_")}
+    near = min(eps_arms, key=lambda a: abs(math.log(eps_arms[a] / epsilon)), default=None) if epsilon > 0 else None
+
+    def pct(arm: str, metric: str) -> str:
+        v = summary[arm].get(metric)
+        if not isinstance(v, dict) or v.get("mean") is None:
+            return "—"
+        lo, hi = v.get("min", v["mean"]), v.get("max", v["mean"])
+        return f"{100 * v['mean']:.1f}%" + (f" ({100 * lo:.1f}–{100 * hi:.1f})" if hi > lo else "")
+
+    def row(a: str, what: str) -> str:
+        mark = " ← nearest this model's ε" if a == near else ""
+        cells = "".join(f'<td class="num">{_e(pct(a, m))}</td>' for m in ("records", "features", "exact_values"))
+        return f"<tr><th>{_e(what + mark)}</th>{cells}</tr>"
+
+    rows = "".join(row(a, what) for a, what in known)
+    lower = "not audited" if not audit else f"{float(audit.get('epsilon_lower', 0.0)):.3g} (at " \
+        f"{100 * float(audit.get('confidence', 0.95)):g}% confidence)"
+    head = ("<table><tr><th>ε (proof)</th><th>ε_lower (audit)</th><th>victim records reconstructed, this ε</th>"
+            "<th>… non-private reference</th></tr>"
+            f"<tr><td class=\"num\">{_e(f'{epsilon:.6g}')}</td><td class=\"num\">{_e(lower)}</td>"
+            f"<td class=\"num\">{_e(pct(near, 'records') if near else '—')}</td>"
+            f"<td class=\"num\">{_e(pct('xgboost', 'records') if 'xgboost' in summary else '—')}</td></tr></table>")
+    return (f"<p>A reconstruction attack in the style of TimberStrike (Di Gennaro et al. 2025): one honest-but-"
+            f"curious site of a {_e(d.get('sites', 3))}-site federation uses the released trees and its own records "
+            f"to reconstruct another site's records ({_e(d.get('data', 'benchmark data'))}). A record counts as "
+            f"reconstructed when every feature lies within {_e(tol.get('tau', 0.319))} standard deviations of the "
+            "true value after an optimal pairing; \"features\" is the paper's accuracy (the share of features "
+            "within tolerance); \"exact values\" the share of the victim's values that the release states "
+            "verbatim as split thresholds. fedsbdt's thresholds are drawn from the public seed before any data "
+            "is read, so they can state none. These are benchmark measurements on public data "
+            "(benchmarks/reconstruction.py), not measurements of this model's data; range over runs in "
+            "brackets (docs/reconstruction.md).</p>" + head
+            + "<table><tr><th>release seen by the curious site</th><th>victim records reconstructed</th>"
+              "<th>features within tolerance</th><th>exact values</th></tr>" + rows + "</table>")

@@ -625,7 +625,8 @@ def _register_optional(sub) -> None:
     import importlib
 
     for mod in ("fedsbdt.common.cli_tools", "fedsbdt.common.cli_explain", "fedsbdt.common.cli_audit",
-                "fedsbdt.common.cli_tune", "fedsbdt.common.ledger_cli", "fedsbdt.server.cli", "fedsbdt.client.cli"):
+                "fedsbdt.common.cli_tune", "fedsbdt.common.ledger_cli", "fedsbdt.server.cli", "fedsbdt.client.cli",
+                "fedsbdt.server.federated_audit"):
         try:
             m = importlib.import_module(mod)
         except ModuleNotFoundError as e:

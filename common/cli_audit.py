@@ -1,11 +1,13 @@
 """``fedsbdt audit``: the one-run privacy audit (docs/audit.md), registered by :mod:`fedsbdt.common.cli`.
 
-    fedsbdt audit --data F --schema S --epsilon E [--canaries 1000] [--confidence 0.95] [--report R.html]
-                  [--out AUDIT_MODEL] [hyperparameter flags] [--json]
+    fedsbdt audit --data F --schema S --epsilon E [--sites N] [--canaries 1000] [--confidence 0.95]
+                  [--report R.html] [--out AUDIT_MODEL] [hyperparameter flags] [--json]
 
-Trains once, centrally, on the data plus the canaries whose secret coin came up "in", and prints the audit's
-empirical ε_lower beside the receipt's ε.  The audit model is trained on private data plus canaries: it is a
-test, never a model to release (``--out`` writes it only for ``fedsbdt report``).
+Trains once on the data plus the canaries whose secret coin came up "in" — centrally, or with ``--sites N`` by a
+federation of N sites in this process with the canaries at one site (fedsbdt.server.federated_audit, which
+hands this command its runner) — and prints the audit's empirical ε_lower beside the receipt's ε.  The audit
+model is trained on private data plus canaries: it is a test, never a model to release (``--out`` writes it
+only for ``fedsbdt report``).
 """
 from __future__ import annotations
 
@@ -36,6 +38,13 @@ def cmd_audit(args: argparse.Namespace) -> int:
     from .randomness import SecureRandomness
     from .schema import Schema
 
+    if args.sites is not None and args.sites < 2:
+        raise CliError(f"--sites {args.sites}: a federation needs at least 2 sites (omit --sites for the central "
+                       "audit)")
+    federated = getattr(args, "federated_audit", None)
+    if args.sites is not None and federated is None:
+        raise CliError("--sites: the federated audit needs fedsbdt's server package (fedsbdt.server), which is "
+                       "not installed")
     if args.canaries < MIN_CANARIES:
         raise CliError(f"--canaries {args.canaries}: the one-run audit needs at least {MIN_CANARIES} canaries")
     if not 0 < args.confidence < 1:
@@ -59,10 +68,16 @@ def cmd_audit(args: argparse.Namespace) -> int:
     calibration_for(hp)  # an impossible budget fails here, before the data is read
     ds = _load_data(args, schema)
     quiet = args.quiet or args.json
-    prog = Progress("audit", hp.total_rounds, quiet=quiet, extra=f"ε={hp.epsilon:g}, {args.canaries} canaries")
+    where = f", {args.sites} sites" if args.sites is not None else ""
+    prog = Progress("audit", hp.total_rounds, quiet=quiet,
+                    extra=f"ε={hp.epsilon:g}, {args.canaries} canaries{where}")
     try:
-        result, model = run_central_audit(ds, hp, args.canaries, args.confidence,
-                                          SecureRandomness(sampler=args.sampler), progress=prog)
+        if args.sites is not None:
+            result, model = federated(ds, hp, args.sites, args.canaries, args.confidence, progress=prog,
+                                      sampler=args.sampler)
+        else:
+            result, model = run_central_audit(ds, hp, args.canaries, args.confidence,
+                                              SecureRandomness(sampler=args.sampler), progress=prog)
     except AuditError as e:
         raise CliError(str(e)) from None
     finally:
@@ -88,10 +103,12 @@ def human_lines(r) -> str:
     verdict = ("consistent with the claim" if r.below_claim else
                "ABOVE the claimed ε: the implementation leaks more than it claims (or the run was the rare "
                f"{100 * (1 - r.confidence):g}% case); investigate")
+    run = (f"{r.trees} trees, {r.rows} rows" if r.mode == "central" else
+           f"{r.trees} trees, {r.rows} rows dealt to {r.sites} sites, the canaries at {r.extra.get('canary_site')}")
     return (f"claimed      ε = {r.epsilon_claimed:.6g} (δ = {r.delta:.3g}), the privacy proof (receipt)\n"
             f"audit        ε_lower = {r.epsilon_lower:.4g} at {pct} confidence: {verdict}\n"
             f"guesses      {r.correct} of {r.guesses} correct (k+ = {r.k_plus} in, k− = {r.k_minus} out) on "
-            f"{r.canaries} canaries ({r.included} in), {r.trees} trees, {r.rows} rows\n"
+            f"{r.canaries} canaries ({r.included} in), {run}\n"
             f"power        {r.canaries} canaries can show at most ε_lower = {r.max_auditable:.3g}; a lower bound, "
             "not a proof (docs/audit.md)")
 
@@ -106,6 +123,10 @@ def register(sub) -> None:
     a.add_argument("--data", required=True, metavar="SOURCE",
                    help="CSV or Parquet file described by the schema, or a database URL with --query")
     a.add_argument("--schema", required=True, metavar="FILE", help="public schema (TOML)")
+    a.add_argument("--sites", type=int, metavar="N",
+                   help="audit a federation: N ≥ 2 sites and a coordinator train in this process (secure "
+                        "aggregation, each site's noise share), the canaries all at one site, the other records "
+                        "dealt round-robin (default: none: the central audit)")
     a.add_argument("--canaries", type=int, default=MIN_CANARIES, metavar="M",
                    help=f"number of canary records, each in the training data by a secret fair coin "
                         f"(default: {MIN_CANARIES}; at least {MIN_CANARIES})")

@@ -42,7 +42,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     if Path(args.out).suffix.lower() not in (".html", ".htm"):
         raise CliError(f"{args.out}: the report is an HTML page; name it *.html")
     try:
-        s = write_report(args.model, args.out, args.ledger, args.site, args.evaluation)
+        s = write_report(args.model, args.out, args.ledger, args.site, args.evaluation, args.reconstruction)
     except ReportError as e:
         raise CliError(str(e)) from None
     out = {"out": s.out, "epsilon": s.epsilon, "delta": s.delta, "sections": s.sections}
@@ -76,6 +76,9 @@ def register(sub) -> None:
     r.add_argument("--evaluation", metavar="FILE",
                    help="the coordinator's evaluation.json: show the released federated metrics too (default: "
                         "none)")
+    r.add_argument("--reconstruction", metavar="FILE",
+                   help="results of benchmarks/reconstruction.py: show the reconstruction rates beside the proof's "
+                        "ε and the audit's ε_lower (default: none)")
     r.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     r.set_defaults(func=cmd_report)
 

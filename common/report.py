@@ -648,7 +648,7 @@ def _importance(model: Ensemble, plots: bool) -> str:
 
 def build_report(model: Ensemble, ledger: LedgerSummary | None = None, model_name: str = "model",
                  model_sha256: str | None = None, generated: _dt.datetime | None = None, plots: bool = True,
-                 evaluation: dict[str, Any] | None = None) -> str:
+                 evaluation: dict[str, Any] | None = None, reconstruction: dict[str, Any] | None = None) -> str:
     """The report as one self-contained HTML document (string)."""
     p = model.privacy
     missing = [k for k in ("epsilon", "delta", "sigma", "accountant") if k not in p]
@@ -683,6 +683,11 @@ def build_report(model: Ensemble, ledger: LedgerSummary | None = None, model_nam
         from .audit import audit_html
 
         sections.append(_section("audit", "Privacy audit (one training run)", audit_html(model.training["audit"])))
+    if reconstruction is not None:  # benchmarks/reconstruction.py's rates beside the proof's ε (docs/reconstruction.md)
+        from .audit import reconstruction_html
+
+        sections.append(_section("reconstruction", "Reconstruction attack (benchmark)", reconstruction_html(
+            reconstruction, float(p["epsilon"]), model.training.get("audit"))))
     if model.trees:
         sections.append(_section("importance", "Feature importance", _importance(model, plots)))
     if draws_trees(model):
@@ -716,7 +721,8 @@ class ReportSummary:
 
 
 def write_report(model_path: str | Path, out: str | Path, ledger_path: str | Path | None = None,
-                 site: str | None = None, evaluation_path: str | Path | None = None) -> ReportSummary:
+                 site: str | None = None, evaluation_path: str | Path | None = None,
+                 reconstruction_path: str | Path | None = None) -> ReportSummary:
     """Load the model (and ledger), write the HTML report atomically, summarise it."""
     mp = Path(model_path)
     model = Ensemble.load(mp)
@@ -736,14 +742,31 @@ def write_report(model_path: str | Path, out: str | Path, ledger_path: str | Pat
     receipt = None
     if evaluation_path is not None:
         receipt = _evaluation_receipt(evaluation_path, model, sha)
-    text = build_report(model, ledger, model_name=mp.name, model_sha256=sha, evaluation=receipt)
+    reconstruction = None
+    if reconstruction_path is not None:
+        reconstruction = _reconstruction_result(reconstruction_path)
+    text = build_report(model, ledger, model_name=mp.name, model_sha256=sha, evaluation=receipt,
+                        reconstruction=reconstruction)
     o = write_atomic(out, text, "report")
     secs = ["summary", "guarantee", "accountant", "hyperparameters", "training"] \
         + (["evaluation"] if model.privacy.get("evaluation") else []) + (["ledger"] if ledger else []) \
-        + (["audit"] if model.training.get("audit") else []) \
+        + (["audit"] if model.training.get("audit") else []) + (["reconstruction"] if reconstruction else []) \
         + (["trees"] if draws_trees(model) else []) + ["schema", "about"]
     return ReportSummary(str(o), float(model.privacy["epsilon"]), float(model.privacy["delta"]), secs,
                          ledger.exhausted_share if ledger else None)
+
+
+def _reconstruction_result(path: str | Path) -> dict[str, Any]:
+    """benchmarks/reconstruction.py's results file, validated (one line if it is not one)."""
+    import json
+
+    from .audit import AuditError, check_reconstruction
+
+    try:
+        return check_reconstruction(json.loads(Path(path).read_text()))
+    except (OSError, ValueError) as e:
+        msg = str(e) if isinstance(e, AuditError) else f"not readable ({type(e).__name__}: {e})"
+        raise ReportError(f"{path}: {msg}") from None
 
 
 def _evaluation_receipt(path: str | Path, model: Ensemble, sha: str) -> dict[str, Any]:
