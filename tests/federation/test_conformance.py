@@ -385,11 +385,18 @@ def credited(plan, obs: Observer, inp: Input) -> np.ndarray:
 def ledger(plan, state_dir, role: str, n: int) -> Account:
     """What the gate charged, read from the site's lifetime ledger with plain SQL."""
     db = sqlite3.connect(state_dir / "lifetime.sqlite")
-    (key,) = db.execute("SELECT key FROM datasets WHERE source = ?", (role,)).fetchone()
     counts = {k: np.zeros(n, np.int64) for k in KIND.values()}
     curves = np.zeros((n, len(ORDERS)))
-    for purpose, blob, event in db.execute("SELECT purpose, mask, event FROM releases WHERE dataset = ? AND "
-                                           "plan_sha256 = ?", (key, plan.sha256)):
+    # the plan's releases of this role (the held-out file's are the evaluation's), each over its record set in
+    # load order (one set per role: the site's training file and its held-out file)
+    sets = set()
+    for purpose, blob, event, dataset, records in db.execute(
+            "SELECT r.purpose, r.mask, r.event, r.dataset, d.records FROM releases r JOIN datasets d "
+            "ON d.key = r.dataset WHERE r.plan_sha256 = ?", (plan.sha256,)):
+        if (purpose == "eval") != (role == "eval"):
+            continue
+        sets.add(dataset)
+        assert records == n and len(sets) == 1, (role, records, n, sets)
         mask = np.ones(n, bool) if blob is None else np.unpackbits(np.frombuffer(blob, np.uint8), count=n).astype(bool)
         counts[purpose][mask] += 1
         curves[mask] += rdp_curve(from_ledger(json.loads(event)))
