@@ -43,6 +43,23 @@ from .session import Rejected, Session
 MAX_STEPS = 10_000_000
 
 
+def route_reply(session: Session, sid: str, reply, now: float, refusals: list[tuple[str, str]]) -> list:
+    """Hand a site's reply to the session method the gRPC servicer would call; returns the events to deliver.
+    A refusal is also noted in ``refusals``; a reply the session rejects raises :class:`Rejected`."""
+    if isinstance(reply, SetupReply):
+        return session.submit_setup(sid, reply.secagg, now)
+    if isinstance(reply, InputReply):
+        return session.submit_input(sid, reply.purpose, reply.tree, reply.secagg, now)
+    if isinstance(reply, RoundReply):
+        return session.submit_round(sid, reply.secagg, now)
+    if isinstance(reply, Refusal):
+        refusals.append((sid, reply.detail))
+        return session.report_refusal(sid, reply.detail, now, reply.round_id)
+    if isinstance(reply, Done):
+        return session.report_finished(sid, reply.model_sha256, now)
+    return []
+
+
 class InProcessError(RuntimeError):
     """The in-process federation did not release a model (a site refused, or the session aborted)."""
 
@@ -183,19 +200,8 @@ class InProcessFederation:
                 return
 
     def route(self, sid: str, reply) -> None:
-        s, now = self.session, self.clock
         try:
-            if isinstance(reply, SetupReply):
-                self.deliver(s.submit_setup(sid, reply.secagg, now))
-            elif isinstance(reply, InputReply):
-                self.deliver(s.submit_input(sid, reply.purpose, reply.tree, reply.secagg, now))
-            elif isinstance(reply, RoundReply):
-                self.deliver(s.submit_round(sid, reply.secagg, now))
-            elif isinstance(reply, Refusal):
-                self.refusals.append((sid, reply.detail))
-                self.deliver(s.report_refusal(sid, reply.detail, now, reply.round_id))
-            elif isinstance(reply, Done):
-                self.deliver(s.report_finished(sid, reply.model_sha256, now))
+            self.deliver(route_reply(self.session, sid, reply, self.clock, self.refusals))
         except Rejected as e:
             self.rejected.append((sid, str(e)))
 

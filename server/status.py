@@ -133,7 +133,10 @@ class CoordinatorMonitor:
                 self._last_seen[ss.site_id] = wall
             is_joined = ss.joins > 0
             confirmed = ss.finished_sha256 is not None  # it verified the whole model: it holds every tree
-            is_caught = is_joined and (confirmed or ss.trees_applied >= len(s.trees))
+            # connected and holding every tree released before it joined: it receives each later one with its
+            # round (the session's own test; the site reports its tree count only when it joins)
+            current = ss.connected and ss.caught_up()
+            is_caught = is_joined and (confirmed or current or ss.trees_applied >= len(s.trees))
             is_susp = ss.suspended_from_epoch is not None and (epoch is None or epoch < ss.suspended_from_epoch)
             connected += ss.connected
             joined += is_joined
@@ -142,7 +145,8 @@ class CoordinatorMonitor:
             seen = self._last_seen.get(ss.site_id)
             sites.append({"site_id": ss.site_id, "joined": is_joined, "connected": ss.connected,
                           "caught_up": is_caught, "suspended": is_susp, "eligible": row["eligible"],
-                          "trees_applied": len(s.trees) if confirmed else ss.trees_applied, "joins": ss.joins,
+                          "trees_applied": len(s.trees) if confirmed or current else ss.trees_applied,
+                          "joins": ss.joins,
                           "note": ss.note, "confirmed_model": confirmed,
                           "last_seen": seen, "last_seen_seconds_ago": None if seen is None else round(wall - seen, 3)})
         spent = self._epsilon_spent()

@@ -13,8 +13,8 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from fedsbdt.client.site import NeedCatchUp, SiteMachine
+from fedsbdt.server.inprocess import route_reply
 from fedsbdt.server.session import Rejected, Session
-from fedsbdt.common.federation.wire import Done, InputReply, Refusal, RoundReply, SetupReply
 
 
 @dataclass
@@ -70,19 +70,8 @@ class InProcess:
                 return
 
     def route(self, sid: str, reply) -> None:
-        s, now = self.session, self.clock.now
         try:
-            if isinstance(reply, SetupReply):
-                self.deliver(s.submit_setup(sid, reply.secagg, now))
-            elif isinstance(reply, InputReply):
-                self.deliver(s.submit_input(sid, reply.purpose, reply.tree, reply.secagg, now))
-            elif isinstance(reply, RoundReply):
-                self.deliver(s.submit_round(sid, reply.secagg, now))
-            elif isinstance(reply, Refusal):
-                self.refusals.append((sid, reply.detail))
-                self.deliver(s.report_refusal(sid, reply.detail, now, reply.round_id))
-            elif isinstance(reply, Done):
-                self.deliver(s.report_finished(sid, reply.model_sha256, now))
+            self.deliver(route_reply(self.session, sid, reply, self.clock.now, self.refusals))
         except Rejected as e:
             self.rejected.append((sid, str(e)))
 

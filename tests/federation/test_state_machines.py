@@ -662,3 +662,22 @@ def test_a_state_directory_belongs_to_one_plan(tmp_path):
     other = Fed(tmp_path / "other", tree_hp(trees=3))
     with pytest.raises(CheckpointError, match="belongs to plan"):
         CoordinatorStore(f.store_dir, other.plan.sha256).load()
+
+
+def test_the_coordinator_page_shows_a_taking_part_site_caught_up_while_it_runs(tmp_path):
+    """Issue 36 item 3: every site read "caught up: no" while running (a site reports its tree count only when it
+    joins).  A connected site that held every tree released before it joined receives the later ones with its
+    rounds: caught up, holding every released tree; one that left is not."""
+    from fedsbdt.server.status import CoordinatorMonitor
+
+    f = Fed(tmp_path, Hyperparameters(trees=6, depth=2, seed=3, epsilon=1.0)).start()
+    f.fed.run(until=lambda: len(f.session.trees) >= 3)
+    f.fed.crash(SITES[2])
+    mon = CoordinatorMonitor(f.session)
+    mon._take_snapshot(0.0)
+    rows = {r["site_id"]: r for r in mon.current()["sites"]}
+    released = len(f.session.trees)
+    assert released >= 3
+    for s in SITES[:2]:
+        assert rows[s]["caught_up"] and rows[s]["trees_applied"] == released, rows[s]
+    assert not rows[SITES[2]]["caught_up"] and not rows[SITES[2]]["connected"], rows[SITES[2]]
