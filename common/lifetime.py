@@ -293,16 +293,20 @@ class _Histories:
         self._index: dict[tuple, int] = {(): 0}
         self._step: dict[tuple[int, int], int] = {}
 
+    def _intern(self, counts: dict) -> int:
+        """The index of the history with these event counts (added if new)."""
+        t = tuple(sorted(counts.items()))
+        if t not in self._index:
+            self._index[t] = len(self.items)
+            self.items.append(t)
+        return self._index[t]
+
     def add(self, h: int, e: int) -> int:
         key = (h, e)
         if key not in self._step:
             d = dict(self.items[h])
             d[e] = d.get(e, 0) + 1
-            t = tuple(sorted(d.items()))
-            if t not in self._index:
-                self._index[t] = len(self.items)
-                self.items.append(t)
-            self._step[key] = self._index[t]
+            self._step[key] = self._intern(d)
         return self._step[key]
 
     def merge(self, a: int, b: int) -> int:
@@ -312,11 +316,7 @@ class _Histories:
             d = dict(self.items[a])
             for e, k in self.items[b]:
                 d[e] = d.get(e, 0) + k
-            t = tuple(sorted(d.items()))
-            if t not in self._index:
-                self._index[t] = len(self.items)
-                self.items.append(t)
-            self._step[key] = self._index[t]
+            self._step[key] = self._intern(d)
         return self._step[key]
 
     def charge(self, hist: np.ndarray, where: np.ndarray, e: int) -> None:
