@@ -43,6 +43,26 @@ from .session import Rejected, Session
 MAX_STEPS = 10_000_000
 
 
+def catch_up_site(session: Session, machine: SiteMachine) -> None:
+    """The site applies every released tree it lacks, as the servicer's CatchUp pages them (1,000 at a time)."""
+    while True:
+        init, has_init, trees = session.catch_up(machine.trees_applied, 1000)
+        machine.apply_catch_up(init, has_init, trees)
+        if not trees:
+            return
+
+
+def join_site(session: Session, sid: str, machine: SiteMachine, now: float, deliver: Callable) -> bytes:
+    """A site joins as the service lets it: Join, catch up, report progress, subscribe; each step's events go to
+    ``deliver``.  Returns the stream token."""
+    token, outs = session.join(sid, machine.trees_applied, now)
+    deliver(outs)
+    catch_up_site(session, machine)
+    deliver(session.report_progress(sid, machine.trees_applied, now))
+    deliver(session.subscribed(sid, token, now))
+    return token
+
+
 def route_reply(session: Session, sid: str, reply, now: float, refusals: list[tuple[str, str]]) -> list:
     """Hand a site's reply to the session method the gRPC servicer would call; returns the events to deliver.
     A refusal is also noted in ``refusals``; a reply the session rejects raises :class:`Rejected`."""
@@ -183,21 +203,11 @@ class InProcessFederation:
                 self.queues[sid].append(ev)
 
     def join(self, sid: str) -> None:
-        m, s = self.machines[sid], self.session
-        token, outs = s.join(sid, m.trees_applied, self.clock)
         self.queues[sid] = deque()
-        self.deliver(outs)
-        self.catch_up(sid)
-        self.deliver(s.report_progress(sid, m.trees_applied, self.clock))
-        self.deliver(s.subscribed(sid, token, self.clock))
+        join_site(self.session, sid, self.machines[sid], self.clock, self.deliver)
 
     def catch_up(self, sid: str) -> None:
-        m = self.machines[sid]
-        while True:
-            init, has_init, trees = self.session.catch_up(m.trees_applied, 1000)
-            m.apply_catch_up(init, has_init, trees)
-            if not trees:
-                return
+        catch_up_site(self.session, self.machines[sid])
 
     def route(self, sid: str, reply) -> None:
         try:

@@ -13,7 +13,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from fedsbdt.client.site import NeedCatchUp, SiteMachine
-from fedsbdt.server.inprocess import route_reply
+from fedsbdt.server.inprocess import catch_up_site, join_site, route_reply
 from fedsbdt.server.session import Rejected, Session
 
 
@@ -45,14 +45,8 @@ class InProcess:
                 self.queues[sid].append(ev)
 
     def join(self, sid: str) -> None:
-        m = self.machines[sid]
-        token, outs = self.session.join(sid, m.trees_applied, self.clock.now)
-        self.tokens[sid] = token
         self.queues[sid] = deque()
-        self.deliver(outs)
-        self.catch_up(sid)
-        self.deliver(self.session.report_progress(sid, m.trees_applied, self.clock.now))
-        self.deliver(self.session.subscribed(sid, token, self.clock.now))
+        self.tokens[sid] = join_site(self.session, sid, self.machines[sid], self.clock.now, self.deliver)
         self.down.discard(sid)
 
     def crash(self, sid: str) -> None:
@@ -62,12 +56,7 @@ class InProcess:
         self.deliver(self.session.unsubscribed(sid, self.tokens[sid], self.clock.now))
 
     def catch_up(self, sid: str) -> None:
-        m = self.machines[sid]
-        while True:
-            init, has_init, trees = self.session.catch_up(m.trees_applied, 1000)
-            m.apply_catch_up(init, has_init, trees)
-            if not trees:
-                return
+        catch_up_site(self.session, self.machines[sid])
 
     def route(self, sid: str, reply) -> None:
         try:
