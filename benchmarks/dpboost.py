@@ -29,7 +29,7 @@ import numpy as np
 from _util import DATASETS, ROOT, data_file, save, summary  # noqa: E402  (puts the repo on sys.path)
 from fedsbdt.common.config import Hyperparameters
 from fedsbdt.common.data import Dataset, load
-from fedsbdt.common.dpboost import calibrate_dpboost
+from fedsbdt.common.modes.dpboost.mechanism import calibrate_dpboost
 from fedsbdt.common.engine import train
 from fedsbdt.common.metrics import accuracy, rmse
 from fedsbdt.common.model import Ensemble

@@ -121,7 +121,7 @@ def cost(repeats: int = 5) -> dict:
     """Vector length per level (Adult, 32 candidates) vs a random round, and a site's ms per level vector."""
     from fedsbdt.common import kernels
     from fedsbdt.common.builders import Candidates
-    from fedsbdt.common.greedy_levels import level_layout, level_sums
+    from fedsbdt.common.modes.greedy.levels import level_layout, level_sums
 
     ds = load(ROOT / "examples" / "adult" / "adult.data", Schema.load(ROOT / "examples" / "adult" / "schema.toml"))
     site = ds.subset(np.arange(0, ds.n, 3))  # one of three sites

@@ -602,9 +602,9 @@ def greedy_tree_event(select: float, sigma: float, depth: int, selection: str = 
 
     The nodes of a level hold disjoint records, so a level is one release (parallel composition):
     ``selection="exponential"``: the exponential mechanism, ``select`` = its ε (bounded range, Thm. 1);
-    ``"histogram"``: noisy level histograms (:mod:`fedsbdt.common.greedy_levels`), ``select`` = their σ_s, a
+    ``"histogram"``: noisy level histograms (:mod:`fedsbdt.common.modes.greedy.levels`), ``select`` = their σ_s, a
     Gaussian of noise multiplier σ_s/√2.  ``sigma_sketch > 0``: first the adaptive Hessian sketch
-    (:mod:`fedsbdt.common.greedy_levels`), a Gaussian of noise multiplier σ_k/√2."""
+    (:mod:`fedsbdt.common.modes.greedy.levels`), a Gaussian of noise multiplier σ_k/√2."""
     if selection == "exponential":
         level = ExponentialEvent(select)
     elif selection == "histogram":

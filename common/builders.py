@@ -28,11 +28,12 @@ from typing import Protocol
 
 import numpy as np
 
-from . import kernels, sarus
+from fedsbdt.common import kernels
+from fedsbdt.common.modes.sarus import mechanism as sarus
 from .accountant import PrivacyCalibration
 from .boosting import LocalData, split_edges
 from .config import Hyperparameters
-from .greedy_levels import (child_level_sums, count_noise, left_counts, level_layout, level_noise_scales,
+from fedsbdt.common.modes.greedy.levels import (child_level_sums, count_noise, left_counts, level_layout, level_noise_scales,
                             root_level_sums, select_splits, sketch_candidates, sketch_noise_scale, sketch_sums)
 from .schema import Schema
 from .splits import Splits, random_splits
@@ -173,7 +174,7 @@ def histogram_scores(sums: np.ndarray, layout, fpos: np.ndarray, lo: np.ndarray,
                      l2: float, missing: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
     """Eq. 2 of every candidate ``(fpos, lo, hi)`` at every node of a level, ``(n_nodes, C)`` (``2C`` with
     ``missing``: :func:`pair_gains`), from the level's exact integer histograms ``sums``
-    (:func:`fedsbdt.common.greedy_levels.child_level_sums`; gradients in units of ``1/scale``).
+    (:func:`fedsbdt.common.modes.greedy.levels.child_level_sums`; gradients in units of ``1/scale``).
 
     A candidate's side is a range of bins, so ``G_L`` is a difference of the bins' prefix sums — exact
     integers, equal to the float sums of ``g = g_units/scale`` in any order while every partial sum stays
@@ -190,7 +191,7 @@ class GreedyTrees:
 
     ``hp.selection = "exponential"``: the exponential mechanism on the exact gains with ε ``select``;
     ``"histogram"``: the arg max of the gains of noisy level histograms with noise σ_s = ``select``
-    (:mod:`fedsbdt.common.greedy_levels`, the federation's rule)."""
+    (:mod:`fedsbdt.common.modes.greedy.levels`, the federation's rule)."""
 
     schema: Schema
     hp: Hyperparameters
@@ -334,7 +335,7 @@ class GreedyTrees:
 
 @dataclass
 class SarusTrees:
-    """Sarus DP-XGBoost trees (:mod:`fedsbdt.common.sarus`, docs/sarus.md): on a Poisson subsample, a Laplace Hessian
+    """Sarus DP-XGBoost trees (:mod:`fedsbdt.common.modes.sarus.mechanism`, docs/sarus.md): on a Poisson subsample, a Laplace Hessian
     sketch chooses ``hp.split_candidates`` thresholds per numeric feature among a fine equal-width grid, the
     noisy count of each node decides whether it may split, the exponential mechanism picks its (feature,
     candidate), and the leaves are released with Laplace noise.  It releases whole trees
@@ -444,7 +445,7 @@ def leaf_regions(stopped: np.ndarray, depth: int) -> np.ndarray:
 def tree_builder_for(hp: Hyperparameters, schema: Schema, cal: PrivacyCalibration) -> TreeBuilder:
     """The strategy ``hp.tree_builder`` names, with the calibrated selection budget for greedy trees."""
     if hp.tree_builder == "dpboost":
-        from .dpboost_trees import DPBoostTrees
+        from fedsbdt.common.modes.dpboost.builder import DPBoostTrees
 
         return DPBoostTrees(schema, hp, cal.eps_select, eps_leaf=cal.eps_leaf)
     if hp.tree_builder == "sarus":

@@ -483,12 +483,12 @@ def cmd_account(args: argparse.Namespace) -> int:
     elif hp.tree_builder == "greedy":
         human += f"\nsigma_select {cal.sigma_select:.6g}   (noise of the level histograms, docs/greedy.md)"
     elif hp.tree_builder == "dpboost" and plan is not None:  # federated: Gaussian levels and leaves
-        from .federation.dpboost_rounds import account_lines as fed_lines, receipt as fed_receipt
+        from fedsbdt.common.modes.dpboost.rounds import account_lines as fed_lines, receipt as fed_receipt
 
         res.update(fed_receipt(cal))
         human = fed_lines(cal, hp.epsilon)
     elif hp.tree_builder == "dpboost":
-        from .dpboost import account_lines, receipt
+        from fedsbdt.common.modes.dpboost.mechanism import account_lines, receipt
 
         res.update(receipt(cal))
         human = account_lines(cal, hp.epsilon)

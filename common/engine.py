@@ -32,12 +32,12 @@ Progress = Callable[[int, int], None]
 def calibration_for(hp: Hyperparameters) -> PrivacyCalibration:
     """Alg. 6 for these hyperparameters (cached); greedy trees: :func:`~fedsbdt.common.accountant.calibrate_greedy`."""
     if hp.tree_builder == "dpboost":
-        from .dpboost import calibrate_dpboost
+        from fedsbdt.common.modes.dpboost.mechanism import calibrate_dpboost
 
         return calibrate_dpboost(hp.epsilon, hp.delta, hp.accounted_rounds, hp.ensemble_trees, hp.depth,
                                  hp.selection_share, hp.init_share, hp.eps_ds, hp.accountant)
     if hp.tree_builder == "sarus":
-        from .sarus import calibrate_sarus
+        from fedsbdt.common.modes.sarus.mechanism import calibrate_sarus
 
         return calibrate_sarus(hp.epsilon, hp.delta, hp.accounted_rounds, hp.depth, hp.subsample, hp.init_share,
                                hp.eps_ds, hp.accountant)
@@ -148,7 +148,7 @@ def train(dataset: Dataset, hp: Hyperparameters, randomness=None, progress: Prog
     if enc.classes > 1:
         model.privacy.update(receipt_sensitivity(hp, enc))
     if hp.tree_builder == "dpboost":
-        from .dpboost import receipt
+        from fedsbdt.common.modes.dpboost.mechanism import receipt
 
         model.privacy.update(receipt(cal))
     return TrainResult(model, local, time.perf_counter() - t0)

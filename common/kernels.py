@@ -627,8 +627,8 @@ def node_bin_sums(index: np.ndarray, node: np.ndarray, slot: np.ndarray, grad_un
     """Greedy-tree level histograms of some nodes, exact int64: ``out[0, s, j]`` = Σ ``grad_units`` and
     ``out[1, s, j]`` = the count of the present records of the node mapped to slot ``s`` (``slot[node] = s``;
     −1: skip the node; ``node`` empty: every record in node 0) with ``j`` among their bin indices ``index[i]``
-    (one per carried feature, each below ``width``: :meth:`fedsbdt.common.greedy_levels.LevelLayout.bin_index`) —
-    :func:`fedsbdt.common.greedy_levels.level_sums` of the slotted nodes in one pass over the records.
+    (one per carried feature, each below ``width``: :meth:`fedsbdt.common.modes.greedy.levels.LevelLayout.bin_index`) —
+    :func:`fedsbdt.common.modes.greedy.levels.level_sums` of the slotted nodes in one pass over the records.
 
     With ``route`` = ``(codes, first, feature, lo, hi[, miss, default_left])`` (:func:`route_level`'s
     arguments) the records are first moved one level down in the same pass, and ``(their new nodes, the

@@ -175,7 +175,7 @@ def epsilon_curve(privacy: dict[str, Any], points: int = 40, depth: int = 0) -> 
     from .accountant import epsilon_rdp, event_epsilon_rdp, greedy_training_event
 
     if privacy.get("tree_builder") == "sarus":
-        from .sarus import epsilon_curve as sarus_curve
+        from fedsbdt.common.modes.sarus.mechanism import epsilon_curve as sarus_curve
 
         return sarus_curve(privacy, points, depth)
     T = int(privacy.get("rounds_accounted", 0) or 0)

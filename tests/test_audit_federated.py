@@ -9,7 +9,7 @@ tree, 1000 canaries: more leaves than canaries):
 (c) the real run, through the command line: ε_lower ≤ the claim (99% confidence).
 
 A noise-losing bug at the sites, planted by hand once (every site drops its leaf-noise share in
-common/modes/random_site.py), made (c) fail with ε_lower = 4.33 > 1 (docs/audit.md "Federated").
+common/modes/random/site.py), made (c) fail with ε_lower = 4.33 > 1 (docs/audit.md "Federated").
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""DPBoost mode (common/dpboost.py, common/dpboost_trees.py; docs/dpboost.md).
+"""DPBoost mode (common/modes/dpboost/mechanism.py, common/modes/dpboost/builder.py; docs/dpboost.md).
 
 Each formula against an independent computation: the paper's closed forms (Lemma 2, Cor. 2, Thm. 7/8,
 Alg. 2 line 8) by brute force, the bounded-range bound by a grid supremum, randomized response's RDP in
@@ -14,14 +14,14 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from fedsbdt.common import dpboost
+from fedsbdt.common.modes.dpboost import mechanism as dpboost
 from fedsbdt.common.accountant import (ComposedEvent, default_alpha_max, ExponentialEvent, LaplaceEvent, ParallelEvent, event_epsilon_rdp,
                                event_pld, event_rdp)
 from fedsbdt.common.boosting import LocalData, split_edges
 from fedsbdt.common.builders import score_sensitivity, tree_builder_for
 from fedsbdt.common.cli import main
 from fedsbdt.common.config import ConfigError, Hyperparameters
-from fedsbdt.common.dpboost_trees import DPBoostTrees, negative_gradient
+from fedsbdt.common.modes.dpboost.builder import DPBoostTrees, negative_gradient
 from fedsbdt.common.engine import calibration_for, train
 from fedsbdt.common.model import Ensemble
 from fedsbdt.common.splits import random_splits

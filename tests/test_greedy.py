@@ -391,7 +391,7 @@ def test_federated_plan_needs_histogram_selection(adult_small):
 def test_site_level_vectors_add_up_to_the_central_one(adult_small):
     """Three sites' level vectors sum exactly (int64) to the vector of all their records."""
     from fedsbdt.common import kernels
-    from fedsbdt.common.greedy_levels import level_layout, level_sums
+    from fedsbdt.common.modes.greedy.levels import level_layout, level_sums
 
     ds = adult_small
     cand, edges = Candidates.grid(ds.schema, 16)
@@ -426,7 +426,7 @@ def test_histogram_selection_without_noise_is_the_argmax_of_the_gains(adult_smal
 
 def test_level_noise_makes_a_gaussian_of_multiplier_sigma_over_sqrt2():
     """Worst-case record: F gradient entries of g* and F counts of 1; Σ (Δ_i/s_i)² = 2/σ_s²."""
-    from fedsbdt.common.greedy_levels import LevelLayout, level_noise_scales
+    from fedsbdt.common.modes.greedy.levels import LevelLayout, level_noise_scales
 
     F, units, sigma_s = 5, 2**19, 7.0
     layout = LevelLayout(2, np.arange(F), np.full(F, 9), np.zeros(F, bool))
@@ -473,7 +473,7 @@ def test_report_curve_charges_histogram_levels(tmp_path):
 def test_select_splits_ignores_sides_that_only_noise_fills():
     """One node, one numeric feature with 4 bins: a split leaving one record alone has the largest noisy gain
     (its gradient noise squared over λ) but is skipped when its side is below min_count."""
-    from fedsbdt.common.greedy_levels import LevelLayout, select_splits
+    from fedsbdt.common.modes.greedy.levels import LevelLayout, select_splits
 
     layout = LevelLayout(1, np.array([0]), np.array([4]), np.array([False]))
     grad = np.array([40.0, -300.0, 310.0, 5.0])  # bin 0 holds one record with a noisy gradient sum
@@ -488,7 +488,7 @@ def test_select_splits_ignores_sides_that_only_noise_fills():
 
 
 def test_level_sums_are_exact_for_large_weights():
-    from fedsbdt.common.greedy_levels import LevelLayout, level_sums
+    from fedsbdt.common.modes.greedy.levels import LevelLayout, level_sums
 
     layout = LevelLayout(1, np.array([0]), np.array([2]), np.array([False]))
     codes = np.zeros((4, 1), np.uint8)
@@ -501,7 +501,7 @@ def test_level_sums_are_exact_for_large_weights():
 
 
 def test_sketch_candidates_follow_the_hessian_mass():
-    from fedsbdt.common.greedy_levels import sketch_candidates
+    from fedsbdt.common.modes.greedy.levels import sketch_candidates
 
     mass = np.zeros(129)
     mass[100:110] = 50.0  # all Hessian weight in bins 100..109
@@ -527,7 +527,7 @@ def test_sketch_calibration_charges_a_gaussian_per_tree():
 
 
 def test_sketch_noise_makes_a_gaussian_of_multiplier_sigma_over_sqrt2():
-    from fedsbdt.common.greedy_levels import sketch_noise_scale
+    from fedsbdt.common.modes.greedy.levels import sketch_noise_scale
 
     F, units, sk = 6, 2**18, 11.0
     s = sketch_noise_scale(F, units, sk)
@@ -535,7 +535,7 @@ def test_sketch_noise_makes_a_gaussian_of_multiplier_sigma_over_sqrt2():
 
 
 def test_greedy_with_sketch_chooses_among_the_sketched_candidates(adult_small):
-    from fedsbdt.common.greedy_levels import sketch_candidates, sketch_sums
+    from fedsbdt.common.modes.greedy.levels import sketch_candidates, sketch_sums
 
     ds = adult_small
     hp = Hyperparameters.from_dict({"tree_builder": "greedy", "depth": 3, "split_candidates": 8,

@@ -9,7 +9,7 @@ from fedsbdt.common import builders, kernels
 from fedsbdt.common.boosting import TASK_CODE, LocalData
 from fedsbdt.common.builders import GreedyTrees, float_scores, histogram_scores, missing_sums
 from fedsbdt.common.config import Hyperparameters
-from fedsbdt.common.greedy_levels import child_level_sums, left_counts, level_layout, level_sums, root_level_sums
+from fedsbdt.common.modes.greedy.levels import child_level_sums, left_counts, level_layout, level_sums, root_level_sums
 from fedsbdt.common.schema import Schema
 from fedsbdt.common.splits import Splits
 from conftest import insecure

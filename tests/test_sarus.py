@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from fedsbdt.common import sarus
+from fedsbdt.common.modes.sarus import mechanism as sarus
 from fedsbdt.common.accountant import (PoissonSampledEvent, alpha_grid, event_rdp,
                                pure_dp_rdp, pure_epsilon, rdp_to_dp, subsampled_pure_dp_rdp, subsampled_pure_epsilon)
 from fedsbdt.common.boosting import LocalData

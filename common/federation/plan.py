@@ -203,7 +203,7 @@ class Plan:
                             "sees exact gains): set selection = \"histogram\" (`fedsbdt plan` does so for "
                             "--tree-builder greedy; docs/greedy.md)")
         if self.hyperparameters.tree_builder == "sarus":
-            from .sarus_rounds import plan_refusal
+            from fedsbdt.common.modes.sarus.rounds import plan_refusal
 
             refusal = plan_refusal(self.hyperparameters, self.schema)
             if refusal is not None:
@@ -358,7 +358,7 @@ class Plan:
         """Greedy trees: the public candidate grid and level layouts (``None`` for random trees)."""
         if self.hyperparameters.tree_builder not in ("greedy", "dpboost"):  # DPBoost: docs/dpboost.md
             return None
-        from .greedy_rounds import GreedyGrid
+        from fedsbdt.common.modes.greedy.rounds import GreedyGrid
 
         return GreedyGrid.for_plan(self.schema, self.hyperparameters)
 
@@ -377,7 +377,7 @@ class Plan:
         """Sarus trees: the fine sketch grid and the shapes of their rounds (``None`` otherwise)."""
         if self.hyperparameters.tree_builder != "sarus":
             return None
-        from .sarus_rounds import SarusGrid
+        from fedsbdt.common.modes.sarus.rounds import SarusGrid
 
         return SarusGrid.for_plan(self.schema, self.hyperparameters, self.encoding.grad.bound_units)
 
@@ -553,7 +553,7 @@ class Plan:
             s2, eta2 = _share_excess(((float(level[0]), enc.grad.bound_units), (float(level[-1]), 1)), k_max, self.n)
             smallest, eta = min(smallest, s2), max(eta, eta2)
         if self.sarus_grid is not None:  # sketch, level and leaf entries (Δ = g* units or C, sarus_rounds)
-            from .sarus_rounds import share_coordinates
+            from fedsbdt.common.modes.sarus.rounds import share_coordinates
 
             for group in share_coordinates(self):
                 s2, eta2 = _share_excess(group, k_max, self.n)
@@ -613,7 +613,7 @@ class Plan:
         if self.eval_spec is not None:  # every site adds a full evaluation noise share (common/fed_eval.py)
             s = max(s, float(self.eval_spec.noise_scales().max()))
         if self.sarus_grid is not None:  # sketch, level and leaf noise: the largest share
-            from .sarus_rounds import share_coordinates
+            from fedsbdt.common.modes.sarus.rounds import share_coordinates
 
             shares = self.noise_shares if self.noise == "distributed" else 1
             s = max([s] + [S / math.sqrt(shares) for group in share_coordinates(self) for S, _ in group])
@@ -851,10 +851,10 @@ class Plan:
 
 def federated_calibration(hp: Hyperparameters) -> PrivacyCalibration:
     """The accountant's calibration of a federation with these hyperparameters: the central one, except for
-    DPBoost and Sarus trees, whose federated releases are Gaussian (common/federation/dpboost_rounds.py,
-    common/federation/sarus_rounds.py)."""
+    DPBoost and Sarus trees, whose federated releases are Gaussian (common/modes/dpboost/rounds.py,
+    common/modes/sarus/rounds.py)."""
     if hp.tree_builder == "dpboost":
-        from .dpboost_rounds import calibration_for as dpboost_calibration
+        from fedsbdt.common.modes.dpboost.rounds import calibration_for as dpboost_calibration
 
         if hp.accountant != "rdp":  # as for every federated plan (check_discrete_noise), said before calibrating
             raise PlanError("federated DPBoost is accounted by the RDP ledger: the PLD accountant evaluates "
@@ -862,7 +862,7 @@ def federated_calibration(hp: Hyperparameters) -> PrivacyCalibration:
                             "add; use accountant = \"rdp\" (docs/privacy.md \"PLD\")")
         return dpboost_calibration(hp)
     if hp.tree_builder == "sarus":
-        from .sarus_rounds import plan_calibration as sarus_calibration
+        from fedsbdt.common.modes.sarus.rounds import plan_calibration as sarus_calibration
 
         return sarus_calibration(hp)
     from fedsbdt.common.engine import calibration_for

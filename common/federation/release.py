@@ -56,7 +56,7 @@ def build_model(plan: Plan, init: InitScoreMsg | None, trees: Sequence[TreeMsg])
     if plan.encoding.classes > 1:
         model.privacy.update(receipt_sensitivity(plan.hyperparameters, plan.encoding))
     if plan.hyperparameters.tree_builder == "dpboost":  # Gaussian levels and leaves (docs/dpboost.md "Federation")
-        from .dpboost_rounds import receipt
+        from fedsbdt.common.modes.dpboost.rounds import receipt
 
         model.privacy.update(receipt(cal))
     model.training = training_record(plan, init, trees)

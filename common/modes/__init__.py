@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 
 REGISTRY: dict = {}
-BUILTIN = ("random_trees", "greedy_trees", "dpboost_trees", "sarus_trees", "evaluation_only")
+BUILTIN = ("random", "greedy", "dpboost", "sarus", "evaluation")
 
 
 class UnknownMode(ValueError):
@@ -48,7 +48,7 @@ def training_mode(hp):
 
 
 def _registered(name: str):
-    if not REGISTRY:
+    if name not in REGISTRY:  # built-ins are always registered, whichever mode registered first
         _load_builtin()
     try:
         return REGISTRY[name]

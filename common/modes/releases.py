@@ -155,7 +155,7 @@ class LeafNoise(Noise):
     """S-BDT's leaf-balanced Gaussian (paper Thm. 16, Alg. 5): a tree's ``[Hessian | gradient]`` leaf sums; a
     record changes one leaf's Hessian sum by ≤ h* and its gradient sum by ≤ g* (multi-class: one leaf of each
     of the K class trees, jointly ≤ H and G in L2, common/multiclass.py).  Random, greedy and DPBoost leaves
-    (DPBoost's counts enter as h* units per record, common/federation/dpboost_rounds.py)."""
+    (DPBoost's counts enter as h* units per record, common/modes/dpboost/rounds.py)."""
 
     hp: object  # Hyperparameters
     enc: object  # Encoding
@@ -184,7 +184,7 @@ class LevelNoise(Noise):
     a record lies in one node and, per carried feature, in one bin — F gradient entries (≤ g* each) and F count
     entries (≤ 1 each).  ``where``: ``tree`` and ``level`` (the layout)."""
 
-    grid: object  # fedsbdt.common.federation.greedy_rounds.GreedyGrid
+    grid: object  # fedsbdt.common.modes.greedy.rounds.GreedyGrid
     grad_units: int
     sigma: float
 
@@ -243,7 +243,7 @@ class SketchNoise(Noise):
     """A Sarus tree's sketch (docs/sarus.md "Federation"): per numeric feature the count of the subsample's
     records in every fine bin, in units of C; a record adds C to one bin of each of the m numeric features."""
 
-    grid: object  # fedsbdt.common.federation.sarus_rounds.SarusGrid
+    grid: object  # fedsbdt.common.modes.sarus.rounds.SarusGrid
     sigma: float
 
     def scales(self, shares: int = 1, **where) -> np.ndarray:
@@ -266,7 +266,7 @@ class SarusLevelNoise(Noise):
     """A Sarus level's ``[gradient | count]`` histograms on the tree's grid (from its released sketch) or, with
     ``leaves``, the leaves ``[gradient | count]`` (one bin per leaf); counts in units of C.  A record changes
     one bin per feature: ≤ g* units in a gradient entry and C in a count entry.  ``where``: ``layout`` (the
-    level's :class:`~fedsbdt.common.greedy_levels.LevelLayout` on the tree's grid)."""
+    level's :class:`~fedsbdt.common.modes.greedy.levels.LevelLayout` on the tree's grid)."""
 
     grid: object  # SarusGrid
     grad_units: int
@@ -277,7 +277,7 @@ class SarusLevelNoise(Noise):
         if self.leaves:
             return self.grid.leaf_noise_scales(self.grad_units, self.sigma, shares)
         if layout is None:  # the widest layout: one node, every feature in one bin (the scales do not depend on it)
-            from fedsbdt.common.greedy_levels import LevelLayout
+            from fedsbdt.common.modes.greedy.levels import LevelLayout
 
             m = self.grid.is_cat.size
             layout = LevelLayout(1, np.arange(m), np.ones(m, np.int64), self.grid.is_cat)

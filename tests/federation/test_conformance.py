@@ -43,10 +43,10 @@ from fedsbdt.common import kernels_numpy, modes
 from fedsbdt.common.boosting import LocalData
 from fedsbdt.common.config import ConfigError, Hyperparameters, builder_defaults
 from fedsbdt.common.fed_eval import SUM_UNITS, EvalSpec
-from fedsbdt.common.federation import dpboost_rounds
-from fedsbdt.common.federation.sarus_rounds import SarusGrid
+from fedsbdt.common.modes.dpboost import rounds as dpboost_rounds
+from fedsbdt.common.modes.sarus.rounds import SarusGrid
 from fedsbdt.common.federation.wire import InputReply, Purpose
-from fedsbdt.common.modes import greedy_site
+from fedsbdt.common.modes.greedy import site as greedy_site
 from fedsbdt.common.randomness import InsecureTestRandomness
 
 from .conftest import abalone_with_ids
@@ -556,7 +556,7 @@ def test_a_plan_whose_releases_cost_other_than_it_states_is_refused(monkeypatch)
     """Finding 1's error in today's vocabulary — a DPBoost mode whose levels are declared free (charged with the
     leaves) — cannot make a plan: its statement (ε 4) is not what its releases cost (ε 2.74)."""
     from fedsbdt.common.federation.plan import PlanError, SiteEntry, make_plan
-    from fedsbdt.common.modes.greedy_trees import GreedyTrees
+    from fedsbdt.common.modes.greedy import GreedyTrees
     from fedsbdt.common.modes.releases import Release
 
     declared = GreedyTrees.tree_releases

@@ -16,12 +16,12 @@ import pytest
 
 from fedsbdt.client.ledger import ledger_path
 from fedsbdt.client.site import NeedCatchUp, SessionAbort
-from fedsbdt.common import dpboost
+from fedsbdt.common.modes.dpboost import mechanism as dpboost
 from fedsbdt.common.config import Hyperparameters, builder_defaults
-from fedsbdt.common.federation import dpboost_rounds
+from fedsbdt.common.modes.dpboost import rounds as dpboost_rounds
 from fedsbdt.common.federation.plan import Plan, PlanError, SiteEntry, make_plan
 from fedsbdt.common.federation.wire import Purpose
-from fedsbdt.common.greedy_levels import level_sums
+from fedsbdt.common.modes.greedy.levels import level_sums
 
 from .conftest import ROOT, abalone_with_ids
 from .test_greedy_federation import _level_start, adult_with_ids, assert_shares_sum_to_full_noise, first_tree_released
@@ -200,7 +200,7 @@ def test_site_refuses_tampered_dpboost_requests_and_charges_nothing(tmp_path, mo
     before = _counts(f, "hosp-a")
     parts_before = f.db("hosp-a").execute("SELECT key FROM meta WHERE key LIKE 'dpboost%'").fetchall()
     calls = []
-    monkeypatch.setattr("fedsbdt.common.modes.greedy_site.level_sums", lambda *a, **k: calls.append(a))
+    monkeypatch.setattr("fedsbdt.common.modes.greedy.site.level_sums", lambda *a, **k: calls.append(a))
     monkeypatch.setattr(m.rounds.partition, "contribution", lambda *a, **k: calls.append(a))
     cases = {
         "not a tree of the plan": (4, 0, [], []),  # ensemble 2 of a plan with 2 ensembles

@@ -29,7 +29,7 @@ CASES = {
 }
 
 #: federated DPBoost draws each site's GDF partition from the OS CSPRNG even under test randomness
-#: (common/federation/dpboost_rounds.py), so its federated model is not reproducible from a seed
+#: (common/modes/dpboost/rounds.py), so its federated model is not reproducible from a seed
 FEDERATED_UNSEEDED = {"dpboost"}
 
 

@@ -210,7 +210,7 @@ def test_site_refuses_tampered_level_requests_before_computing_anything(tmp_path
     m, feats, thr, other = first_tree_released(f)
     before = _counts(f, "hosp-a")
     calls = []
-    monkeypatch.setattr("fedsbdt.common.modes.greedy_site.level_sums", lambda *a, **k: calls.append(a))
+    monkeypatch.setattr("fedsbdt.common.modes.greedy.site.level_sums", lambda *a, **k: calls.append(a))
     cases = {
         "have depth 3": (1, 3, np.r_[feats, feats, feats[:1]], np.r_[thr, thr, thr[:1]]),  # level ≥ depth
         "rewrites splits": (1, 2, np.r_[feats[0]], np.r_[other]),  # splits so far: node 0 rewritten

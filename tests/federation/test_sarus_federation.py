@@ -20,11 +20,11 @@ from fedsbdt.common.builders import Candidates, leaf_regions
 from fedsbdt.common.config import ConfigError, Hyperparameters
 from fedsbdt.common.data import load
 from fedsbdt.common.federation.plan import PlanError, SiteEntry, make_plan
-from fedsbdt.common.federation.sarus_rounds import calibrate_federated, split_sigmas, tree_event
+from fedsbdt.common.modes.sarus.rounds import calibrate_federated, split_sigmas, tree_event
 from fedsbdt.common.federation.wire import Purpose, RoundStartMsg, event_from_proto, event_to_proto
-from fedsbdt.common.greedy_levels import sketch_candidates
+from fedsbdt.common.modes.greedy.levels import sketch_candidates
 from fedsbdt.common.randomness import InsecureTestRandomness
-from fedsbdt.common.sarus import clamped_score, leaf_value
+from fedsbdt.common.modes.sarus.mechanism import clamped_score, leaf_value
 from fedsbdt.common.secagg import RoundStart
 
 from .conftest import ROOT, abalone_with_ids
@@ -205,7 +205,7 @@ def test_site_refuses_requests_off_the_released_sketch_and_charges_nothing(tmp_p
     other_sketch[0] += 1000
     before = _counts(f, "hosp-a")
     calls = []
-    monkeypatch.setattr("fedsbdt.common.greedy_levels.level_sums", lambda *a, **k: calls.append(a))
+    monkeypatch.setattr("fedsbdt.common.modes.greedy.levels.level_sums", lambda *a, **k: calls.append(a))
     cases = {  # why: (purpose, tree, level, features, thresholds, sketch)
         "not the plan's candidates": (Purpose.LEVEL, 1, 2, np.r_[feats[:2], numeric], np.r_[thr[:2], off], sketch),
         "another sketch": (Purpose.LEVEL, 1, 2, feats, thr, other_sketch),

@@ -6,7 +6,7 @@ candidate per categorical level), the features a level carries (all, or
 feature ``r mod m`` for tree r when cyclical), the layout and length of a
 level's vector, its per-entry noise, the routing of records through the splits
 released so far, and the coordinator's post-processing (noisy histograms →
-one split per node, :func:`fedsbdt.common.greedy_levels.select_splits`).
+one split per node, :func:`fedsbdt.common.modes.greedy.levels.select_splits`).
 
 A split travels as ``(feature, threshold)`` exactly as in a released tree; a
 site maps it back to its grid candidate and refuses anything off the grid
@@ -21,7 +21,7 @@ import numpy as np
 
 from fedsbdt.common import kernels
 from fedsbdt.common.builders import MIN_COUNT_SIGMAS, Candidates
-from fedsbdt.common.greedy_levels import LevelLayout, count_noise, level_layout, level_noise_scales, select_splits
+from fedsbdt.common.modes.greedy.levels import LevelLayout, count_noise, level_layout, level_noise_scales, select_splits
 
 
 class GreedyRequestError(ValueError):

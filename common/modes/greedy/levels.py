@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import kernels
-from .schema import Schema
+from fedsbdt.common import kernels
+from fedsbdt.common.schema import Schema
 
 #: gradient share of the level noise (the rest goes to the counts)
 GRAD_SHARE = 0.5

@@ -1,10 +1,10 @@
 """Federated DPBoost: what DPBoost adds to the federated greedy level rounds (docs/dpboost.md, "Federation").
 
-A federated DPBoost tree is a federated greedy tree (``common/federation/greedy_rounds.py``: ``depth`` level
+A federated DPBoost tree is a federated greedy tree (``common/modes/greedy/rounds.py``: ``depth`` level
 rounds of noisy histograms, the coordinator's arg max, then a leaf round) with three DPBoost pieces:
 
 1. **Partition and GDF at the site.**  When an ensemble starts, a site draws every one of its records' tree in
-   the ensemble from the OS CSPRNG (:func:`fedsbdt.common.dpboost.draw_partition`, Alg. 2 line 8) and keeps the
+   the ensemble from the OS CSPRNG (:func:`fedsbdt.common.modes.dpboost.mechanism.draw_partition`, Alg. 2 line 8) and keeps the
    draw in its database (:class:`SitePartition`): a restarted site reuses it, so no record lies in two
    trees of one ensemble.  A tree's level and leaf vectors cover only the records of its part that pass
    gradient-based data filtering (``|g| ≤ g*_l``, the public threshold): :func:`tree_records`.
@@ -29,12 +29,12 @@ from functools import lru_cache
 
 import numpy as np
 
-from fedsbdt.common import dpboost
+from fedsbdt.common.modes.dpboost import mechanism as dpboost
 from fedsbdt.common.accountant import (AccountingError, ParallelEvent, PrivacyCalibration, calibrate_greedy, compose,
                                default_alpha_max, event_epsilon_rdp, event_rdp, greedy_tree_event,
                                init_score_events)
 from fedsbdt.common.boosting import TASK_CODE, Contribution
-from fedsbdt.common.dpboost_trees import negative_gradient
+from fedsbdt.common.modes.dpboost.builder import negative_gradient
 from fedsbdt.common.randomness import csprng_uint64
 
 

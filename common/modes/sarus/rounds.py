@@ -7,13 +7,13 @@ discrete-Gaussian shares, or the coordinator's noise in central mode):
 1. ``sketch`` (``Purpose.SKETCH``): per numeric feature the equal-width count histogram of the subsample on
    the public fine grid (4K bins, as central Sarus).  One record adds 1 to one bin of each of the m
    histograms: L2 sensitivity √m.  The coordinator keeps, per feature, the K edges at the weighted
-   quantiles of the noisy histogram (:func:`fedsbdt.common.greedy_levels.sketch_candidates`, the central code's
+   quantiles of the noisy histogram (:func:`fedsbdt.common.modes.greedy.levels.sketch_candidates`, the central code's
    post-processing); the released noisy histograms travel with every later request of the tree, and each
    site recomputes the candidates from them (:meth:`SarusGrid.tree_grid`).
 2. ``level`` e = 0 … d − 1: per node, per feature, per bin between the tree's candidates the clipped
-   gradient sum and the count (:func:`fedsbdt.common.greedy_levels.level_sums`, as federated greedy).  The coordinator
+   gradient sum and the count (:func:`fedsbdt.common.modes.greedy.levels.level_sums`, as federated greedy).  The coordinator
    reads each node's noisy count off the count histograms, lets a node split only if it reaches 2N
-   (``min_child_weight`` decided privately, :func:`fedsbdt.common.sarus.may_split`), and takes the arg max of the
+   (``min_child_weight`` decided privately, :func:`fedsbdt.common.modes.sarus.mechanism.may_split`), and takes the arg max of the
    clamped gain ``G_L²/(h·max(n_L,N)+λ) + G_R²/(h·max(n_R,N)+λ)`` over every (feature, candidate) pair
    (:func:`select`) — post-processing; no party ever holds the exact gains the exponential mechanism needs.
 3. ``leaves`` (``Purpose.TREE``): per leaf the gradient sum and the count; the coordinator sums the leaves
@@ -25,7 +25,7 @@ over the d levels.  The tree is one :class:`~fedsbdt.common.accountant.PoissonSa
 Gaussians (:func:`tree_event`), charged with the tight subsampling bound of S-BDT's Thm. 14 — valid since a
 composition of Gaussians has an RDP curve linear in α (Lemma 15,
 :func:`fedsbdt.common.accountant.gaussian_multiplier`).  Side-effect free: ``server/session.py`` and
-``common/modes/sarus_site.py`` call these functions.
+``common/modes/sarus/site.py`` call these functions.
 """
 from __future__ import annotations
 
@@ -40,10 +40,10 @@ from fedsbdt.common.accountant import (AccountingError, ComposedEvent, GaussianE
                                PrivacyCalibration, _bisect_sigma, compose, default_alpha_max, event_epsilon_rdp,
                                event_rdp, init_score_events)
 from fedsbdt.common.builders import Candidates, leaf_regions
-from fedsbdt.common.greedy_levels import LevelLayout, level_noise_scales, sketch_candidates, sketch_noise_scale
-from fedsbdt.common.sarus import LEAF_SHARE, SELECT_SHARE, SKETCH_SHARE, clamped_score, leaf_value, may_split
+from fedsbdt.common.modes.greedy.levels import LevelLayout, level_noise_scales, sketch_candidates, sketch_noise_scale
+from fedsbdt.common.modes.sarus.mechanism import LEAF_SHARE, SELECT_SHARE, SKETCH_SHARE, clamped_score, leaf_value, may_split
 
-from .greedy_rounds import GreedyGrid
+from fedsbdt.common.modes.greedy.rounds import GreedyGrid
 
 
 class SarusRequestError(ValueError):
@@ -230,14 +230,14 @@ class SarusGrid:
         return self.level_vector(np.zeros((node.size, 1), np.uint8), node, grad_units, present, self.leaf_layout())
 
     def level_vector(self, codes, node, grad_units, present, layout: LevelLayout) -> np.ndarray:
-        """One party's ``[G | n·C]`` histograms of ``layout`` (:func:`fedsbdt.common.greedy_levels.level_sums`)."""
-        from fedsbdt.common.greedy_levels import level_sums
+        """One party's ``[G | n·C]`` histograms of ``layout`` (:func:`fedsbdt.common.modes.greedy.levels.level_sums`)."""
+        from fedsbdt.common.modes.greedy.levels import level_sums
 
         return self.scale_counts(level_sums(codes, node, grad_units, present, layout))
 
     def level_noise_scales(self, layout: LevelLayout, grad_units: int, sigma: float, shares: int = 1) -> np.ndarray:
         """Per-entry std (units) of one of ``shares`` shares of a level's (or the leaves') noise (multiplier σ/√2;
-        :func:`fedsbdt.common.greedy_levels.level_noise_scales` with the counts in units of C)."""
+        :func:`fedsbdt.common.modes.greedy.levels.level_noise_scales` with the counts in units of C)."""
         return self.scale_counts(level_noise_scales(layout, grad_units, sigma, shares))
 
     def leaf_noise_scales(self, grad_units: int, sigma_leaf: float, shares: int = 1) -> np.ndarray:
@@ -307,7 +307,7 @@ def leaf_values(noisy: np.ndarray, stopped: np.ndarray, depth: int, scale: float
 def check_splits(grid: GreedyGrid, tree: int, features, thresholds) -> np.ndarray:
     """The candidate index of every split on the tree's grid (from its released sketch), else
     :class:`SarusRequestError`."""
-    from .greedy_rounds import GreedyRequestError
+    from fedsbdt.common.modes.greedy.rounds import GreedyRequestError
 
     try:
         return grid.candidate_index(tree, features, thresholds)
@@ -350,7 +350,7 @@ def share_coordinates(plan) -> list[tuple[tuple[float, float], ...]]:
 
 class SarusTree:
     """The state of the Sarus tree in progress: its released sketch (and grid) and which nodes of the chosen
-    levels stopped.  Post-processing only; the coordinator's tree rounds (common/modes/sarus_coordinator.py)
+    levels stopped.  Post-processing only; the coordinator's tree rounds (common/modes/sarus/coordinator.py)
     hold one, and a site rebuilds one from a request's sketch."""
 
     def __init__(self, plan, sketch: np.ndarray | None = None, stopped=()) -> None:
@@ -370,14 +370,14 @@ class SarusTree:
         self.tree_grid = self.grid.tree_grid(self.sketch)
 
     def next_purpose(self, levels: int):
-        from .wire import Purpose
+        from fedsbdt.common.federation.wire import Purpose
 
         if self.sketch is None:
             return Purpose.SKETCH
         return Purpose.LEVEL if levels < self.hp.depth else Purpose.TREE
 
     def vector_len(self, purpose, level: int) -> int:
-        from .wire import Purpose
+        from fedsbdt.common.federation.wire import Purpose
 
         if purpose == Purpose.SKETCH:
             return self.grid.sketch_len

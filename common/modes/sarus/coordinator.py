@@ -1,7 +1,7 @@
 """The coordinator's side of federated Sarus trees (docs/sarus.md "Federation"): a sketch, ``depth`` levels and
 the leaves of one tree.
 
-The tree in progress is a :class:`~fedsbdt.common.federation.sarus_rounds.SarusTree` (its released sketch, the
+The tree in progress is a :class:`~fedsbdt.common.modes.sarus.rounds.SarusTree` (its released sketch, the
 candidate grid the sites recompute from it, which nodes of each chosen level stopped) and the splits chosen per
 level.  Everything here is post-processing of noisy sums; every request after the sketch carries the sketch
 and the splits chosen so far.
@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedsbdt.common.federation.sarus_rounds import SarusTree
+from fedsbdt.common.modes.sarus.rounds import SarusTree
 from fedsbdt.common.federation.wire import Purpose
 from fedsbdt.common.splits import Splits
 
-from .coordinator import Step, TreeRounds, level_record, level_splits
+from fedsbdt.common.modes.coordinator import Step, TreeRounds, level_record, level_splits
 
 
 class SarusRounds(TreeRounds):

@@ -57,7 +57,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from .accountant import (AccountingError, ExponentialEvent, LaplaceEvent, MAX_EPSILON, ParallelEvent,
+from fedsbdt.common.accountant import (AccountingError, ExponentialEvent, LaplaceEvent, MAX_EPSILON, ParallelEvent,
                          PrivacyCalibration, compose, default_alpha_max, event_epsilon_rdp, event_pld, event_rdp,
                          init_score_events)
 

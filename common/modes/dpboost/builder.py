@@ -1,4 +1,4 @@
-"""DPBoost trees: the tree-builder strategy of DPBoost mode (docs/dpboost.md; mechanisms in :mod:`fedsbdt.common.dpboost`).
+"""DPBoost trees: the tree-builder strategy of DPBoost mode (docs/dpboost.md; mechanisms in :mod:`fedsbdt.common.modes.dpboost.mechanism`).
 
 A DPBoost tree is a greedy tree (:class:`~fedsbdt.common.builders.GreedyTrees`: the exponential mechanism per level on
 the gain of eq. 3, ΔG = 3·g*_l², on the public candidate grid) grown on *its own* records only — those of
@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import dpboost
-from .boosting import LocalData
-from .builders import GreedyTrees
-from .randomness import csprng_uint64
-from .splits import Splits
+from fedsbdt.common.modes.dpboost import mechanism as dpboost
+from fedsbdt.common.boosting import LocalData
+from fedsbdt.common.builders import GreedyTrees
+from fedsbdt.common.randomness import csprng_uint64
+from fedsbdt.common.splits import Splits
 
 
 def negative_gradient(pred: np.ndarray, y: np.ndarray, task: str) -> np.ndarray:

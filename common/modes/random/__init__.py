@@ -6,9 +6,9 @@ with ``filter = true`` the individual Rényi filter bounds each record instead (
 """
 from __future__ import annotations
 
-from . import register
-from .base import Mode
-from .releases import LeafNoise, Release
+from fedsbdt.common.modes import register
+from fedsbdt.common.modes.base import Mode
+from fedsbdt.common.modes.releases import LeafNoise, Release
 
 
 class RandomTrees(Mode):
@@ -26,8 +26,8 @@ class RandomTrees(Mode):
 
     # ---- site side
     def site_rounds(self, plan, site):
-        """This mode's rounds at a site (common/modes/random_site.py)."""
-        from .random_site import RandomSite
+        """This mode's rounds at a site (common/modes/random/site.py)."""
+        from fedsbdt.common.modes.random.site import RandomSite
 
         return RandomSite(plan, site)
 

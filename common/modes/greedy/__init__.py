@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from fedsbdt.common.federation.wire import Purpose
 
-from . import register
-from .base import Mode
-from .releases import LeafNoise, LevelNoise, Release
+from fedsbdt.common.modes import register
+from fedsbdt.common.modes.base import Mode
+from fedsbdt.common.modes.releases import LeafNoise, LevelNoise, Release
 
 
 class GreedyTrees(Mode):
@@ -35,7 +35,7 @@ class GreedyTrees(Mode):
     # ---- coordinator side
 
     def coordinator_rounds(self, plan, records=()):
-        from .greedy_coordinator import GreedyRounds
+        from fedsbdt.common.modes.greedy.coordinator import GreedyRounds
 
         return GreedyRounds(plan, records)
 
@@ -46,8 +46,8 @@ class GreedyTrees(Mode):
 
     # ---- site side
     def site_rounds(self, plan, site):
-        """This mode's rounds at a site (common/modes/greedy_site.py)."""
-        from .greedy_site import GreedySite
+        """This mode's rounds at a site (common/modes/greedy/site.py)."""
+        from fedsbdt.common.modes.greedy.site import GreedySite
 
         return GreedySite(plan, site)
 

@@ -19,12 +19,12 @@ import numpy as np
 
 from fedsbdt.common import kernels
 from fedsbdt.common.boosting import TASK_CODE
-from fedsbdt.common.federation.sarus_rounds import SarusRequestError, SarusTree
+from fedsbdt.common.modes.sarus.rounds import SarusRequestError, SarusTree
 from fedsbdt.common.federation.wire import Purpose, Refusal
 from fedsbdt.common.splits import Splits
 
-from .greedy_site import request_refusal
-from .site_rounds import SiteRounds, catch_up_or_refusal
+from fedsbdt.common.modes.greedy.site import request_refusal
+from fedsbdt.common.modes.site_rounds import SiteRounds, catch_up_or_refusal
 
 KIND = {Purpose.SKETCH: "sketch", Purpose.LEVEL: "level", Purpose.TREE: "tree"}
 

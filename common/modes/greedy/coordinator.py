@@ -2,7 +2,7 @@
 leaf round on the splits they chose.
 
 A level's noisy histograms become one split per node of the level (:meth:`GreedyGrid.select
-<fedsbdt.common.federation.greedy_rounds.GreedyGrid.select>`, post-processing); every later request of the
+<fedsbdt.common.modes.greedy.rounds.GreedyGrid.select>`, post-processing); every later request of the
 tree carries the splits chosen so far, and the released tree has exactly them.
 """
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from fedsbdt.common.federation.wire import Purpose
 from fedsbdt.common.splits import Splits
 
-from .coordinator import Step, TreeRounds, level_record, level_splits
+from fedsbdt.common.modes.coordinator import Step, TreeRounds, level_record, level_splits
 
 class GreedyRounds(TreeRounds):
     """Greedy trees' tree in progress: the splits chosen per level so far."""

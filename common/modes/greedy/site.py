@@ -13,13 +13,13 @@ import numpy as np
 
 from fedsbdt.common import kernels
 from fedsbdt.common.boosting import TASK_CODE
-from fedsbdt.common.federation.greedy_rounds import GreedyRequestError
+from fedsbdt.common.modes.greedy.rounds import GreedyRequestError
 from fedsbdt.common.federation.wire import Purpose
-from fedsbdt.common.greedy_levels import level_sums
+from fedsbdt.common.modes.greedy.levels import level_sums
 from fedsbdt.common.splits import Splits
 
-from .random_site import RandomSite
-from .site_rounds import catch_up_or_refusal
+from fedsbdt.common.modes.random.site import RandomSite
+from fedsbdt.common.modes.site_rounds import catch_up_or_refusal
 
 
 def request_refusal(site, ev, grid) -> str | None:

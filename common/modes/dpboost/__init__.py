@@ -7,12 +7,12 @@ level or leaf round of tree k re-reads the records of part k and is charged to e
 """
 from __future__ import annotations
 
-from fedsbdt.common import dpboost
-from fedsbdt.common.federation.dpboost_rounds import check_tree
+from fedsbdt.common.modes.dpboost import mechanism as dpboost
+from fedsbdt.common.modes.dpboost.rounds import check_tree
 from fedsbdt.common.federation.wire import Purpose
 
-from . import register
-from .greedy_trees import GreedyTrees
+from fedsbdt.common.modes import register
+from fedsbdt.common.modes.greedy import GreedyTrees
 
 
 class DPBoostTrees(GreedyTrees):
@@ -32,7 +32,7 @@ class DPBoostTrees(GreedyTrees):
     # ---- coordinator side
 
     def coordinator_rounds(self, plan, records=()):
-        from .dpboost_coordinator import DPBoostRounds
+        from fedsbdt.common.modes.dpboost.coordinator import DPBoostRounds
 
         return DPBoostRounds(plan, records)
 
@@ -43,8 +43,8 @@ class DPBoostTrees(GreedyTrees):
 
     # ---- site side
     def site_rounds(self, plan, site):
-        """This mode's rounds at a site (common/modes/dpboost_site.py)."""
-        from .dpboost_site import DPBoostSite
+        """This mode's rounds at a site (common/modes/dpboost/site.py)."""
+        from fedsbdt.common.modes.dpboost.site import DPBoostSite
 
         return DPBoostSite(plan, site)
 

@@ -4,8 +4,8 @@ round, so the gate refuses them whatever the coordinator asks.  The model the si
 the plan pins (client/gate.py checks its content digest before the evaluation input and at Finished)."""
 from __future__ import annotations
 
-from . import register
-from .base import Mode
+from fedsbdt.common.modes import register
+from fedsbdt.common.modes.base import Mode
 
 
 class EvaluationOnly(Mode):
@@ -21,7 +21,7 @@ class EvaluationOnly(Mode):
     def site_rounds(self, plan, site):
         """The model's released trees are checked as those of the plan's tree builder (its mode's site rounds);
         the gate refuses every training round before it reaches them."""
-        from . import REGISTRY
+        from fedsbdt.common.modes import REGISTRY
 
         return REGISTRY[plan.hyperparameters.tree_builder].site_rounds(plan, site)
 

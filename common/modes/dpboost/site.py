@@ -3,14 +3,14 @@ records of one tree's part of the ensemble's partition.
 
 The partition of each ensemble is drawn once from the OS CSPRNG and kept in the site's database (this mode's
 state, keys ``dpboost_partition/<ensemble>``) before any vector that depends on it leaves the site
-(common/federation/dpboost_rounds.py ``SitePartition``); a stored partition that does not fit this site's
+(common/modes/dpboost/rounds.py ``SitePartition``); a stored partition that does not fit this site's
 data ends the session.
 """
 from __future__ import annotations
 
-from fedsbdt.common.federation.dpboost_rounds import DPBoostRequestError, SitePartition
+from fedsbdt.common.modes.dpboost.rounds import DPBoostRequestError, SitePartition
 
-from .greedy_site import GreedySite
+from fedsbdt.common.modes.greedy.site import GreedySite
 
 
 def partition_key(ensemble: int) -> str:

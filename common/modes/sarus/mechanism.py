@@ -38,7 +38,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from .accountant import (DEFAULT_ALPHA_MAX, AccountingError, ComposedEvent, ExponentialEvent, LaplaceEvent,
+from fedsbdt.common.accountant import (DEFAULT_ALPHA_MAX, AccountingError, ComposedEvent, ExponentialEvent, LaplaceEvent,
                          PoissonSampledEvent, PrivacyCalibration, compose, event_epsilon_rdp, init_score_events,
                          subsampled_pure_epsilon)
 
@@ -262,7 +262,7 @@ def epsilon_curve(privacy: dict, points: int, depth: int) -> tuple[np.ndarray, n
     """ε after r accounted Sarus trees, by the model's own accountant (the report's curve): the paper's
     composition for ``accountant = "pure"``, our RDP ledger at the model's δ otherwise."""
     if float(privacy.get("sigma_sketch", 0.0) or 0.0) > 0:  # a federated model: Gaussian releases
-        from .federation.sarus_rounds import epsilon_curve as federated_curve
+        from fedsbdt.common.modes.sarus.rounds import epsilon_curve as federated_curve
 
         return federated_curve(privacy, points, depth)
     T = int(privacy.get("rounds_accounted", 0) or 0)

@@ -3,17 +3,17 @@ one Poisson subsample.
 
 The tree's releases compose under one subsampling (their Gaussian parts add up to one Gaussian, Thm. 5), so a
 tree costs one Poisson-subsampled composition of its Gaussians (the event of :meth:`SarusTrees.tree_releases`,
-equal to :func:`~fedsbdt.common.federation.sarus_rounds.tree_event`), charged with its first release (the
+equal to :func:`~fedsbdt.common.modes.sarus.rounds.tree_event`), charged with its first release (the
 sketch); its levels and leaves cost nothing more.  Budget per record: ``T`` sketches, ``T·depth`` levels and
-``T`` leaf releases (each stage of a tree carries data once: common/modes/sarus_site.py).
+``T`` leaf releases (each stage of a tree carries data once: common/modes/sarus/site.py).
 """
 from __future__ import annotations
 
 from fedsbdt.common.federation.wire import Purpose
 
-from . import register
-from .base import Mode
-from .releases import Release, SarusLevelNoise, SketchNoise
+from fedsbdt.common.modes import register
+from fedsbdt.common.modes.base import Mode
+from fedsbdt.common.modes.releases import Release, SarusLevelNoise, SketchNoise
 
 
 class SarusTrees(Mode):
@@ -38,14 +38,14 @@ class SarusTrees(Mode):
     # ---- coordinator side
 
     def coordinator_rounds(self, plan, records=()):
-        from .sarus_coordinator import SarusRounds
+        from fedsbdt.common.modes.sarus.coordinator import SarusRounds
 
         return SarusRounds(plan, records)
 
     # ---- site side
     def site_rounds(self, plan, site):
-        """This mode's rounds at a site (common/modes/sarus_site.py)."""
-        from .sarus_site import SarusSite
+        """This mode's rounds at a site (common/modes/sarus/site.py)."""
+        from fedsbdt.common.modes.sarus.site import SarusSite
 
         return SarusSite(plan, site)
 

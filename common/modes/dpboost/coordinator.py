@@ -1,11 +1,11 @@
 """The coordinator's side of federated DPBoost (docs/dpboost.md "Federation"): greedy trees' level rounds, and
-leaf values ``V = Σg/(n+λ)`` clipped by GLC and clamped (:func:`fedsbdt.common.federation.dpboost_rounds.leaf_values`,
+leaf values ``V = Σg/(n+λ)`` clipped by GLC and clamped (:func:`fedsbdt.common.modes.dpboost.rounds.leaf_values`,
 post-processing)."""
 from __future__ import annotations
 
-from fedsbdt.common.federation import dpboost_rounds
+from fedsbdt.common.modes.dpboost import rounds as dpboost_rounds
 
-from .greedy_coordinator import GreedyRounds
+from fedsbdt.common.modes.greedy.coordinator import GreedyRounds
 
 
 class DPBoostRounds(GreedyRounds):

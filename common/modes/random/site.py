@@ -5,7 +5,7 @@ splits of the tree (recomputed here from the plan's seed, never taken from the c
 sums are Poisson-subsampled (and, with ``filter = true``, filtered by the per-record Rényi ledger) by the
 contribution (common/boosting.py).  The leaf-noise share is drawn ahead (``site.noise``): variance σ²/k_r
 (distributed noise), or, central noise, a full fresh share on a retry.  Level-round modes
-(common/modes/greedy_site.py) override the hooks this class calls: the request check, the vector length,
+(common/modes/greedy/site.py) override the hooks this class calls: the request check, the vector length,
 the records, the splits, the contribution and the level input.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ from fedsbdt.common.federation.wire import Purpose, Refusal
 from fedsbdt.common.multiclass import round_vector_len
 from fedsbdt.common.splits import random_splits
 
-from .site_rounds import SiteRounds, catch_up_or_refusal
+from fedsbdt.common.modes.site_rounds import SiteRounds, catch_up_or_refusal
 
 
 class RandomSite(SiteRounds):
