@@ -233,9 +233,12 @@ def plan_tuning(settings: list[dict], epsilon: float, delta: float, rel_tol: flo
     calibration order, and the largest ε_f (to ``rel_tol``) whose eq. T1 total is ≤ ``epsilon``.
 
     Raises :class:`~fedsbdt.common.accountant.AccountingError` if no final budget fits."""
+    from .engine import calibration_for
+
     settings = [dict(s) for s in settings]
-    if len(settings) == 1:
-        return TuningPlan(tuple(settings), 0.0, 0.0, float(epsilon), float(epsilon), float(delta), 0)
+    if len(settings) == 1:  # one training run: its calibration is the accounting (refuses what cannot be met)
+        cal = calibration_for(_hp(settings[0], epsilon, delta))
+        return TuningPlan(tuple(settings), 0.0, 0.0, float(epsilon), float(epsilon), float(delta), int(cal.alpha))
     orders = orders_for(epsilon, delta)
     eps_p = PROBE_SHARE * epsilon
     probes = [_train_curve(_hp(s, eps_p, delta), orders) for s in settings]
