@@ -17,6 +17,7 @@ import json
 import sys
 import time
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -67,11 +68,13 @@ def grid_key(settings: dict) -> str | None:
 def summary(rows: list[dict]) -> dict:
     d = [r["tune"] - r["auto"] for r in rows]
     searched = [r["tune"] - r["auto"] for r in rows if r["searched"]]
+    m0 = [r["tune_margin_0"] - r["auto"] for r in rows if "tune_margin_0" in r]
     return {"cells": len({(r["dataset"], r["epsilon"]) for r in rows}), "runs": len(rows),
             "mean_tune_minus_auto": float(np.mean(d)) if d else None,
             "tune_wins": sum(x > 0 for x in d), "tune_losses": sum(x < 0 for x in d),
             "searched_runs": len(searched),
             "mean_tune_minus_auto_where_searched": float(np.mean(searched)) if searched else None,
+            "mean_tune_margin_0_minus_auto_where_searched": float(np.mean(m0)) if m0 else None,
             "fallback_runs_identical_setting": sum(1 for r in rows if not r["searched"]
                                                    and r["winner"] == r["centre"])}
 
@@ -81,6 +84,8 @@ def main() -> None:
     ap.add_argument("--cells", default=CELLS, help="dataset:ε pairs, comma-separated")
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--out", default=str(OUT))
+    ap.add_argument("--margins", default="0", help="extra switch margins to run beside the shipped one (another "
+                                                  "tune run each, same cell; 'tune_margin_<m>' in the row)")
     a = ap.parse_args()
     out = Path(a.out)
     doc = json.loads(out.read_text()) if out.exists() else {"rows": []}
@@ -103,6 +108,11 @@ def main() -> None:
             res = tune_on(tr, plan, SecureRandomness(), fresh_split_key())
             y = te.y.astype(int) if tr.schema.task == "multiclass" else te.y
             tuned = ag.score(tr.schema.task, y, res.model.predict(te.X))["score"]
+            extra = {}
+            for m in (float(x) for x in a.margins.split(",") if x) if plan.searches else ():
+                other = tune_on(tr, replace(plan, switch_margin=m), SecureRandomness(), fresh_split_key())
+                extra[f"tune_margin_{m:g}"] = ag.score(tr.schema.task, y, other.model.predict(te.X))["score"]
+                extra[f"winner_is_centre_margin_{m:g}"] = other.settings == dict(plan.candidates[0])
             g = grid.get((name, eps), {})
             centre = dict(plan.candidates[0])
             row = {"dataset": name, "task": tr.schema.task, "n_train": tr.n, "epsilon": eps, "seed": seed,
@@ -111,6 +121,7 @@ def main() -> None:
                    "epsilon_final": plan.epsilon_final, "epsilon_probe": plan.epsilon_probe,
                    "tuning_epsilon": plan.epsilon, "centre": centre, "winner": res.settings,
                    "winner_is_centre": res.settings == centre,
+                   "switch_margin": plan.switch_margin, **extra,
                    "grid_best": max(g.values()) if g else None,
                    "grid_best_setting": max(g, key=g.get) if g else None,
                    "grid_auto_setting": g.get(grid_key(centre) or "", None),

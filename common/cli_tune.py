@@ -107,7 +107,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
         "holdout": f"records with BLAKE2b(key, id) mod {HOLDOUT_SHARE} = 0 (the schema's id column "
                    f"{schema.id_column!r}; key: a fresh secret of this run from the OS CSPRNG, not released)",
         "candidates": [dict(c) for c in plan.candidates], "settings": res.settings,
-        "chosen_by": "the probe with the highest noisy held-out score (auto's setting on ties)" if plan.searches
+        "chosen_by": (f"auto's setting unless an alternative's noisy held-out score beats it by more than "
+                      f"{plan.switch_margin:g} noise standard deviations of the difference") if plan.searches
                      else "auto's rule",
         "centre": {"mode": "auto", **choice.to_dict()},
     }
@@ -126,7 +127,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
         return 0
     n_words = f"n = {rows} ({'declared' if source == 'declared' else 'a DP count'})"
     lines = [f"{n_words}; {how}",
-             f"chosen: {settings_line(res.settings)}" + (", the highest noisy held-out score" if plan.searches
+             f"chosen: {settings_line(res.settings)}" + (" by the noisy held-out scores (auto's setting unless an "
+                                                         "alternative beat it by the noise margin)" if plan.searches
                                                          else " (auto)"),
              f"privacy: (ε={p['epsilon']:.6g}, δ={p['delta']:.3g}) for the whole tuning, target {args.epsilon:g}",
              f"model written to {args.out}" + lifetime_line(life, getattr(args, "ledger", None))]

@@ -9,8 +9,8 @@ worse than ``auto`` in expectation, so it spends little on the check and most of
 * **Search**: a public short list (:func:`shortlist`): ``auto``'s own setting first (always a candidate),
   then the cyclical flip and, on all-numeric schemas, the deep non-cyclical setting.  Each candidate is a
   *probe*: trained on the training part with a small per-probe budget ε_p = :data:`PROBE_SHARE`·ε and scored
-  on the held-out part with Gaussian noise σ_s.  The probe with the highest noisy score wins (the centre on
-  ties); its setting is then trained on **every** record with the largest ε_f that keeps the total ≤ ε (about
+  on the held-out part with Gaussian noise σ_s.  The centre wins unless an alternative's noisy score beats it by
+  :data:`SWITCH_MARGIN` noise standard deviations (:func:`pick`); the winner's setting is then trained on **every** record with the largest ε_f that keeps the total ≤ ε (about
   0.9·ε), and only that final model and its setting are released.
 
 **Privacy (RDP composition, not Papernot & Steinke).**  The list and its length m are public (fixed from ε,
@@ -45,6 +45,10 @@ from .accountant import alpha_grid, rdp_to_dp
 MIN_BUDGET_LOG10 = 3.0
 #: each probe's training target ε as a share of the tuning budget (the final model gets about 0.9·ε with 3)
 PROBE_SHARE = 0.2
+#: an alternative replaces auto's setting only if its noisy score beats the centre's by this many standard
+#: deviations of the difference of two noisy scores (σ_s·√2): auto is the favourite, a tie of the noise is not
+#: evidence against it
+SWITCH_MARGIN = 1.0
 
 
 # --------------------------------------------------------------------------- the accounting (pure)
@@ -188,6 +192,7 @@ class TuningPlan:
     epsilon: float  # the whole tuning (without the DP row count)
     delta: float
     order: int
+    switch_margin: float = SWITCH_MARGIN  # in σ_s·√2 (post-processing: any value is private)
 
     def __post_init__(self) -> None:
         if not self.candidates:
@@ -196,6 +201,8 @@ class TuningPlan:
             raise ValueError(f"bad tuning plan: ε_final {self.epsilon_final}, ε {self.epsilon}, δ {self.delta}")
         if self.searches and not (self.epsilon_probe > 0 and self.sigma_score > 0):
             raise ValueError("a search needs a probe budget and score noise")
+        if not (self.switch_margin >= 0 and math.isfinite(self.switch_margin)):
+            raise ValueError(f"the switch margin must be finite and ≥ 0, got {self.switch_margin}")
 
     @property
     def searches(self) -> bool:
@@ -328,22 +335,30 @@ def noisy_score(task: str, y: np.ndarray, pred: np.ndarray, label_range, sigma_s
     return units + int(randomness.discrete_gaussian(np.array([sigma_score * scale]))[0])
 
 
+def pick(scores: list[int], sigma_score: float, margin: float = SWITCH_MARGIN) -> int:
+    """The index of the released setting from the probes' noisy scores (fixed-point units, centre first): the
+    best alternative if it beats the centre's score by more than ``margin``·σ_s·√2·2^20 (the noise std of a
+    difference of two scores), else 0, the centre.  Post-processing of the noisy scores."""
+    best = max(range(1, len(scores)), key=lambda i: scores[i], default=0)
+    return best if best and scores[best] - scores[0] > margin * sigma_score * math.sqrt(2) * 2**20 else 0
+
+
 def run_tuning(ds, holdout: np.ndarray, plan: TuningPlan, randomness) -> TuningResult:
-    """Probe every candidate of ``plan`` (trained on ``ds`` without ``holdout``, scored on ``holdout``), pick the
-    highest noisy score (the centre on ties), train it on every record of ``ds`` at ε_f and return that model
-    only.  The fallback (one candidate) trains the centre on every record at ε and probes nothing."""
+    """Probe every candidate of ``plan`` (trained on ``ds`` without ``holdout``, scored on ``holdout``), pick by
+    :func:`pick` (the centre unless an alternative beats it clearly), train it on every record of ``ds`` at ε_f
+    and return that model only.  The fallback (one candidate) trains the centre on every record at ε and probes nothing."""
     from .engine import train
 
     task, label_range = ds.schema.task, ds.schema.label_range
     winner = plan.candidates[0]
     if plan.searches:
         train_ds, held = ds.subset(~holdout), ds.subset(holdout)
-        best = None
+        scores = []
         for c in plan.candidates:
             probe = train(train_ds, _hyperparameters(c, plan.epsilon_probe, plan.delta, task), randomness)
-            s = noisy_score(task, held.y, probe.model.predict(held.X), label_range, plan.sigma_score, randomness)
-            if best is None or s > best:
-                best, winner = s, c
+            scores.append(noisy_score(task, held.y, probe.model.predict(held.X), label_range, plan.sigma_score,
+                                      randomness))
+        winner = plan.candidates[pick(scores, plan.sigma_score, plan.switch_margin)]
     res = train(ds, _hyperparameters(winner, plan.epsilon_final, plan.delta, task), randomness)
     return TuningResult(res.model, dict(winner), plan)
 

@@ -204,6 +204,21 @@ def test_tune_searches_at_a_larger_budget_and_its_receipt_is_the_plans(tmp_path,
     probes, final = seen[:-1], seen[-1]
     assert len(probes) == 3 and all(e == pytest.approx(0.2) and 0.7 * 1500 < n < 0.9 * 1500 for n, e in probes)
     assert final == (1500, t["epsilon_final"])  # the released model saw every record
+    assert main(["report", "--model", str(out), "--out", str(tmp_path / "r.html")]) == 0  # the report names them
+    page = (tmp_path / "r.html").read_text()
+    assert "private tuning" in page and "candidate 1 (auto)" in page and page.count(">chosen<") == 1
+
+
+def test_pick_keeps_auto_unless_an_alternative_beats_it_by_the_margin():
+    from fedsbdt.common.tuning import pick
+
+    unit = math.sqrt(2) * 2**20  # one noise std of a difference at σ_s = 1
+    assert pick([0], 1.0) == 0  # the centre alone
+    assert pick([5, 5, 5], 1.0, 0.0) == 0  # ties: the centre
+    assert pick([0, int(0.9 * unit), 0], 1.0) == 0  # within the margin: the centre
+    assert pick([0, int(0.9 * unit), int(1.1 * unit)], 1.0) == 2  # beyond it: the best alternative
+    assert pick([0, 1, 2], 1.0, 0.0) == 2 and pick([3, 1, 2], 1.0, 0.0) == 0  # margin 0: the highest
+    assert pick([0, int(1.1 * unit)], 2.0) == 0  # the margin scales with σ_s
 
 
 # --------------------------------------------------------------------------- what fedsbdt tune releases (issue 37)
