@@ -168,7 +168,8 @@ def register(sub) -> None:
     t.add_argument("--data", required=True, metavar="SOURCE",
                    help="CSV or Parquet file described by the schema, or a database URL with --query")
     t.add_argument("--schema", required=True, metavar="FILE", help="public schema (TOML)")
-    t.add_argument("--epsilon", type=float, required=True, metavar="X", help="total ε of the whole tuning (every probe and the final training)")
+    t.add_argument("--epsilon", type=float, required=True, metavar="X",
+                   help="total ε of the whole tuning (every probe and the final training)")
     t.add_argument("--delta", type=float, default=5e-8, metavar="X", help="δ (default: 5e-08)")
     t.add_argument("--out", required=True, metavar="FILE", help="where to write the winning model (JSON)")
     t.add_argument("--rows", type=int, default=None, metavar="N",

@@ -9,9 +9,10 @@ worse than ``auto`` in expectation, so it spends little on the check and most of
 * **Search**: a public short list (:func:`shortlist`): ``auto``'s own setting first (always a candidate),
   then the cyclical flip and, on all-numeric schemas, the deep non-cyclical setting.  Each candidate is a
   *probe*: trained on the training part with a small per-probe budget ε_p = :data:`PROBE_SHARE`·ε and scored
-  on the held-out part with Gaussian noise σ_s.  The centre wins unless an alternative's noisy score beats it by
-  :data:`SWITCH_MARGIN` noise standard deviations (:func:`pick`); the winner's setting is then trained on **every** record with the largest ε_f that keeps the total ≤ ε (about
-  0.9·ε), and only that final model and its setting are released.
+  on the held-out part with Gaussian noise σ_s.  The centre wins unless an alternative's noisy score beats
+  it by :data:`SWITCH_MARGIN` noise standard deviations (:func:`pick`); the winner's setting is then trained
+  on **every** record with the largest ε_f that keeps the total ≤ ε (about 0.9·ε), and only that final
+  model and its setting are released.
 
 **Privacy (RDP composition, not Papernot & Steinke).**  The list and its length m are public (fixed from ε,
 δ, the schema and the public or DP row count before any record is read), so the probes compose.  A record
@@ -61,9 +62,9 @@ def score_rdp(orders: np.ndarray, sigma_score: float) -> np.ndarray:
 
 def search_rdp(orders: np.ndarray, probe_curves: list[np.ndarray], sigma_score: float,
                final_curves: list[np.ndarray]) -> np.ndarray:
-    """Eq. T1 (module doc): ``max(Σ_i ρ_train,i(λ), m·λ/(2σ_s²)) + max_c ρ_final,c(λ)`` at every order — the m
-    probes (a record is in the training part or the held-out part, never both) composed with the final training
-    on every record.  No probes (the fallback): the final curve alone."""
+    """Eq. T1 (module doc): ``max(Σ_i ρ_train,i(λ), m·λ/(2σ_s²)) + max_c ρ_final,c(λ)`` at every order —
+    the m probes (a record is in the training part or the held-out part, never both) composed with the final
+    training on every record.  No probes (the fallback): the final curve alone."""
     final = np.max(np.vstack(final_curves), axis=0)
     if not probe_curves:
         return final
@@ -144,7 +145,6 @@ def record_scores(task: str, y: np.ndarray, pred: np.ndarray, label_range=None) 
     return 1 - np.minimum(((np.asarray(pred, float) - y) / (hi - lo)) ** 2, 1.0)
 
 
-
 #: the deep setting without cyclical trees that won on all-numeric data (benchmarks/auto_grid.py g21, g19)
 DEEP = {"classification": dict(trees=1000, depth=6, subsample=0.3, learning_rate=0.1, cyclical=False),
         "regression": dict(trees=500, depth=6, subsample=0.3, learning_rate=0.1, cyclical=False)}
@@ -158,7 +158,7 @@ def shortlist(centre: dict, task: str, all_numeric: bool) -> list[dict]:
     neighbours are left out: on the suite they rarely changed the score by more than the noise of a check."""
     flip = {**centre, "cyclical": not centre["cyclical"]}
     if centre["cyclical"]:
-        flip["depth"] = min(6, max(centre["depth"], centre["depth"] + 1))
+        flip["depth"] = max(centre["depth"], min(6, centre["depth"] + 1))
     out = [dict(centre), flip]
     if all_numeric:
         out.append({**centre, **DEEP["regression" if task == "regression" else "classification"]})
@@ -177,15 +177,13 @@ def should_search(epsilon: float, rows: int, classes: int = 0) -> bool:
     return budget_signal(epsilon, rows, classes) >= MIN_BUDGET_LOG10
 
 
-
-
 @dataclass(frozen=True)
 class TuningPlan:
     """What the accountant fixed for a tuning run before any record is read: the probed candidates (centre
     first; only the centre: the fallback, no probe), each probe's ε target, the score noise, the final
     training's ε target and the total (ε, δ) of eq. T1 at its best order."""
 
-    candidates: tuple
+    candidates: tuple[dict, ...]
     epsilon_probe: float  # 0 in the fallback
     sigma_score: float  # 0 in the fallback
     epsilon_final: float
@@ -224,7 +222,6 @@ def _train_curve(hp, orders: np.ndarray) -> tuple[np.ndarray, int]:
     rho = hp.accounted_rounds * tree_rdp(cal.gamma, cal.sigma, orders) + init_score_rdp(orders, cal.eps_init,
                                                                                         cal.eps_ds)
     return rho, cal.alpha
-
 
 
 def _hp(setting: dict, epsilon: float, delta: float):
@@ -289,8 +286,6 @@ def largest_fitting(total_of, budget: float, too_small: str, rel_tol: float = 1e
     return lo
 
 
-
-
 def plan_for(schema, epsilon: float, delta: float, rows: int, rows_source: str = "declared"):
     """``fedsbdt tune``'s plan from public inputs: the centre is auto's own setting at the whole budget and n
     (:func:`~fedsbdt.common.auto.resolve`, exactly what ``fedsbdt train`` picks, λ left to each training); the
@@ -346,7 +341,8 @@ def pick(scores: list[int], sigma_score: float, margin: float = SWITCH_MARGIN) -
 def run_tuning(ds, holdout: np.ndarray, plan: TuningPlan, randomness) -> TuningResult:
     """Probe every candidate of ``plan`` (trained on ``ds`` without ``holdout``, scored on ``holdout``), pick by
     :func:`pick` (the centre unless an alternative beats it clearly), train it on every record of ``ds`` at ε_f
-    and return that model only.  The fallback (one candidate) trains the centre on every record at ε and probes nothing."""
+    and return that model only.  The fallback (one candidate) trains the centre on every record at ε and
+    probes nothing."""
     from .engine import train
 
     task, label_range = ds.schema.task, ds.schema.label_range
