@@ -8,7 +8,7 @@ benchmarks/auto_grid.py on the same split (mean over their repetitions), the bes
 this ε ("grid_best", an oracle no private method reaches) and the grid's copy of the rule's table setting.
 Rows are saved after each cell to results/tune_vs_auto_v2.json (a rerun skips the cells it holds).
 
-    nice python benchmarks/tune_vs_auto.py [--cells adult:1,adult:4,...] [--seeds 2]
+    nice python benchmarks/tune_vs_auto.py [--cells adult:1,adult:4,...] [--seeds 6]
 """
 from __future__ import annotations
 
@@ -82,7 +82,7 @@ def summary(rows: list[dict]) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cells", default=CELLS, help="dataset:ε pairs, comma-separated")
-    ap.add_argument("--seeds", type=int, default=2)
+    ap.add_argument("--seeds", type=int, default=6)
     ap.add_argument("--out", default=str(OUT))
     ap.add_argument("--margins", default="0", help="extra switch margins to run beside the shipped one (another "
                                                   "tune run each, same cell; 'tune_margin_<m>' in the row)")
