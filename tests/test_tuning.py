@@ -393,3 +393,30 @@ def test_quiet_tune_prints_the_result_in_one_line(tmp_path, capsys):
     printed = capsys.readouterr()
     (line,) = printed.out.splitlines()
     assert line.startswith("tuned privately: ") and line.endswith(f"-DP; model written to {out}") and printed.err == ""
+
+
+def test_a_plan_refuses_what_it_cannot_mean():
+    from fedsbdt.common.tuning import TuningPlan
+
+    ok = dict(candidates=(CENTRE, {**CENTRE, "cyclical": False}), epsilon_probe=0.2, sigma_score=20.0,
+              epsilon_final=0.9, epsilon=1.0, delta=5e-8, order=30)
+    assert TuningPlan(**ok).searches
+    for bad in (dict(candidates=()), dict(epsilon_final=1.1), dict(epsilon_final=0.0), dict(delta=1.0),
+                dict(sigma_score=0.0), dict(epsilon_probe=0.0), dict(switch_margin=-1.0),
+                dict(switch_margin=math.inf)):
+        with pytest.raises(ValueError):
+            TuningPlan(**{**ok, **bad})
+
+
+def test_tune_with_a_dp_row_count_states_its_share(tmp_path, capsys):
+    """Without --rows the gate reads a DP count (2 % of ε); the receipt covers it and stays ≤ ε."""
+    from fedsbdt.common.cli import main
+
+    data, schema = write_task(tmp_path / "data")
+    out = tmp_path / "m.json"
+    assert main(["tune", "--data", str(data), "--schema", str(schema), "--out", str(out), "--epsilon", "1",
+                 "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    p = json.loads(out.read_text())["privacy"]
+    assert p["eps_rows"] == pytest.approx(0.02) and res["epsilon"] == p["epsilon"] <= 1
+    assert res["searched"] is False  # ε·n ≈ 400 < 10³: auto
