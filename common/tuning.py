@@ -42,7 +42,7 @@ import numpy as np
 from .accountant import alpha_grid, rdp_to_dp
 
 #: below this b = log10(ε·n/K) (the auto rule's budget signal) tune is auto: on the suite a check never paid
-#: for itself there (benchmarks/results/tune_vs_auto_v2.json, docs/auto.md "Private tuning")
+#: for itself there (benchmarks/tune_gate.py, results/tune_vs_auto_v2.json; docs/auto.md "Private tuning")
 MIN_BUDGET_LOG10 = 3.0
 #: each probe's training target ε as a share of the tuning budget (the final model gets about 0.9·ε with 3)
 PROBE_SHARE = 0.2
