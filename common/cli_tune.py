@@ -1,12 +1,13 @@
 """``fedsbdt tune`` and ``fedsbdt auto``, registered by :mod:`fedsbdt.common.cli` (docs/auto.md).
 
-    fedsbdt tune --data F --schema S --epsilon E --out M [--rows N] [--trials-mean 4] [--json]
+    fedsbdt tune --data F --schema S --epsilon E --out M [--rows N] [--json]
     fedsbdt auto --schema S --epsilon E --rows N [--json]      # the auto settings, no data read
 
-``tune`` is private hyperparameter tuning (Papernot & Steinke 2022, common/tuning.py): the receipt's ε
-covers every trial, the scoring, the selection and the row count, and is ≤ E.  It releases the winning model,
-its settings and the receipt only — never the number of trials, the trials, their scores or the winner's
-position (Thm. 2 covers the best trial with K hidden), so it shows no progress and no timing either.  The
+``tune`` is ``auto`` plus a budget-gated private check of a short public list (common/tuning.py): below
+ε·n/K = 10³ it trains auto's setting on every record with all of ε (as ``fedsbdt train``); above, it probes
+auto's setting and up to two alternatives at a small ε each and trains the best on every record with the
+rest.  The receipt's ε covers the probes, the scoring, the selection, the final training and the row count,
+and is ≤ E.  It releases the final model, its setting and the receipt only — no score and no ranking.  The
 schema must name a stable ``id_column``: the held-out part is a keyed hash of each record's id.
 
 ``auto`` prints the rule's choice for public inputs — what a federation's plan should carry to match
@@ -27,11 +28,11 @@ def settings_line(s: dict) -> str:
 
 def cmd_tune(args: argparse.Namespace) -> int:
     from .accountant import AccountingError
-    from .auto import AutoInputs, auto_settings, rows_epsilon
+    from .auto import rows_epsilon
     from .files import check_output_path
     from .randomness import SecureRandomness
     from .schema import Schema
-    from .tuning import HOLDOUT_SHARE, SHAPE, candidates, fresh_split_key, plan_tuning, tune_on
+    from .tuning import HOLDOUT_SHARE, MIN_BUDGET_LOG10, PROBE_SHARE, fresh_split_key, plan_for, tune_on
 
     check_output_path(args.out, "model")
     from .ledger_cli import check_flags
@@ -48,11 +49,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
                        "id_column = \"<column>\" naming a unique, stable record id (docs/auto.md)")
     eps_rows = 0.0 if args.rows is not None else rows_epsilon(args.epsilon)
     budget = args.epsilon - eps_rows
-    # the search space's centre: auto at a third of the budget for ~80% of the rows (the training part)
-    guess_rows = int(0.8 * (args.rows or 10_000))
-    centre = auto_settings(AutoInputs.for_schema(schema, budget / 3, args.delta, guess_rows)).settings
     try:  # refuse an impossible budget before reading the data or spending ε
-        plan = plan_tuning(candidates(centre), budget, args.delta, args.trials_mean)
+        plan, choice = plan_for(schema, budget, args.delta, args.rows or 10_000)
     except AccountingError as e:
         raise CliError(str(e).replace(f"ε = {budget:g}", f"ε = {args.epsilon:g}")) from None
     randomness = SecureRandomness(sampler=args.sampler)
@@ -70,57 +68,68 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
         rows = max(ds.n + int(randomness.discrete_laplace(np.array([1.0 / eps_rows]))[0]), 1)
         source = "dp-count"
-    choice = auto_settings(AutoInputs.for_schema(schema, plan.epsilon_trial, args.delta, int(0.8 * rows), source))
-    if choice.settings != centre:  # recentre on the auto setting for the per-trial budget and the real n
-        centre = choice.settings
         try:
-            plan = plan_tuning(candidates(centre), budget, args.delta, args.trials_mean)
+            plan, choice = plan_for(schema, budget, args.delta, rows, source)
         except AccountingError as e:
             raise CliError(str(e)) from None
-    # no progress and no timing: a count of finished trials, or the run's duration, would tell K
-    res, space = tune_on(ds, centre, plan, randomness, key)
+    res = tune_on(ds, plan, randomness, key)
     m = res.model
     p = m.privacy
-    p["epsilon"] = plan.epsilon + eps_rows
+    # the fallback is one training run: its own receipt; a search: eq. T1's total
+    p["epsilon"] = (p["epsilon"] if not plan.searches else plan.epsilon) + eps_rows
     p["target_epsilon"] = args.epsilon
     p["eps_rows"] = eps_rows
-    p["guarantee"] = (f"({p['epsilon']:.6g}, {p['delta']:.3g})-differential privacy for every record (add/remove "
-                      "one record), covering every tuning trial (training and held-out score), the selection of the "
-                      "best trial" + (" and the row count" if eps_rows else "") + " (Papernot & Steinke 2022, Thm. 2; "
-                      "the number of trials is not released)")
+    b = choice.budget
+    if plan.searches:
+        p["guarantee"] = (f"({p['epsilon']:.6g}, {p['delta']:.3g})-differential privacy for every record (add/remove "
+                          f"one record), covering the {len(plan.candidates)} probes (training and held-out score), "
+                          "the selection, the final training" + (" and the row count" if eps_rows else "")
+                          + " (RDP composition, docs/auto.md 'Private tuning')")
+        how = (f"probed {len(plan.candidates)} public candidates (auto's own setting first), each trained at "
+               f"ε={plan.epsilon_probe:.4g} on the training part and scored on the held-out part with noise "
+               f"σ={plan.sigma_score:.4g}; the best trained on every record at ε={plan.epsilon_final:.4g}")
+    else:
+        how = (f"ε·n{'/K' if schema.n_classes else ''} = {10 ** b:.4g} is below 10^{MIN_BUDGET_LOG10:g}: too small "
+               "to pay for a check, so auto's own setting was trained on every record with all of ε (what fedsbdt "
+               "train does)")
     tuning = {
-        "method": "Papernot & Steinke (ICLR 2022) Thm. 2: K ~ truncated negative binomial, shape η = 1 "
-                  "(geometric), mean μ; only the best trial by its noisy held-out score is released (its model "
-                  "and settings; K, the other trials, the scores and the winner's position are not)",
-        "trials_distribution": {"name": "truncated negative binomial", "shape": SHAPE, "gamma": plan.gamma,
-                                "mean": plan.mean_trials},
-        "epsilon_trial": plan.epsilon_trial,
-        "sigma_score": plan.sigma_score, "order": plan.order, "epsilon_tuning": plan.epsilon,
+        "method": ("RDP composition of a public short list of probes and a final training on every record; only "
+                   "the final model and its setting are released (no score, no ranking)") if plan.searches else
+                  "fallback to auto (the budget is too small to check other settings)",
+        "searched": plan.searches,
+        "why": how,
+        "min_budget_log10": MIN_BUDGET_LOG10, "budget_log10": b,
+        "probe_share": PROBE_SHARE if plan.searches else 0.0,
+        "epsilon_probe": plan.epsilon_probe, "sigma_score": plan.sigma_score,
+        "epsilon_final": plan.epsilon_final, "order": plan.order, "epsilon_tuning": plan.epsilon,
         "score": "sum over held-out records of 1 − Brier (classification) or 1 − clipped squared scaled error "
                  "(regression), discrete Gaussian noise σ_score (sensitivity 1); not released",
         "holdout": f"records with BLAKE2b(key, id) mod {HOLDOUT_SHARE} = 0 (the schema's id column "
                    f"{schema.id_column!r}; key: a fresh secret of this run from the OS CSPRNG, not released)",
-        "candidates": space, "settings": res.settings,
-        "chosen_by": "the trial with the highest noisy held-out score",
+        "candidates": [dict(c) for c in plan.candidates], "settings": res.settings,
+        "chosen_by": (f"auto's setting unless an alternative's noisy held-out score beats it by more than "
+                      f"{plan.switch_margin:g} noise standard deviations of the difference") if plan.searches
+                     else "auto's rule",
         "centre": {"mode": "auto", **choice.to_dict()},
     }
     m.training["tuning"] = tuning
-    # charged as stated, (ε, δ) (Papernot & Steinke give no RDP curve here), before the model is written
+    # charged as stated, (ε, δ), before the model is written
     life = charge_central(run, "tune", {"type": "approx", "epsilon": float(p["epsilon"]), "delta": float(p["delta"])})
     m.save(args.out)
-    out = {"epsilon": p["epsilon"], "delta": p["delta"], "settings": res.settings, "epsilon_trial": plan.epsilon_trial,
-           "model": str(args.out), "tuning": tuning}
+    out = {"epsilon": p["epsilon"], "delta": p["delta"], "settings": res.settings, "searched": plan.searches,
+           "epsilon_final": plan.epsilon_final, "model": str(args.out), "tuning": tuning}
     if life is not None:
         out["lifetime"] = life
     if args.quiet:  # the result, one line (errors and warnings still show)
-        emit(args, out, f"tuned privately: {settings_line(res.settings)}, (ε={p['epsilon']:.6g}, δ={p['delta']:.3g})-DP; "
-                        f"model written to {args.out}")
+        emit(args, out, f"tuned privately: {settings_line(res.settings)}"
+                        f"{'' if plan.searches else ' (auto: budget too small to search)'}, "
+                        f"(ε={p['epsilon']:.6g}, δ={p['delta']:.3g})-DP; model written to {args.out}")
         return 0
     n_words = f"n = {rows} ({'declared' if source == 'declared' else 'a DP count'})"
-    lines = [f"tuned privately over a random number of trials (geometric, mean {plan.mean_trials}; how many ran, "
-             f"the other trials and all scores are not released), {n_words}; each trial ε={plan.epsilon_trial:.4g}, "
-             f"score noise σ={plan.sigma_score:.4g}",
-             f"chosen: {settings_line(res.settings)}, the highest noisy held-out score",
+    lines = [f"{n_words}; {how}",
+             f"chosen: {settings_line(res.settings)}" + (" by the noisy held-out scores (auto's setting unless an "
+                                                         "alternative beat it by the noise margin)" if plan.searches
+                                                         else " (auto)"),
              f"privacy: (ε={p['epsilon']:.6g}, δ={p['delta']:.3g}) for the whole tuning, target {args.epsilon:g}",
              f"model written to {args.out}" + lifetime_line(life, getattr(args, "ledger", None))]
     emit(args, out, "\n".join(lines))
@@ -153,24 +162,22 @@ def cmd_auto(args: argparse.Namespace) -> int:
 def register(sub) -> None:
     from .sources import add_source_flags
 
-    t = sub.add_parser("tune", help="private hyperparameter tuning around the auto settings (Papernot & Steinke "
-                                    "2022); the receipt's ε covers every trial; releases only the winner; the "
-                                    "schema needs an id_column")
+    t = sub.add_parser("tune", help="auto plus a private check of a short list of settings when the budget "
+                                    "affords it (else auto itself); the receipt's ε covers every probe; releases "
+                                    "only the final model; the schema needs an id_column")
     t.add_argument("--data", required=True, metavar="SOURCE",
                    help="CSV or Parquet file described by the schema, or a database URL with --query")
     t.add_argument("--schema", required=True, metavar="FILE", help="public schema (TOML)")
-    t.add_argument("--epsilon", type=float, required=True, metavar="X", help="total ε of the whole tuning (all trials)")
+    t.add_argument("--epsilon", type=float, required=True, metavar="X",
+                   help="total ε of the whole tuning (every probe and the final training)")
     t.add_argument("--delta", type=float, default=5e-8, metavar="X", help="δ (default: 5e-08)")
     t.add_argument("--out", required=True, metavar="FILE", help="where to write the winning model (JSON)")
     t.add_argument("--rows", type=int, default=None, metavar="N",
                    help="declare the row count public (default: a DP count at 2%% of ε)")
-    t.add_argument("--trials-mean", type=int, default=4, metavar="MU",
-                   help="mean of the random number of trials (geometric; integer ≥ 2; default: 4)")
     t.add_argument("--sampler", choices=["ours", "opendp"], default="ours", help="exact noise sampler (default: ours)")
     t.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     t.add_argument("--quiet", action="store_true",
-                   help="no progress output (tune never shows progress: it would tell the number of trials), "
-                        "and one line for the result (errors and warnings still show)")
+                   help="one line for the result (errors and warnings still show)")
     add_source_flags(t)
     from .ledger_cli import add_ledger_flags
 

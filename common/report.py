@@ -438,15 +438,13 @@ def _settings(model: Ensemble) -> str | None:
         body += "<p>Chosen by the <strong>auto</strong> rule (docs/auto.md) from public inputs:</p><ul>" + "".join(
             f"<li>{_e(r)}</li>" for r in t["settings"].get("reasons", [])) + "</ul>"
     tu = t.get("tuning")
-    if tu and "trials_distribution" in tu:  # fedsbdt tune (central, Papernot & Steinke): only the winner is released
-        dist = tu["trials_distribution"]
-        rows = [(f"candidate {i + 1}", ", ".join(f"{k}={v}" for k, v in sorted(c.items())),
+    if tu and "searched" in tu:  # fedsbdt tune (central, common/tuning.py): only the final model is released
+        rows = [(f"candidate {i + 1}" + (" (auto)" if i == 0 else ""),
+                 ", ".join(f"{k}={v}" for k, v in sorted(c.items())),
                  "chosen" if c == tu.get("settings") else "") for i, c in enumerate(tu.get("candidates", []))]
-        body += (f"<p>Chosen by <strong>private tuning</strong>: {_e(tu.get('method', ''))}. A random number of "
-                 f"trials ({_e(dist.get('name', ''))}, mean {_e(dist.get('mean'))}), each a candidate below drawn "
-                 f"uniformly and trained at ε = {_e(_num(tu.get('epsilon_trial')))}; the model is "
-                 f"{_e(tu.get('chosen_by', ''))}. The receipt's ε covers every trial, the scoring and the selection; "
-                 "how many trials ran, which candidates they drew and their scores are not released.</p>"
+        body += (f"<p>Chosen by <strong>private tuning</strong>: {_e(tu.get('method', ''))}. {_e(tu.get('why', ''))}; "
+                 f"the model is {_e(tu.get('chosen_by', ''))}. The receipt's ε covers every probe, the scoring, the "
+                 "selection and the final training; the probes' scores are not released.</p>"
                  + _table(rows, head=("candidate", "settings (public)", "")))
     elif tu:  # a federated tuning plan (common/federation/tuning.py): K public, every trial released and composed
         rows = [(f"trial {x['trial']}", ", ".join(f"{k}={v}" for k, v in sorted(x["settings"].items())),

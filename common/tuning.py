@@ -1,29 +1,36 @@
 """Private hyperparameter tuning (``fedsbdt tune``; docs/auto.md "Private tuning").
 
-Papernot & Steinke, "Hyperparameter Tuning with Rényi Differential Privacy" (ICLR 2022).  One *trial* Q
-draws a setting uniformly from a public candidate list centred on ``auto`` (public randomness), trains
-S-BDT on the training part of the records and computes a DP score of the model on the held-out part.  The
-number of trials K is random, truncated negative binomial with shape η = 1 (the geometric distribution
-on {1, 2, …}, mean μ = 1/γ); the output is the trial with the highest noisy score.
+``tune`` is ``auto`` plus a short, budget-gated check of the rule's least certain choices.  It must never be
+worse than ``auto`` in expectation, so it spends little on the check and most of ε on the released model:
 
-**What is released.**  Theorem 2 bounds the output of repeat-and-select — the best trial — with K *hidden*:
-it says nothing about K, the other trials, their scores or the winner's position among them (a trial
-mechanism meeting the same hypothesis can leak far more once they are released).  So :func:`run_tuning`
-returns the winning model and its settings only (:class:`TuningResult`), reports no progress (a count of
-finished trials is K) and no timing (the run's duration grows with K); what the receipt states besides
-is public by construction: the distribution of K and its parameters, the candidate space, the per-trial
-budget and score noise the accountant fixed before any data was read.
+* **Fallback** (``ε·n/K < 10^``:data:`MIN_BUDGET_LOG10`): the budget cannot pay for a check (on the suite,
+  splitting ε and holding records out cost more than any setting gained there), so ``tune`` trains ``auto``'s
+  own setting on every record with all of ε — exactly what ``fedsbdt train`` does — and says so.
+* **Search**: a public short list (:func:`shortlist`): ``auto``'s own setting first (always a candidate),
+  then the cyclical flip and, on all-numeric schemas, the deep non-cyclical setting.  Each candidate is a
+  *probe*: trained on the training part with a small per-probe budget ε_p = :data:`PROBE_SHARE`·ε and scored
+  on the held-out part with Gaussian noise σ_s.  The centre wins unless an alternative's noisy score beats
+  it by :data:`SWITCH_MARGIN` noise standard deviations (:func:`pick`); the winner's setting is then trained
+  on **every** record with the largest ε_f that keeps the total ≤ ε (about 0.9·ε), and only that final
+  model and its setting are released.
 
-**Privacy of one trial.**  A record belongs to the held-out part iff a keyed hash of its own stable id says
-so (:func:`holdout_mask`; the key is a fresh secret of the run, drawn from the OS CSPRNG before the data is
-read and never released), so adding or removing it changes either the training run or the score, never
-both, and moves no other record: for every key, Q is (λ, max(ρ_train(λ), ρ_score(λ)))-RDP.  Over the
-candidate list Q is a mixture, whose Rényi divergence is at most the largest one (joint quasi-convexity):
-ρ_Q(λ) = max_c max(ρ_train,c(λ), ρ_score(λ)).  The bound holds for each key, hence for the run.
+**Privacy (RDP composition, not Papernot & Steinke).**  The list and its length m are public (fixed from ε,
+δ, the schema and the public or DP row count before any record is read), so the probes compose.  A record
+belongs to the held-out part iff a keyed hash of its own stable id says so (:func:`holdout_mask`; the key is
+a fresh secret of the run, never released), so adding or removing it changes either every probe's training
+run or every probe's score, never both, and moves no other record; the final training uses every record.
+By sequential composition (Mironov 2017, Prop. 1; adaptive choices included) and this disjointness, for
+every key the whole run is (λ, ρ(λ))-RDP with
 
-**Theorem 2 (P&S 2022).**  If Q is (λ, ε)-RDP and (λ̂, ε̂)-RDP and K ~ D_{η,γ}, repeat-and-select is
-(λ, ε')-RDP with ``ε' = ε + (1+η)(1 − 1/λ̂) ε̂ + (1+η) log(1/γ)/λ̂ + log(E[K])/(λ−1)``; we take the best λ̂
-of the order grid (:func:`tuning_rdp`) and convert with the accountant's Cor. 6 (:func:`tuning_epsilon`).
+    ρ(λ) = max( Σ_{i=1..m} ρ_train,i(λ),  m·λ/(2σ_s²) ) + max_c ρ_final,c(λ)          (eq. T1)
+
+(ρ_train,i: probe i's training curve at ε_p; λ/(2σ_s²): a Gaussian score sum of sensitivity 1; ρ_final,c:
+candidate c's training curve at ε_f, maximised over the candidates since the winner is data-dependent), and
+(ε, δ)-DP by the accountant's Cor. 6 minimised over λ (:func:`search_epsilon`).  The selection and the
+release of the winner are post-processing.  In the fallback ρ(λ) is the one training run's own curve.
+Compared with Papernot & Steinke's random search (Thm. 2, the earlier ``tune``), three composed trials cost
+about as much as a geometric number with mean 4 (per-trial ε 0.55·ε against 0.58·ε at ε = 1), and a fixed
+list always contains the centre.
 """
 from __future__ import annotations
 
@@ -34,42 +41,18 @@ import numpy as np
 
 from .accountant import alpha_grid, rdp_to_dp
 
-#: the truncated negative binomial's shape: η = 1 is the geometric distribution, sampled exactly
-SHAPE = 1.0
+#: below this b = log10(ε·n/K) (the auto rule's budget signal) tune is auto: on the suite a check never paid
+#: for itself there (benchmarks/tune_gate.py, results/tune_vs_auto_v2.json; docs/auto.md "Private tuning")
+MIN_BUDGET_LOG10 = 3.0
+#: each probe's training target ε as a share of the tuning budget (the final model gets about 0.9·ε with 3)
+PROBE_SHARE = 0.2
+#: an alternative replaces auto's setting only if its noisy score beats the centre's by this many standard
+#: deviations of the difference of two noisy scores (σ_s·√2): auto is the favourite, a tie of the noise is not
+#: evidence against it
+SWITCH_MARGIN = 1.0
 
 
-# --------------------------------------------------------------------------- the trial distribution (pure)
-
-
-def tnb_mean(gamma: float, eta: float = SHAPE) -> float:
-    """E[K] of the truncated negative binomial D_{η,γ} (P&S Def. 1): ``η(1−γ)/(γ(1−γ^η))``; η = 0: the
-    logarithmic distribution ``(1/γ − 1)/log(1/γ)``."""
-    if not 0 < gamma < 1:
-        raise ValueError(f"γ must be in (0, 1), got {gamma}")
-    if eta == 0:
-        return (1 / gamma - 1) / math.log(1 / gamma)
-    return eta * (1 - gamma) / (gamma * (1 - gamma**eta))
-
-
-def tuning_rdp(orders: np.ndarray, rdp: np.ndarray, gamma: float, eta: float = SHAPE) -> np.ndarray:
-    """P&S Thm. 2 at every order λ > 1 of ``orders`` for a trial with RDP curve ``rdp`` (minimised over λ̂ in
-    ``orders``), then monotonicity in λ (a lower order's RDP is at most a higher order's)."""
-    lam = np.asarray(orders, dtype=np.float64)
-    rdp = np.asarray(rdp, dtype=np.float64)
-    c = (1 + eta) * float(np.min((1 - 1 / lam) * rdp + math.log(1 / gamma) / lam))
-    out = np.where(lam > 1, rdp + c + math.log(tnb_mean(gamma, eta)) / np.maximum(lam - 1, 1e-300), np.inf)
-    return np.minimum.accumulate(out[::-1])[::-1]  # out[i] = min_{j ≥ i} out[j] (orders ascending)
-
-
-def tuning_epsilon(orders: np.ndarray, rdp: np.ndarray, gamma: float, delta: float,
-                   eta: float = SHAPE) -> tuple[float, int]:
-    """(ε, λ) of repeat-and-select at δ: Thm. 2 then Cor. 6, minimised over the orders."""
-    eps = rdp_to_dp(orders, tuning_rdp(orders, rdp, gamma, eta), delta)
-    i = int(np.argmin(eps))
-    return float(eps[i]), int(np.asarray(orders)[i])
-
-
-# --------------------------------------------------------------------------- a trial's RDP (pure)
+# --------------------------------------------------------------------------- the accounting (pure)
 
 
 def score_rdp(orders: np.ndarray, sigma_score: float) -> np.ndarray:
@@ -77,9 +60,25 @@ def score_rdp(orders: np.ndarray, sigma_score: float) -> np.ndarray:
     return np.asarray(orders, dtype=np.float64) / (2 * sigma_score**2)
 
 
-def trial_rdp(orders: np.ndarray, train_curves: list[np.ndarray], sigma_score: float) -> np.ndarray:
-    """ρ_Q(λ) = max over candidates of max(ρ_train, ρ_score) (disjoint parts; mixture; module doc)."""
-    return np.max(np.vstack([*train_curves, score_rdp(orders, sigma_score)]), axis=0)
+def search_rdp(orders: np.ndarray, probe_curves: list[np.ndarray], sigma_score: float,
+               final_curves: list[np.ndarray]) -> np.ndarray:
+    """Eq. T1 (module doc): ``max(Σ_i ρ_train,i(λ), m·λ/(2σ_s²)) + max_c ρ_final,c(λ)`` at every order —
+    the m probes (a record is in the training part or the held-out part, never both) composed with the final
+    training on every record.  No probes (the fallback): the final curve alone."""
+    final = np.max(np.vstack(final_curves), axis=0)
+    if not probe_curves:
+        return final
+    m = len(probe_curves)
+    probes = np.maximum(np.sum(np.vstack(probe_curves), axis=0), m * score_rdp(orders, sigma_score))
+    return probes + final
+
+
+def search_epsilon(orders: np.ndarray, rdp: np.ndarray, delta: float) -> tuple[float, int]:
+    """(ε, λ) at δ of an RDP curve: the accountant's Cor. 6 (:func:`~fedsbdt.common.accountant.rdp_to_dp`),
+    minimised over the orders."""
+    eps = rdp_to_dp(orders, rdp, delta)
+    i = int(np.argmin(eps))
+    return float(eps[i]), int(np.asarray(orders)[i])
 
 
 def orders_for(epsilon: float, delta: float) -> np.ndarray:
@@ -146,21 +145,69 @@ def record_scores(task: str, y: np.ndarray, pred: np.ndarray, label_range=None) 
     return 1 - np.minimum(((np.asarray(pred, float) - y) / (hi - lo)) ** 2, 1.0)
 
 
+#: the deep setting without cyclical trees that won on all-numeric data (benchmarks/auto_grid.py g21, g19)
+DEEP = {"classification": dict(trees=1000, depth=6, subsample=0.3, learning_rate=0.1, cyclical=False),
+        "regression": dict(trees=500, depth=6, subsample=0.3, learning_rate=0.1, cyclical=False)}
+
+
+def shortlist(centre: dict, task: str, all_numeric: bool) -> list[dict]:
+    """``tune``'s public candidates, ``centre`` (auto's own setting) first: then the choice that decides most
+    where ``auto`` is unsure — the cyclical flag flipped (non-cyclical trees one level deeper, at most 6, as
+    g18 is to g17 in the grid) — and on an all-numeric schema (where non-cyclical deep trees beat cyclical ones
+    in 12 of 12 cells of an outside check) the deep non-cyclical setting :data:`DEEP`.  Trees, γ and η
+    neighbours are left out: on the suite they rarely changed the score by more than the noise of a check."""
+    flip = {**centre, "cyclical": not centre["cyclical"]}
+    if centre["cyclical"]:
+        flip["depth"] = max(centre["depth"], min(6, centre["depth"] + 1))
+    out = [dict(centre), flip]
+    if all_numeric:
+        out.append({**centre, **DEEP["regression" if task == "regression" else "classification"]})
+    unique: list[dict] = []
+    for c in out:
+        if c not in unique:
+            unique.append(c)
+    return unique
+
+
+def should_search(epsilon: float, rows: int, classes: int = 0) -> bool:
+    """Whether ``tune`` checks candidates at all: ``b = log10(ε·n/K) ≥`` :data:`MIN_BUDGET_LOG10` (the auto
+    rule's budget signal, :func:`~fedsbdt.common.auto.budget_signal`, of public or DP-counted inputs)."""
+    from .auto import budget_signal
+
+    return budget_signal(epsilon, rows, classes) >= MIN_BUDGET_LOG10
+
+
 @dataclass(frozen=True)
 class TuningPlan:
-    """What the accountant fixed for a tuning run: per-trial ε (each candidate's training target), the score
-    noise, the trial distribution and the total (ε, δ) of repeat-and-select."""
+    """What the accountant fixed for a tuning run before any record is read: the probed candidates (centre
+    first; only the centre: the fallback, no probe), each probe's ε target, the score noise, the final
+    training's ε target and the total (ε, δ) of eq. T1 at its best order."""
 
-    epsilon_trial: float
-    sigma_score: float
-    mean_trials: int
-    gamma: float
-    epsilon: float  # total of repeat-and-select (without the auto row count)
+    candidates: tuple[dict, ...]
+    epsilon_probe: float  # 0 in the fallback
+    sigma_score: float  # 0 in the fallback
+    epsilon_final: float
+    epsilon: float  # the whole tuning (without the DP row count)
     delta: float
     order: int
+    switch_margin: float = SWITCH_MARGIN  # in σ_s·√2 (post-processing: any value is private)
+
+    def __post_init__(self) -> None:
+        if not self.candidates:
+            raise ValueError("a tuning plan needs at least the centre")
+        if not (0 < self.epsilon_final <= self.epsilon and 0 < self.delta < 1):
+            raise ValueError(f"bad tuning plan: ε_final {self.epsilon_final}, ε {self.epsilon}, δ {self.delta}")
+        if self.searches and not (self.epsilon_probe > 0 and self.sigma_score > 0):
+            raise ValueError("a search needs a probe budget and score noise")
+        if not (self.switch_margin >= 0 and math.isfinite(self.switch_margin)):
+            raise ValueError(f"the switch margin must be finite and ≥ 0, got {self.switch_margin}")
+
+    @property
+    def searches(self) -> bool:
+        return len(self.candidates) > 1
 
     def to_dict(self) -> dict:
-        return dict(self.__dict__)
+        return {**self.__dict__, "candidates": [dict(c) for c in self.candidates]}
 
 
 # --------------------------------------------------------------------------- planning (the accountant's side)
@@ -177,33 +224,42 @@ def _train_curve(hp, orders: np.ndarray) -> tuple[np.ndarray, int]:
     return rho, cal.alpha
 
 
-def plan_tuning(settings: list[dict], epsilon: float, delta: float, mean_trials: int,
-                rel_tol: float = 0.01) -> TuningPlan:
-    """The largest per-trial ε (to ``rel_tol``) whose repeat-and-select total is ≤ ``epsilon``.
-
-    Raises :class:`~fedsbdt.common.accountant.AccountingError` if no trial fits (the budget is too small
-    for one trial)."""
-    from .accountant import AccountingError
+def _hp(setting: dict, epsilon: float, delta: float):
     from .config import Hyperparameters
 
-    if not (isinstance(mean_trials, int) and mean_trials >= 2):
-        raise AccountingError(f"the mean number of trials must be an integer ≥ 2, got {mean_trials}")
-    gamma = 1.0 / mean_trials
+    return Hyperparameters.from_dict({**setting, "epsilon": epsilon, "delta": delta})
+
+
+def plan_tuning(settings: list[dict], epsilon: float, delta: float, rel_tol: float = 1e-3) -> TuningPlan:
+    """The plan for candidates ``settings`` (centre first) at total ``epsilon``: with one candidate, the
+    fallback (the centre trained on every record at ``epsilon``, its own accounting); with m > 1, probes at
+    ε_p = :data:`PROBE_SHARE`·ε, σ_s such that m score releases cost what the centre's probe costs at its
+    calibration order, and the largest ε_f (to ``rel_tol``) whose eq. T1 total is ≤ ``epsilon``.
+
+    Raises :class:`~fedsbdt.common.accountant.AccountingError` if no final budget fits."""
+    from .engine import calibration_for
+
+    settings = [dict(s) for s in settings]
+    if len(settings) == 1:  # one training run: its calibration is the accounting (refuses what cannot be met)
+        cal = calibration_for(_hp(settings[0], epsilon, delta))
+        return TuningPlan(tuple(settings), 0.0, 0.0, float(epsilon), float(epsilon), float(delta), int(cal.alpha))
     orders = orders_for(epsilon, delta)
+    eps_p = PROBE_SHARE * epsilon
+    probes = [_train_curve(_hp(s, eps_p, delta), orders) for s in settings]
+    rho0, a0 = probes[0]
+    i0 = min(int(np.searchsorted(orders, a0)), len(orders) - 1)
+    sigma_score = math.sqrt(orders[i0] / (2 * max(rho0[i0], 1e-300)))
+    curves = [c for c, _ in probes]
 
-    def total(eps_t: float) -> TuningPlan:
-        curves = [_train_curve(Hyperparameters.from_dict({**s, "epsilon": eps_t, "delta": delta}), orders)
-                  for s in settings]
-        rho0, a0 = curves[0]
-        i0 = int(np.searchsorted(orders, a0))
-        i0 = min(i0, len(orders) - 1)
-        sigma_score = math.sqrt(orders[i0] / (2 * max(rho0[i0], 1e-300)))  # the score as costly as the centre
-        eps, order = tuning_epsilon(orders, trial_rdp(orders, [c for c, _ in curves], sigma_score), gamma, delta)
-        return TuningPlan(eps_t, sigma_score, mean_trials, gamma, eps, delta, order)
+    def total(eps_f: float) -> tuple[float, int]:
+        finals = [_train_curve(_hp(s, eps_f, delta), orders)[0] for s in settings]
+        return search_epsilon(orders, search_rdp(orders, curves, sigma_score, finals), delta)
 
-    too_small = (f"ε = {epsilon:g} is too small for private tuning: no per-trial budget fits once the random number "
-                 f"of trials (mean {mean_trials}) is accounted (Papernot & Steinke Thm. 2); use fedsbdt train, or raise ε")
-    return total(largest_fitting(lambda e: total(e).epsilon, epsilon, too_small, rel_tol))
+    too_small = (f"ε = {epsilon:g} is too small for a search: the probes leave no final budget; use fedsbdt train, "
+                 "or raise ε")
+    eps_f = largest_fitting(lambda e: total(e)[0], epsilon, too_small, rel_tol)
+    eps, order = total(eps_f)
+    return TuningPlan(tuple(settings), eps_p, sigma_score, eps_f, eps, float(delta), order)
 
 
 def largest_fitting(total_of, budget: float, too_small: str, rel_tol: float = 1e-3) -> float:
@@ -230,64 +286,80 @@ def largest_fitting(total_of, budget: float, too_small: str, rel_tol: float = 1e
     return lo
 
 
+def plan_for(schema, epsilon: float, delta: float, rows: int, rows_source: str = "declared"):
+    """``fedsbdt tune``'s plan from public inputs: the centre is auto's own setting at the whole budget and n
+    (:func:`~fedsbdt.common.auto.resolve`, exactly what ``fedsbdt train`` picks, λ left to each training); the
+    fallback below :data:`MIN_BUDGET_LOG10`, else :func:`shortlist`.  Returns (plan, auto's choice)."""
+    from .auto import resolve
+
+    keys, choice = resolve({"epsilon": epsilon, "delta": delta}, schema, rows, rows_source)
+    centre = {k: keys[k] for k in choice.settings if k != "l2"}
+    all_numeric = not any(f.is_categorical for f in schema.features)
+    space = (shortlist(centre, schema.task, all_numeric) if should_search(epsilon, rows, schema.n_classes)
+             else [centre])
+    return plan_tuning(space, epsilon, delta), choice
+
+
 # --------------------------------------------------------------------------- the run (side effects: training, noise)
-
-
-def sample_trials(mean_trials: int, randbelow=None) -> int:
-    """K ~ geometric on {1, 2, …} with mean ``mean_trials`` (TNB with η = 1, γ = 1/mean), exactly: each
-    further trial with probability exactly (mean − 1)/mean from the OS CSPRNG."""
-    import secrets
-
-    randbelow = randbelow or secrets.randbelow
-    k = 1
-    while randbelow(mean_trials) != 0:
-        k += 1
-    return k
 
 
 @dataclass(frozen=True)
 class TuningResult:
-    """What repeat-and-select releases: the best trial's model and its settings.  Never K, the other trials,
-    any score or the winner's position (module doc, "What is released")."""
+    """What ``tune`` releases: the final model and its setting.  Never the probes, their scores or which
+    position won (module doc)."""
 
     model: object
     settings: dict
     plan: TuningPlan
 
 
-def run_tuning(train_ds, holdout_ds, settings: list[dict], plan: TuningPlan, randomness,
-               randbelow=None) -> TuningResult:
-    """Run K ~ D_{1,γ} trials (each: a uniform candidate, trained on ``train_ds``, scored on ``holdout_ds`` with
-    discrete Gaussian noise σ_score on the fixed-point score sum) and return the best one — only the best one."""
-    import secrets
-
+def _hyperparameters(setting: dict, epsilon: float, delta: float, task: str):
+    """A candidate at a training target, λ matched to its leaf noise as auto does (costs no privacy)."""
     from .auto import noise_matched_l2
-    from .config import Hyperparameters
+
+    hp = _hp(setting, epsilon, delta)
+    return hp if "l2" in setting else hp.replace(l2=noise_matched_l2(hp, task))
+
+
+def noisy_score(task: str, y: np.ndarray, pred: np.ndarray, label_range, sigma_score: float, randomness) -> int:
+    """A probe's released score: Σ record scores on the held-out part in fixed point (2^20 units per record),
+    plus discrete Gaussian noise of σ_s·2^20 units (sensitivity one record = 2^20 units)."""
+    scale = 2**20
+    s = record_scores(task, y, pred, label_range)
+    units = int(np.floor(np.clip(s, 0.0, 1.0) * scale).astype(np.int64).sum())
+    return units + int(randomness.discrete_gaussian(np.array([sigma_score * scale]))[0])
+
+
+def pick(scores: list[int], sigma_score: float, margin: float = SWITCH_MARGIN) -> int:
+    """The index of the released setting from the probes' noisy scores (fixed-point units, centre first): the
+    best alternative if it beats the centre's score by more than ``margin``·σ_s·√2·2^20 (the noise std of a
+    difference of two scores), else 0, the centre.  Post-processing of the noisy scores."""
+    best = max(range(1, len(scores)), key=lambda i: scores[i], default=0)
+    return best if best and scores[best] - scores[0] > margin * sigma_score * math.sqrt(2) * 2**20 else 0
+
+
+def run_tuning(ds, holdout: np.ndarray, plan: TuningPlan, randomness) -> TuningResult:
+    """Probe every candidate of ``plan`` (trained on ``ds`` without ``holdout``, scored on ``holdout``), pick by
+    :func:`pick` (the centre unless an alternative beats it clearly), train it on every record of ``ds`` at ε_f
+    and return that model only.  The fallback (one candidate) trains the centre on every record at ε and
+    probes nothing."""
     from .engine import train
 
-    randbelow = randbelow or secrets.randbelow
-    k = sample_trials(plan.mean_trials, randbelow)
-    scale = 2**20
-    best_score, best = None, None
-    for _ in range(k):
-        c = settings[randbelow(len(settings))]
-        hp = Hyperparameters.from_dict({**c, "epsilon": plan.epsilon_trial, "delta": plan.delta})
-        if "l2" not in c:  # λ matched to the trial's leaf noise, as auto does (costs no privacy)
-            hp = hp.replace(l2=noise_matched_l2(hp, train_ds.schema.task))
-        res = train(train_ds, hp, randomness)
-        pred = res.model.predict(holdout_ds.X)
-        s = record_scores(train_ds.schema.task, holdout_ds.y, pred, train_ds.schema.label_range)
-        units = int(np.floor(np.clip(s, 0.0, 1.0) * scale).astype(np.int64).sum())
-        noisy = units + int(randomness.discrete_gaussian(np.array([plan.sigma_score * scale]))[0])
-        if best_score is None or noisy > best_score:
-            best_score, best = noisy, TuningResult(res.model, dict(c), plan)
-    return best
+    task, label_range = ds.schema.task, ds.schema.label_range
+    winner = plan.candidates[0]
+    if plan.searches:
+        train_ds, held = ds.subset(~holdout), ds.subset(holdout)
+        scores = []
+        for c in plan.candidates:
+            probe = train(train_ds, _hyperparameters(c, plan.epsilon_probe, plan.delta, task), randomness)
+            scores.append(noisy_score(task, held.y, probe.model.predict(held.X), label_range, plan.sigma_score,
+                                      randomness))
+        winner = plan.candidates[pick(scores, plan.sigma_score, plan.switch_margin)]
+    res = train(ds, _hyperparameters(winner, plan.epsilon_final, plan.delta, task), randomness)
+    return TuningResult(res.model, dict(winner), plan)
 
 
-def tune_on(ds, centre: dict, plan: TuningPlan, randomness, key: bytes) -> tuple[TuningResult, list]:
-    """Split ``ds`` by :func:`holdout_mask` under the run's secret ``key`` and run the trials over the candidates
-    around ``centre``; returns the result and the candidate list.  ``ds.ids`` must be stable record ids (the
-    schema's ``id_column``; ``fedsbdt tune`` refuses a schema without one), never row numbers."""
-    space = candidates(centre)
-    mask = holdout_mask(ds.ids, key)
-    return run_tuning(ds.subset(~mask), ds.subset(mask), space, plan, randomness), space
+def tune_on(ds, plan: TuningPlan, randomness, key: bytes) -> TuningResult:
+    """Split ``ds`` by :func:`holdout_mask` under the run's secret ``key`` and run :func:`run_tuning`.  ``ds.ids``
+    must be stable record ids (the schema's ``id_column``; ``fedsbdt tune`` refuses a schema without one)."""
+    return run_tuning(ds, holdout_mask(ds.ids, key), plan, randomness)

@@ -1,112 +1,108 @@
-"""Private tuning (common/tuning.py): Papernot & Steinke Thm. 2 against independent oracles, the exact trial
-sampler, the held-out split, and ``fedsbdt tune`` end to end (docs/auto.md)."""
+"""Private tuning (common/tuning.py): eq. T1's accounting against dp-accounting composing each record's
+mechanisms, the short list (auto's setting always first), the small-budget fallback to auto, the held-out split,
+and ``fedsbdt tune`` end to end (docs/auto.md)."""
 from __future__ import annotations
 
 import json
 import math
-import secrets
 
-import mpmath as mp
 import numpy as np
 import pytest
 
-from fedsbdt.common.tuning import (candidates, fresh_split_key, holdout_mask, record_scores, sample_trials, tnb_mean,
-                                   trial_rdp, tuning_epsilon, tuning_rdp)
+from fedsbdt.common.tuning import (DEEP, MIN_BUDGET_LOG10, PROBE_SHARE, candidates, fresh_split_key, holdout_mask,
+                                   plan_tuning, record_scores, search_rdp, shortlist, should_search)
 
-ORDERS = np.arange(2, 200)
-
-
-def gaussian_curve(mu: float) -> np.ndarray:
-    return ORDERS * mu**2 / 2
+CENTRE = dict(trees=300, depth=5, subsample=0.3, learning_rate=0.1, cyclical=True, split_candidates=32,
+              tree_builder="random", init_share=0.1, grad_clip=1.0)
 
 
-def oracle_theorem2(orders, rdp, gamma, eta):
-    """P&S Thm. 2 evaluated with mpmath at every order: E[K] by summing k·P[K = k] of the TNB pmf itself (not
-    its closed form), the minimum over λ̂ by a scan; then RDP's monotonicity in the order."""
-    mp.mp.dps = 40
-    g, e = mp.mpf(gamma), mp.mpf(eta)
-    norm = g ** (-e) - 1
-    mean, prod, k, total = mp.mpf(0), mp.mpf(1), 0, mp.mpf(0)
-    while True:  # P[K=k] = (1−γ)^k/(γ^−η − 1) · Π_{l<k} (l+η)/(l+1)
-        prod = prod * (k + e) / (k + 1)
-        k += 1
-        term = (1 - g) ** k / norm * prod
-        total += term
-        mean += k * term
-        if term < mp.mpf(10) ** -35 and k > 10:
-            break
-    assert abs(total - 1) < 1e-25  # the pmf sums to one
-    c = min((1 + e) * ((1 - mp.mpf(1) / int(lh)) * mp.mpf(float(r)) + mp.log(1 / g) / int(lh))
-            for lh, r in zip(orders, rdp))
-    bound = [mp.mpf(float(r)) + c + mp.log(mean) / (int(lam) - 1) for lam, r in zip(orders, rdp)]
-    return np.array([float(min(bound[i:])) for i in range(len(bound))])
+def oracle_epsilon(settings: list[dict], eps_probe: float, sigma_score: float, eps_final: float, delta: float,
+                   orders: np.ndarray) -> float:
+    """Independent of eq. T1's code: list the mechanisms one record takes part in — a training-part record: every
+    probe's training, then the final training; a held-out record: m Gaussian score sums (sensitivity 1), then the
+    final training — and compose them with dp-accounting's RDP accountant (each tree a Poisson-subsampled
+    Gaussian; the initial score's two pure-DP releases by their RDP bound); the final training is the winner's,
+    unknown in advance, so every candidate's is tried at each order; the worse record kind; dp-accounting's
+    (ε, δ) conversion."""
+    from dp_accounting import GaussianDpEvent, PoissonSampledDpEvent, SelfComposedDpEvent
+    from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib
+    from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon
+
+    from fedsbdt.common.accountant import init_score_rdp
+    from fedsbdt.common.config import Hyperparameters
+    from fedsbdt.common.engine import calibration_for
+
+    def training(acc, setting, eps):
+        hp = Hyperparameters.from_dict({**setting, "epsilon": eps, "delta": delta})
+        cal = calibration_for(hp)
+        acc.compose(SelfComposedDpEvent(PoissonSampledDpEvent(cal.gamma, GaussianDpEvent(cal.sigma / math.sqrt(2))),
+                                        hp.accounted_rounds))
+        return init_score_rdp(orders, cal.eps_init, cal.eps_ds)
+
+    worst = np.zeros(len(orders))
+    for final in settings:
+        for kind in ("training part", "held out"):
+            acc = rdp_lib.RdpAccountant(list(map(float, orders)))
+            extra = np.zeros(len(orders))
+            if kind == "training part":
+                for s in settings:
+                    extra += training(acc, s, eps_probe)
+            else:
+                acc.compose(SelfComposedDpEvent(GaussianDpEvent(sigma_score), len(settings)))
+            extra += training(acc, final, eps_final)
+            worst = np.maximum(worst, np.asarray(acc._rdp) + extra)
+    return float(compute_epsilon(orders, worst, delta)[0])
 
 
-@pytest.mark.parametrize("mu,gamma,eta", [(0.3, 0.25, 1.0), (1.0, 0.1, 1.0), (0.05, 0.5, 1.0), (0.5, 0.2, 0.5)])
-def test_theorem2_matches_an_mpmath_evaluation_with_the_mean_summed_from_the_pmf(mu, gamma, eta):
-    rdp = gaussian_curve(mu)
-    np.testing.assert_allclose(tuning_rdp(ORDERS, rdp, gamma, eta), oracle_theorem2(ORDERS, rdp, gamma, eta),
-                               rtol=1e-9)
+@pytest.mark.parametrize("eps", [1.0, 4.0])
+def test_search_total_matches_dp_accounting_composing_each_records_mechanisms(eps):
+    from fedsbdt.common.tuning import orders_for
+
+    space = shortlist(CENTRE, "binary", all_numeric=True)
+    assert len(space) == 3
+    plan = plan_tuning(space, eps, 5e-8)
+    ref = oracle_epsilon(space, plan.epsilon_probe, plan.sigma_score, plan.epsilon_final, 5e-8,
+                         orders_for(eps, 5e-8))
+    assert plan.epsilon == pytest.approx(ref, rel=1e-9)
+    assert plan.epsilon <= eps and plan.epsilon_probe == pytest.approx(PROBE_SHARE * eps)
+    assert 0.8 * eps < plan.epsilon_final < eps  # most of ε goes to the released model
+    # the plan is the largest final budget that fits: 1 % more does not
+    over = oracle_epsilon(space, plan.epsilon_probe, plan.sigma_score, plan.epsilon_final * 1.01, 5e-8,
+                          orders_for(eps, 5e-8))
+    assert over > eps
 
 
-def test_theorem2_matches_dp_accounting_repeat_and_select():
-    from dp_accounting.rdp.rdp_privacy_accountant import _compute_rdp_repeat_and_select
-
-    for mu, mean in ((0.3, 4), (2.0, 10), (0.01, 2)):
-        rdp = gaussian_curve(mu)
-        theirs = _compute_rdp_repeat_and_select(ORDERS, rdp, mean, 1.0)
-        np.testing.assert_allclose(tuning_rdp(ORDERS, rdp, 1 / mean), theirs, rtol=1e-9)
-
-
-def test_the_bound_holds_for_an_exact_repeat_and_select_computation():
-    """Brute force over the trial distribution: Q outputs a score in {0..m}; the best of K ~ geometric trials has
-    CDF f(F(t)) with f the PGF; its exact Rényi divergence must not exceed Thm. 2's bound at any order."""
-    mp.mp.dps = 50
-    m, gamma = 12, mp.mpf(1) / 4
-    t = np.arange(m + 1)
-    P = np.exp(-0.5 * ((t - 5.0) / 2.0) ** 2)
-    Q = np.exp(-0.5 * ((t - 5.6) / 2.0) ** 2)
-    P, Q = [mp.matrix([mp.mpf(float(x)) for x in v / v.sum()]) for v in (P, Q)]
-
-    def rdp_exact(A, B, lam):
-        return float(mp.log(sum(A[i] ** lam * B[i] ** (1 - lam) for i in range(len(A)))) / (lam - 1))
-
-    def best_of_k(D):  # output distribution of the max over K iid draws: CDF f(F(t)), f(x) = γx/(1 − (1−γ)x)
-        F, cdf = mp.mpf(0), []
-        for i in range(len(D)):
-            F += D[i]
-            cdf.append(gamma * F / (1 - (1 - gamma) * F))
-        return [cdf[0]] + [cdf[i] - cdf[i - 1] for i in range(1, len(cdf))]
-
-    orders = np.arange(2, 40)
-    for A, B in ((P, Q), (Q, P)):
-        base = np.array([rdp_exact(A, B, int(l)) for l in orders])
-        bound = tuning_rdp(orders, base, float(gamma))
-        SA, SB = best_of_k(A), best_of_k(B)
-        for i, lam in enumerate(orders):
-            assert rdp_exact(SA, SB, int(lam)) <= bound[i] + 1e-12
+def test_eq_t1_is_max_of_the_two_parts_plus_the_final_curve():
+    orders = np.arange(2, 50)
+    a, b, f, g = (orders * c for c in (0.01, 0.02, 0.05, 0.04))
+    np.testing.assert_allclose(search_rdp(orders, [a, b], 1e9, [f, g]), a + b + f)  # score free: training part
+    sig = math.sqrt(1 / (2 * 0.1))  # each score λ·0.1: 2 of them 0.2·λ > 0.03·λ
+    np.testing.assert_allclose(search_rdp(orders, [a, b], sig, [f, g]), 0.2 * orders + f)
+    np.testing.assert_allclose(search_rdp(orders, [], 1.0, [g]), g)  # the fallback: the training alone
 
 
-def test_tnb_mean_closed_form_and_trial_sampler_is_geometric():
-    assert tnb_mean(0.25, 1.0) == pytest.approx(4.0)
-    assert tnb_mean(0.2, 0.0) == pytest.approx((5 - 1) / math.log(5))
-    from scipy.stats import chisquare
+def test_the_centre_is_always_the_first_candidate_and_the_list_differs_where_it_matters():
+    for task in ("binary", "regression", "multiclass"):
+        for cyc in (True, False):
+            for numeric in (True, False):
+                centre = {**CENTRE, "cyclical": cyc}
+                space = shortlist(centre, task, numeric)
+                assert space[0] == centre
+                assert len(space) == len({json.dumps(x, sort_keys=True) for x in space})
+                assert any(c["cyclical"] != cyc for c in space)  # the flip is always checked
+                deep = DEEP["regression" if task == "regression" else "classification"]
+                if numeric:  # non-cyclical deep trees beat cyclical ones on all-numeric data
+                    assert any({k: c[k] for k in deep} == deep for c in space)
+                assert all(c["learning_rate"] == 0.1 and c["subsample"] == 0.3 for c in space)  # no γ/η neighbours
 
-    draws = np.array([sample_trials(4) for _ in range(20_000)])
-    ks = np.arange(1, 13)
-    obs = [int(np.sum(draws == k)) for k in ks] + [int(np.sum(draws > 12))]
-    pmf = [0.25 * 0.75 ** (k - 1) for k in ks] + [0.75**12]
-    assert chisquare(obs, np.array(pmf) * len(draws)).pvalue > 1e-4
-    draws_ = iter([2, 1, 0])
-    assert sample_trials(3, randbelow=lambda n: next(draws_)) == 3  # stops at the first draw of 0
 
-
-def test_trial_rdp_is_the_pointwise_max_and_total_grows_with_the_trial_budget():
-    a, b = gaussian_curve(0.2), gaussian_curve(0.4)
-    np.testing.assert_array_equal(trial_rdp(ORDERS, [a, b], 1e9), b)
-    e1, _ = tuning_epsilon(ORDERS, a, 0.25, 1e-6)
-    e2, _ = tuning_epsilon(ORDERS, b, 0.25, 1e-6)
-    assert 0 < e1 < e2
+def test_search_only_where_the_budget_affords_it():
+    edge = 10 ** MIN_BUDGET_LOG10
+    assert not should_search(1.0, int(edge) - 1) and should_search(1.0, int(edge))
+    assert should_search(2.0, int(edge / 2)) and not should_search(2.0, int(edge / 2) - 1)  # ε·n, not n
+    assert not should_search(1.0, int(edge), classes=3)  # ε·n/K for K classes
+    plan = plan_tuning([CENTRE], 0.5, 5e-8)
+    assert not plan.searches and plan.epsilon_final == plan.epsilon == 0.5 and plan.sigma_score == 0
 
 
 def test_holdout_depends_only_on_each_record_id_and_the_key():
@@ -137,31 +133,98 @@ def test_candidates_centre_first_and_distinct():
     assert c[0]["trees"] == 100 and len(c) == len({json.dumps(x, sort_keys=True) for x in c}) >= 8
 
 
-def test_tune_cli_receipt_covers_all_trials_and_refuses_a_tiny_budget(tmp_path, capsys):
+def spy_on_training(monkeypatch) -> list[tuple[int, float]]:
+    """(records, ε target) of every training run the engine does from now on (the real training runs)."""
+    from fedsbdt.common import engine
+
+    seen, real = [], engine.train
+
+    def train(dataset, hp, *a, **kw):
+        seen.append((dataset.n, hp.epsilon))
+        return real(dataset, hp, *a, **kw)
+
+    monkeypatch.setattr(engine, "train", train)
+    return seen
+
+
+def test_small_budget_tune_is_auto_trained_on_every_record_with_all_of_epsilon(tmp_path, capsys, monkeypatch):
+    """Below ε·n = 10³ tune must be what fedsbdt train does: the same hyperparameters (auto's, λ included), the
+    same receipt ε, one training on every record, and it says so; an impossible budget is refused with one line,
+    nothing written."""
     from fedsbdt.common.cli import main
 
     data, schema = write_task(tmp_path / "data")
-    out = tmp_path / "m.json"
-    argv = ["tune", "--data", str(data), "--schema", str(schema), "--out", str(out), "--rows", "400", "--quiet"]
-    assert main([*argv, "--epsilon", "1e-5"]) == 2 and not out.exists()
+    seen = spy_on_training(monkeypatch)
+    out, ref = tmp_path / "m.json", tmp_path / "train.json"
+    argv = ["tune", "--data", str(data), "--schema", str(schema), "--out", str(out), "--rows", "400"]
+    assert main([*argv, "--epsilon", "1e-9", "--quiet"]) == 2 and not out.exists()
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "too small for private tuning" in err
-    assert main([*argv, "--epsilon", "2", "--trials-mean", "2", "--json"]) == 0
+    assert err.count("\n") == 1 and err.startswith("fedsbdt tune: error:"), err
+    assert main([*argv, "--epsilon", "1"]) == 0
+    assert seen == [(400, 1.0)]  # no probe: one run, every record, all of ε
+    text = capsys.readouterr().out
+    assert "too small to pay for a check" in text and "what fedsbdt train does" in text
+    assert main(["train", "--data", str(data), "--schema", str(schema), "--out", str(ref), "--rows", "400",
+                 "--epsilon", "1", "--quiet"]) == 0
+    capsys.readouterr()
+    model, plain = json.loads(out.read_text()), json.loads(ref.read_text())
+    t = model["training"]["tuning"]
+    assert t["searched"] is False and t["candidates"] == [t["settings"]] and t["epsilon_final"] == 1
+    drop = {"seed"}
+    assert ({k: v for k, v in model["hyperparameters"].items() if k not in drop}
+            == {k: v for k, v in plain["hyperparameters"].items() if k not in drop})
+    assert model["privacy"]["epsilon"] == plain["privacy"]["epsilon"] <= 1
+
+
+def test_tune_searches_at_a_larger_budget_and_its_receipt_is_the_plans(tmp_path, capsys, monkeypatch):
+    """ε·n = 1500: three probes on the training part at 0.2·ε each, then the released model on every record."""
+    from fedsbdt.common.auto import resolve
+    from fedsbdt.common.schema import Schema
+    from fedsbdt.common.tuning import plan_for
+
+    from fedsbdt.common.cli import main
+
+    data, schema = write_task(tmp_path / "data", n=1500)
+    out = tmp_path / "m.json"
+    seen = spy_on_training(monkeypatch)
+    assert main(["tune", "--data", str(data), "--schema", str(schema), "--out", str(out), "--rows", "1500",
+                 "--epsilon", "1", "--json"]) == 0
     res = json.loads(capsys.readouterr().out)  # exactly one JSON object
     model = json.loads(out.read_text())
     assert res["epsilon"] == model["privacy"]["epsilon"] and res["tuning"] == model["training"]["tuning"]
     t = model["training"]["tuning"]
-    assert model["privacy"]["epsilon"] <= 2 and t["epsilon_tuning"] <= 2
-    assert t["epsilon_trial"] < t["epsilon_tuning"]  # one trial is cheaper than the whole tuning
-    assert t["trials_distribution"] == {"name": "truncated negative binomial", "shape": 1.0, "gamma": 0.5, "mean": 2}
-    assert t["settings"] in t["candidates"] and "'pid'" in t["holdout"]
+    plan, _ = plan_for(Schema.load(schema), 1.0, 5e-8, 1500)
+    assert t["searched"] and model["privacy"]["epsilon"] == pytest.approx(plan.epsilon) and plan.epsilon <= 1
+    keys, choice = resolve({"epsilon": 1.0}, Schema.load(schema), 1500)  # fedsbdt train --rows 1500 --epsilon 1
+    assert t["candidates"][0] == {k: keys[k] for k in choice.settings if k != "l2"}  # auto's own setting first
+    assert len(t["candidates"]) == 3 and t["settings"] in t["candidates"] and "'pid'" in t["holdout"]
+    assert t["epsilon_probe"] == pytest.approx(0.2) and t["epsilon_final"] > 0.8
     hp = model["hyperparameters"]
-    assert {k: hp[k] for k in t["settings"]} == t["settings"]
+    assert {k: hp[k] for k in t["settings"]} == t["settings"] and hp["epsilon"] == t["epsilon_final"]
+    probes, final = seen[:-1], seen[-1]
+    assert len(probes) == 3 and all(e == pytest.approx(0.2) and 0.7 * 1500 < n < 0.9 * 1500 for n, e in probes)
+    assert final == (1500, t["epsilon_final"])  # the released model saw every record
+    assert main(["report", "--model", str(out), "--out", str(tmp_path / "r.html")]) == 0  # the report names them
+    page = (tmp_path / "r.html").read_text()
+    assert "private tuning" in page and "candidate 1 (auto)" in page and page.count(">chosen<") == 1
+
+
+def test_pick_keeps_auto_unless_an_alternative_beats_it_by_the_margin():
+    from fedsbdt.common.tuning import pick
+
+    unit = math.sqrt(2) * 2**20  # one noise std of a difference at σ_s = 1
+    assert pick([0], 1.0) == 0  # the centre alone
+    assert pick([5, 5, 5], 1.0, 0.0) == 0  # ties: the centre
+    assert pick([0, int(0.9 * unit), 0], 1.0) == 0  # within the margin: the centre
+    assert pick([0, int(0.9 * unit), int(1.1 * unit)], 1.0) == 2  # beyond it: the best alternative
+    assert pick([0, 1, 2], 1.0, 0.0) == 2 and pick([3, 1, 2], 1.0, 0.0) == 0  # margin 0: the highest
+    assert pick([0, int(1.1 * unit)], 2.0) == 0  # the margin scales with σ_s
 
 
 # --------------------------------------------------------------------------- what fedsbdt tune releases (issue 37)
 
-FORBIDDEN = {"trials", "trials_run", "winner", "winner_noisy_score_sum", "holdout_seed", "seconds", "elapsed"}
+FORBIDDEN = {"trials", "trials_run", "winner", "winner_noisy_score_sum", "scores", "score_sum", "ranking",
+             "holdout_seed", "seconds", "elapsed"}
 
 
 def write_task(folder, n: int = 400, id_column: bool = True):
@@ -193,51 +256,55 @@ def keys_anywhere(obj) -> set[str]:
     return set()
 
 
-def test_tune_releases_the_winner_and_the_receipt_but_not_the_number_of_trials(tmp_path, capsys, monkeypatch):
-    """Papernot & Steinke's Thm. 2 covers the best trial with K hidden: the model file, --json, the text output and
-    the log (debug level) must hold no K, no trial list, no score and no winner index.  K is forced to 1 and to 3:
-    everything tune writes must be the same except what belongs to the winning model itself."""
+def test_tune_releases_the_final_model_and_the_receipt_but_no_score_or_ranking(tmp_path, capsys, monkeypatch):
+    """The model file, --json, the text output and the log (debug level) must hold no score, no ranking and no
+    winner index.  The probes' noisy scores are forced so that the first and then the third candidate wins:
+    everything tune writes must be the same except what belongs to the released model itself."""
     import re
 
     from fedsbdt.common import tuning
     from fedsbdt.common.cli import main
 
-    data, schema = write_task(tmp_path / "data")
-    real = tuning.sample_trials
+    data, schema = write_task(tmp_path / "data", n=1500)
 
-    def run(k: int, json_out: bool):
-        folder = tmp_path / f"k{k}-{'json' if json_out else 'text'}"
+    def run(w: int, json_out: bool):
+        folder = tmp_path / f"w{w}-{'json' if json_out else 'text'}"
         folder.mkdir()
         monkeypatch.chdir(folder)
-        monkeypatch.setattr(tuning, "sample_trials", lambda mean, randbelow=None: k)
+        calls = []
+
+        def forced(*a, **kw):  # the w-th probe scores highest
+            calls.append(1)
+            return 10**9 if len(calls) - 1 == w else 0
+
+        monkeypatch.setattr(tuning, "noisy_score", forced)
         argv = ["--log-level", "debug", "tune", "--data", str(data), "--schema", str(schema), "--epsilon", "1",
-                "--rows", "400", "--trials-mean", "2", "--out", "m.json"] + (["--json"] if json_out else [])
+                "--rows", "1500", "--out", "m.json"] + (["--json"] if json_out else [])
         assert main(argv) == 0
+        assert len(calls) == 3  # every candidate was probed
         cap = capsys.readouterr()
         return cap.out, cap.err, json.loads((folder / "m.json").read_text())
 
-    winner_line = re.compile(r"T=\d+ depth=\d+ γ=\S+ η=\S+ (not )?cyclical")
+    setting_text = re.compile(r"T=\d+ depth=\d+ γ=\S+ η=\S+ (not )?cyclical")
     texts = {}
-    for k in (1, 3):
-        out, err, text_model = run(k, json_out=False)
+    for w in (0, 2):
+        out, err, text_model = run(w, json_out=False)
         for text in (out, err):
-            assert not re.search(r"\btrials? \d|\d+ trials|winner|round \d|score =", text), text
-        texts[k] = (winner_line.sub("SETTINGS", out), err.count("\n"))
-        out, err, model = run(k, json_out=True)
+            assert not re.search(r"winner|score =|score:|rank|probe \d", text), text
+        texts[w] = (setting_text.sub("SETTINGS", out), err.count("\n"))
+        out, err, model = run(w, json_out=True)
         res = json.loads(out)  # exactly one JSON object
-        assert not re.search(r"\btrials? \d|\d+ trials|winner|round \d|score =", err), err
+        assert not re.search(r"winner|score =|score:|rank|probe \d", err), err
         for doc in (res, model, text_model):
             assert not keys_anywhere(doc) & FORBIDDEN, keys_anywhere(doc) & FORBIDDEN
         t = model["training"]["tuning"]
-        assert res["tuning"] == t and res["settings"] == t["settings"]
+        assert t["settings"] == t["candidates"][w] and res["settings"] == t["settings"]
         assert {key: model["hyperparameters"][key] for key in t["settings"]} == t["settings"]
-        assert t["settings"] in t["candidates"]  # the candidate space is public by construction
-        assert t["trials_distribution"]["mean"] == 2 and t["trials_distribution"]["shape"] == 1
-        texts[k, "json"] = ({key: v for key, v in res.items() if key != "settings"} | {"tuning": None},
+        texts[w, "json"] = ({key: v for key, v in res.items() if key != "settings"} | {"tuning": None},
                             {key: v for key, v in t.items() if key != "settings"},
                             {key: model["privacy"][key] for key in ("epsilon", "delta", "guarantee")})
-    assert texts[1] == texts[3]  # the text output and the number of log lines do not depend on K
-    assert texts[1, "json"] == texts[3, "json"]
+    assert texts[0] == texts[2]  # the text output and the number of log lines do not depend on the winner
+    assert texts[0, "json"] == texts[2, "json"]
 
 
 def test_tune_without_an_id_column_exits_2_with_one_line(tmp_path, capsys):
@@ -246,7 +313,7 @@ def test_tune_without_an_id_column_exits_2_with_one_line(tmp_path, capsys):
     data, schema = write_task(tmp_path, id_column=False)
     out = tmp_path / "m.json"
     rc = main(["tune", "--data", str(data), "--schema", str(schema), "--epsilon", "1", "--rows", "400",
-               "--trials-mean", "2", "--out", str(out), "--quiet"])
+               "--out", str(out), "--quiet"])
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1 and "id_column" in err and err.startswith("fedsbdt tune: error:")
     assert not out.exists()
@@ -281,11 +348,12 @@ def test_deleting_one_row_moves_no_other_record_between_training_and_held_out(tm
 
     real_tune_on, key = tuning.tune_on, []
 
-    def same_key(ds, centre, plan, randomness, k, *rest, **kw):
+    def same_key(ds, plan, randomness, k, *rest, **kw):
         key.append(k)
-        return real_tune_on(ds, centre, plan, randomness, key[0], *rest, **kw)
+        return real_tune_on(ds, plan, randomness, key[0], *rest, **kw)
 
-    def capture(train_ds, holdout_ds, *a, **kw):
+    def capture(ds, holdout, *a, **kw):
+        train_ds, holdout_ds = ds.subset(~holdout), ds.subset(holdout)
         raise _Captured({tuple(r) for r in np.column_stack([train_ds.X, train_ds.y])},
                         {tuple(r) for r in np.column_stack([holdout_ds.X, holdout_ds.y])})
 
@@ -315,13 +383,40 @@ def test_deleting_one_row_moves_no_other_record_between_training_and_held_out(tm
 
 
 def test_quiet_tune_prints_the_result_in_one_line(tmp_path, capsys):
-    """``--quiet`` (issue 36): one line for the result, not every trial's settings."""
+    """``--quiet`` (issue 36): one line for the result, not every probe's settings."""
     from fedsbdt.common.cli import main
 
     data, schema = write_task(tmp_path / "data")
     out = tmp_path / "m.json"
     assert main(["tune", "--data", str(data), "--schema", str(schema), "--out", str(out),
-                 "--rows", "400", "--quiet", "--epsilon", "2", "--trials-mean", "2"]) == 0
+                 "--rows", "400", "--quiet", "--epsilon", "2"]) == 0
     printed = capsys.readouterr()
     (line,) = printed.out.splitlines()
     assert line.startswith("tuned privately: ") and line.endswith(f"-DP; model written to {out}") and printed.err == ""
+
+
+def test_a_plan_refuses_what_it_cannot_mean():
+    from fedsbdt.common.tuning import TuningPlan
+
+    ok = dict(candidates=(CENTRE, {**CENTRE, "cyclical": False}), epsilon_probe=0.2, sigma_score=20.0,
+              epsilon_final=0.9, epsilon=1.0, delta=5e-8, order=30)
+    assert TuningPlan(**ok).searches
+    for bad in (dict(candidates=()), dict(epsilon_final=1.1), dict(epsilon_final=0.0), dict(delta=1.0),
+                dict(sigma_score=0.0), dict(epsilon_probe=0.0), dict(switch_margin=-1.0),
+                dict(switch_margin=math.inf)):
+        with pytest.raises(ValueError):
+            TuningPlan(**{**ok, **bad})
+
+
+def test_tune_with_a_dp_row_count_states_its_share(tmp_path, capsys):
+    """Without --rows the gate reads a DP count (2 % of ε); the receipt covers it and stays ≤ ε."""
+    from fedsbdt.common.cli import main
+
+    data, schema = write_task(tmp_path / "data")
+    out = tmp_path / "m.json"
+    assert main(["tune", "--data", str(data), "--schema", str(schema), "--out", str(out), "--epsilon", "1",
+                 "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    p = json.loads(out.read_text())["privacy"]
+    assert p["eps_rows"] == pytest.approx(0.02) and res["epsilon"] == p["epsilon"] <= 1
+    assert res["searched"] is False  # ε·n ≈ 400 < 10³: auto
