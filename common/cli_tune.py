@@ -26,17 +26,13 @@ def settings_line(s: dict) -> str:
             f"{'cyclical' if s['cyclical'] else 'not cyclical'}")
 
 
-def cmd_tune(args: argparse.Namespace) -> int:
-    from .accountant import AccountingError
-    from .auto import rows_epsilon
+def _tune_schema(args: argparse.Namespace):
+    """The checked flags' schema (one-line errors before anything is read or spent)."""
     from .files import check_output_path
-    from .randomness import SecureRandomness
+    from .ledger_cli import check_flags
     from .schema import Schema
-    from .tuning import HOLDOUT_SHARE, MIN_BUDGET_LOG10, PROBE_SHARE, fresh_split_key, plan_for, tune_on
 
     check_output_path(args.out, "model")
-    from .ledger_cli import check_flags
-
     check_flags(args)  # --population, --lifetime-delta
     if not args.epsilon > 0:
         raise CliError(f"--epsilon {args.epsilon:g}: must be > 0")
@@ -47,38 +43,14 @@ def cmd_tune(args: argparse.Namespace) -> int:
         raise CliError(f"{args.schema}: the schema names no id_column; tune holds out records by a keyed hash of "
                        "each record's stable id (row numbers would move other records when one is deleted): add "
                        "id_column = \"<column>\" naming a unique, stable record id (docs/auto.md)")
-    eps_rows = 0.0 if args.rows is not None else rows_epsilon(args.epsilon)
-    budget = args.epsilon - eps_rows
-    try:  # refuse an impossible budget before reading the data or spending ε
-        plan, choice = plan_for(schema, budget, args.delta, args.rows or 10_000)
-    except AccountingError as e:
-        raise CliError(str(e).replace(f"ε = {budget:g}", f"ε = {args.epsilon:g}")) from None
-    randomness = SecureRandomness(sampler=args.sampler)
-    key = fresh_split_key()  # drawn before the data is read: independent of it, never released
-    ds = _load_data(args, schema)
-    from .ledger_cli import central_run, charge_central, lifetime_line
+    return schema
 
-    # --ledger: the lifetime cap before anything is drawn, at the whole budget (the receipt's ε is at most that)
-    run = central_run(args, ds.ids, schema.id_column, {"type": "approx", "epsilon": float(args.epsilon),
-                                                        "delta": float(args.delta)}, args.delta)
-    source = "declared"
-    rows = args.rows
-    if rows is None:
-        import numpy as np
 
-        rows = max(ds.n + int(randomness.discrete_laplace(np.array([1.0 / eps_rows]))[0]), 1)
-        source = "dp-count"
-        try:
-            plan, choice = plan_for(schema, budget, args.delta, rows, source)
-        except AccountingError as e:
-            raise CliError(str(e)) from None
-    res = tune_on(ds, plan, randomness, key)
-    m = res.model
-    p = m.privacy
-    # the fallback is one training run: its own receipt; a search: eq. T1's total
-    p["epsilon"] = (p["epsilon"] if not plan.searches else plan.epsilon) + eps_rows
-    p["target_epsilon"] = args.epsilon
-    p["eps_rows"] = eps_rows
+def _tuning_record(schema, plan, choice, res, p: dict, eps_rows: float) -> dict:
+    """The model's ``training.tuning`` record (what was searched and why; no score, no ranking); sets the
+    receipt's guarantee line of a search in ``p``."""
+    from .tuning import HOLDOUT_SHARE, MIN_BUDGET_LOG10, PROBE_SHARE
+
     b = choice.budget
     if plan.searches:
         p["guarantee"] = (f"({p['epsilon']:.6g}, {p['delta']:.3g})-differential privacy for every record (add/remove "
@@ -112,6 +84,50 @@ def cmd_tune(args: argparse.Namespace) -> int:
                      else "auto's rule",
         "centre": {"mode": "auto", **choice.to_dict()},
     }
+    return tuning
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from .accountant import AccountingError
+    from .auto import rows_epsilon
+    from .randomness import SecureRandomness
+    from .tuning import fresh_split_key, plan_for, tune_on
+
+    schema = _tune_schema(args)
+    eps_rows = 0.0 if args.rows is not None else rows_epsilon(args.epsilon)
+    budget = args.epsilon - eps_rows
+    try:  # refuse an impossible budget before reading the data or spending ε
+        plan, choice = plan_for(schema, budget, args.delta, args.rows or 10_000)
+    except AccountingError as e:
+        raise CliError(str(e).replace(f"ε = {budget:g}", f"ε = {args.epsilon:g}")) from None
+    randomness = SecureRandomness(sampler=args.sampler)
+    key = fresh_split_key()  # drawn before the data is read: independent of it, never released
+    ds = _load_data(args, schema)
+    from .ledger_cli import central_run, charge_central, lifetime_line
+
+    # --ledger: the lifetime cap before anything is drawn, at the whole budget (the receipt's ε is at most that)
+    run = central_run(args, ds.ids, schema.id_column, {"type": "approx", "epsilon": float(args.epsilon),
+                                                        "delta": float(args.delta)}, args.delta)
+    source = "declared"
+    rows = args.rows
+    if rows is None:
+        import numpy as np
+
+        rows = max(ds.n + int(randomness.discrete_laplace(np.array([1.0 / eps_rows]))[0]), 1)
+        source = "dp-count"
+        try:
+            plan, choice = plan_for(schema, budget, args.delta, rows, source)
+        except AccountingError as e:
+            raise CliError(str(e)) from None
+    res = tune_on(ds, plan, randomness, key)
+    m = res.model
+    p = m.privacy
+    # the fallback is one training run: its own receipt; a search: eq. T1's total
+    p["epsilon"] = (p["epsilon"] if not plan.searches else plan.epsilon) + eps_rows
+    p["target_epsilon"] = args.epsilon
+    p["eps_rows"] = eps_rows
+    tuning = _tuning_record(schema, plan, choice, res, p, eps_rows)
+    how = tuning["why"]
     m.training["tuning"] = tuning
     # charged as stated, (ε, δ), before the model is written
     life = charge_central(run, "tune", {"type": "approx", "epsilon": float(p["epsilon"]), "delta": float(p["delta"])})
