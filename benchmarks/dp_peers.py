@@ -208,8 +208,10 @@ def build_table(runs: list[dict]) -> dict:
             cell = {"dataset": name, **m, "epsilon": eps, "xgboost": xgb}
             for method in ("ours", *PEERS):
                 rs = by.get((name, eps, method), [])
-                cell[method] = _mean([r["score"] for r in rs])
-                cell[method + "_runs"] = sum(r["score"] is not None for r in rs)
+                scores = [r["score"] for r in rs if r["score"] is not None]
+                cell[method] = _mean(scores)
+                cell[method + "_runs"] = len(scores)
+                cell[method + "_range"] = [min(scores), max(scores)] if scores else None
             dpl = by.get((name, eps, "diffprivlib"), [])
             models = sorted({k for r in dpl for k in r.get("models", {}) if not k.endswith("_error")})
             cell["diffprivlib_models"] = {k: _mean([r["models"].get(k) for r in dpl]) for k in models}
@@ -224,7 +226,22 @@ def build_table(runs: list[dict]) -> dict:
               for c in cells if c["epsilon"] >= 1 for p in c["peers_ahead"]]
     large = [{"dataset": c["dataset"], "n": c["n"], "ours": c["ours"], "xgboost": c["xgboost"],
               "gap": c["xgboost_minus_ours"]} for c in cells if c["epsilon"] == 1.0 and c["n"] >= LARGE]
-    return {"cells": cells, "losses_at_eps_ge_1": losses, "large_sets_eps_1": large}
+    return {"cells": cells, "summary": summarise(cells), "losses_at_eps_ge_1": losses, "large_sets_eps_1": large}
+
+
+def summarise(cells: list[dict]) -> list[dict]:
+    """Per ε, over the data sets where both have a score: ours' and each peer's mean, and on how many sets
+    ours is at least as good."""
+    out = []
+    for eps in sorted({c["epsilon"] for c in cells}):
+        row: dict = {"epsilon": eps}
+        for peer in PEERS:
+            both = [c for c in cells if c["epsilon"] == eps and c["ours"] is not None and c[peer] is not None]
+            row[peer] = {"datasets": len(both), "ours_mean": _mean([c["ours"] for c in both]),
+                         "peer_mean": _mean([c[peer] for c in both]),
+                         "ours_at_least": sum(c["ours"] >= c[peer] for c in both)}
+        out.append(row)
+    return out
 
 
 def _fmt(v: float | None, mark: bool = False) -> str:
