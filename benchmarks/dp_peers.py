@@ -230,13 +230,14 @@ def build_table(runs: list[dict]) -> dict:
 
 
 def summarise(cells: list[dict]) -> list[dict]:
-    """Per ε, over the data sets where both have a score: ours' and each peer's mean, and on how many sets
-    ours is at least as good."""
+    """Per ε and task, over the data sets where both have a score: ours' and each peer's mean, and on how many
+    sets ours is at least as good (per task: an R² of −10⁶ must not average with AUCs)."""
     out = []
-    for eps in sorted({c["epsilon"] for c in cells}):
-        row: dict = {"epsilon": eps}
+    for eps, task in sorted({(c["epsilon"], c["task"]) for c in cells}):
+        row: dict = {"epsilon": eps, "task": task}
         for peer in PEERS:
-            both = [c for c in cells if c["epsilon"] == eps and c["ours"] is not None and c[peer] is not None]
+            both = [c for c in cells if (c["epsilon"], c["task"]) == (eps, task) and c["ours"] is not None
+                    and c[peer] is not None]
             row[peer] = {"datasets": len(both), "ours_mean": _mean([c["ours"] for c in both]),
                          "peer_mean": _mean([c[peer] for c in both]),
                          "ours_at_least": sum(c["ours"] >= c[peer] for c in both)}
