@@ -35,11 +35,33 @@ def export() -> None:
     EXPORT.mkdir(exist_ok=True)
     for name in DATASETS:
         ds, tr, te = ag.load(name)
-        lo = np.array([0.0 if f.is_categorical else f.lo for f in ds.schema.features])
-        hi = np.array([len(f.levels) - 1.0 if f.is_categorical else f.hi for f in ds.schema.features])
+        lo, hi = public_bounds(ds.schema)
         np.savez(EXPORT / f"{name}.npz", Xtr=tr.X.astype(float), ytr=tr.y, Xte=te.X.astype(float), yte=te.y,
                  lo=lo, hi=hi, task=ds.schema.task)
         print(name, tr.n, te.n, file=sys.stderr)
+
+
+def public_bounds(schema) -> tuple[np.ndarray, np.ndarray]:
+    """Per feature the public (lo, hi) the schema declares: numeric its range, categorical the level codes
+    [0, levels − 1] (the bounds every DP peer is given; benchmarks/dp_peers.py uses them too)."""
+    lo = np.array([0.0 if f.is_categorical else f.lo for f in schema.features])
+    hi = np.array([len(f.levels) - 1.0 if f.is_categorical else f.hi for f in schema.features])
+    return lo, hi
+
+
+def diffprivlib_models(task: str, eps: float, lo: np.ndarray, hi: np.ndarray, classes: np.ndarray | None = None,
+                       y_bounds: tuple[float, float] | None = None) -> dict:
+    """diffprivlib's models at ε with the public bounds: classification a random forest (10 trees, depth 5) and
+    a logistic regression (data norm = the norm of the bounds); regression a linear regression (feature and
+    target bounds).  ``classes`` (classification) and ``y_bounds`` (regression) are public."""
+    from diffprivlib.models import LinearRegression, LogisticRegression, RandomForestClassifier
+
+    if task == "regression":
+        return {"linear_regression": LinearRegression(epsilon=eps, bounds_X=(lo, hi), bounds_y=y_bounds)}
+    return {"random_forest": RandomForestClassifier(n_estimators=10, max_depth=5, epsilon=eps, bounds=(lo, hi),
+                                                    classes=classes),
+            "logistic_regression": LogisticRegression(epsilon=eps, data_norm=float(np.linalg.norm(
+                np.maximum(np.abs(lo), np.abs(hi)))), max_iter=200)}
 
 
 def auc(y, s) -> float:
@@ -51,8 +73,6 @@ def auc(y, s) -> float:
 def run() -> None:
     import warnings
 
-    from diffprivlib.models import LogisticRegression, RandomForestClassifier
-
     warnings.filterwarnings("ignore")
     out = []
     for name in DATASETS:
@@ -63,12 +83,7 @@ def run() -> None:
         ytr, yte = ytr.astype(int), yte.astype(int)
         for eps in EPSILONS:
             row = {"dataset": name, "task": task, "epsilon": eps}
-            models = {
-                "random_forest": RandomForestClassifier(n_estimators=10, max_depth=5, epsilon=eps, bounds=(lo, hi),
-                                                        classes=np.unique(np.concatenate([ytr, yte]))),
-                "logistic_regression": LogisticRegression(epsilon=eps, data_norm=float(np.linalg.norm(
-                    np.maximum(np.abs(lo), np.abs(hi)))), max_iter=200),
-            }
+            models = diffprivlib_models(task, eps, lo, hi, classes=np.unique(np.concatenate([ytr, yte])))
             for key, m in models.items():
                 try:
                     m.fit(Xtr, ytr)

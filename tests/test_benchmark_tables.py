@@ -1,4 +1,5 @@
-"""The cross-mode table builder of benchmarks/modes.py on small synthetic results files (no training)."""
+"""The table builders of benchmarks/modes.py (cross-mode) and benchmarks/dp_peers.py (DP peers) on small
+synthetic results files (no training)."""
 from __future__ import annotations
 
 import importlib.util
@@ -8,6 +9,7 @@ import statistics
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -220,3 +222,131 @@ def test_modes_federated_json_fills_the_missing_federated_rows(modes, tmp_path):
     md = modes.render_markdown(t)
     assert "| S-BDT, federated (3 sites, defaults) | (ε, δ = 0.001) | 50.00 (1) | not run |" in md
     assert "S-BDT federated is left out" not in md
+
+
+# --------------------------------------------------------------------------- benchmarks/dp_peers.py
+
+
+@pytest.fixture(scope="module")
+def peers():
+    """benchmarks/dp_peers.py as a module (it imports auto_grid, suite, _util and diffprivlib_compare by name)."""
+    before = set(sys.modules)
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        spec = importlib.util.spec_from_file_location("bench_dp_peers", ROOT / "benchmarks" / "dp_peers.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    yield mod
+    for name in ("_util", "auto_grid", "suite", "diffprivlib_compare"):
+        if name not in before:
+            sys.modules.pop(name, None)
+
+
+def peer_runs() -> list[dict]:
+    """dp_peers.py's run rows for two data sets: 'big' (binary, 200,000 rows), where DP-EBM beats ours at ε = 1
+    and one of ours' runs failed; 'small' (multi-class, 500 rows), which DP-EBM cannot fit and where
+    diffprivlib's forest beats ours."""
+    out = []
+
+    def add(name, task, n, eps, rep, method, score, **extra):
+        out.append({"dataset": name, "task": task, "n": n, "n_train": int(0.8 * n), "epsilon": eps, "rep": rep,
+                    "method": method, "score": score, **extra})
+
+    add("big", "binary", 200_000, None, 0, "xgboost", 0.90)
+    for rep, (o, e, rf, lr) in enumerate([(0.80, 0.84, 0.60, 0.50), (0.82, 0.86, 0.70, 0.75)]):
+        add("big", "binary", 200_000, 1.0, rep, "ours", o)
+        add("big", "binary", 200_000, 1.0, rep, "dp_ebm", e)
+        add("big", "binary", 200_000, 1.0, rep, "diffprivlib", max(rf, lr),
+            models={"random_forest": rf, "logistic_regression": lr})
+        add("big", "binary", 200_000, 4.0, rep, "ours", o + 0.08)
+        add("big", "binary", 200_000, 4.0, rep, "dp_ebm", e + 0.01)
+        add("big", "binary", 200_000, 4.0, rep, "diffprivlib", 0.7, models={"random_forest": 0.7,
+                                                                           "logistic_regression": 0.6})
+    add("big", "binary", 200_000, 1.0, 2, "ours", None, error="RuntimeError: killed")
+    add("small", "multiclass", 500, None, 0, "xgboost", 0.95)
+    for rep, o in enumerate((0.70, 0.80)):
+        add("small", "multiclass", 500, 1.0, rep, "ours", o)
+        add("small", "multiclass", 500, 1.0, rep, "dp_ebm", None, note="n/a: DP-EBM has no multi-class model")
+        add("small", "multiclass", 500, 1.0, rep, "diffprivlib", 0.8,
+            models={"random_forest": 0.8, "logistic_regression": None, "logistic_regression_error": "ValueError"})
+    return out
+
+
+def test_dp_peers_table_means_per_cell_peers_ahead_and_the_large_set_gap(peers):
+    t = peers.build_table(peer_runs())
+    cells = {(c["dataset"], c["epsilon"]): c for c in t["cells"]}
+    assert list(cells) == [("big", 1.0), ("big", 4.0), ("small", 1.0)]
+    big = cells[("big", 1.0)]
+    assert big["ours"] == pytest.approx(0.81) and big["ours_runs"] == 2  # the failed run counts nowhere
+    assert big["dp_ebm"] == pytest.approx(0.85) and big["xgboost"] == 0.90
+    # each diffprivlib model is averaged over the runs, then the best model is taken (not the runs' best)
+    assert big["diffprivlib_models"] == pytest.approx({"logistic_regression": 0.625, "random_forest": 0.65})
+    assert big["diffprivlib"] == pytest.approx(0.65)
+    assert big["peers_ahead"] == ["dp_ebm"] and big["xgboost_minus_ours"] == pytest.approx(0.09)
+    assert cells[("big", 4.0)]["peers_ahead"] == []
+    small = cells[("small", 1.0)]
+    assert small["dp_ebm"] is None and small["dp_ebm_runs"] == 0 and small["peers_ahead"] == ["diffprivlib"]
+    assert small["diffprivlib_models"] == {"logistic_regression": None, "random_forest": 0.8}
+    assert [(x["dataset"], x["peer"]) for x in t["losses_at_eps_ge_1"]] == [("big", "dp_ebm"), ("small", "diffprivlib")]
+    assert big["ours_range"] == [0.80, 0.82] and small["dp_ebm_range"] is None
+    b1, m1, b4 = t["summary"]  # per (ε, task)
+    assert (b1["epsilon"], b1["task"], m1["task"], b4["epsilon"]) == (1.0, "binary", "multiclass", 4.0)
+    assert b1["dp_ebm"] == {"datasets": 1, "ours_mean": pytest.approx(0.81), "peer_mean": pytest.approx(0.85),
+                            "ours_at_least": 0}
+    assert b1["diffprivlib"] == {"datasets": 1, "ours_mean": pytest.approx(0.81), "peer_mean": pytest.approx(0.65),
+                                 "ours_at_least": 1}
+    assert m1["dp_ebm"] == {"datasets": 0, "ours_mean": None, "peer_mean": None, "ours_at_least": 0}
+    assert m1["diffprivlib"]["ours_at_least"] == 0 and b4["dp_ebm"]["ours_at_least"] == 1
+    assert t["large_sets_eps_1"] == [{"dataset": "big", "n": 200_000, "ours": pytest.approx(0.81), "xgboost": 0.9,
+                                      "gap": pytest.approx(0.09)}]
+    md = peers.render_markdown(t)
+    assert "| big (binary, 200,000) | 1 | 0.810 | **0.850** | 0.650 (random forest) | 0.900 |" in md
+    assert "| big (binary, 200,000) | 4 | **0.890** | 0.860 | 0.700 (random forest) | 0.900 |" in md
+    assert "| small (multiclass, 500) | 1 | 0.750 | n/a | **0.800** (random forest) | 0.950 |" in md
+    assert peers._fmt(-44112573.39) == "-4.4e+07" and peers._fmt(-0.25) == "-0.250"
+
+
+def test_dp_peers_ebm_inputs_give_the_schema_public_bounds_and_levels(peers):
+    from fedsbdt.common.data import Dataset
+    from fedsbdt.common.schema import Schema
+
+    schema = Schema.from_dict({"name": "t", "task": "binary", "target": "y", "features": [
+        {"name": "age", "type": "numeric", "range": [18.0, 90.0]},
+        {"name": "site", "type": "categorical", "levels": ["a", "b", "c"]}]})
+    ds = Dataset.from_arrays(np.array([[20.0, "c"], [30.0, "a"]], dtype=object), np.array([0.0, 1.0]), schema)
+    frame, types, bounds = peers.ebm_inputs(ds)
+    assert types == ["continuous", ["0", "1", "2"]]  # the schema's levels, not the two seen in the data
+    assert frame["site"].tolist() == ["2", "0"] and frame["age"].tolist() == [20.0, 30.0]
+    assert bounds.tolist() == [[18.0, 90.0], [0.0, 2.0]]
+
+
+def test_dp_peers_bad_input_is_one_line_and_exit_2(peers, tmp_path, capsys):
+    """Bad flags: argparse's usage and one error line, exit 2, before any data is loaded; a results file that
+    is absent or broken: one line, exit 2, the file untouched."""
+    for argv, why in ((["--datasets", "adult,nope"], "unknown dataset(s) nope"), (["--eps", "1,x"], "--eps"),
+                      (["--eps", "0"], "ε must be > 0"), (["--reps", "0"], "--reps ≥ 1")):
+        with pytest.raises(SystemExit) as e:
+            peers.main(argv)
+        err = capsys.readouterr().err.strip().splitlines()
+        assert e.value.code == 2 and err[-1].startswith("dp_peers.py: error:") and why in err[-1], argv
+    assert peers.main(["--table", "--out", str(tmp_path / "absent.json")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("dp_peers.py: error:") and "no runs" in err[0]
+    assert not (tmp_path / "absent.json").exists()
+    broken = tmp_path / "broken.json"
+    broken.write_text("{not json")
+    assert peers.main(["--table", "--out", str(broken)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is not JSON" in err[0]
+    assert broken.read_text() == "{not json"
+
+
+def test_dp_peers_docs_table_is_the_results_file(peers):
+    """docs/auto.md shows results/dp_peers.json's table as ``--table`` renders it, and that table is the one its
+    runs give (neither was edited alone)."""
+    payload = json.loads((ROOT / "benchmarks" / "results" / "dp_peers.json").read_text())
+    table = peers.build_table(payload["runs"])
+    assert table == payload["table"]
+    assert peers.render_markdown(table) in (ROOT / "docs" / "auto.md").read_text()
