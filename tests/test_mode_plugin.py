@@ -5,6 +5,7 @@ wheel; a virtual environment's site-packages, e.g. an editable install, through 
 with it, lists it and validates it, though no file of fedsbdt names it."""
 import json
 import os
+import shutil
 import site
 import subprocess
 import sys
@@ -34,8 +35,9 @@ def plugin_env(tmp_path_factory):
         lines = "".join(f"import site; site.addsitedir({p!r})\n" for p in site.getsitepackages())
         (Path(purelib) / "parent-environment.pth").write_text(lines)
     build = tmp_path_factory.mktemp("plugin-build")
+    shutil.copytree(DIST, build / "example-mode")  # setuptools builds in the source tree: a copy, not the checkout
     p = subprocess.run([str(venv / "bin" / "pip"), "install", "--no-deps", "--no-build-isolation", "--no-index", "-q",
-                        str(DIST)], capture_output=True, text=True, cwd=build, timeout=180)
+                        str(build / "example-mode")], capture_output=True, text=True, cwd=build, timeout=180)
     assert p.returncode == 0, p.stderr
     env = dict(os.environ)
     env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"

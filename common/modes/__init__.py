@@ -4,8 +4,8 @@ The registry is the only source of mode names: the ``--tree-builder`` choices an
 ``Hyperparameters.tree_builder``, the plan, the receipt and the report all ask it.  A mode is one package
 that subclasses :class:`~fedsbdt.common.modes.base.Mode` and calls :func:`register` when imported; it arrives
 
-* **built in** — a package under ``common/modes/`` named in :data:`BUILTIN` (always registered, whichever
-  mode registered first), or
+* **built in** — a package under ``common/modes/`` (:func:`builtin`; always registered, whichever mode
+  registered first), or
 * **from another distribution** — an entry point in the group :data:`ENTRY_POINT_GROUP` (``fedsbdt.modes``)
   naming the module that registers it (or a ``Mode`` subclass or instance, registered here), loaded once,
   lazily, on the first look-up (XGBoost's name → factory registry; dp-accounting's accountants).
@@ -17,14 +17,13 @@ line listing the registered ones; :func:`mode_for` picks a plan's mode: an evalu
 from __future__ import annotations
 
 import importlib
+import pkgutil
 from importlib.metadata import entry_points
 
 #: the tree builder a run takes when it names none: S-BDT's random trees (the ``auto`` settings are fitted for it)
 DEFAULT = "random"
 #: the mode of an evaluation-only plan (``fedsbdt plan --evaluate-model``)
 EVALUATION = "evaluation"
-#: the packages of the built-in modes (``common/modes/<name>/``)
-BUILTIN = ("random", "greedy", "dpboost", "sarus", "evaluation")
 #: the entry-point group of modes from other distributions (docs/plugins.md "Worked example")
 ENTRY_POINT_GROUP = "fedsbdt.modes"
 
@@ -47,10 +46,15 @@ def register(mode) -> None:
     REGISTRY[mode.name] = mode
 
 
+def builtin() -> list[str]:
+    """The packages of the built-in modes: every package under ``common/modes/`` (a new one is found as it is)."""
+    return sorted(m.name for m in pkgutil.iter_modules(__path__) if m.ispkg)
+
+
 def _load_builtin() -> None:
     if "builtin" in _LOADED:
         return
-    for m in BUILTIN:
+    for m in builtin():
         importlib.import_module(f"{__name__}.{m}")
     _LOADED.add("builtin")
 
