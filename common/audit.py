@@ -43,7 +43,7 @@ class AuditError(ValueError):
 
 def auditable_builders() -> str:
     """The tree builders the audit trains (``Mode.auditable``: splits that spend no privacy), for a refusal."""
-    return "tree_builder = " + " or ".join(repr(n) for n, m in modes.tree_builders().items() if m.auditable)
+    return " or ".join(f"{n} trees" for n, m in modes.tree_builders().items() if m.auditable)
 
 
 # --------------------------------------------------------------------------- the bound
