@@ -43,7 +43,7 @@ import numpy as np
 
 from _util import save  # noqa: E402  (puts the repository on sys.path)
 
-from fedsbdt.common.builders import GreedyTrees  # noqa: E402
+from fedsbdt.common.modes.greedy.builder import GreedyTrees  # noqa: E402
 from fedsbdt.common.config import Hyperparameters, builder_defaults  # noqa: E402
 from fedsbdt.common.data import Dataset  # noqa: E402
 from fedsbdt.common.engine import train  # noqa: E402

@@ -1,7 +1,7 @@
 """Issue 21 item 3, "hybrid trees (greedy top levels, random below)": a benchmark-only prototype against ``auto``.
 
 A hybrid tree of depth d picks its top g levels greedily — the exponential mechanism on the exact gains of
-the public candidate grid over every record, as :class:`fedsbdt.common.builders.GreedyTrees` does, ε_sel
+the public candidate grid over every record, as :class:`fedsbdt.common.modes.greedy.builder.GreedyTrees` does, ε_sel
 per level — and takes S-BDT's public random splits (all features) for the levels below; its leaves are
 S-BDT's Gaussian release on a γ-Poisson subsample.  Per tree the privacy event is g bounded-range releases
 (ε_sel) and one Poisson-subsampled Gaussian (σ), composed over T trees with the initial score (RDP):
@@ -26,7 +26,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import auto_grid as ag  # noqa: E402
 
-from fedsbdt.common import builders, engine  # noqa: E402
+from fedsbdt.common import engine  # noqa: E402
+from fedsbdt.common.modes.greedy.builder import GreedyTrees  # noqa: E402
 from fedsbdt.common.accountant import (ExponentialEvent, GaussianEvent, PoissonSampledEvent, compose,  # noqa: E402
                                        default_alpha_max, event_epsilon_rdp, init_score_events)
 from fedsbdt.common.auto import noise_matched_l2, resolve  # noqa: E402
@@ -77,7 +78,7 @@ class HybridTrees:
     eps_sel: float
 
     def __post_init__(self) -> None:
-        self.greedy = builders.GreedyTrees(self.schema, self.hp.replace(tree_builder="greedy", depth=self.g,
+        self.greedy = GreedyTrees(self.schema, self.hp.replace(tree_builder="greedy", depth=self.g,
                                                                        subsample=1.0, cyclical=False), self.eps_sel)
 
     def splits(self, round_id: int, local, randomness):

@@ -26,7 +26,8 @@ import time
 import numpy as np
 from _util import DATASETS, ROOT, fmt_pm, save, summary  # noqa: E402
 
-from fedsbdt.common.config import GREEDY_DEFAULTS, Hyperparameters  # noqa: E402
+from fedsbdt.common.config import Hyperparameters  # noqa: E402
+from fedsbdt.common.modes.greedy import GREEDY_DEFAULTS  # noqa: E402
 from fedsbdt.common.data import load  # noqa: E402
 from fedsbdt.common.engine import train  # noqa: E402
 from fedsbdt.common.metrics import auc  # noqa: E402

@@ -41,7 +41,7 @@ from _util import RESULTS, environment, summary  # noqa: E402  (puts the repo on
 
 import dpboost  # noqa: E402  (benchmarks/dpboost.py)
 import sarus  # noqa: E402  (benchmarks/sarus.py)
-from fedsbdt.common.config import SARUS_DEFAULTS  # noqa: E402
+from fedsbdt.common.modes.sarus import SARUS_DEFAULTS  # noqa: E402
 
 EPSILONS = sarus.EPSILONS
 #: the keys a setting fixes for every mode that takes them (the rest is each mode's own)

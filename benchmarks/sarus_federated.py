@@ -25,7 +25,7 @@ import numpy as np
 from _util import RESULTS, ROOT, data_file, save, summary  # noqa: E402
 from sarus import DELTA, EPSILONS, PAPER, SPLIT_SEED, score  # noqa: E402
 
-from fedsbdt.common.config import SARUS_DEFAULTS  # noqa: E402
+from fedsbdt.common.modes.sarus import SARUS_DEFAULTS  # noqa: E402
 from fedsbdt.common.data import load  # noqa: E402
 from fedsbdt.common.schema import Schema  # noqa: E402
 from greedy_federated import federation  # noqa: E402  (3 site processes + coordinator, as federated greedy)

@@ -27,6 +27,8 @@ from functools import lru_cache
 
 import numpy as np
 
+from fedsbdt.common import modes
+
 #: the largest ε the search of :func:`epsilon_lower_bound` tries (far beyond anything m canaries can show)
 EPSILON_SEARCH_MAX = 1024.0
 #: relative width at which the bisection of :func:`epsilon_lower_bound` stops (it returns the low end)
@@ -37,6 +39,11 @@ SCAN_STEP = 1.0 / 64
 
 class AuditError(ValueError):
     """Invalid audit parameters (one line for the command line)."""
+
+
+def auditable_builders() -> str:
+    """The tree builders the audit trains (``Mode.auditable``: splits that spend no privacy), for a refusal."""
+    return " or ".join(f"{n} trees" for n, m in modes.tree_builders().items() if m.auditable)
 
 
 # --------------------------------------------------------------------------- the bound
@@ -507,8 +514,8 @@ def audit_hyperparameters(hp):
     CSPRNG when none is given); only random trees (S-BDT) are audited."""
     import secrets
 
-    if hp.tree_builder != "random":
-        raise AuditError(f"the audit supports random trees (S-BDT), not tree_builder = {hp.tree_builder!r}")
+    if not modes.training_mode(hp).auditable:
+        raise AuditError(f"the audit supports {auditable_builders()}, not tree_builder = {hp.tree_builder!r}")
     return hp if hp.seed is not None else hp.replace(seed=secrets.randbits(63))
 
 

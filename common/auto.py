@@ -18,6 +18,8 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from fedsbdt.common import modes
+
 from .schema import Schema
 
 #: the share of ε spent on the DP row count when n is not declared public (pure ε-DP, discrete Laplace)
@@ -115,8 +117,8 @@ def auto_settings(inp: AutoInputs) -> AutoChoice:
     s["split_candidates"] = 32
     reasons.append("32 equidistant split candidates: benchmarks/defaults.py found no gain from more (docs/choosing-"
                    "epsilon.md 'Split settings')")
-    s["tree_builder"] = "random"
-    reasons.append("random trees (S-BDT): splits cost no privacy, so all of ε goes to the leaves; greedy trees lost "
+    s["tree_builder"] = modes.DEFAULT
+    reasons.append(f"{modes.DEFAULT} trees (S-BDT): splits cost no privacy, so all of ε goes to the leaves; greedy trees lost "
                    "to them on the suite's budgets (docs/greedy.md)")
     s["init_share"] = 0.1
     reasons.append("10% of ε for the initial score (the paper's share): the prior/mean it releases is a count, "
@@ -182,7 +184,7 @@ def resolve(given: dict[str, Any], schema: Schema, rows: int | None, rows_source
     delta = float(keys.get("delta", Hyperparameters.delta))
     choice = auto_settings(AutoInputs.for_schema(schema, eps, delta, rows or 1, rows_source))
     chosen = {k: v for k, v in choice.settings.items() if k not in keys}
-    if schema.task == "multiclass" or keys.get("tree_builder", "random") != "random":
+    if schema.task == "multiclass" or keys.get("tree_builder", modes.DEFAULT) != modes.DEFAULT:
         chosen.pop("tree_builder", None)
     overridden = sorted(k for k in choice.settings if k in keys)
     reasons = choice.reasons

@@ -20,7 +20,9 @@ from typing import Any
 
 from fedsbdt import __version__
 
-from .config import SAMPLERS, SELECTIONS, TREE_BUILDERS, ConfigError, Hyperparameters, builder_defaults
+from fedsbdt.common import modes
+
+from .config import SAMPLERS, SELECTIONS, ConfigError, Hyperparameters, builder_defaults
 
 EXIT_USAGE = 2
 
@@ -54,9 +56,6 @@ _HELP = {
     "split_candidates": "N equidistant threshold candidates (0 = uniform over the range)",
     "seed": "public seed of the random splits (never used for noise or subsampling) (default: random)",
     "scale_bits": "fixed-point scale 2^k",
-    "tree_builder": "random (S-BDT), greedy (DP-XGB; implies --subsample 1 --split-candidates 32 unless given), "
-                    "dpboost (DPBoost; docs/dpboost.md) or "
-                    "sarus (Sarus DP-XGBoost; implies the paper's settings unless given, docs/sarus.md)",
     "min_child_weight": "sarus: N, the child-weight clamp of gains and leaves (paper: 50)",
     "selection_share": "greedy: share of the trees' budget for node selection (rest: leaf release)",
     "selection": "greedy: exponential (mechanism on exact gains) or histogram (arg max of noisy histograms)",
@@ -80,7 +79,8 @@ def add_hyperparameter_flags(p: argparse.ArgumentParser) -> None:
         elif f.name == "accountant":
             g.add_argument(flag, dest=f.name, choices=["rdp", "pld", "pure"], default=None, help=help_)
         elif f.name == "tree_builder":
-            g.add_argument(flag, dest=f.name, choices=list(TREE_BUILDERS), default=None, help=help_)
+            g.add_argument(flag, dest=f.name, choices=list(modes.tree_builders()), default=None,
+                           help=tree_builder_help(d))
         elif f.name == "selection":
             g.add_argument(flag, dest=f.name, choices=list(SELECTIONS), default=None, help=help_)
         elif f.type in ("int", "int | None"):
@@ -89,11 +89,17 @@ def add_hyperparameter_flags(p: argparse.ArgumentParser) -> None:
             g.add_argument(flag, dest=f.name, type=float, default=None, metavar="X", help=help_)
 
 
+def tree_builder_help(default: str) -> str:
+    """``--tree-builder``'s help: every registered tree builder with its summary (the registry is the source)."""
+    return "; ".join(f"{name}: {m.summary}" + (" (its own defaults for keys not given)" if m.defaults else "")
+                     for name, m in modes.tree_builders().items()) + f" (default: {default})"
+
+
 def add_settings_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--settings", choices=["auto", "paper"], default="auto",
                    help="auto (default): settings that follow ε, the task, the features and n for random trees "
-                        "(docs/auto.md); paper: the S-BDT paper's defaults shown below (also what --tree-builder "
-                        "greedy/dpboost/sarus take). Any hyperparameter flag overrides either")
+                        "(docs/auto.md); paper: the S-BDT paper's defaults shown below (also what any other "
+                        "--tree-builder takes, with its own defaults). Any hyperparameter flag overrides either")
     p.add_argument("--rows", type=int, default=None, metavar="N",
                    help="declare the row count n public for auto (default: a DP count at 2%% of ε)")
 
@@ -209,7 +215,7 @@ def settings_mode(args: argparse.Namespace, given: dict[str, Any]) -> str:
     """``auto`` is fitted for S-BDT's random trees: a run that names another builder (greedy, DPBoost, Sarus)
     takes that builder's own defaults, as with ``--settings paper``."""
     mode = getattr(args, "settings", "paper")
-    return "paper" if given.get("tree_builder", "random") != "random" else mode
+    return "paper" if given.get("tree_builder", modes.DEFAULT) != modes.DEFAULT else mode
 
 
 def auto_hyperparameters(args: argparse.Namespace, schema, n: int, randomness) -> tuple[Hyperparameters, Any, float]:
@@ -464,12 +470,12 @@ def cmd_account(args: argparse.Namespace) -> int:
     plan = _account_plan(args)  # `--plan`: what the federation's parties compute for it (None: flags)
     hp = hyperparameters_from_args(args) if plan is None else plan.hyperparameters
     cal = calibration_for(hp) if plan is None else plan.verify_privacy()  # refuses a σ or ε the plan misstates
-    federated_sarus = hp.tree_builder == "sarus" and plan is not None
+    mode = modes.training_mode(hp)
     res = {"sigma": cal.sigma, "alpha": cal.alpha, "rho": cal.rho, "epsilon": cal.epsilon, "delta": cal.delta,
            "accountant": cal.accountant, "rounds": cal.rounds, "eps_init": cal.eps_init, "eps_ds": cal.eps_ds,
            "tree_builder": hp.tree_builder, "eps_select": cal.eps_select, "sigma_select": cal.sigma_select,
            "sigma_sketch": cal.sigma_sketch}
-    gaussian = hp.tree_builder != "sarus" or federated_sarus  # central Sarus trees: Laplace, no σ_leaf or ρ
+    gaussian = mode.gaussian_leaves(federated=plan is not None)  # Laplace leaves: no σ_leaf or ρ
     human = (f"accountant   {cal.accountant}\n"
              + (f"sigma        {cal.sigma:.6g}   (unweighted leaf noise σ_leaf)\n" if gaussian else "")
              + (f"alpha        {cal.alpha}   (RDP order α̂)\n" if cal.accountant == "rdp" else "")
@@ -477,30 +483,7 @@ def cmd_account(args: argparse.Namespace) -> int:
                 if gaussian and cal.accountant == "rdp" else "")
              + f"epsilon      {cal.epsilon:.6g}   (achieved, target {hp.epsilon:g}; δ = {cal.delta:.3g})\n"
              f"rounds       {cal.rounds} accounted trees, γ = {cal.gamma:g}, {hp.tree_builder} trees")
-    if hp.tree_builder == "greedy" and hp.selection == "exponential":
-        human += (f"\neps_select   {cal.eps_select:.6g}   (exponential mechanism per level, Δ = 3·g*²; "
-                  f"bounded-range RDP, Thm. 1)")
-    elif hp.tree_builder == "greedy":
-        human += f"\nsigma_select {cal.sigma_select:.6g}   (noise of the level histograms, docs/greedy.md)"
-    elif hp.tree_builder == "dpboost" and plan is not None:  # federated: Gaussian levels and leaves
-        from fedsbdt.common.modes.dpboost.rounds import account_lines as fed_lines, receipt as fed_receipt
-
-        res.update(fed_receipt(cal))
-        human = fed_lines(cal, hp.epsilon)
-    elif hp.tree_builder == "dpboost":
-        from fedsbdt.common.modes.dpboost.mechanism import account_lines, receipt
-
-        res.update(receipt(cal))
-        human = account_lines(cal, hp.epsilon)
-    elif federated_sarus:
-        human += (f"\nsigma_select {cal.sigma_select:.6g}   (level histograms)\nsigma_sketch {cal.sigma_sketch:.6g}   "
-                  "(sketch histograms; federated Sarus trees, docs/sarus.md \"Federation\")")
-    elif hp.tree_builder == "sarus":
-        res.update(eps_sketch=cal.eps_sketch, eps_leaf=cal.eps_leaf, eps_paper=cal.eps_paper, eps_rdp=cal.eps_rdp)
-        human += (f"\nper tree     ε_sketch {cal.eps_sketch:.6g}, ε per level {cal.eps_select:.6g} (exponential) "
-                  f"+ {cal.eps_select:.6g} (node counts), ε_leaf {cal.eps_leaf:.6g}   (docs/sarus.md)"
-                  f"\npaper claims ε = {cal.eps_paper:.6g} (pure DP: subsampling amplification, basic composition)"
-                  f"\nour ledger   ε = {cal.eps_rdp:.6g} at δ = {hp.delta:.3g} (RDP)")
+    human = mode.account(hp, cal, plan is not None, res, human)
     emit(args, res, human)
     return 0
 

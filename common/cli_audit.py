@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import argparse
 
+from fedsbdt.common import modes
+
+from .audit import auditable_builders
 from .cli import CliError, Progress, _load_data, add_hyperparameter_flags, emit, given_hyperparameters
 
 #: what the audit takes for split settings it is not given: splits are public and data-independent, they never
@@ -26,8 +29,8 @@ def audit_hyperparameters_from_args(args: argparse.Namespace):
     from .config import Hyperparameters, builder_defaults
 
     given = given_hyperparameters(args)
-    if given.get("tree_builder", "random") != "random":
-        raise CliError(f"the audit supports random trees (S-BDT), not --tree-builder {given['tree_builder']}")
+    if not modes.tree_builder(given.get("tree_builder", modes.DEFAULT)).auditable:
+        raise CliError(f"the audit supports {auditable_builders()}, not --tree-builder {given['tree_builder']}")
     return Hyperparameters().replace(**builder_defaults({**AUDIT_SPLIT_DEFAULTS, **given}))
 
 

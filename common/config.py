@@ -11,26 +11,12 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from fedsbdt.common import modes
+
 TASKS = ("regression", "binary", "multiclass")
 #: Exact DP-noise samplers (common/randomness.py): our own (default) or OpenDP's.
 SAMPLERS = ("ours", "opendp")
-TREE_BUILDERS = ("random", "greedy", "dpboost", "sarus")  # S-BDT; DP-XGB greedy trees (docs/greedy.md);
-# DPBoost (docs/dpboost.md); Sarus DP-XGBoost (docs/sarus.md)
 SELECTIONS = ("exponential", "histogram")  # how greedy trees choose splits (docs/greedy.md)
-#: what a greedy run takes for keys it is not given (:func:`builder_defaults`): every record in every
-#: tree (the paper's DP-XGB does not subsample), a public grid of 32 candidate thresholds per feature, and
-#: every feature at every node (greedy trees are chosen for interactions, which cyclical trees miss;
-#: ``cyclical = true`` gives the paper's XGB_cyc)
-GREEDY_DEFAULTS = {"subsample": 1.0, "split_candidates": 32, "cyclical": False}
-#: what a DPBoost run takes for keys it is not given (docs/dpboost.md): the paper's g*_l = 1 (GDF threshold),
-#: λ = 0.1 and half of each tree's budget for the splits, no initial score (the paper starts at 0); every
-#: record in every ensemble (no subsampling) on the greedy builder's public grid
-DPBOOST_DEFAULTS = {**GREEDY_DEFAULTS, "grad_clip": 1.0, "l2": 0.1, "selection_share": 0.5, "init_share": 0.0}
-#: what a Sarus run takes for keys it is not given: the paper's §5 settings (20 trees, λ = 0.1, η = 0.3,
-#: subsample 0.1, min_child_weight 50, g* = 1), XGBoost's depth 6, 32 sketch candidates, every feature per node
-SARUS_DEFAULTS = {"trees": 20, "l2": 0.1, "learning_rate": 0.3, "subsample": 0.1, "min_child_weight": 50,
-                  "grad_clip": 1.0, "depth": 6, "split_candidates": 32, "cyclical": False}
-BUILDER_DEFAULTS = {"greedy": GREEDY_DEFAULTS, "dpboost": DPBOOST_DEFAULTS, "sarus": SARUS_DEFAULTS}
 MAX_DEPTH = 12  # 2·2^12 fixed-point values per round: well inside the gRPC message limit
 
 
@@ -64,7 +50,7 @@ class Hyperparameters:
     split_candidates: int = 32  # N equidistant thresholds; 0 = thresholds uniform over the public range
     seed: int | None = None  # public randomness (splits only)
     scale_bits: int = 20  # fixed-point scale 2^scale_bits
-    tree_builder: str = "random"  # "random" (S-BDT) or "greedy" (DP-XGB: exponential mechanism per level)
+    tree_builder: str = modes.DEFAULT  # a registered tree builder (common/modes/, docs/plugins.md)
     selection_share: float = 0.7  # greedy: share of the trees' zCDP budget for node selection (rest: leaves)
     selection: str = "exponential"  # greedy: exponential mechanism, or arg max of noisy level histograms
     sketch_share: float = 0.0  # greedy: share for the adaptive Hessian sketch (0 = the uniform grid; paper 0.1)
@@ -72,9 +58,32 @@ class Hyperparameters:
     min_child_weight: int = 0  # sarus: N, the child weight clamp of gains and leaves (docs/sarus.md)
 
     def __post_init__(self) -> None:
+        """The checks every tree builder shares, then the mode's own (``Mode.check_hyperparameters`` of the
+        registered mode ``tree_builder`` names; an unknown name is refused listing the registered ones)."""
         def bad(name: str, why: str) -> ConfigError:
             return ConfigError(f"{name} = {getattr(self, name)!r}: {why}")
 
+        self._check_types(bad)
+        try:
+            mode = modes.tree_builder(self.tree_builder)
+        except modes.UnknownMode as e:
+            raise ConfigError(f"tree_builder = {self.tree_builder!r}: {e}") from None
+        if not isinstance(self.selection, str) or self.selection not in SELECTIONS:
+            raise bad("selection", "must be 'exponential' or 'histogram'")
+        self._check_ranges(bad)
+        if self.init_share > 0 and self.init_share * self.epsilon + self.eps_ds >= self.epsilon:
+            raise ConfigError(
+                f"the initial score would use ε_init + ε_ds = {self.init_share * self.epsilon + self.eps_ds:g} "
+                f"of the total ε = {self.epsilon:g}, leaving nothing for the trees; lower init_share or eps_ds"
+            )
+        accountants = sorted({a for m in modes.tree_builders().values() for a in m.accountants})
+        if self.accountant not in accountants:
+            raise bad("accountant", f"must be one of {', '.join(map(repr, accountants))}")
+        if self.accountant == "pld" and self.filter:
+            raise ConfigError("the individual Rényi filter needs the RDP accountant (accountant = 'rdp')")
+        mode.check_hyperparameters(self, bad)
+
+    def _check_types(self, bad) -> None:
         for name in ("epsilon", "delta", "subsample", "learning_rate", "l2", "leaf_clip", "grad_clip",
                      "label_clip", "r1", "init_share", "eps_ds", "selection_share", "sketch_share"):
             v = getattr(self, name)
@@ -92,16 +101,10 @@ class Hyperparameters:
                 raise bad(name, "must be true or false")
         if not isinstance(self.accountant, str):
             raise bad("accountant", "must be 'rdp' or 'pld'")
-        if not isinstance(self.tree_builder, str) or self.tree_builder not in TREE_BUILDERS:
-            raise bad("tree_builder", "must be 'random', 'greedy', 'dpboost' or 'sarus'")
-        if not isinstance(self.selection, str) or self.selection not in SELECTIONS:
-            raise bad("selection", "must be 'exponential' or 'histogram'")
-        if self.tree_builder == "random" and self.sketch_share != 0:
-            raise bad("sketch_share", "the adaptive Hessian sketch is for greedy trees "
-                      "(set tree_builder = 'greedy')")
-        if self.tree_builder == "random" and self.selection != "exponential":
-            raise bad("selection", "chooses how greedy trees select splits; random trees have no selection "
-                      "(set tree_builder = 'greedy')")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0):
+            raise bad("seed", "must be a non-negative integer")
+
+    def _check_ranges(self, bad) -> None:
         if not self.epsilon > 0:
             raise bad("epsilon", "must be > 0")
         if not 0 < self.delta < 1:
@@ -127,81 +130,10 @@ class Hyperparameters:
             raise bad("init_share", "ε_init/ε must be in [0, 1)")
         if not self.eps_ds > 0:
             raise bad("eps_ds", "must be > 0")
-        if self.init_share > 0 and self.init_share * self.epsilon + self.eps_ds >= self.epsilon:
-            raise ConfigError(
-                f"the initial score would use ε_init + ε_ds = {self.init_share * self.epsilon + self.eps_ds:g} "
-                f"of the total ε = {self.epsilon:g}, leaving nothing for the trees; lower init_share or eps_ds"
-            )
-        if self.accountant not in ("rdp", "pld", "pure"):
-            raise bad("accountant", "must be 'rdp' or 'pld' (or 'pure' with tree_builder = 'sarus')")
-        if self.tree_builder != "sarus" and self.min_child_weight != 0:
-            raise bad("min_child_weight", "is for Sarus trees (set tree_builder = 'sarus')")
-        if self.tree_builder == "sarus":
-            self._check_sarus(bad)
-        elif self.accountant == "pure":
-            raise bad("accountant", "'pure' (the paper's pure-DP composition) is for tree_builder = 'sarus'")
-        if self.accountant == "pld" and self.filter:
-            raise ConfigError("the individual Rényi filter needs the RDP accountant (accountant = 'rdp')")
         if self.split_candidates < 0:
             raise bad("split_candidates", "must be ≥ 0")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0):
-            raise bad("seed", "must be a non-negative integer")
         if not 8 <= self.scale_bits <= 30:
             raise bad("scale_bits", "must be in 8..30")
-        if self.tree_builder != "dpboost" and self.ensemble_trees != 0:
-            raise bad("ensemble_trees", "the ensemble of ensembles is DPBoost's (set tree_builder = 'dpboost')")
-        if self.tree_builder in ("greedy", "dpboost"):
-            self._check_greedy(bad)
-        if self.tree_builder == "dpboost":
-            self._check_dpboost(bad)
-
-    def _check_dpboost(self, bad) -> None:
-        """What DPBoost mode (docs/dpboost.md) needs on top of the greedy checks."""
-        if self.selection != "exponential" or self.sketch_share != 0:
-            raise ConfigError("DPBoost selects splits with the exponential mechanism on the public grid "
-                              "(selection = 'exponential', sketch_share = 0)")
-        if self.ensemble_trees < 0:
-            raise bad("ensemble_trees", "must be ≥ 0 (0 = all trees in one ensemble)")
-        if self.learning_rate > 1:
-            raise bad("learning_rate", "DPBoost's geometric leaf clipping (1−η)^(t−1) needs η ≤ 1")
-
-    def _check_sarus(self, bad) -> None:
-        """What the Sarus builder (docs/sarus.md) needs on top of the common checks."""
-        if self.filter:
-            raise ConfigError("the individual Rényi filter does not apply to Sarus trees (pure-DP releases); "
-                              "drop the filter")
-        if self.accountant not in ("rdp", "pure"):
-            raise bad("accountant", "Sarus trees are accounted by 'rdp' (our RDP ledger) or 'pure' (the paper's "
-                      "pure-DP composition)")
-        if self.sketch_share != 0 or self.selection != "exponential":
-            raise ConfigError("sketch_share and selection are greedy-tree settings; Sarus trees split their "
-                              "budget as the paper does (docs/sarus.md)")
-        if not 1 <= self.split_candidates <= 63:
-            raise bad("split_candidates", "Sarus trees sketch 1..63 candidates per feature from a fine grid of "
-                      "4× as many equal-width bins (e.g. 32)")
-        if self.min_child_weight < 0:
-            raise bad("min_child_weight", "must be ≥ 0")
-        if self.min_child_weight + self.l2 <= 0:
-            raise bad("min_child_weight", "with l2 = 0 it must be ≥ 1 (else a leaf's sensitivity is unbounded)")
-
-    def _check_greedy(self, bad) -> None:
-        """What the greedy builder (docs/greedy.md) needs on top of the common checks."""
-        if self.filter:
-            raise ConfigError("the individual Rényi filter does not apply to greedy trees (the exponential "
-                              "mechanism's cost does not depend on a record's gradient); use tree_builder = "
-                              "'random' with the filter, or drop the filter")
-        if self.subsample != 1.0:
-            raise bad("subsample", "greedy trees use every record in every tree (paper Alg. 1): set subsample = 1")
-        if not 1 <= self.split_candidates <= 255:
-            raise bad("split_candidates", "greedy trees choose among a public grid of 1..255 candidates per "
-                      "feature (e.g. 32)")
-        if not 0 < self.selection_share < 1:
-            raise bad("selection_share", "the node-selection share of the budget must be in (0, 1)")
-        if not 0 <= self.sketch_share < 1 or not self.selection_share + self.sketch_share < 1:
-            raise bad("sketch_share", "must be in [0, 1) with selection_share + sketch_share < 1 (the rest is "
-                      "for the leaves; paper: 0.1 with selection_share 0.6)")
-        if self.sketch_share > 0 and self.selection != "exponential":
-            raise bad("sketch_share", "the adaptive Hessian sketch works with selection = 'exponential'")
 
     # ------------------------------------------------------------------ derived
 
@@ -253,9 +185,11 @@ class Hyperparameters:
 
 
 def builder_defaults(given: dict[str, Any]) -> dict[str, Any]:
-    """``given`` (plan keys or CLI flags that were set) plus the builder's defaults for keys not given."""
-    defaults = BUILDER_DEFAULTS.get(given.get("tree_builder"))
-    if defaults is None:
+    """``given`` (plan keys or CLI flags that were set) plus the tree builder's defaults for keys not given
+    (``Mode.defaults`` of the registered mode; an unknown name is left to :class:`Hyperparameters` to refuse)."""
+    try:
+        defaults = modes.tree_builder(given.get("tree_builder", modes.DEFAULT)).defaults
+    except modes.UnknownMode:
         return dict(given)
     return {**{k: v for k, v in defaults.items() if k not in given}, **given}
 

@@ -13,10 +13,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .accountant import PrivacyCalibration, calibrate, calibrate_greedy
+from fedsbdt.common import modes
+
+from .accountant import PrivacyCalibration
 from .boosting import (Encoding, LocalData, init_noise_scales, init_score, leaf_noise_scales, leaf_values,
                        split_edges)
-from .builders import tree_builder_for
+from .builders import TreeBuilder
 from .config import Hyperparameters
 from .data import Dataset
 from .fixedpoint import check_capacity
@@ -25,28 +27,20 @@ from .multiclass import check_supported, receipt_sensitivity
 from .multiclass_boosting import local_data_for
 from .rdp_filter import FilterTable, filter_table
 from .randomness import SecureRandomness, prefetched_gaussian
+from .schema import Schema
 
 Progress = Callable[[int, int], None]
 
 
 def calibration_for(hp: Hyperparameters) -> PrivacyCalibration:
-    """Alg. 6 for these hyperparameters (cached); greedy trees: :func:`~fedsbdt.common.accountant.calibrate_greedy`."""
-    if hp.tree_builder == "dpboost":
-        from fedsbdt.common.modes.dpboost.mechanism import calibrate_dpboost
+    """The noise of every release for these hyperparameters: the tree builder's calibration
+    (``Mode.calibrate``; random trees: Alg. 6, :func:`~fedsbdt.common.accountant.calibrate`; cached)."""
+    return modes.training_mode(hp).calibrate(hp)
 
-        return calibrate_dpboost(hp.epsilon, hp.delta, hp.accounted_rounds, hp.ensemble_trees, hp.depth,
-                                 hp.selection_share, hp.init_share, hp.eps_ds, hp.accountant)
-    if hp.tree_builder == "sarus":
-        from fedsbdt.common.modes.sarus.mechanism import calibrate_sarus
 
-        return calibrate_sarus(hp.epsilon, hp.delta, hp.accounted_rounds, hp.depth, hp.subsample, hp.init_share,
-                               hp.eps_ds, hp.accountant)
-    if hp.tree_builder == "greedy":
-        return calibrate_greedy(hp.epsilon, hp.delta, hp.accounted_rounds, hp.depth, hp.selection_share,
-                                hp.init_share, hp.eps_ds, hp.accountant, selection=hp.selection,
-                                sketch_share=hp.sketch_share)
-    return calibrate(hp.epsilon, hp.delta, hp.subsample, hp.accounted_rounds, hp.init_share, hp.eps_ds,
-                     hp.accountant)
+def tree_builder_for(hp: Hyperparameters, schema: Schema, cal: PrivacyCalibration) -> TreeBuilder:
+    """The central builder of the mode ``hp.tree_builder`` names (``Mode.central_builder``), calibrated by ``cal``."""
+    return modes.training_mode(hp).central_builder(schema, hp, cal)
 
 
 def filter_for(hp: Hyperparameters, cal: PrivacyCalibration) -> FilterTable | None:
@@ -79,8 +73,7 @@ def privacy_receipt(hp: Hyperparameters, cal: PrivacyCalibration, rounds_complet
         "selection": hp.selection,
         "sigma_select": cal.sigma_select,
         "sigma_sketch": cal.sigma_sketch,
-        **({"min_child_weight": hp.min_child_weight, "eps_sketch": cal.eps_sketch, "eps_leaf": cal.eps_leaf,
-            "eps_paper": cal.eps_paper, "eps_rdp": cal.eps_rdp} if hp.tree_builder == "sarus" else {}),
+        **modes.training_mode(hp).receipt_fields(hp, cal),
         "noise_mode": noise_mode,
         "randomness": randomness,
         "parties": list(parties or []),
@@ -147,8 +140,5 @@ def train(dataset: Dataset, hp: Hyperparameters, randomness=None, progress: Prog
     model.privacy = privacy_receipt(hp, cal, total, "central", randomness.describe())
     if enc.classes > 1:
         model.privacy.update(receipt_sensitivity(hp, enc))
-    if hp.tree_builder == "dpboost":
-        from fedsbdt.common.modes.dpboost.mechanism import receipt
-
-        model.privacy.update(receipt(cal))
+    model.privacy.update(modes.training_mode(hp).release_receipt(cal, federated=False))
     return TrainResult(model, local, time.perf_counter() - t0)

@@ -55,7 +55,9 @@ from sklearn.utils.multiclass import type_of_target
 from sklearn.utils.validation import check_array, check_consistent_length, check_is_fitted, column_or_1d, \
     validate_data
 
-from .config import BUILDER_DEFAULTS, Hyperparameters, hyperparameter_names
+from fedsbdt.common import modes
+
+from .config import Hyperparameters, builder_defaults, hyperparameter_names
 from .schema import Feature, FileFormat, Schema
 
 
@@ -327,12 +329,10 @@ class _SBDTBase(BaseEstimator):
                 kw[name] = float(v)
             if isinstance(v, np.bool_):
                 kw[name] = bool(v)
-        if kw["tree_builder"] in BUILDER_DEFAULTS:  # parameters left at the random trees' defaults take the builder's
-            defaults = Hyperparameters()
-            for name, v in BUILDER_DEFAULTS[kw["tree_builder"]].items():
-                if kw[name] == getattr(defaults, name):
-                    kw[name] = v
-        return Hyperparameters(**kw)
+        # parameters left at their defaults take the tree builder's (``Mode.defaults``; config.builder_defaults)
+        defaults = Hyperparameters()
+        return Hyperparameters(**builder_defaults({k: v for k, v in kw.items() if v != getattr(defaults, k)
+                                                   or k == "tree_builder"}))
 
     def _layout(self, X: Any, m: int) -> _Layout:
         if self.schema is not None:
@@ -458,7 +458,7 @@ class SBDTRegressor(RegressorMixin, _SBDTBase):
     def __init__(self, *, epsilon=1.0, delta=5e-8, trees=100, extra_trees=0, depth=3, subsample=0.1,
                  learning_rate=0.1, l2=1.0, leaf_clip=2.0, grad_clip=0.5, hess_clip=None, label_clip=1.0, r1=0.2,
                  init_share=0.1, eps_ds=0.005, accountant="rdp", filter=False, cyclical=True, split_candidates=32,
-                 seed=None, scale_bits=20, tree_builder="random", selection_share=0.7,
+                 seed=None, scale_bits=20, tree_builder=modes.DEFAULT, selection_share=0.7,
                  selection="exponential", sketch_share=0.0, ensemble_trees=0, min_child_weight=0, schema=None,
                  feature_ranges=None, categorical=None,
                  label_range=None,
@@ -538,7 +538,7 @@ class SBDTClassifier(ClassifierMixin, _SBDTBase):
     def __init__(self, *, epsilon=1.0, delta=5e-8, trees=100, extra_trees=0, depth=3, subsample=0.1,
                  learning_rate=0.1, l2=1.0, leaf_clip=2.0, grad_clip=0.5, hess_clip=None, label_clip=1.0, r1=0.2,
                  init_share=0.1, eps_ds=0.005, accountant="rdp", filter=False, cyclical=True, split_candidates=32,
-                 seed=None, scale_bits=20, tree_builder="random", selection_share=0.7,
+                 seed=None, scale_bits=20, tree_builder=modes.DEFAULT, selection_share=0.7,
                  selection="exponential", sketch_share=0.0, ensemble_trees=0, min_child_weight=0, schema=None,
                  feature_ranges=None, categorical=None,
                  classes=None,

@@ -49,6 +49,8 @@ from pathlib import Path
 
 import numpy as np
 
+from fedsbdt.common import modes
+
 from .accountant import (ComposedEvent, ExponentialEvent, GaussianEvent, LaplaceEvent, ParallelEvent,
                          PoissonSampledEvent, alpha_grid, compose, default_alpha_max, event_epsilon_rdp, event_rdp,
                          init_score_events, rdp_to_dp)
@@ -245,7 +247,7 @@ def central_event(hp, cal, eps_rows: float = 0.0):
     initial score's two discrete-Laplace releases, the DP row count of auto settings), checked to give the
     receipt's ε; otherwise its (ε, δ) alone (``approx``)."""
     whole = {"type": "approx", "epsilon": float(cal.epsilon + eps_rows), "delta": float(cal.delta)}
-    if getattr(hp, "tree_builder", None) != "random" or cal.accountant != "rdp" or cal.sigma <= 0:
+    if not modes.training_mode(hp).uniform_tree_rounds or cal.accountant != "rdp" or cal.sigma <= 0:
         return whole
     trees = compose(PoissonSampledEvent(cal.gamma, GaussianEvent(cal.sigma / math.sqrt(2.0))), count=cal.rounds)
     core = compose(trees, init_score_events(cal.eps_init, cal.eps_ds))

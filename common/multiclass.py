@@ -53,6 +53,8 @@ import math
 
 import numpy as np
 
+from fedsbdt.common import modes
+
 from .accountant import GaussianEvent, PoissonSampledEvent, PrivacyCalibration
 from .config import ConfigError, Hyperparameters
 from .schema import Schema
@@ -65,10 +67,11 @@ PRIOR_CLIP = 1e-3
 
 def check_supported(hp: Hyperparameters) -> None:
     """Refuse what multi-class training does not do (one clear line each)."""
-    if hp.tree_builder != "random":
-        raise ConfigError(f"tree_builder = {hp.tree_builder!r} does not support task = 'multiclass' (the greedy "
-                          "gain and its exponential-mechanism sensitivity are per single tree); use "
-                          "tree_builder = 'random'")
+    if not modes.training_mode(hp).multiclass:
+        supported = [name for name, m in modes.tree_builders().items() if m.multiclass]
+        raise ConfigError(f"tree_builder = {hp.tree_builder!r} does not support task = 'multiclass' (its splits "
+                          f"and their sensitivity are per single tree); use tree_builder = "
+                          f"{' or '.join(map(repr, supported))}")
     if hp.filter:
         raise ConfigError("the individual Rényi filter does not support task = 'multiclass' yet (a record's cost "
                           "would depend on its whole K-vector of gradients); drop --filter")

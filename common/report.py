@@ -26,6 +26,8 @@ import numpy as np
 
 from fedsbdt import __version__
 
+from fedsbdt.common import modes
+
 from . import svgplot
 from .files import write_atomic
 from .model import Ensemble
@@ -168,34 +170,18 @@ def one_in(delta: float) -> str:
 
 
 def epsilon_curve(privacy: dict[str, Any], points: int = 40, depth: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """ε after r accounted trees (RDP accountant at the model's σ), for a grid of r up to the total.
+    """ε after r accounted trees for a grid of r up to the total, by the receipt's tree builder
+    (``Mode.epsilon_curve``: random trees' subsampled-RDP accountant at the model's σ; greedy trees' ``depth``
+    levels charged by the same event ledger as in training; Sarus trees by the model's own accountant)."""
+    return _mode(privacy).epsilon_curve(privacy, points, depth)
 
-    Greedy trees (``depth`` levels of exponential mechanism each) are charged by the same event ledger as
-    in training (:func:`fedsbdt.common.accountant.greedy_training_event`)."""
-    from .accountant import epsilon_rdp, event_epsilon_rdp, greedy_training_event
 
-    if privacy.get("tree_builder") == "sarus":
-        from fedsbdt.common.modes.sarus.mechanism import epsilon_curve as sarus_curve
-
-        return sarus_curve(privacy, points, depth)
-    T = int(privacy.get("rounds_accounted", 0) or 0)
-    sigma = float(privacy.get("sigma", 0) or 0)
-    if T < 1 or not sigma > 0:
-        return np.zeros(0), np.zeros(0)
-    rs = np.unique(np.linspace(1, T, min(points, T)).round().astype(int))
-    delta = float(privacy["delta"])
-    e_init, e_ds = float(privacy.get("eps_init", 0.0)), float(privacy.get("eps_ds", 0.0))
-    if privacy.get("tree_builder") == "greedy":
-        if depth < 1:
-            return np.zeros(0), np.zeros(0)
-        selection = str(privacy.get("selection", "exponential"))
-        select = float(privacy["eps_select"] if selection == "exponential" else privacy["sigma_select"])
-        sk = float(privacy.get("sigma_sketch", 0.0) or 0.0)
-        eps = [event_epsilon_rdp(greedy_training_event(select, sigma, depth, int(r), e_init, e_ds, selection, sk),
-                                 delta)[0] for r in rs]
-    else:
-        eps = [epsilon_rdp(sigma, float(privacy["subsample"]), int(r), delta, e_init, e_ds)[0] for r in rs]
-    return rs, np.asarray(eps)
+def _mode(privacy: dict[str, Any]):
+    """The registered mode of a receipt's ``tree_builder`` (a model of an unregistered mode is refused)."""
+    try:
+        return modes.tree_builder(privacy.get("tree_builder", modes.DEFAULT))
+    except modes.UnknownMode as e:
+        raise ReportError(f"the model's {e}") from None
 
 
 def round_groups(rounds: list[dict[str, Any]]) -> list[tuple[int, int, list[str]]]:
@@ -327,6 +313,7 @@ a {_e("regression" if task == "regression" else "classification")} model is mean
 
 
 def _accountant(p: dict[str, Any], curve: str | None) -> str:
+    mode = _mode(p)
     rows = [
         ("guarantee", p.get("guarantee", ""), "the statement released with the model"),
         ("ε (achieved)", p.get("epsilon"), "total privacy loss of the released model"),
@@ -343,18 +330,8 @@ def _accountant(p: dict[str, Any], curve: str | None) -> str:
         ("ε_init", p.get("eps_init"), "budget of the initial score (label mean)"),
         ("ε_ds", p.get("eps_ds"), "budget of the record count used by the initial score"),
         ("individual filter", p.get("filter"), "records stop taking part once their own budget is used"),
-        ("tree builder", p.get("tree_builder", "random"), "random: public random splits (S-BDT); greedy: "
-         "splits chosen by the exponential mechanism (DP-XGB)"),
-        *([("ε_select", p.get("eps_select"), "exponential mechanism per tree level (bounded-range RDP, Thm. 1 "
-            "of 'Revisiting DP-XGBoost')")] if p.get("tree_builder") == "greedy"
-          and p.get("selection", "exponential") == "exponential" else []),
-        *([("ε per Sarus tree", f"sketch {p.get('eps_sketch', 0):.4g}, per level {p.get('eps_select', 0):.4g} + "
-            f"{p.get('eps_select', 0):.4g}, leaves {p.get('eps_leaf', 0):.4g}", "Laplace Hessian sketch, noisy node "
-            "counts + exponential mechanism per level, Laplace leaves (docs/sarus.md)"),
-           ("ε the paper claims", p.get("eps_paper"), "Sarus' own accounting: subsampling amplification, basic "
-            "composition (pure DP)"),
-           ("ε by our ledger", p.get("eps_rdp"), f"RDP ledger at δ = {p.get('delta') or 'the plan δ'}")]
-          if p.get("tree_builder") == "sarus" else []),
+        ("tree builder", mode.name, mode.summary),
+        *mode.report_rows(p),
         *([("σ_select", p.get("sigma_select"), "noise of the level histograms the splits were chosen from "
             "(a Gaussian release per tree level)")] if p.get("selection") == "histogram" else []),
         *([("classes K", p.get("classes"), "multiclass: K class trees per round, released together"),
@@ -362,10 +339,6 @@ def _accountant(p: dict[str, Any], curve: str | None) -> str:
                **p["joint_sensitivity"]), "one record's largest change across the K trees of a round; the "
             "noise is scaled to it and a round is charged as one Gaussian release")]
           if "joint_sensitivity" in p else []),
-        *([("DPBoost ε: paper / ours", f"{p['dpboost'].get('epsilon_paper', 0):.4g} (pure) / "
-            f"{p['dpboost'].get('epsilon_ledger', 0):.4g} (δ above)", "what the paper's composition (Thm. 7, 8: "
-            "N_e·ε_t) claims for these trees, and our RDP ledger (docs/dpboost.md)")]
-          if isinstance(p.get("dpboost"), dict) else []),
         ("noise mode", p.get("noise_mode"), "central: one party added all noise; distributed: each site a share"),
         ("randomness", p.get("randomness"), "source of noise and subsampling"),
     ]
@@ -557,7 +530,7 @@ MAX_DRAWN_DEPTH = 4
 
 def draws_trees(model: Ensemble) -> bool:
     """Does the report draw the trees?  Greedy models of at most 50 trees of depth ≤ 4."""
-    return (model.hyperparameters.tree_builder == "greedy" and 0 < len(model.trees) <= MAX_DRAWN_TREES
+    return (modes.training_mode(model.hyperparameters).drawn_trees and 0 < len(model.trees) <= MAX_DRAWN_TREES
             and model.depth <= MAX_DRAWN_DEPTH)
 
 
@@ -693,16 +666,7 @@ def build_report(model: Ensemble, ledger: LedgerSummary | None = None, model_nam
     sections.append(_section("schema", "Public schema", _schema(model)))
     sections.append(_section("about", "About this report", (
         "<p class=\"muted\">Generated by fedsbdt from the model file and its privacy receipt. It contains no "
-        "patient records. " + (
-        "The algorithm is DP-XGB (Revisiting DP-XGBoost, greedy trees): splits chosen by the exponential "
-        "mechanism over the gain, S-BDT's Gaussian leaf release, a Rényi-DP accountant with the bounded-range "
-        "bound.</p>" if model.hyperparameters.tree_builder == "greedy" else
-        "The algorithm is Sarus DP-XGBoost (Grislain & Gonzalvez) with both flaws of its original fixed: a "
-        "Laplace Hessian sketch, noisy node counts and the exponential mechanism over every split candidate, "
-        "Laplace leaves; pure-DP releases composed in a Rényi-DP ledger.</p>"
-        if model.hyperparameters.tree_builder == "sarus" else
-        "The algorithm is S-BDT (Peinemann, Kirschte et al.): random public splits, Poisson "
-        "subsampling, leaf-balanced Gaussian noise and a subsampled-RDP accountant.</p>"))))
+        "patient records. " + _e(modes.training_mode(model.hyperparameters).algorithm) + "</p>")))
     title = f"Privacy report — {model.schema.name}"
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>"

@@ -18,11 +18,11 @@ from fedsbdt.common.modes.dpboost import mechanism as dpboost
 from fedsbdt.common.accountant import (ComposedEvent, default_alpha_max, ExponentialEvent, LaplaceEvent, ParallelEvent, event_epsilon_rdp,
                                event_pld, event_rdp)
 from fedsbdt.common.boosting import LocalData, split_edges
-from fedsbdt.common.builders import score_sensitivity, tree_builder_for
+from fedsbdt.common.builders import score_sensitivity
 from fedsbdt.common.cli import main
 from fedsbdt.common.config import ConfigError, Hyperparameters
 from fedsbdt.common.modes.dpboost.builder import DPBoostTrees, negative_gradient
-from fedsbdt.common.engine import calibration_for, train
+from fedsbdt.common.engine import calibration_for, train, tree_builder_for
 from fedsbdt.common.model import Ensemble
 from fedsbdt.common.splits import random_splits
 from conftest import EXAMPLES, insecure

@@ -16,7 +16,8 @@ from fedsbdt.common.accountant import (AccountingError, ComposedEvent, Exponenti
                                PoissonSampledEvent, alpha_grid, bounded_range_rdp, calibrate_greedy, compose,
                                epsilon_pld, event_epsilon_rdp, event_pld, event_rdp, exponential_zcdp_rdp,
                                greedy_budget, greedy_training_event, pure_dp_rdp, rdp_to_dp, total_rdp)
-from fedsbdt.common.builders import Candidates, GreedyTrees, gains, score_sensitivity
+from fedsbdt.common.builders import Candidates, gains, score_sensitivity
+from fedsbdt.common.modes.greedy.builder import GreedyTrees
 from fedsbdt.common.boosting import LocalData
 from fedsbdt.common.cli import main
 from fedsbdt.common.config import ConfigError, Hyperparameters

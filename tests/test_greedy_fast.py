@@ -7,7 +7,8 @@ import pytest
 
 from fedsbdt.common import builders, kernels
 from fedsbdt.common.boosting import TASK_CODE, LocalData
-from fedsbdt.common.builders import GreedyTrees, float_scores, histogram_scores, missing_sums
+from fedsbdt.common.builders import float_scores, histogram_scores, missing_sums
+from fedsbdt.common.modes.greedy.builder import GreedyTrees
 from fedsbdt.common.config import Hyperparameters
 from fedsbdt.common.modes.greedy.levels import child_level_sums, left_counts, level_layout, level_sums, root_level_sums
 from fedsbdt.common.schema import Schema

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from fedsbdt.common import modes
 from fedsbdt.common.engine import privacy_receipt
 from fedsbdt.common.model import Ensemble, Tree
 from fedsbdt.common.multiclass import receipt_sensitivity
@@ -55,10 +56,7 @@ def build_model(plan: Plan, init: InitScoreMsg | None, trees: Sequence[TreeMsg])
                                     parties(init, trees))
     if plan.encoding.classes > 1:
         model.privacy.update(receipt_sensitivity(plan.hyperparameters, plan.encoding))
-    if plan.hyperparameters.tree_builder == "dpboost":  # Gaussian levels and leaves (docs/dpboost.md "Federation")
-        from fedsbdt.common.modes.dpboost.rounds import receipt
-
-        model.privacy.update(receipt(cal))
+    model.privacy.update(modes.training_mode(plan.hyperparameters).release_receipt(cal, federated=True))
     model.training = training_record(plan, init, trees)
     if plan.eval_spec is not None:  # declared in the plan: every party adds the same entry
         model.privacy["evaluation"] = evaluation_declaration(plan)
@@ -66,13 +64,14 @@ def build_model(plan: Plan, init: InitScoreMsg | None, trees: Sequence[TreeMsg])
 
 
 def _default_left(plan: Plan, index: int):
-    """Random trees: the public default directions of tree ``index`` (a function of the plan's seed, so no
-    message carries them).  Greedy trees select with noisy level histograms in a federation, which count
-    missing values on the right: all False.  None without missing values."""
+    """Public random splits (random trees): the public default directions of tree ``index`` (a function of the
+    plan's seed, so no message carries them).  Chosen splits (greedy trees) are selected with noisy level
+    histograms in a federation, which count missing values on the right: all False.  None without missing
+    values."""
     hp = plan.hyperparameters
     if not plan.schema.allows_missing:
         return None
-    if hp.tree_builder != "random":
+    if not modes.training_mode(hp).public_splits:
         return np.zeros(2**hp.depth - 1, bool)
     return missing_directions(plan.schema, hp.seed, index, 2**hp.depth - 1)
 def evaluation_declaration(plan: Plan) -> dict:

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fedsbdt.common import modes
 from fedsbdt.common.accountant import compose, default_alpha_max, event_epsilon_rdp
 
 from .plan import PRIVACY_RTOL, Plan, PlanError
@@ -240,9 +241,9 @@ def plan_trials(make, hp, task: str, k: int, epsilon: float, epsilon_eval: float
     from fedsbdt.common.auto import noise_matched_l2
     from fedsbdt.common.tuning import largest_fitting
 
-    if hp.tree_builder != "random":
-        raise PlanError("federated tuning searches S-BDT's random trees (the auto rule's builder); leave out "
-                        "--tree-builder")
+    if hp.tree_builder != modes.DEFAULT:
+        raise PlanError(f"federated tuning searches the auto rule's tree builder ({modes.DEFAULT}), not "
+                        f"{hp.tree_builder}; leave out --tree-builder")
     keys = ("trees", "depth", "subsample", "learning_rate", "cyclical")
     centre = {key: getattr(hp, key) for key in keys}
     settings = trial_settings(centre, k, hp.seed)

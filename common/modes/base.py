@@ -24,14 +24,16 @@ Which records a release reads is the site's to compute (its data); the gate char
 """
 from __future__ import annotations
 
-from fedsbdt.common.accountant import ComposedEvent, compose
+import numpy as np
+
+from fedsbdt.common.accountant import ComposedEvent, compose, epsilon_rdp
 from fedsbdt.common.federation.wire import Purpose
 
-from .releases import EvalNoise, InitNoise, Release
+from . import tree_builders
+from .coordinator import TreeRounds
+from .releases import KINDS, PURPOSE_KIND, EvalNoise, InitNoise, Release  # noqa: F401 - KINDS: the kinds' names
+from .site_rounds import SiteRounds
 
-KINDS = ("init", "sketch", "level", "tree", "eval")
-PURPOSE_KIND = {Purpose.INIT_SCORE: "init", Purpose.SKETCH: "sketch", Purpose.LEVEL: "level", Purpose.TREE: "tree",
-                Purpose.EVAL: "eval"}
 
 
 class Mode:
@@ -49,6 +51,89 @@ class Mode:
     #: every tree round is the same Poisson-subsampled Gaussian, so ε after k trees follows from the plan's
     #: calibration under RDP (accountant.epsilon_so_far; the status pages); False: the plan's ε bounds it
     uniform_tree_rounds: bool = False
+
+    # what the rest of the package asks a tree builder (the registry is the only source of mode names: config,
+    # CLI, engine, receipt, report, audit, multiclass and the plan never name one)
+    #: builds trees: a ``--tree-builder`` choice (False: the evaluation-only mode)
+    is_tree_builder: bool = True
+    #: one line for ``--tree-builder``'s help and the report's "tree builder" row
+    summary: str = ""
+    #: the plan keys a run of this mode takes when they are not given (``config.builder_defaults``)
+    defaults: dict = {}
+    #: hyperparameters only this mode may set away from their default → why another mode refuses them
+    exclusive: dict = {}
+    #: the accountants this mode's calibration supports
+    accountants: tuple = ("rdp", "pld")
+    #: trains ``task = 'multiclass'`` (K class trees per round on one set of splits)
+    multiclass: bool = False
+    #: the central privacy audit (common/audit.py) trains it (its splits spend no privacy)
+    auditable: bool = False
+    #: the splits and the missing values' default directions are public, drawn from the plan's seed
+    public_splits: bool = False
+    #: the privacy report draws a small model's trees (trees chosen to be read)
+    drawn_trees: bool = False
+    #: the privacy report's sentence on the algorithm ("About this report")
+    algorithm: str = ""
+
+    # ------------------------------------------------------------------ hyperparameters and central training
+
+    def check_hyperparameters(self, hp, bad) -> None:
+        """Refuse what this mode cannot train (``bad(name, why)`` makes the one-line ConfigError); called last by
+        ``Hyperparameters.__post_init__``.  The base refuses another mode's exclusive settings and an accountant
+        the mode's calibration does not support."""
+        fields = type(hp).__dataclass_fields__
+        for other in tree_builders().values():
+            for key, why in other.exclusive.items():
+                if key not in self.exclusive and getattr(hp, key) != fields[key].default:
+                    raise bad(key, why)
+        if hp.accountant not in self.accountants:
+            owners = [n for n, m in tree_builders().items() if hp.accountant in m.accountants]
+            raise bad("accountant", f"must be {' or '.join(map(repr, self.accountants))} with tree_builder = "
+                      f"{self.name!r}" + (f" ({hp.accountant!r} is for tree_builder = "
+                                          f"{' or '.join(map(repr, owners))})" if owners else ""))
+
+    def calibrate(self, hp):  # pragma: no cover - every tree builder overrides it
+        """The :class:`~fedsbdt.common.accountant.PrivacyCalibration` of ``hp`` (Alg. 6 for random trees): the
+        noise of every release that makes the model's ε."""
+        raise NotImplementedError(f"mode {self.name} trains no trees")
+
+    def central_builder(self, schema, hp, cal):  # pragma: no cover - every tree builder overrides it
+        """The central tree builder (common/builders.py ``TreeBuilder``) of this mode, calibrated by ``cal``."""
+        raise NotImplementedError(f"mode {self.name} trains no trees")
+
+    def receipt_fields(self, hp, cal) -> dict:
+        """The mode's own entries of the privacy receipt (engine.privacy_receipt)."""
+        return {}
+
+    def release_receipt(self, cal, federated: bool) -> dict:
+        """Entries the released model's receipt adds last (after the multi-class sensitivity)."""
+        return {}
+
+    def gaussian_leaves(self, federated: bool) -> bool:
+        """Are the leaves a Gaussian release (σ_leaf and ρ mean something in ``fedsbdt account``)?"""
+        return True
+
+    def account(self, hp, cal, federated: bool, res: dict, human: str) -> str:
+        """``fedsbdt account``'s text for this mode (``res``, the JSON, may gain entries): ``human`` plus the
+        mode's lines."""
+        return human
+
+    def report_rows(self, privacy: dict) -> list:
+        """The privacy report's rows (name, value, what it means) of this mode's receipt entries."""
+        return []
+
+    def epsilon_curve(self, privacy: dict, points: int = 40, depth: int = 0):
+        """ε after r accounted trees (RDP accountant at the receipt's σ), for a grid of r up to the total: the
+        Poisson-subsampled Gaussian trees of S-BDT (Thm. 23) with the initial score."""
+        T = int(privacy.get("rounds_accounted", 0) or 0)
+        sigma = float(privacy.get("sigma", 0) or 0)
+        if T < 1 or not sigma > 0:
+            return np.zeros(0), np.zeros(0)
+        rs = np.unique(np.linspace(1, T, min(points, T)).round().astype(int))
+        e_init, e_ds = float(privacy.get("eps_init", 0.0)), float(privacy.get("eps_ds", 0.0))
+        eps = [epsilon_rdp(sigma, float(privacy["subsample"]), int(r), float(privacy["delta"]), e_init, e_ds)[0]
+               for r in rs]
+        return rs, np.asarray(eps)
 
     # ------------------------------------------------------------------ schedule
 
@@ -161,8 +246,6 @@ class Mode:
         """The coordinator's state of the tree in progress (:class:`~fedsbdt.common.modes.coordinator.TreeRounds`):
         what the session asks for every round of a tree, restored from the checkpointed ``records`` ((kind,
         record) pairs, in order) of that tree.  Base: one leaf round per tree on the public random splits."""
-        from .coordinator import TreeRounds
-
         return TreeRounds(plan, records)
 
     def federated_hyperparameters(self, hp, given):
@@ -176,6 +259,4 @@ class Mode:
         """The site's part of this mode's tree rounds (common/modes/site_rounds.py ``SiteRounds``): the object
         a site (client/site.py, duck-typed ``site``) hands every tree round and released tree of ``plan``.
         The base serves none (a plan that trains nothing)."""
-        from .site_rounds import SiteRounds
-
         return SiteRounds(plan, site)

@@ -31,7 +31,7 @@ from fedsbdt.common.federation.wire import Purpose
 from fedsbdt.common.multiclass import round_vector_len
 from fedsbdt.common.splits import Splits, random_splits
 
-from .base import PURPOSE_KIND
+from .releases import PURPOSE_KIND
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,12 @@ from typing import ClassVar
 import numpy as np
 
 from fedsbdt.common.accountant import GaussianEvent, LaplaceEvent, PoissonSampledEvent, compose
+from fedsbdt.common.federation.wire import Purpose
+
+#: the kinds of data-carrying releases, and the kind of each round purpose (docs/plugins.md)
+KINDS = ("init", "sketch", "level", "tree", "eval")
+PURPOSE_KIND = {Purpose.INIT_SCORE: "init", Purpose.SKETCH: "sketch", Purpose.LEVEL: "level", Purpose.TREE: "tree",
+                Purpose.EVAL: "eval"}
 
 KINDS = ("init", "sketch", "level", "tree", "eval")
 

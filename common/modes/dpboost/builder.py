@@ -1,6 +1,6 @@
 """DPBoost trees: the tree-builder strategy of DPBoost mode (docs/dpboost.md; mechanisms in :mod:`fedsbdt.common.modes.dpboost.mechanism`).
 
-A DPBoost tree is a greedy tree (:class:`~fedsbdt.common.builders.GreedyTrees`: the exponential mechanism per level on
+A DPBoost tree is a greedy tree (:class:`~fedsbdt.common.modes.greedy.builder.GreedyTrees`: the exponential mechanism per level on
 the gain of eq. 3, ΔG = 3·g*_l², on the public candidate grid) grown on *its own* records only — those of
 its part of the ensemble's partition (Alg. 2 line 8, drawn per record from the OS CSPRNG) that pass the
 gradient filter (GDF) — and, unlike S-BDT's trees, it releases its leaves itself
@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from fedsbdt.common.modes.dpboost import mechanism as dpboost
+import fedsbdt.common.modes.dpboost.mechanism as dpboost
 from fedsbdt.common.boosting import LocalData
-from fedsbdt.common.builders import GreedyTrees
+from fedsbdt.common.modes.greedy.builder import GreedyTrees
 from fedsbdt.common.randomness import csprng_uint64
 from fedsbdt.common.splits import Splits
 

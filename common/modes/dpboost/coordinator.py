@@ -3,7 +3,7 @@ leaf values ``V = Σg/(n+λ)`` clipped by GLC and clamped (:func:`fedsbdt.common
 post-processing)."""
 from __future__ import annotations
 
-from fedsbdt.common.modes.dpboost import rounds as dpboost_rounds
+import fedsbdt.common.modes.dpboost.rounds as dpboost_rounds
 
 from fedsbdt.common.modes.greedy.coordinator import GreedyRounds
 

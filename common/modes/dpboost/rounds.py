@@ -29,7 +29,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from fedsbdt.common.modes.dpboost import mechanism as dpboost
+import fedsbdt.common.modes.dpboost.mechanism as dpboost
 from fedsbdt.common.accountant import (AccountingError, ParallelEvent, PrivacyCalibration, calibrate_greedy, compose,
                                default_alpha_max, event_epsilon_rdp, event_rdp, greedy_tree_event,
                                init_score_events)

@@ -4,12 +4,13 @@ round, so the gate refuses them whatever the coordinator asks.  The model the si
 the plan pins (client/gate.py checks its content digest before the evaluation input and at Finished)."""
 from __future__ import annotations
 
-from fedsbdt.common.modes import register
+from fedsbdt.common.modes import EVALUATION, register, tree_builder
 from fedsbdt.common.modes.base import Mode
 
 
 class EvaluationOnly(Mode):
-    name = "evaluation"
+    name = EVALUATION
+    is_tree_builder = False  # not a --tree-builder choice
 
     def trains(self, plan) -> bool:
         return False
@@ -21,9 +22,7 @@ class EvaluationOnly(Mode):
     def site_rounds(self, plan, site):
         """The model's released trees are checked as those of the plan's tree builder (its mode's site rounds);
         the gate refuses every training round before it reaches them."""
-        from fedsbdt.common.modes import REGISTRY
-
-        return REGISTRY[plan.hyperparameters.tree_builder].site_rounds(plan, site)
+        return tree_builder(plan.hyperparameters.tree_builder).site_rounds(plan, site)
 
 
 register(EvaluationOnly())

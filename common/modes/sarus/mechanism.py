@@ -259,12 +259,9 @@ def calibrate_sarus(epsilon: float, delta: float, rounds: int, depth: int, gamma
 
 
 def epsilon_curve(privacy: dict, points: int, depth: int) -> tuple[np.ndarray, np.ndarray]:
-    """ε after r accounted Sarus trees, by the model's own accountant (the report's curve): the paper's
-    composition for ``accountant = "pure"``, our RDP ledger at the model's δ otherwise."""
-    if float(privacy.get("sigma_sketch", 0.0) or 0.0) > 0:  # a federated model: Gaussian releases
-        from fedsbdt.common.modes.sarus.rounds import epsilon_curve as federated_curve
-
-        return federated_curve(privacy, points, depth)
+    """ε after r accounted Sarus trees of a central model, by its own accountant (the report's curve): the
+    paper's composition for ``accountant = "pure"``, our RDP ledger at the model's δ otherwise (a federated
+    model's: :func:`fedsbdt.common.modes.sarus.rounds.epsilon_curve`)."""
     T = int(privacy.get("rounds_accounted", 0) or 0)
     eps_tree = float(privacy.get("eps_sketch", 0.0) or 0.0) / SKETCH_SHARE
     if T < 1 or depth < 1 or not eps_tree > 0:
