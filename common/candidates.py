@@ -15,7 +15,9 @@ Or a central run may spend a declared share of ε on **DP quantile candidates** 
 noisy histogram of every numeric feature over ``B`` equal bins of its public range, released with discrete
 Laplace noise of scale ``m/ε_c`` per bin (``m`` numeric features: one record changes one count in each
 histogram, L1 sensitivity ``m``, so the release is ε_c-DP, Eq. C2), and the candidates at the noisy CDF's
-``i/(N+1)`` quantiles (post-processing, Eq. C3).  The accountant composes ε_c with the trees
+``i/(N+1)`` quantiles (post-processing, Eq. C3) of the noisy histogram plus a public pseudo-count per bin equal
+to the noise's standard deviation (:func:`pseudo_count`), which falls back to the equidistant grid where the noise
+swamps the counts.  The accountant composes ε_c with the trees
 (:func:`fedsbdt.common.accountant.calibrate`'s ``eps_extra``).
 
 Every candidate is rounded *down* to a float32 (:func:`float32_floor`), as the equidistant ones are, so the
@@ -26,6 +28,7 @@ same trees, bit for bit.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from functools import lru_cache
 
@@ -115,12 +118,15 @@ def laplace_scale(n_numeric: int, eps: float) -> float:
     return float(n_numeric) / float(eps)
 
 
-def quantile_cuts(counts: np.ndarray, lo: float, hi: float, n: int) -> np.ndarray:
+def quantile_cuts(counts: np.ndarray, lo: float, hi: float, n: int, prior: float = 0.5) -> np.ndarray:
     """Eq. C3 (post-processing of one noisy histogram): the ``i/(n+1)`` quantiles, ``i = 1 … n``, of the
-    distribution with bin weights ``max(c_k, 0) + ½`` (noise clipped at zero; the half count keeps the CDF strictly
-    increasing, and an all-zero histogram gives the equidistant grid), uniform inside each bin; float32-floored,
-    sorted (equal values may repeat: that threshold is then drawn more often)."""
-    c = np.maximum(np.asarray(counts, dtype=np.float64), 0.0) + 0.5
+    distribution with bin weights ``max(c_k, 0) + prior`` (noise clipped at zero; the public pseudo-count
+    ``prior > 0`` per bin keeps the CDF strictly increasing and pulls the candidates towards the equidistant grid
+    where the noise dominates the counts: an all-zero histogram gives the equidistant grid), uniform inside each
+    bin; float32-floored, sorted (equal values may repeat: that threshold is then drawn more often)."""
+    if not prior > 0:
+        raise ValueError(f"the pseudo-count per bin must be > 0, got {prior}")
+    c = np.maximum(np.asarray(counts, dtype=np.float64), 0.0) + float(prior)
     bins = c.size
     cdf = np.concatenate([[0.0], np.cumsum(c)])
     q = np.arange(1, int(n) + 1, dtype=np.float64) / (int(n) + 1) * cdf[-1]
@@ -128,6 +134,24 @@ def quantile_cuts(counts: np.ndarray, lo: float, hi: float, n: int) -> np.ndarra
     frac = (q - cdf[k]) / c[k]
     t = lo + (hi - lo) * (k + frac) / bins
     return float32_floor(np.clip(t, lo, hi))
+
+
+def noisy_histograms(X: np.ndarray, schema: Schema, eps: float, randomness,
+                     bins: int = QUANTILE_BINS) -> tuple[np.ndarray, float]:
+    """Eq. C2: the ε-DP release — :func:`exact_histograms` plus one discrete Laplace of scale
+    :func:`laplace_scale` per bin (the run's exact sampler) — and that scale."""
+    if not (eps > 0 and math.isfinite(eps)):
+        raise ValueError(f"ε of the quantile histograms must be a positive number, got {eps}")
+    exact = exact_histograms(X, schema, bins)
+    b = laplace_scale(exact.shape[0], eps)
+    return exact + np.asarray(randomness.discrete_laplace(np.full(exact.shape, b)), dtype=np.int64), b
+
+
+def pseudo_count(scale: float) -> float:
+    """The public pseudo-count per bin of Eq. C3: the standard deviation ``√2·b`` of the Laplace noise of scale
+    ``b`` (the discrete one's is slightly less), so that bins whose counts the noise would swamp weigh like the
+    noise (many features or few records: close to equidistant; many records: the data's quantiles)."""
+    return math.sqrt(2.0) * float(scale)
 
 
 def dp_quantile_cuts(X: np.ndarray, schema: Schema, n: int, eps: float, randomness,
@@ -138,13 +162,12 @@ def dp_quantile_cuts(X: np.ndarray, schema: Schema, n: int, eps: float, randomne
     num = [j for j, f in enumerate(schema.features) if not f.is_categorical]
     if not num:
         return schema, {"eps": 0.0, "bins": bins, "scale": 0.0, "features": {}}
-    b = laplace_scale(len(num), eps)
-    noisy = exact_histograms(X, schema, bins) + randomness.discrete_laplace(np.full((len(num), bins), b))
+    noisy, b = noisy_histograms(X, schema, eps, randomness, bins)
     feats = list(schema.features)
     cuts = {}
     for r, j in enumerate(num):
         f = feats[j]
-        c = quantile_cuts(noisy[r], f.lo, f.hi, n)
+        c = quantile_cuts(noisy[r], f.lo, f.hi, n, prior=pseudo_count(b))
         feats[j] = replace(f, scale="linear", cuts=tuple(float(v) for v in c))
         cuts[f.name] = [float(v) for v in c]
     return replace(schema, features=tuple(feats)), {"eps": float(eps), "bins": int(bins), "scale": b,
