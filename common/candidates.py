@@ -84,7 +84,8 @@ def schema_candidates(schema: Schema, n: int) -> tuple[np.ndarray | None, ...]:
 
 
 def pick(candidates: np.ndarray, u: np.ndarray) -> np.ndarray:
-    """Candidate ``⌊u·K⌋`` of the ``K`` ``candidates`` for each uniform draw ``u`` in [0, 1) (uniform over them)."""
+    """Candidate ``⌊u·K⌋`` of the ``K`` ``candidates`` for each uniform draw ``u`` in [0, 1) (uniform over
+    them)."""
     k = len(candidates)
     return candidates[np.minimum(np.floor(np.asarray(u) * k).astype(np.int64), k - 1)]
 
@@ -93,7 +94,8 @@ def pick(candidates: np.ndarray, u: np.ndarray) -> np.ndarray:
 
 
 def histogram_codes(x: np.ndarray, lo: float, hi: float, bins: int) -> np.ndarray:
-    """The bin ``min(⌊(x − lo)/(hi − lo)·B⌋, B − 1)`` (clipped to ``0 … B−1``) of each non-missing ``x``."""
+    """The bin ``min(⌊(x − lo)/(hi − lo)·B⌋, B − 1)`` (clipped to ``0 … B−1``) of each non-missing
+    ``x``."""
     x = np.asarray(x, dtype=np.float64)
     x = x[~np.isnan(x)]
     k = np.floor((x - lo) / (hi - lo) * bins)

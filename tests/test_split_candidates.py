@@ -33,7 +33,8 @@ def schema(**extra) -> Schema:
 
 
 def data(s: Schema | None = None, n: int = 400, seed: int = 5) -> Dataset:
-    """Skewed ``a`` (log-normal, most records below 30 of a public range up to 500), categorical ``b``, uniform ``c``."""
+    """Skewed ``a`` (log-normal, most records below 30 of a public range up to 500), categorical ``b``,
+    uniform ``c``."""
     rng = np.random.default_rng(seed)
     X = np.column_stack([rng.lognormal(2, 1, n).clip(0, 500), rng.integers(0, 3, n), rng.uniform(-5, 5, n)])
     y = (np.log1p(X[:, 0]) + 0.5 * (X[:, 1] == 1) + rng.normal(0, 0.5, n) > 2.5).astype(float)
@@ -286,7 +287,7 @@ def test_the_release_noise_is_discrete_laplace_of_scale_m_over_eps():
     tail = (1 - pmf.sum()) / 2
     expected = np.array([tail, *pmf, tail]) * k.size
     assert stats.chisquare(observed, expected).pvalue > 1e-4
-    assert abs(np.var(k) - 2 * math.exp(-1 / b) / (1 - math.exp(-1 / b)) ** 2) < 0.8  # the pmf's variance ≈ 7.8 (SE ≈ 0.17)
+    assert abs(np.var(k) - 2 * math.exp(-1 / b) / (1 - math.exp(-1 / b)) ** 2) < 0.8  # var ≈ 7.8, SE ≈ 0.17
     with pytest.raises(ValueError, match="positive"):
         noisy_histograms(X, s, 0.0, rnd)
 
