@@ -3,9 +3,9 @@
 Variants (everything else: the ``auto`` settings for ε and the declared n, as ``fedsbdt train --rows n``):
 
 * ``equidistant`` — the default: ``split_candidates`` equidistant thresholds on each public range;
-* ``quantile`` — ``candidate_placement = "quantile"``: 10 % of ε on discrete-Laplace histograms (64 bins per
+* ``quantile`` — ``candidate_placement = "quantile"``, ``candidate_share = 0.1``: 10 % of ε on discrete-Laplace histograms (64 bins per
   numeric feature), candidates at the noisy quantiles (common/candidates.py);
-* ``quantile05`` — the same with 5 % of ε;
+* ``quantile05`` — the same with 5 % of ε (the default share);
 * ``log`` — ``scale = "log"`` declared on every numeric feature whose public range is wider than 10 units (a
   rule on the public schema only; free).
 
@@ -96,10 +96,12 @@ def main(argv=None) -> int:
     ap.add_argument("--datasets", default=",".join(e.name for e in suite.ENTRIES))
     ap.add_argument("--epsilons", default="1,4")
     ap.add_argument("--seeds", type=int, default=2)
+    ap.add_argument("--first-seed", type=int, default=0,
+                    help="split seeds 1000 + first … (a later run with more seeds adds its scores to the cells)")
     a = ap.parse_args(argv)
     out = json.loads(OUT.read_text()) if OUT.exists() else {}
-    out.update({"protocol": f"auto settings (n declared), ε in {{{a.epsilons}}}, {a.seeds} paired split seeds per "
-                            "cell, SecureRandomness noise; scores: AUC / accuracy / R² on a fixed 20% test split",
+    out.update({"protocol": "auto settings (n declared), ε in {1, 4}, paired split seeds per cell (the scores lists), "
+                            "SecureRandomness noise; scores: AUC / accuracy / R² on a fixed 20% test split",
                 "variants": list(VARIANTS), "log_min_width": LOG_MIN_WIDTH})
     results = out.setdefault("results", {})
     for name in a.datasets.split(","):
@@ -112,15 +114,18 @@ def main(argv=None) -> int:
             keys, _ = resolve({"epsilon": eps}, tr.schema, tr.n)
             base = Hyperparameters.from_dict(keys)
             runs = {v: [] for v in VARIANTS}
-            for seed in range(a.seeds):
+            for seed in range(a.first_seed, a.first_seed + a.seeds):
                 for v in VARIANTS:
                     data, hp = variant(v, tr, base.replace(seed=1000 + seed))
                     res = train(data, hp)
                     runs[v].append(ag.score(tr.schema.task, y, res.model.predict(te.X))["score"])
+            old = results.get(name, {}).get(f"eps={eps:g}", {}) if a.first_seed > 0 else {}
+            runs = {v: old.get(v, {}).get("scores", []) + s for v, s in runs.items()}
             cell[f"eps={eps:g}"] = {v: {"scores": s, "mean": float(np.mean(s))} for v, s in runs.items()}
             print(f"{name} ε={eps:g}: " + "  ".join(f"{v} {np.mean(s):.4f}" for v, s in runs.items()),
                   file=sys.stderr, flush=True)
-        cell["seconds"] = round(time.perf_counter() - t0, 1)
+        cell["seconds"] = round(time.perf_counter() - t0 + (results.get(name, {}).get("seconds", 0.0)
+                                                            if a.first_seed > 0 else 0.0), 1)
         results[name] = cell
         OUT.write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
 

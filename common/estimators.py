@@ -460,7 +460,7 @@ class SBDTRegressor(RegressorMixin, _SBDTBase):
                  init_share=0.1, eps_ds=0.005, accountant="rdp", filter=False, cyclical=True, split_candidates=32,
                  seed=None, scale_bits=20, tree_builder="random", selection_share=0.7,
                  selection="exponential", sketch_share=0.0, ensemble_trees=0, min_child_weight=0, candidate_placement="schema",
-                 candidate_share=0.1, schema=None,
+                 candidate_share=0.05, schema=None,
                  feature_ranges=None, categorical=None,
                  label_range=None,
                  out_of_range=None, allow_missing=False):
@@ -543,7 +543,7 @@ class SBDTClassifier(ClassifierMixin, _SBDTBase):
                  init_share=0.1, eps_ds=0.005, accountant="rdp", filter=False, cyclical=True, split_candidates=32,
                  seed=None, scale_bits=20, tree_builder="random", selection_share=0.7,
                  selection="exponential", sketch_share=0.0, ensemble_trees=0, min_child_weight=0, candidate_placement="schema",
-                 candidate_share=0.1, schema=None,
+                 candidate_share=0.05, schema=None,
                  feature_ranges=None, categorical=None,
                  classes=None,
                  out_of_range=None, allow_missing=False):
