@@ -98,7 +98,7 @@ def test_train_refuses_a_bad_placement_with_one_line_and_writes_nothing(tmp_path
 
 def test_declared_cuts_are_the_only_thresholds_of_their_feature_and_each_is_drawn():
     s = schema(cuts=[1, 5, 20, 100.1])
-    want = {1.0, 5.0, 20.0, float(np.float32(100.1)) if np.float32(100.1) <= 100.1 else
+    want = {1.0, 5.0, 20.0, float(np.float32(100.1)) if float(np.float32(100.1)) <= 100.1 else
             float(np.nextafter(np.float32(100.1), np.float32(0)))}
     seen = set()
     for r in range(200):
@@ -146,6 +146,15 @@ def test_placed_candidates_are_coded_so_training_takes_the_byte_path_and_uses_th
         from fedsbdt.common import kernels
 
         assert kernels.code_bounds(t.features, t.thresholds, local.is_cat, local._packed) is not None
+
+
+@pytest.mark.parametrize("builder", ["greedy", "dpboost", "sarus"])
+def test_the_other_builders_choose_among_the_declared_cuts(builder):
+    cuts = {2.0, 4.0, 8.0, 16.0, 32.0, 64.0}
+    hp = Hyperparameters.from_dict({"tree_builder": builder, "epsilon": 4.0, "trees": 4, "seed": 1, "depth": 3})
+    m = train(data(schema(cuts=sorted(cuts)), n=1000), hp, insecure(1)).model
+    thr = np.concatenate([t.thresholds[t.features == 0] for t in m.trees])
+    assert thr.size and set(thr.tolist()) <= cuts
 
 
 #: SHA-256 of the trees of :func:`_digest`'s models, computed by the code before this change (commit e1a2afc)
