@@ -20,6 +20,8 @@ Pure functions only.  Notation follows ``../shared/papers/s-bdt.md``:
   proven for the discrete sampler we use.
 * Total (Thm. 23): ``ρ(α) = T·a_γ(α, α/σ²) + ρ_ε_init(α) + ρ_ε_ds(α)``,
   converted to (ε, δ) by Cor. 6 and minimised over the α grid.
+* DP quantile split candidates (common/candidates.py, Eq. C2), when a run spends ε_c on them: one more pure
+  ε_c-DP release (discrete Laplace histograms), charged like the initial score, ``+ ρ_ε_c(α)``.
 """
 from __future__ import annotations
 
@@ -169,20 +171,22 @@ def tree_rdp(gamma: float, sigma: float, alphas: np.ndarray) -> np.ndarray:
 
 def total_rdp(
     sigma: float, gamma: float, rounds: int, eps_init: float = 0.0, eps_ds: float = 0.0,
-    alpha_max: int = DEFAULT_ALPHA_MAX,
+    alpha_max: int = DEFAULT_ALPHA_MAX, eps_candidates: float = 0.0,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Thm. 23: (orders α, ρ(α)) for ``rounds`` trees plus the initial score."""
+    """Thm. 23: (orders α, ρ(α)) for ``rounds`` trees plus the initial score (plus the pure ε_c-DP quantile
+    candidates, if any)."""
     alphas = alpha_grid(alpha_max)
     rho = rounds * tree_rdp(gamma, sigma, alphas)
-    return alphas, rho + init_score_rdp(alphas, eps_init, eps_ds)
+    rho = rho + init_score_rdp(alphas, eps_init, eps_ds)
+    return alphas, (rho + pure_dp_rdp(alphas, eps_candidates)) if eps_candidates > 0 else rho
 
 
 def epsilon_rdp(
     sigma: float, gamma: float, rounds: int, delta: float, eps_init: float = 0.0, eps_ds: float = 0.0,
-    alpha_max: int = DEFAULT_ALPHA_MAX,
+    alpha_max: int = DEFAULT_ALPHA_MAX, eps_candidates: float = 0.0,
 ) -> tuple[float, int]:
     """Smallest ε over the α grid (Cor. 6) and the order α̂ achieving it."""
-    alphas, rho = total_rdp(sigma, gamma, rounds, eps_init, eps_ds, alpha_max)
+    alphas, rho = total_rdp(sigma, gamma, rounds, eps_init, eps_ds, alpha_max, eps_candidates)
     eps = rdp_to_dp(alphas, rho, delta)
     i = int(np.argmin(eps))
     return float(eps[i]), int(alphas[i])
@@ -222,7 +226,7 @@ def record_epsilon(rdp: np.ndarray, alpha: int, delta: float) -> np.ndarray:
 
 def epsilon_pld(
     sigma: float, gamma: float, rounds: int, delta: float, eps_init: float = 0.0, eps_ds: float = 0.0,
-    value_discretization_interval: float = 1e-4,
+    value_discretization_interval: float = 1e-4, eps_candidates: float = 0.0,
 ) -> float:
     """ε of the same mechanism by ``dp-accounting``'s PLD accountant (filter off only).
 
@@ -236,7 +240,7 @@ def epsilon_pld(
         standard_deviation=sigma / math.sqrt(2.0), sensitivity=1.0, sampling_prob=gamma,
         value_discretization_interval=value_discretization_interval,
     ).self_compose(int(rounds))
-    for e in (eps_init, eps_ds):
+    for e in (eps_init, eps_ds, eps_candidates):
         if e > 0:
             pld = pld.compose(pld_lib.from_privacy_parameters(
                 common.DifferentialPrivacyParameters(e, 0.0),
@@ -268,6 +272,7 @@ class PrivacyCalibration:
     eps_leaf: float = 0.0  # Sarus trees: ε of the Laplace leaf values per tree
     eps_paper: float = 0.0  # Sarus trees: the pure ε the paper's composition claims for this run
     eps_rdp: float = 0.0  # Sarus trees: our RDP ledger's ε at the plan's δ for this run
+    eps_candidates: float = 0.0  # ε_c of the DP quantile split candidates (0: none; common/candidates.py)
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -294,14 +299,14 @@ def _bisect_sigma(eps_of_sigma, target: float, lo: float = 1e-3, hi: float = 1e6
 @lru_cache(maxsize=128)
 def calibrate(
     epsilon: float, delta: float, gamma: float, rounds: int, init_share: float = 0.0, eps_ds: float = 0.0,
-    accountant: str = "rdp", alpha_max: int | None = None,
+    accountant: str = "rdp", alpha_max: int | None = None, eps_candidates: float = 0.0,
 ) -> PrivacyCalibration:
     """Alg. 6 (see :func:`_calibrate`); a budget too large to compute is an :class:`AccountingError`."""
     if not epsilon <= MAX_EPSILON:
         raise AccountingError(f"ε = {epsilon:g} is too large for the accountant (above {MAX_EPSILON:g}, where "
                               "e^ε leaves double precision); such a budget gives no meaningful privacy")
     try:
-        return _calibrate(epsilon, delta, gamma, rounds, init_share, eps_ds, accountant, alpha_max)
+        return _calibrate(epsilon, delta, gamma, rounds, init_share, eps_ds, accountant, alpha_max, eps_candidates)
     except OverflowError:
         raise AccountingError(f"ε = {epsilon:g} is too large for the accountant (numerical overflow); such a "
                               "budget gives no meaningful privacy") from None
@@ -309,14 +314,15 @@ def calibrate(
 
 def _calibrate(
     epsilon: float, delta: float, gamma: float, rounds: int, init_share: float, eps_ds: float,
-    accountant: str, alpha_max: int | None,
+    accountant: str, alpha_max: int | None, eps_candidates: float = 0.0,
 ) -> PrivacyCalibration:
     """Alg. 6: the smallest σ_leaf whose total guarantee (Thm. 23) is (ε, δ)-DP.
 
     ``init_share`` = ε_init/ε; ε_init and ε_ds parameterise the Gaussian
     initial-score release (``init_share = 0`` disables it and ε_ds with it).
     ``accountant="rdp"`` uses :func:`alpha_grid` (and yields the filter's
-    α̂ and ρ(α̂)); ``"pld"`` uses dp-accounting's PLD accountant.
+    α̂ and ρ(α̂)); ``"pld"`` uses dp-accounting's PLD accountant.  ``eps_candidates`` (ε_c ≥ 0): a pure
+    ε_c-DP release composed with the rest (the DP quantile split candidates, common/candidates.py).
     """
     if not (epsilon > 0 and math.isfinite(epsilon)):
         raise AccountingError(f"ε must be a positive number, got {epsilon}")
@@ -328,21 +334,26 @@ def _calibrate(
         raise AccountingError("at least one accounted tree is needed")
     eps_init = init_share * epsilon
     eps_ds = eps_ds if init_share > 0 else 0.0
+    if not (0 <= eps_candidates < epsilon):
+        raise AccountingError(f"ε_c of the quantile candidates must be in [0, ε), got {eps_candidates}")
+    ec = float(eps_candidates)
     if alpha_max is None:
         alpha_max = default_alpha_max(epsilon, delta)
     if accountant == "rdp":
-        f = lambda s: epsilon_rdp(s, gamma, rounds, delta, eps_init, eps_ds, alpha_max)[0]  # noqa: E731
+        f = lambda s: epsilon_rdp(s, gamma, rounds, delta, eps_init, eps_ds, alpha_max, ec)[0]  # noqa: E731
         sigma = _bisect_sigma(f, epsilon)
-        eps, alpha = epsilon_rdp(sigma, gamma, rounds, delta, eps_init, eps_ds, alpha_max)
+        eps, alpha = epsilon_rdp(sigma, gamma, rounds, delta, eps_init, eps_ds, alpha_max, ec)
         rho = rounds * float(tree_rdp(gamma, sigma, np.array([alpha]))[0])
-        return PrivacyCalibration("rdp", sigma, alpha, rho, eps, delta, rounds, gamma, eps_init, eps_ds)
+        return PrivacyCalibration("rdp", sigma, alpha, rho, eps, delta, rounds, gamma, eps_init, eps_ds,
+                                  eps_candidates=ec)
     if accountant == "pld":
         # PLD is never looser than RDP: bracket the search by the RDP calibration.
-        upper = calibrate(epsilon, delta, gamma, rounds, init_share, eps_ds, "rdp", alpha_max).sigma
+        upper = calibrate(epsilon, delta, gamma, rounds, init_share, eps_ds, "rdp", alpha_max, ec).sigma
         interval = min(1e-4, epsilon * 1e-3)
-        f = lambda s: epsilon_pld(s, gamma, rounds, delta, eps_init, eps_ds, interval)  # noqa: E731
+        f = lambda s: epsilon_pld(s, gamma, rounds, delta, eps_init, eps_ds, interval, ec)  # noqa: E731
         sigma = _bisect_sigma(f, epsilon, lo=upper / 4.0, hi=upper, rel_tol=1e-4)
-        return PrivacyCalibration("pld", sigma, 0, 0.0, f(sigma), delta, rounds, gamma, eps_init, eps_ds)
+        return PrivacyCalibration("pld", sigma, 0, 0.0, f(sigma), delta, rounds, gamma, eps_init, eps_ds,
+                                  eps_candidates=ec)
     raise AccountingError(f"unknown accountant {accountant!r} (use 'rdp' or 'pld')")
 
 

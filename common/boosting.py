@@ -20,6 +20,7 @@ import numpy as np
 
 from . import kernels, multiclass
 from .accountant import PrivacyCalibration
+from .candidates import schema_candidates
 from .config import Hyperparameters
 from .fixedpoint import FixedPointCodec
 from .model import scale_labels
@@ -122,17 +123,20 @@ class Contribution:
 def split_edges(schema, split_candidates: int) -> list | None:
     """Public candidate thresholds per feature (None for categorical ones), or None without candidates.
 
-    Mirrors the candidate formula of :func:`fedsbdt.common.splits.random_splits`.
+    Mirrors the candidate formula of :func:`fedsbdt.common.splits.random_splits` (the schema's placed
+    candidates where it declares them, common/candidates.py).
     They only let :class:`LocalData` walk trees on one-byte codes; if they
     ever disagree with the splits, the affected trees silently take the
     float path (:func:`kernels.code_bounds`), so results never change.
     """
     if not 0 < split_candidates <= 255:
         return None
+    placed = schema_candidates(schema, split_candidates)  # the schema's own placements (scale, cuts)
     return [None if f.is_categorical else
+            placed[j] if placed[j] is not None else
             grid_thresholds(np.full(split_candidates, f.lo), np.full(split_candidates, f.hi),
                             np.arange(1, split_candidates + 1), split_candidates)
-            for f in schema.features]
+            for j, f in enumerate(schema.features)]
 
 
 class LocalData:

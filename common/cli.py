@@ -22,7 +22,7 @@ from fedsbdt import __version__
 
 from fedsbdt.common import modes
 
-from .config import SAMPLERS, SELECTIONS, ConfigError, Hyperparameters, builder_defaults
+from .config import CANDIDATE_PLACEMENTS, SAMPLERS, SELECTIONS, ConfigError, Hyperparameters, builder_defaults
 
 EXIT_USAGE = 2
 
@@ -61,6 +61,9 @@ _HELP = {
     "selection": "greedy: exponential (mechanism on exact gains) or histogram (arg max of noisy histograms)",
     "sketch_share": "greedy: budget share of the adaptive Hessian sketch (0 = uniform grid; paper 0.1)",
     "ensemble_trees": "dpboost: T_e, trees per ensemble (0 = all trees in one ensemble)",
+    "candidate_placement": "numeric split candidates: schema (equidistant, or the schema's scale/cuts; free) or "
+                           "quantile (DP quantiles of the records, central random trees; docs/data-sources.md)",
+    "candidate_share": "quantile: ε_c/ε, the share of ε for the quantile histograms",
 }
 
 
@@ -83,6 +86,8 @@ def add_hyperparameter_flags(p: argparse.ArgumentParser) -> None:
                            help=tree_builder_help(d))
         elif f.name == "selection":
             g.add_argument(flag, dest=f.name, choices=list(SELECTIONS), default=None, help=help_)
+        elif f.name == "candidate_placement":
+            g.add_argument(flag, dest=f.name, choices=list(CANDIDATE_PLACEMENTS), default=None, help=help_)
         elif f.type in ("int", "int | None"):
             g.add_argument(flag, dest=f.name, type=int, default=None, metavar="N", help=help_)
         else:
@@ -246,8 +251,9 @@ def add_rows_receipt(model, eps_rows: float, total: float) -> None:
     p["epsilon"] = p["epsilon"] + eps_rows
     p["target_epsilon"] = total
     p["guarantee"] = (f"({p['epsilon']:.6g}, {p['delta']:.3g})-differential privacy for every record "
-                      "(add/remove one record), covering the row count of the auto settings, the initial score "
-                      "and all released trees")
+                      "(add/remove one record), covering the row count of the auto settings, the initial score"
+                      + (", the quantile split candidates" if p.get("eps_candidates", 0) > 0 else "")
+                      + " and all released trees")
 
 
 def cmd_train(args: argparse.Namespace) -> int:

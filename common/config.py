@@ -17,6 +17,13 @@ TASKS = ("regression", "binary", "multiclass")
 #: Exact DP-noise samplers (common/randomness.py): our own (default) or OpenDP's.
 SAMPLERS = ("ours", "opendp")
 SELECTIONS = ("exponential", "histogram")  # how greedy trees choose splits (docs/greedy.md)
+#: where numeric split candidates come from (docs/data-sources.md#split-candidates): the schema (equidistant
+#: unless it declares ``scale`` or ``cuts``; no privacy cost), or DP quantiles of the records (central random
+#: trees; ``candidate_share`` of ε)
+CANDIDATE_PLACEMENTS = ("schema", "quantile")
+#: keys left out of :meth:`Hyperparameters.to_dict` at these values, so plans and models without DP quantile
+#: candidates stay byte for byte what they were
+_QUIET_DEFAULTS = {"candidate_placement": "schema", "candidate_share": 0.05}
 MAX_DEPTH = 12  # 2·2^12 fixed-point values per round: well inside the gRPC message limit
 
 
@@ -56,6 +63,8 @@ class Hyperparameters:
     sketch_share: float = 0.0  # greedy: share for the adaptive Hessian sketch (0 = the uniform grid; paper 0.1)
     ensemble_trees: int = 0  # dpboost: T_e, trees per ensemble (0 = all trees in one ensemble)
     min_child_weight: int = 0  # sarus: N, the child weight clamp of gains and leaves (docs/sarus.md)
+    candidate_placement: str = "schema"  # numeric split candidates: the schema's, or DP "quantile"s of the records
+    candidate_share: float = 0.05  # quantile: ε_c/ε for the histograms (benchmarks/split_candidates.py: 0.05 > 0.1)
 
     def __post_init__(self) -> None:
         """The checks every tree builder shares, then the mode's own (``Mode.check_hyperparameters`` of the
@@ -132,8 +141,34 @@ class Hyperparameters:
             raise bad("eps_ds", "must be > 0")
         if self.split_candidates < 0:
             raise bad("split_candidates", "must be ≥ 0")
+        self._check_placement(bad)
         if not 8 <= self.scale_bits <= 30:
             raise bad("scale_bits", "must be in 8..30")
+
+    def _check_placement(self, bad) -> None:
+        """DP quantile candidates (docs/data-sources.md#split-candidates): random trees, a grid, a budget left."""
+        v = self.candidate_share
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < 1:
+            raise bad("candidate_share", "ε_c/ε must be a number in (0, 1)")
+        if not isinstance(self.candidate_placement, str) or self.candidate_placement not in CANDIDATE_PLACEMENTS:
+            raise bad("candidate_placement", "must be 'schema' or 'quantile'")
+        if self.candidate_placement != "quantile":
+            return
+        if not modes.tree_builder(self.tree_builder).public_splits:
+            raise bad("candidate_placement", "DP quantile candidates are for random trees (S-BDT's public random "
+                      "splits)")
+        if not 1 <= self.split_candidates <= 255:
+            raise bad("candidate_placement", "DP quantile candidates need split_candidates in 1..255")
+        used = self.candidate_share * self.epsilon + (self.init_share * self.epsilon + self.eps_ds
+                                                      if self.init_share > 0 else 0.0)
+        if used >= self.epsilon:
+            raise ConfigError(f"the quantile candidates and the initial score would use {used:g} of the total "
+                              f"ε = {self.epsilon:g}, leaving nothing for the trees; lower candidate_share")
+
+    @property
+    def eps_candidates(self) -> float:
+        """ε_c of the DP quantile candidates (0 unless ``candidate_placement = "quantile"``)."""
+        return self.candidate_share * self.epsilon if self.candidate_placement == "quantile" else 0.0
 
     # ------------------------------------------------------------------ derived
 
@@ -162,7 +197,12 @@ class Hyperparameters:
     # ------------------------------------------------------------------ (de)serialisation
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        if d["candidate_placement"] == _QUIET_DEFAULTS["candidate_placement"]:  # not used: not written
+            for k in _QUIET_DEFAULTS:
+                if d[k] == _QUIET_DEFAULTS[k]:
+                    del d[k]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Hyperparameters":

@@ -19,6 +19,7 @@ from .accountant import PrivacyCalibration
 from .boosting import (Encoding, LocalData, init_noise_scales, init_score, leaf_noise_scales, leaf_values,
                        split_edges)
 from .builders import TreeBuilder
+from .candidates import dp_quantile_cuts
 from .config import Hyperparameters
 from .data import Dataset
 from .fixedpoint import check_capacity
@@ -54,7 +55,9 @@ def privacy_receipt(hp: Hyperparameters, cal: PrivacyCalibration, rounds_complet
     """The public statement released with the model (design.md "Session" 5)."""
     return {
         "guarantee": (f"({cal.epsilon:.6g}, {cal.delta:.3g})-differential privacy for every record "
-                      "(add/remove one record), covering the initial score and all released trees"),
+                      "(add/remove one record), covering the initial score"
+                      + (", the quantile split candidates" if cal.eps_candidates > 0 else "")
+                      + " and all released trees"),
         "epsilon": cal.epsilon,
         "target_epsilon": hp.epsilon,
         "delta": cal.delta,
@@ -77,6 +80,8 @@ def privacy_receipt(hp: Hyperparameters, cal: PrivacyCalibration, rounds_complet
         "noise_mode": noise_mode,
         "randomness": randomness,
         "parties": list(parties or []),
+        **({"eps_candidates": cal.eps_candidates, "candidate_placement": "quantile"} if cal.eps_candidates > 0
+           else {}),
     }
 
 
@@ -104,6 +109,9 @@ def train(dataset: Dataset, hp: Hyperparameters, randomness=None, progress: Prog
     table = filter_for(hp, cal)
     enc = Encoding.for_schema(hp, schema)
     arrival = dataset.arrival if arrival is None else arrival
+    released = None
+    if cal.eps_candidates > 0:  # DP quantile candidates first (Eq. C2, C3): the trees split on the released cuts
+        schema, released = dp_quantile_cuts(dataset.X, schema, hp.split_candidates, cal.eps_candidates, randomness)
     local = local_data_for(schema, dataset.X, dataset.y, dataset.ids, hp, arrival,
                            edges=split_edges(schema, hp.split_candidates))
     check_capacity(max(enc.grad.bound_units, enc.hess.bound_units) * max(local.n, 1), 1,
@@ -115,7 +123,9 @@ def train(dataset: Dataset, hp: Hyperparameters, randomness=None, progress: Prog
         score = init_score(noisy, schema.task, enc)
     local.set_init_score(score)
 
-    model = Ensemble(schema, hp, score)
+    model = Ensemble(dataset.schema, hp, score)
+    if released is not None:
+        model.training["candidates"] = released  # public: the post-processed ε_c-DP release
     scales = leaf_noise_scales(hp, enc, cal.sigma)
     total = hp.total_rounds
     noise = prefetched_gaussian(randomness, scales, total) if cal.sigma > 0 else None

@@ -459,7 +459,8 @@ class SBDTRegressor(RegressorMixin, _SBDTBase):
                  learning_rate=0.1, l2=1.0, leaf_clip=2.0, grad_clip=0.5, hess_clip=None, label_clip=1.0, r1=0.2,
                  init_share=0.1, eps_ds=0.005, accountant="rdp", filter=False, cyclical=True, split_candidates=32,
                  seed=None, scale_bits=20, tree_builder=modes.DEFAULT, selection_share=0.7,
-                 selection="exponential", sketch_share=0.0, ensemble_trees=0, min_child_weight=0, schema=None,
+                 selection="exponential", sketch_share=0.0, ensemble_trees=0, min_child_weight=0, candidate_placement="schema",
+                 candidate_share=0.05, schema=None,
                  feature_ranges=None, categorical=None,
                  label_range=None,
                  out_of_range=None, allow_missing=False):
@@ -490,6 +491,8 @@ class SBDTRegressor(RegressorMixin, _SBDTBase):
         self.sketch_share = sketch_share
         self.ensemble_trees = ensemble_trees
         self.min_child_weight = min_child_weight
+        self.candidate_placement = candidate_placement
+        self.candidate_share = candidate_share
         self.schema = schema
         self.feature_ranges = feature_ranges
         self.categorical = categorical
@@ -539,7 +542,8 @@ class SBDTClassifier(ClassifierMixin, _SBDTBase):
                  learning_rate=0.1, l2=1.0, leaf_clip=2.0, grad_clip=0.5, hess_clip=None, label_clip=1.0, r1=0.2,
                  init_share=0.1, eps_ds=0.005, accountant="rdp", filter=False, cyclical=True, split_candidates=32,
                  seed=None, scale_bits=20, tree_builder=modes.DEFAULT, selection_share=0.7,
-                 selection="exponential", sketch_share=0.0, ensemble_trees=0, min_child_weight=0, schema=None,
+                 selection="exponential", sketch_share=0.0, ensemble_trees=0, min_child_weight=0, candidate_placement="schema",
+                 candidate_share=0.05, schema=None,
                  feature_ranges=None, categorical=None,
                  classes=None,
                  out_of_range=None, allow_missing=False):
@@ -570,6 +574,8 @@ class SBDTClassifier(ClassifierMixin, _SBDTBase):
         self.sketch_share = sketch_share
         self.ensemble_trees = ensemble_trees
         self.min_child_weight = min_child_weight
+        self.candidate_placement = candidate_placement
+        self.candidate_share = candidate_share
         self.schema = schema
         self.feature_ranges = feature_ranges
         self.categorical = categorical

@@ -244,13 +244,15 @@ def record_source(source, ids, id_column: str | None) -> RecordSource:
 def central_event(hp, cal, eps_rows: float = 0.0):
     """What a central training run costs a worst-case record, for the ledger: the RDP events of its receipt
     where it is random trees accounted by RDP (Thm. 23: ``cal.rounds`` Poisson-subsampled Gaussian trees, the
-    initial score's two discrete-Laplace releases, the DP row count of auto settings), checked to give the
+    initial score's two discrete-Laplace releases, the DP quantile candidates, the DP row count of auto settings),
+    checked to give the
     receipt's ε; otherwise its (ε, δ) alone (``approx``)."""
     whole = {"type": "approx", "epsilon": float(cal.epsilon + eps_rows), "delta": float(cal.delta)}
     if not modes.training_mode(hp).uniform_tree_rounds or cal.accountant != "rdp" or cal.sigma <= 0:
         return whole
     trees = compose(PoissonSampledEvent(cal.gamma, GaussianEvent(cal.sigma / math.sqrt(2.0))), count=cal.rounds)
-    core = compose(trees, init_score_events(cal.eps_init, cal.eps_ds))
+    core = compose(trees, init_score_events(cal.eps_init, cal.eps_ds),
+                   LaplaceEvent(cal.eps_candidates) if getattr(cal, "eps_candidates", 0.0) > 0 else None)
     eps, _ = event_epsilon_rdp(core, cal.delta, default_alpha_max(hp.epsilon, hp.delta))
     if not abs(eps - cal.epsilon) <= 1e-6 * max(1.0, cal.epsilon):  # not the receipt's accounting: (ε, δ) only
         return whole

@@ -28,6 +28,8 @@ Example (``examples/abalone/schema.toml``)::
     type = "numeric"
     range = [0.0, 1.0]
     allow_missing = true   # optional: keep missing values (NaN), routed by default directions
+    scale = "log"          # optional: split candidates equidistant in log(x − lo + 1), for skewed values
+    # cuts = [0.1, 0.2, 0.5]  # optional instead: the public candidate thresholds themselves
 
 Feature groups: one block declares many similar features with one type and range, by a list
 (``names = ["lab_a", "lab_b"]``) or a pattern (``pattern = "lab_{1..36}"``, or ``"lab_{01..36}"`` zero-padded);
@@ -74,8 +76,14 @@ class SchemaError(ValueError):
 TOP_KEYS = ("name", "task", "target", "features", "columns", "id_column", "arrival_column", "label_range",
             "positive", "negative", "classes", "format", "data_derived")
 #: the keys of one ``[[features]]`` block: exactly one of name / names / pattern, then its type's keys
-FEATURE_KEYS = {"numeric": ("name", "names", "pattern", "type", "range", "allow_missing", "data_derived"),
+FEATURE_KEYS = {"numeric": ("name", "names", "pattern", "type", "range", "allow_missing", "scale", "cuts",
+                            "data_derived"),
                 "categorical": ("name", "names", "pattern", "type", "levels", "allow_missing", "data_derived")}
+#: where a numeric feature's public split candidates lie (docs/data-sources.md#split-candidates): equidistant on
+#: the range ("linear", the default) or equidistant in log(x − lo + 1) ("log"); ``cuts`` lists them instead
+SCALES = ("linear", "log")
+#: at most this many declared cut points per feature (trees are walked on one-byte codes of the candidates)
+MAX_CUTS = 255
 #: the keys a ``data_derived`` mark may name: at the top level, and in a feature block
 TOP_MARKABLE = ("task", "label_range", "positive", "negative", "classes")
 FEATURE_MARKABLE = ("type", "range", "levels", "allow_missing")
@@ -206,7 +214,8 @@ def _feature_block(f: Any, i: int, source: str) -> list["Feature"]:
         lo, hi = float(rng[0]), float(rng[1])
         if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
             raise SchemaError(f"{source}: feature {label}: range must satisfy lo < hi, got {rng}")
-        return [Feature(n, "numeric", lo, hi, allow_missing=allow) for n in names]
+        scale, cuts = _placement(f, lo, hi, label, source)
+        return [Feature(n, "numeric", lo, hi, allow_missing=allow, scale=scale, cuts=cuts) for n in names]
     if "levels" not in f:
         raise SchemaError(f"{source}: missing required key 'features[{i}].levels'")
     levels = f["levels"]
@@ -215,6 +224,33 @@ def _feature_block(f: Any, i: int, source: str) -> list["Feature"]:
     if len(set(levels)) != len(levels):
         raise SchemaError(f"{source}: feature {label}: duplicate levels")
     return [Feature(n, "categorical", levels=tuple(levels), allow_missing=allow) for n in names]
+
+
+def _placement(f: dict[str, Any], lo: float, hi: float, label: str, source: str) -> tuple[str, tuple[float, ...]]:
+    """A numeric block's public split-candidate placement: ``scale`` ("linear" or "log") and ``cuts`` (sorted,
+    distinct, finite public thresholds inside ``[lo, hi]``, at most :data:`MAX_CUTS`), one of them at most."""
+    scale = f.get("scale", "linear")
+    if not isinstance(scale, str) or scale not in SCALES:
+        raise SchemaError(f"{source}: feature {label}: scale must be 'linear' or 'log', got {scale!r}")
+    if "cuts" not in f:
+        return scale, ()
+    cuts = f["cuts"]
+    if "scale" in f:
+        raise SchemaError(f"{source}: feature {label}: give either scale or cuts (cuts are the candidates "
+                          "themselves), not both")
+    if not (isinstance(cuts, list) and cuts
+            and all(isinstance(c, (int, float)) and not isinstance(c, bool) for c in cuts)):
+        raise SchemaError(f"{source}: feature {label}: cuts must be a non-empty list of numbers")
+    c = [float(x) for x in cuts]
+    if not all(math.isfinite(x) for x in c):
+        raise SchemaError(f"{source}: feature {label}: cuts must be finite numbers, got {cuts}")
+    if len(c) > MAX_CUTS:
+        raise SchemaError(f"{source}: feature {label}: at most {MAX_CUTS} cuts, got {len(c)}")
+    if any(b <= a for a, b in zip(c, c[1:])):
+        raise SchemaError(f"{source}: feature {label}: cuts must be strictly increasing, got {cuts}")
+    if c[0] < lo or c[-1] > hi:
+        raise SchemaError(f"{source}: feature {label}: cuts must lie inside the range [{lo:g}, {hi:g}], got {cuts}")
+    return scale, tuple(c)
 
 
 @dataclass(frozen=True)
@@ -227,10 +263,17 @@ class Feature:
     hi: float = 0.0
     levels: tuple[str, ...] = ()
     allow_missing: bool = False  # missing values kept (NaN) and routed by each split's default direction
+    scale: str = "linear"  # numeric: split candidates equidistant on the range, or in log(x − lo + 1) ("log")
+    cuts: tuple[float, ...] = ()  # numeric: declared public candidate thresholds (empty: computed from scale)
 
     @property
     def is_categorical(self) -> bool:
         return self.kind == "categorical"
+
+    @property
+    def declares_candidates(self) -> bool:
+        """True if the schema places this feature's split candidates itself (``scale = "log"`` or ``cuts``)."""
+        return bool(self.cuts) or self.scale != "linear"
 
     def to_dict(self) -> dict[str, Any]:
         if self.is_categorical:
@@ -239,6 +282,10 @@ class Feature:
             d = {"name": self.name, "type": "numeric", "range": [self.lo, self.hi]}
         if self.allow_missing:  # only when set: schemas without missing values keep their digest
             d["allow_missing"] = True
+        if self.scale != "linear":  # likewise: only when declared
+            d["scale"] = self.scale
+        if self.cuts:
+            d["cuts"] = list(self.cuts)
         return d
 
 

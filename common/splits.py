@@ -3,7 +3,8 @@
 Splits are data-independent: a feature per inner node (uniform, or one
 feature per tree cycling through the features — "cyclical feature
 interactions", Nori et al.) and a threshold uniform over the feature's
-*public* range, or uniform over ``N`` equidistant candidates inside it;
+*public* range, or uniform over ``N`` equidistant candidates inside it (or the candidates the schema
+places, ``scale = "log"`` or ``cuts``: common/candidates.py);
 categorical nodes pick one public level.  The randomness is public and
 reproducible: tree *r* is a function of ``(seed, r)`` only, so every party can
 recompute (and check) what the coordinator broadcasts.
@@ -18,6 +19,7 @@ from fractions import Fraction
 
 import numpy as np
 
+from .candidates import log_uniform, pick, schema_candidates
 from .schema import Schema
 
 
@@ -54,7 +56,25 @@ def random_splits(schema: Schema, depth: int, seed: int, round_id: int, cyclical
         thresholds[num] = grid_thresholds(lo[num], hi[num], cand[num] + 1, split_candidates)
     else:
         thresholds[num] = (lo + (hi - lo) * u)[num]
+    _placed(schema, split_candidates, features, u, thresholds)
     return Splits(features, thresholds, missing_directions(schema, seed, round_id, n_inner))
+
+
+def _placed(schema: Schema, split_candidates: int, features: np.ndarray, u: np.ndarray,
+            thresholds: np.ndarray) -> None:
+    """Nodes on a feature whose schema places its candidates (``scale``, ``cuts``; common/candidates.py) take
+    the candidate the node's uniform draw ``u`` picks, in place; other nodes keep their threshold (the same
+    draws, so a schema without placements gives the same trees)."""
+    placed = [j for j, f in enumerate(schema.features) if not f.is_categorical and f.declares_candidates]
+    if not placed:
+        return
+    cands = schema_candidates(schema, split_candidates)
+    for j in placed:
+        at = features == j
+        if not at.any():
+            continue
+        f = schema.features[j]
+        thresholds[at] = (pick(cands[j], u[at]) if cands[j] is not None else log_uniform(f.lo, f.hi, u[at]))
 
 
 def grid_threshold(lo: float, hi: float, i: int, n: int) -> float:

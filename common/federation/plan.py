@@ -208,6 +208,10 @@ class Plan:
             refusal = plan_refusal(self.hyperparameters, self.schema)
             if refusal is not None:
                 raise PlanError(refusal)
+        if self.hyperparameters.candidate_placement != "schema":
+            raise PlanError("candidate_placement = \"quantile\" (DP quantile split candidates) is for `fedsbdt "
+                            "train`; a federation splits on the candidates its schema places (equidistant, or "
+                            "scale = \"log\" / cuts per feature; docs/data-sources.md#split-candidates)")
         if self.hyperparameters.tree_builder not in ("random", "greedy", "dpboost", "sarus"):
             raise PlanError(f"tree_builder = {self.hyperparameters.tree_builder!r} is not available in a "
                             "federation yet; use it with `fedsbdt train`")

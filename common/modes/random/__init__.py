@@ -38,7 +38,7 @@ class RandomTrees(Mode):
     def calibrate(self, hp):
         """Alg. 6: σ of the Poisson-subsampled Gaussian trees for the plan's ε (cached)."""
         return calibrate(hp.epsilon, hp.delta, hp.subsample, hp.accounted_rounds, hp.init_share, hp.eps_ds,
-                         hp.accountant)
+                         hp.accountant, eps_candidates=hp.eps_candidates)
 
     def central_builder(self, schema, hp, cal):
         return RandomTreeBuilder(schema, hp)
