@@ -70,7 +70,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
         rows = max(ds.n + int(randomness.discrete_laplace(np.array([1.0 / eps_rows]))[0]), 1)
         source = "dp-count"
-    choice = auto_settings(AutoInputs.for_schema(schema, plan.epsilon_trial, args.delta, int(0.8 * rows), source))
+    choice = auto_settings(AutoInputs.for_schema(schema, plan.epsilon_trial, args.delta, int(0.8 * rows), source,
+                                                 eps_rows if source == "dp-count" else 0.0))
     if choice.settings != centre:  # recentre on the auto setting for the per-trial budget and the real n
         centre = choice.settings
         try:
