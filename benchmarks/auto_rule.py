@@ -6,14 +6,13 @@ higher-is-better (AUC, accuracy, R²), floored at what a constant predictor gets
 a cell's runs.  The *gap* of a setting on a (dataset, ε) cell is the best candidate's score there minus its own.
 
 The rule (common/auto.py): per *profile* — the task group, split by the public schema's share of numeric
-features and/or its feature count (``PARTITIONS``) — the mean gap of every candidate as a function of the budget
-signal b = log10(ε·n/K): a Gaussian kernel of bandwidth h over the profile's cells, shrunk toward the task
-group's curve by ``SHRINK`` pseudo-cells, written at the points ``B_POINTS``; the profile keeps the
-``MAX_SETTINGS`` candidates that together pick best on its cells (forward selection).  The rule picks the smallest gap
-averaged over the b interval of the row count (a point when n is declared).  The partition and h are chosen by an
-inner 10-fold cross-validation over the training datasets, so a held-out dataset (LODO) or kind (LOKO) influences
-neither the curves nor the layout.  "Old" is the rule before issue 39: bands of b per task group, fitted the same
-way (``fit_bands``: the band layout chosen by the inner cross-validation) — and, fixed, ``OLD_TABLES`` as shipped.
+features and/or its feature count (``PARTITIONS``) — bands of the budget signal b = log10(ε·n/K) with edges
+offset + k·width (``BAND_LAYOUTS``), and in each band the mean gap of every candidate over the profile's cells,
+shrunk toward the task group's band mean by ``SHRINK`` pseudo-cells.  The rule picks the smallest gap averaged
+over the row count's noise (one point when n is declared; auto.count_points).  The partition and the band
+layout are chosen by an inner 5-fold cross-validation over the training datasets, so a held-out dataset (LODO)
+or kind (LOKO) influences neither the gaps nor the layout.  "Old" is the rule before issue 39, fitted the same
+way without a profile split (bands of b per task group) — and, fixed, ``OLD_TABLES`` as shipped before.
 
     python benchmarks/auto_rule.py            # evaluate; results/auto_rule.json, auto_rule.png
     python benchmarks/auto_rule.py --write    # ... and write the rule fitted on all datasets into common/auto.py
@@ -43,21 +42,18 @@ FLOOR = {"binary": 0.5, "regression": 0.0, "multiclass": 0.0}
 #: --l2-auto, results/auto_grid*_l2_*.jsonl), "base" = λ = 1
 VARIANT = {"classification": "base", "regression": "l2"}
 #: profile thresholds tried: (numeric share at which a schema counts as numeric, feature count from which wide)
-PARTITIONS = ((None, None), (1.0, None), (0.8, None), (None, 20), (1.0, 20))
-BANDWIDTHS = (0.35, 0.5, 0.75)
+PARTITIONS = ((None, None), (1.0, None), (0.8, None), (1.0, 20))
 #: pseudo-cells of the task group's curve in a profile's curve (shrinkage toward the group)
 SHRINK = 2.0
-#: the b points at which the curves are written (common/auto.py CURVES)
-B_POINTS = tuple(float(b) for b in np.round(np.arange(0.0, 7.51, 0.5), 2))
-#: settings kept per profile (forward selection, :func:`select`)
-MAX_SETTINGS = 3
+#: a candidate stays in a profile's curves when it is within this of the best in some band (a shorter auto.py)
+KEEP_WITHIN = 0.005
 #: the band layouts of the old rule: (width, offset) of band edges offset + k·width, or one band
-BAND_LAYOUTS = [(w, o) for w in (1.0, 1.5, 2.0) for o in (0.0, 0.5, 1.0, 1.5) if o < w] + [(100.0, -50.0)]
+BAND_LAYOUTS = [(w, o) for w in (1.5, 2.0) for o in (0.0, 0.5, 1.0, 1.5) if o < w] + [(100.0, -50.0)]
 #: the table shipped before issue 39 (common/auto.py TABLES then): upper edges of b and grid keys
 OLD_TABLES = {"classification": ((1.0, "g01"), (2.5, "g04"), (5.5, "g17"), (math.inf, "g21")),
               "regression": ((2.5, "g02"), (4.0, "g14"), (math.inf, "g19"))}
-INNER_FOLDS = 10
-COUNT_DRAWS = 100
+INNER_FOLDS = 5
+COUNT_DRAWS = 30
 
 
 def load_rows() -> list[dict]:
@@ -113,8 +109,17 @@ class Data:
         self.score = S
         self.gaps = S.max(axis=1, keepdims=True) - S
 
+        self._profiles = {}
+
+    def profiles(self, part) -> np.ndarray:
+        """Every cell's profile under the partition ``part`` (auto.profile_key), computed once."""
+        if part not in self._profiles:
+            self._profiles[part] = np.array([auto.profile_key(self.task[i], self.share[i], int(self.features[i]), part)
+                                             for i in range(len(self.cells))])
+        return self._profiles[part]
+
     def profile(self, i, part) -> str:
-        return auto.profile_key(self.task[i], self.share[i], int(self.features[i]), part)
+        return str(self.profiles(part)[i])
 
 
 def profiles_of(part) -> list[str]:
@@ -125,82 +130,43 @@ def profiles_of(part) -> list[str]:
     return [f"{g}/{k}" for g in ("classification", "regression") for k in kinds]
 
 
-def _kernel(bc: np.ndarray, h: float) -> np.ndarray:
-    return np.exp(-0.5 * ((np.array(B_POINTS)[:, None] - bc[None, :]) / h) ** 2)  # points × cells
-
-
-def fit_curves(D: Data, idx: np.ndarray, part, h: float) -> dict:
-    """Curves (B_POINTS, {candidate: gaps}) per profile from the cells ``idx`` (module doc)."""
-    prof = np.array([D.profile(i, part) for i in idx])
+def fit_curves(D: Data, idx: np.ndarray, part, layout) -> dict:
+    """Step curves per profile from the cells ``idx``: bands of b with edges offset + k·width (``layout``), in each
+    the mean gap of every candidate over the profile's cells, shrunk toward the task group's band mean by
+    ``SHRINK`` pseudo-cells (a band without group cells takes the nearest band that has some)."""
+    w, o = layout
+    prof = D.profiles(part)[idx]
     out = {}
     for grp in ("classification", "regression"):
         gi = idx[D.group[idx] == grp]
         if gi.size == 0:
             gi = idx
-        W = _kernel(D.b[gi], h)
-        group_curve = (W @ D.gaps[gi]) / W.sum(axis=1, keepdims=True)
+        kb = np.floor((D.b[gi] - o) / w).astype(int)
+        ks = list(range(int(kb.min()), int(kb.max()) + 1))
+        have = sorted(set(kb.tolist()))
+        group_mean = {}
+        for k in ks:
+            near = min(have, key=lambda j: (abs(j - k), j))
+            group_mean[k] = D.gaps[gi[kb == near]].mean(axis=0)
+        edges = tuple(float(round(o + w * (k + 1), 6)) for k in ks[:-1])
         for p in profiles_of(part):
             if not p.startswith(grp + "/"):
                 continue
             pi = idx[prof == p]
-            if pi.size:
-                Wp = _kernel(D.b[pi], h)
-                curve = (Wp @ D.gaps[pi] + SHRINK * group_curve) / (Wp.sum(axis=1, keepdims=True) + SHRINK)
-            else:
-                curve = group_curve
-            curve = np.round(curve, 4)
-            keep = select(curve, D, pi if pi.size else gi)
-            out[p] = (B_POINTS, {CANDIDATES[j]: tuple(float(x) for x in curve[:, j]) for j in keep})
+            kp = np.floor((D.b[pi] - o) / w).astype(int)
+            rows = []
+            for k in ks:
+                cells = pi[kp == k]
+                rows.append((D.gaps[cells].sum(axis=0) + SHRINK * group_mean[k]) / (len(cells) + SHRINK))
+            curve = np.round(np.array(rows), 4)  # bands × candidates
+            keep = [j for j in range(len(CANDIDATES)) if np.any(curve[:, j] <= curve.min(axis=1) + KEEP_WITHIN)]
+            out[p] = (edges, {CANDIDATES[j]: tuple(float(x) for x in curve[:, j]) for j in keep})
     return out
 
 
-def select(curve: np.ndarray, D: Data, cells: np.ndarray, m: int | None = None) -> list[int]:
-    """At most ``m`` (:data:`MAX_SETTINGS`) candidates per profile, chosen forward: each step adds the candidate
-    that most lowers the mean gap of the curves' pick over ``cells`` (few settings: fewer near-ties for the DP
-    count's noise to flip between, and a short table).  Returned in the candidates' order."""
-    m = MAX_SETTINGS if m is None else m
-    C = np.stack([np.interp(D.b[cells], B_POINTS, curve[:, j]) for j in range(len(CANDIDATES))], axis=1)
-    G = D.gaps[cells]
-    chosen: list[int] = []
-    for _ in range(m):
-        best = None
-        for j in range(len(CANDIDATES)):
-            if j in chosen:
-                continue
-            S = chosen + [j]
-            pick = np.array(S)[np.argmin(C[:, S], axis=1)]
-            g = float(G[np.arange(len(cells)), pick].mean())
-            if best is None or g < best[0] - 1e-12:
-                best = (g, j)
-        chosen.append(best[1])
-    return sorted(chosen)
-
-
 def pick_point(curves: dict, D: Data, i: int, part, b: float | None = None) -> str:
-    """The rule's choice for cell i at b (default: the cell's own b, n declared) — auto.choose at one point."""
-    bs, by_key = curves[D.profile(i, part)]
-    b = D.b[i] if b is None else b
-    return min(by_key, key=lambda k: np.interp(b, bs, by_key[k]))
-
-
-def fit_bands(D: Data, idx: np.ndarray, layout) -> dict:
-    """The old rule: per (group, band of b) the candidate with the smallest mean gap over its cells."""
-    w, o = layout
-    by = defaultdict(list)
-    for i in idx:
-        by[(D.group[i], math.floor((D.b[i] - o) / w))].append(i)
-    return {key: CANDIDATES[int(np.argmin(D.gaps[v].mean(axis=0)))] for key, v in by.items()}
-
-
-def pick_band(rule: dict, layout, D: Data, i: int, b: float | None = None) -> str:
-    w, o = layout
-    b = D.b[i] if b is None else b
-    k = math.floor((b - o) / w)
-    grp = D.group[i]
-    if (grp, k) in rule:
-        return rule[(grp, k)]
-    same = [(g, j) for g, j in rule if g == grp] or list(rule)
-    return rule[min(same, key=lambda gj: (abs(gj[1] - k), gj[1], gj[0]))]
+    """The rule's choice for cell i at b (default: the cell's own b, n declared)."""
+    return auto.choose(curves[D.profile(i, part)], [D.b[i] if b is None else b])
 
 
 def pick_old(D: Data, i: int, b: float | None = None) -> str:
@@ -216,40 +182,28 @@ def _folds(datasets: list[str]) -> list[list[str]]:
     return [datasets[j::INNER_FOLDS] for j in range(min(INNER_FOLDS, len(datasets)))]
 
 
-def choose_layout(D: Data, datasets: list[str]):
-    """Inner cross-validation over ``datasets`` (INNER_FOLDS folds): the (partition, h) with the smallest gap."""
+def choose_layout(D: Data, datasets: list[str], partitions=None):
+    """Inner cross-validation over ``datasets`` (INNER_FOLDS folds, datasets dealt in name order): the (partition,
+    band layout) with the smallest mean gap of the picks on the held-out folds."""
     best = None
-    for part in PARTITIONS:
-        for h in BANDWIDTHS:
+    folds = _folds(datasets)
+    for part in (PARTITIONS if partitions is None else partitions):
+        for layout in BAND_LAYOUTS:
             gs = []
-            for fold in _folds(datasets):
+            for fold in folds:
                 tr = np.flatnonzero(np.isin(D.ds, datasets) & ~np.isin(D.ds, fold))
                 te = np.flatnonzero(np.isin(D.ds, fold))
-                curves = fit_curves(D, tr, part, h)
+                curves = fit_curves(D, tr, part, layout)
                 gs += [gap(D, i, pick_point(curves, D, i, part)) for i in te]
             m = float(np.mean(gs))
             if best is None or m < best[0] - 1e-12:
-                best = (m, part, h)
+                best = (m, part, layout)
     return best[1], best[2]
 
 
-def choose_band_layout(D: Data, datasets: list[str]):
-    best = None
-    for layout in BAND_LAYOUTS:
-        gs = []
-        for fold in _folds(datasets):
-            tr = np.flatnonzero(np.isin(D.ds, datasets) & ~np.isin(D.ds, fold))
-            te = np.flatnonzero(np.isin(D.ds, fold))
-            rule = fit_bands(D, tr, layout)
-            gs += [gap(D, i, pick_band(rule, layout, D, i)) for i in te]
-        m = float(np.mean(gs))
-        if best is None or m < best[0] - 1e-12:
-            best = (m, layout)
-    return best[1]
-
-
 def held_out(D: Data, groups: dict[str, list[str]]) -> dict:
-    """For each held-out set of datasets: the new rule and the old (refitted) rule, fitted on the rest."""
+    """For each held-out set of datasets: the new rule (partition and bands chosen by the inner cross-validation)
+    and the old one (no profile split: bands of b per task group only), both fitted on the rest."""
     datasets = sorted(set(D.ds))
     out = {}
     for name, test in groups.items():
@@ -257,10 +211,11 @@ def held_out(D: Data, groups: dict[str, list[str]]) -> dict:
         tr = np.flatnonzero(np.isin(D.ds, train))
         if tr.size == 0:
             continue
-        part, h = choose_layout(D, train)
-        layout = choose_band_layout(D, train)
-        out[name] = {"curves": fit_curves(D, tr, part, h), "part": part, "h": h,
-                     "bands": fit_bands(D, tr, layout), "layout": layout, "test": test}
+        part, layout = choose_layout(D, train)
+        old_layout = choose_layout(D, train, [(None, None)])[1]
+        out[name] = {"curves": fit_curves(D, tr, part, layout), "part": part, "layout": layout,
+                     "old_curves": fit_curves(D, tr, (None, None), old_layout), "old_layout": old_layout,
+                     "test": test}
     return out
 
 
@@ -281,7 +236,7 @@ def evaluate(D: Data, fits: dict, xgb: dict) -> list[dict]:
     for name, f in fits.items():
         for i in np.flatnonzero(np.isin(D.ds, f["test"])):
             new = pick_point(f["curves"], D, i, f["part"])
-            old = pick_band(f["bands"], f["layout"], D, i)
+            old = pick_point(f["old_curves"], D, i, (None, None))
             shipped = pick_old(D, i)
             best = CANDIDATES[int(np.argmin(D.gaps[i]))]
             rows.append({"fold": name, "dataset": str(D.ds[i]), "kind": str(D.kind[i]), "task": str(D.task[i]),
@@ -330,20 +285,20 @@ def count_robustness(D: Data, fits: dict, draws: int = COUNT_DRAWS, seed: int = 
 
 def final_fit(D: Data):
     datasets = sorted(set(D.ds))
-    part, h = choose_layout(D, datasets)
-    return part, h, fit_curves(D, np.arange(len(D.cells)), part, h)
+    part, layout = choose_layout(D, datasets)
+    return part, layout, fit_curves(D, np.arange(len(D.cells)), part, layout)
 
 
-def write_rule(part, h, curves, n_datasets: int, n_kinds: dict, runs: str) -> None:
+def write_rule(part, layout, curves, n_datasets: int, n_kinds: str, runs: str) -> None:
     """Replace the fitted block of common/auto.py with these curves."""
     path = Path(auto.__file__)
     src = path.read_text()
     lines = [f'FITTED_ON = ("{n_datasets} public datasets ({n_kinds}) × ε ∈ {{0.1, 1, 4, 10}} × '
-             f'{len(CANDIDATES)} settings, {runs} (benchmarks/auto_rule.py; kernel bandwidth {h:g} in b)")',
+             f'{len(CANDIDATES)} settings, {runs} (benchmarks/auto_rule.py; bands of b of width {layout[0]:g})")',
              "#: profile thresholds: 'numeric' when the numeric share of the features is ≥ numeric_at (None: no split);",
              "#: '-wide' appended when the feature count is ≥ wide_at (None: no split)",
              f'PROFILE = {{"numeric_at": {part[0]!r}, "wide_at": {part[1]!r}}}',
-             '#: per profile "group/kind": (b points, {candidate: smoothed mean gap at each point})',
+             '#: per profile "group/kind": (upper edges of the bands of b, {candidate: mean gap in each band})',
              "CURVES: dict[str, tuple[tuple[float, ...], dict[str, tuple[float, ...]]]] = {"]
     for p, (bs, by) in sorted(curves.items()):
         lines.append(f'    "{p}": (')
@@ -380,7 +335,7 @@ def main() -> None:
         summ = summarise(rows)
         rob = count_robustness(D, fits)
         results[name] = {"cells": rows, "summary": summ, "count_robustness": rob,
-                         "layouts": {k: {"partition": f["part"], "h": f["h"], "bands": f["layout"]}
+                         "layouts": {k: {"partition": f["part"], "bands": f["layout"], "old_bands": f["old_layout"]}
                                      for k, f in fits.items()}}
         misses = sorted((c for c in rows if c["gap_new"] > 0.01), key=lambda c: -c["gap_new"])
         results[name]["misses"] = [{k: c[k] for k in ("dataset", "kind", "epsilon", "b", "new", "grid_best",
@@ -413,15 +368,14 @@ def main() -> None:
                 s = sk["all"]
                 print(f"loko held out {k}: new {s['gap_new']['mean']:.4f} ({s['gap_new']['within_0.01']:.0%}) | "
                       f"old refit {s['gap_old_refit']['mean']:.4f} | old shipped {s['gap_old_shipped']['mean']:.4f}")
-    part, h, curves = final_fit(D)
-    results["final"] = {"partition": part, "h": h, "curves": {p: {"b": list(bs), "gaps": by}
-                                                                for p, (bs, by) in curves.items()}}
-    print(f"final: partition {part}, h {h}", file=sys.stderr)
+    part, layout, curves = final_fit(D)
+    results["final"] = {"partition": part, "bands": layout, "curves": {p: {"edges": list(e), "gaps": by}
+                                                                       for p, (e, by) in curves.items()}}
+    print(f"final: partition {part}, bands {layout}", file=sys.stderr)
     if a.write:
         nk = ", ".join(f"{len(v)} {k}" for k, v in kinds.items() if v)
-        rr = sorted(set(runs[c] for c in runs if c[0] in datasets))
-        write_rule(part, h, curves, len(datasets), nk, f"{rr[0]}–{rr[-1]} runs per cell" if len(rr) > 1
-                   else f"{rr[0]} runs per cell")
+        write_rule(part, layout, curves, len(datasets), nk,
+                   "one run per cell (the first 22 sets: four for g01–g21)")
         import importlib
 
         importlib.reload(auto)

@@ -5,12 +5,11 @@ import json
 import math
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from fedsbdt.common.auto import (AUTO_KEYS, CANDIDATES, CURVES, PROFILE, AutoInputs, auto_settings, band_table,
-                                 budget_signal, candidate, choose, count_interval, count_points, noise_matched_l2,
-                                 profile_key, resolve, rows_epsilon, rule_table)
+                                 budget_signal, candidate, choose, count_interval, count_points, curve_at,
+                                 noise_matched_l2, profile_key, resolve, rows_epsilon, rule_table)
 from fedsbdt.common.config import Hyperparameters
 from fedsbdt.common.schema import Schema
 
@@ -81,6 +80,30 @@ def test_profile_comes_from_the_public_schema():
     assert auto_settings(wine).profile == profile_key("multiclass", 1.0, 13)
 
 
+def test_an_all_numeric_schema_gets_non_cyclical_trees_where_the_fit_says_so():
+    """The profile split pays where numeric and mixed schemas differ: somewhere the fit gives an all-numeric
+    classification schema non-cyclical trees and a mixed one cyclical trees (docs/auto.md's table); there a real
+    all-numeric schema (wine: 13 numeric features, 3 classes) gets all features per tree and says why."""
+    differ = [b / 4 for b in range(0, 29)
+              if not auto_settings(inputs("classification/numeric", b / 4)).settings["cyclical"]
+              and auto_settings(inputs("classification/mixed", b / 4)).settings["cyclical"]]
+    assert differ, "the fitted table no longer separates numeric from mixed schemas: update docs/auto.md"
+    b = differ[len(differ) // 2]
+    wine = auto_settings(AutoInputs.for_schema(WINE, 1.0, 1e-6, round(3 * 10 ** b)))
+    assert wine.profile == "classification/numeric" and wine.settings["cyclical"] is False
+    assert "every feature numeric" in wine.reasons[0] and not any("--no-cyclical" in r for r in wine.reasons)
+    mixed = auto_settings(inputs("classification/mixed", b, classes=3))
+    assert mixed.settings["cyclical"] is True and any("--no-cyclical" in r for r in mixed.reasons)
+
+
+def test_the_outside_checks_dp_count_no_longer_flips_the_choice():
+    """Issue 39: at ε = 0.1 a 3,680-row binary numeric set's DP count (2 % of ε) fell anywhere in 2,628–5,408
+    and flipped the old table between bands.  The choice over that whole range is one setting now."""
+    keys = {auto_settings(AutoInputs(0.098, 1e-6, "binary", 0, 10, 0, 0, c, "dp-count", 0.002)).key
+            for c in range(2628, 5409, 20)}
+    assert len(keys) == 1, keys
+
+
 def test_bad_inputs_are_refused():
     with pytest.raises(ValueError, match="rows_source"):
         AutoInputs(1.0, 1e-6, "binary", 0, 5, 0, 0, 100, "guessed")
@@ -122,7 +145,7 @@ def test_dp_count_choice_averages_over_the_counts_noise():
             inp = inputs(profile, b, epsilon=0.098, rows_source="dp-count", rows_epsilon=0.002)
             c = auto_settings(inp)
             budgets = [budget_signal(0.098, n) for n in count_points(inp.rows, 0.002)]
-            means = {k: sum(np.interp(x, bs, g) for x in budgets) / len(budgets) for k, g in by.items()}
+            means = {k: sum(curve_at(bs, g, x) for x in budgets) / len(budgets) for k, g in by.items()}
             assert c.key == min(means, key=means.get) == choose(curves, budgets)
             assert c.budget_range[0] < c.budget < c.budget_range[1]
             assert "DP count" in c.reasons[0]
