@@ -291,7 +291,7 @@ def auto_settings(inp: AutoInputs) -> AutoChoice:
     if s["cyclical"]:
         reasons.append("cyclical trees fit one feature per tree (an additive model): if your outcome depends on "
                        "features together, pass --no-cyclical or let fedsbdt tune try it (docs/auto.md 'Cyclical "
-                       "trees and interactions')")
+                       "trees and numeric data')")
     s["split_candidates"] = 32
     reasons.append("32 equidistant split candidates: benchmarks/defaults.py found no gain from more (docs/choosing-"
                    "epsilon.md 'Split settings')")
