@@ -4,16 +4,26 @@ A pure rule from quantities that cost no privacy — ε, δ, the task, the numbe
 (count, types, level counts) — and the row count n, which the user declares public (``--rows N``) or which
 is released by a discrete-Laplace count at a small accounted share of ε (:data:`ROWS_SHARE`).
 
-The rule's one signal is the *budget per model*, ``b = log10(ε·n)`` (``ε·n/K`` for K classes: each class
+The rule's main signal is the *budget per model*, ``b = log10(ε·n)`` (``ε·n/K`` for K classes: each class
 tree sees the same noise with 1/K of the signal).  Leaf noise scales like ``1/ε`` and the leaf sums like
 ``n·γ/2^d``, so ``ε·n`` is what decides how many leaves (depth), trees, and how much of the data per tree
-(γ) the noise can afford.  :data:`TABLES` maps bands of ``b`` to settings, one table per task group; it was fitted offline
-(benchmarks/auto_rule.py) on the 22-dataset suite (benchmarks/suite.py) as, in each band, the grid
-setting with the smallest mean gap to the best grid setting of each (dataset, ε); docs/auto.md has the
-leave-one-dataset-out evaluation.  Settings the table does not vary are fixed with a reason each.
+(γ) the noise can afford.  The public schema adds the *profile*: the task group (classification or
+regression) and whether every feature is numeric — cyclical trees (one feature per tree, an additive model)
+lose on numeric measurement data whose classes sit in regions of several features together (issue 39).
+
+:data:`CURVES` holds, per profile, the mean gap of each candidate setting (:data:`CANDIDATES`) to the best of
+the grid at each (dataset, ε) of the 70-dataset suite (benchmarks/suite.py), smoothed over neighbouring
+budgets (benchmarks/auto_rule.py, Gaussian kernel in b, shrunk toward the task group's curve).  The rule
+picks the setting with the smallest gap at b for a declared n; for a DP count, the smallest gap *expected
+under the count's noise* (averaged over quantiles of the noise, :func:`count_points`), so a choice that
+depends on which side of a band edge the noise fell is replaced by the one that is best across the count's
+likely range (eq. (1) in docs/auto.md).  :func:`band_table` writes the rule for a declared n as bands of b
+(docs/auto.md's table).  docs/auto.md has the leave-one-dataset-out and leave-one-kind-out evaluation.
+Settings the rule does not vary are fixed with a reason each.
 """
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -28,23 +38,162 @@ ROWS_SHARE = 0.02
 AUTO_KEYS = ("trees", "depth", "subsample", "learning_rate", "cyclical", "split_candidates", "tree_builder",
              "init_share", "grad_clip", "l2")
 
-#: per task group, (upper edge of b = log10(ε·n[/K]), settings): the first band whose edge exceeds b applies
-#: (fitted by benchmarks/auto_rule.py on benchmarks/results/auto_grid*.jsonl; see docs/auto.md)
-TABLES: dict[str, tuple[tuple[float, dict[str, Any]], ...]] = {
-    "classification": (
-        (1.0, dict(trees=100, depth=3, subsample=0.1, learning_rate=0.1, cyclical=True)),  # g01
-        (2.5, dict(trees=20, depth=4, subsample=1.0, learning_rate=0.3, cyclical=False)),  # g04
-        (5.5, dict(trees=300, depth=5, subsample=0.3, learning_rate=0.1, cyclical=True)),  # g17
-        (math.inf, dict(trees=1000, depth=6, subsample=0.3, learning_rate=0.1, cyclical=False)),  # g21
-    ),
-    "regression": (  # fitted on the grid with λ matched to the noise (auto_grid.py --l2-auto)
-        (2.5, dict(trees=50, depth=3, subsample=0.1, learning_rate=0.1, cyclical=True)),  # g02
-        (4.0, dict(trees=200, depth=4, subsample=0.2, learning_rate=0.1, cyclical=False)),  # g14
-        (math.inf, dict(trees=500, depth=6, subsample=0.3, learning_rate=0.1, cyclical=False)),  # g19
-    ),
+#: the candidate settings (benchmarks/auto_grid.py FOCUSED but g25): (trees, depth, γ, η, cyclical).  g01 is the
+#: S-BDT paper's setting; g02, g04, g14, g17, g19, g21 were the band table's before issue 39; g09, g23, g24 and
+#: g26–g28 their cyclical / non-cyclical twins; g18 the deeper non-cyclical one.  (g25, g21's cyclical twin, was
+#: run on the 48 added datasets only; the first 22 lack it, so it is no candidate.)
+CANDIDATES: dict[str, tuple[int, int, float, float, bool]] = {
+    "g01": (100, 3, 0.1, 0.1, True), "g02": (50, 3, 0.1, 0.1, True), "g04": (20, 4, 1.0, 0.3, False),
+    "g09": (100, 3, 0.1, 0.1, False), "g14": (200, 4, 0.2, 0.1, False), "g17": (300, 5, 0.3, 0.1, True),
+    "g18": (300, 6, 0.3, 0.1, False), "g19": (500, 6, 0.3, 0.1, False), "g21": (1000, 6, 0.3, 0.1, False),
+    "g23": (20, 4, 1.0, 0.3, True), "g24": (300, 5, 0.3, 0.1, False),
+    "g26": (50, 3, 0.1, 0.1, False), "g27": (200, 4, 0.2, 0.1, True), "g28": (500, 6, 0.3, 0.1, True),
 }
-#: where TABLES come from (shown with the reason)
-FITTED_ON = "22 public datasets × ε ∈ {0.1, 1, 4, 10} × 22 settings × 4 runs (benchmarks/auto_rule.py)"
+#: confidence of the DP row count's interval shown with the choice (docs/auto.md eq. (2))
+COUNT_LEVEL = 0.95
+#: points at which the rule averages a curve over the DP count's noise: equal-probability quantiles (eq. (1))
+COUNT_POINTS = 17
+
+
+def candidate(key: str) -> dict[str, Any]:
+    """The settings of candidate ``key`` as hyperparameter keys."""
+    t, d, g, eta, cyc = CANDIDATES[key]
+    return dict(trees=t, depth=d, subsample=g, learning_rate=eta, cyclical=cyc)
+
+
+# --- fitted by benchmarks/auto_rule.py --write (do not edit by hand) ---
+FITTED_ON = ("70 public datasets (28 numeric-measurement, 10 numeric-other, 28 mixed, 4 categorical) × ε ∈ {0.1, 1, 4, 10} × 14 settings, one run per cell (the first 22 sets: four for g01–g21) (benchmarks/auto_rule.py; bands of b of width 2)")
+#: profile thresholds: 'numeric' when the numeric share of the features is ≥ numeric_at (None: no split);
+#: '-wide' appended when the feature count is ≥ wide_at (None: no split)
+PROFILE = {"numeric_at": 1.0, "wide_at": None}
+#: per profile "group/kind": (upper edges of the bands of b, {candidate: mean gap in each band})
+CURVES: dict[str, tuple[tuple[float, ...], dict[str, tuple[float, ...]]]] = {
+    "classification/mixed": (
+        (1.0, 3.0, 5.0),
+        {
+            "g17": (0.1481, 0.0717, 0.0186, 0.0154),
+            "g18": (0.1178, 0.0766, 0.0316, 0.0095),
+            "g19": (0.1647, 0.1049, 0.0318, 0.0068),
+            "g21": (0.2417, 0.1037, 0.0396, 0.0058),
+            "g24": (0.1284, 0.0728, 0.0235, 0.0082),
+            "g26": (0.0440, 0.0805, 0.0750, 0.0416),
+            "g27": (0.2216, 0.0558, 0.0227, 0.0194),
+            "g28": (0.2160, 0.0734, 0.0154, 0.0128),
+        }),
+    "classification/numeric": (
+        (1.0, 3.0, 5.0),
+        {
+            "g01": (0.0398, 0.0894, 0.0337, 0.0303),
+            "g04": (0.1204, 0.0587, 0.0393, 0.0380),
+            "g09": (0.0838, 0.0895, 0.0182, 0.0309),
+            "g14": (0.1025, 0.0728, 0.0178, 0.0160),
+            "g17": (0.1080, 0.0949, 0.0133, 0.0154),
+            "g18": (0.0642, 0.0827, 0.0233, 0.0095),
+            "g19": (0.0901, 0.0830, 0.0167, 0.0068),
+            "g21": (0.1430, 0.1015, 0.0314, 0.0058),
+            "g24": (0.0580, 0.0670, 0.0210, 0.0082),
+            "g27": (0.0890, 0.0747, 0.0146, 0.0194),
+        }),
+    "regression/mixed": (
+        (3.0, 5.0),
+        {
+            "g01": (0.0790, 0.1421, 0.1595),
+            "g18": (0.1129, 0.0351, 0.0083),
+            "g19": (0.1760, 0.0526, 0.0045),
+            "g21": (0.2334, 0.1110, 0.0049),
+            "g27": (0.0793, 0.0620, 0.0749),
+            "g28": (0.1436, 0.0218, 0.0094),
+        }),
+    "regression/numeric": (
+        (3.0, 5.0),
+        {
+            "g18": (0.1453, 0.0678, 0.0083),
+            "g19": (0.1919, 0.0747, 0.0045),
+            "g21": (0.2308, 0.1559, 0.0049),
+            "g24": (0.1162, 0.0456, 0.0118),
+            "g27": (0.0661, 0.0618, 0.0749),
+            "g28": (0.1094, 0.0413, 0.0094),
+        }),
+}
+# --- end of the fitted part ---
+
+
+def profile_key(task: str, numeric_share: float, features: int,
+                thresholds: tuple[float | None, int | None] | None = None) -> str:
+    """The rule's profile, ``"<group>/<kind>"``: the task group, and whether the schema is all-numeric (share of
+    numeric features ≥ ``numeric_at``) and wide (≥ ``wide_at`` features); ``thresholds = (numeric_at, wide_at)``
+    defaults to :data:`PROFILE` (None in either place: no split on it)."""
+    numeric_at, wide_at = thresholds if thresholds is not None else (PROFILE["numeric_at"], PROFILE["wide_at"])
+    kind = "all" if numeric_at is None else ("numeric" if numeric_share >= numeric_at else "mixed")
+    if wide_at is not None:
+        kind += "-wide" if features >= wide_at else "-narrow"
+    return f"{task_group(task)}/{kind}"
+
+
+def count_interval(rows: int, rows_epsilon: float, level: float = COUNT_LEVEL) -> tuple[int, int]:
+    """The ``level`` interval of the true count around a discrete-Laplace count ``rows`` released at ε =
+    ``rows_epsilon`` (sensitivity 1): P(|X| > k) = 2·e^{−ε(k+1)}/(1 + e^{−ε}) ≤ 1 − level gives
+    k = ⌈ln(2/((1 − level)(1 + e^{−ε})))/ε⌉ − 1 (docs/auto.md eq. (2)); the lower end is at least 1."""
+    if rows_epsilon <= 0:
+        return rows, rows
+    k = max(0, math.ceil(math.log(2.0 / ((1.0 - level) * (1.0 + math.exp(-rows_epsilon)))) / rows_epsilon) - 1)
+    return max(rows - k, 1), rows + k
+
+
+def count_points(rows: int, rows_epsilon: float, points: int = COUNT_POINTS) -> list[int]:
+    """Row counts the true n may be, given a discrete-Laplace count ``rows`` at ε = ``rows_epsilon``: the
+    ``points`` quantiles (j + ½)/points of the noise (continuous Laplace of scale 1/ε as the approximation,
+    q ↦ −sign(q − ½)·ln(1 − 2|q − ½|)/ε), each at least 1; ``[rows]`` for a declared count.  Averaging a curve
+    over them is its expected value under the count's noise (docs/auto.md eq. (1))."""
+    if rows_epsilon <= 0:
+        return [rows]
+    out = []
+    for j in range(points):
+        q = (j + 0.5) / points - 0.5
+        z = -math.copysign(1.0, q) * math.log(1 - 2 * abs(q)) / rows_epsilon if q else 0.0
+        out.append(max(int(round(rows - z)), 1))
+    return out
+
+
+def curve_at(edges: tuple[float, ...], gaps: tuple[float, ...], b: float) -> float:
+    """A fitted curve at ``b``: the value of the band of b (``edges`` are the bands' finite upper edges, so
+    ``len(gaps) == len(edges) + 1``; b on an edge belongs to the band above it)."""
+    return gaps[bisect.bisect_right(edges, b)]
+
+
+def choose(curves: tuple[tuple[float, ...], dict[str, tuple[float, ...]]], budgets: list[float]) -> str:
+    """The candidate with the smallest mean gap over the budgets ``budgets`` (the b of each of
+    :func:`count_points`; one b for a declared n) — eq. (1) of docs/auto.md; ties: the first in the curves'
+    order."""
+    edges, by_key = curves
+    return min(by_key, key=lambda k: sum(curve_at(edges, by_key[k], b) for b in budgets) / len(budgets))
+
+
+def band_table(profile: str) -> list[tuple[float, str]]:
+    """The rule for a declared n as bands: (upper edge of b, candidate), neighbours with the same candidate
+    merged, the last edge ∞."""
+    edges, by_key = CURVES[profile]
+    keys = [min(by_key, key=lambda k: by_key[k][i]) for i in range(len(edges) + 1)]
+    ups = [*edges, math.inf]
+    return [(ups[i], keys[i]) for i in range(len(keys)) if i == len(keys) - 1 or keys[i + 1] != keys[i]]
+
+
+def rule_table() -> str:
+    """The rule for a declared n as a Markdown table (docs/auto.md's ``table:auto``, checked by the tests)."""
+    rows = ["| profile | band of log10(ε·n/K) | trees | depth | γ | η | cyclical | candidate |",
+            "|---|---|---|---|---|---|---|---|"]
+    for p in sorted(CURVES):
+        lo = None
+        for edge, key in band_table(p):
+            s = candidate(key)
+            if lo is None:
+                band = "all" if math.isinf(edge) else f"< {edge:g}"
+            else:
+                band = f"≥ {lo:g}" if math.isinf(edge) else f"{lo:g} – {edge:g}"
+            rows.append(f"| {p} | {band} | {s['trees']} | {s['depth']} | {s['subsample']:g} | {s['learning_rate']:g} "
+                        f"| {'yes' if s['cyclical'] else 'no'} | {key} |")
+            lo = edge
+    return "\n".join(rows)
 
 
 @dataclass(frozen=True)
@@ -60,13 +209,33 @@ class AutoInputs:
     max_levels: int
     rows: int  # n: declared public, or a DP count
     rows_source: str = "declared"  # "declared" (public, --rows) or "dp-count" (released at ROWS_SHARE·ε)
+    rows_epsilon: float = 0.0  # ε of the DP count (0 when declared)
+
+    def __post_init__(self):
+        if self.rows_source not in ("declared", "dp-count"):
+            raise ValueError(f"rows_source must be 'declared' or 'dp-count', got {self.rows_source!r}")
+        if not (self.features >= 1 and 0 <= self.categorical <= self.features):
+            raise ValueError(f"features = {self.features}, categorical = {self.categorical}: need 0 ≤ categorical "
+                             "≤ features, features ≥ 1")
+        if self.rows_epsilon < 0 or (self.rows_source == "declared") != (self.rows_epsilon == 0):
+            raise ValueError(f"rows_epsilon = {self.rows_epsilon}: > 0 exactly for a DP count")
+
+    @property
+    def numeric_share(self) -> float:
+        """Share of numeric features in the public schema (zero privacy cost)."""
+        return (self.features - self.categorical) / self.features
 
     @classmethod
     def for_schema(cls, schema: Schema, epsilon: float, delta: float, rows: int,
-                   rows_source: str = "declared") -> "AutoInputs":
+                   rows_source: str = "declared", rows_epsilon: float | None = None) -> "AutoInputs":
+        """``rows_epsilon`` defaults, for a DP count, to what ``fedsbdt train`` spends: :data:`ROWS_SHARE` of the
+        total, when ``epsilon`` is the rest (the training ε)."""
         cats = [f for f in schema.features if f.is_categorical]
+        if rows_epsilon is None:
+            rows_epsilon = epsilon * ROWS_SHARE / (1 - ROWS_SHARE) if rows_source == "dp-count" else 0.0
         return cls(float(epsilon), float(delta), schema.task, schema.n_classes, schema.n_features, len(cats),
-                   max((len(f.levels) for f in cats), default=0), max(int(rows), 1), rows_source)
+                   max((len(f.levels) for f in cats), default=0), max(int(rows), 1), rows_source,
+                   float(rows_epsilon))
 
 
 @dataclass(frozen=True)
@@ -74,46 +243,57 @@ class AutoChoice:
     settings: dict[str, Any]
     reasons: tuple[str, ...]
     inputs: AutoInputs
-    budget: float  # b = log10(ε·n[/K])
+    budget: float  # b = log10(ε·n[/K]) at the (declared or counted) n
+    budget_range: tuple[float, float] = (math.nan, math.nan)  # the b interval the choice averaged over
+    profile: str = ""
+    key: str = ""  # the candidate chosen (CANDIDATES)
 
     def to_dict(self) -> dict[str, Any]:
         return {"settings": dict(self.settings), "reasons": list(self.reasons), "inputs": asdict(self.inputs),
-                "budget_log10": self.budget, "fitted_on": FITTED_ON}
+                "budget_log10": self.budget, "budget_log10_range": list(self.budget_range),
+                "profile": self.profile, "candidate": self.key, "fitted_on": FITTED_ON}
 
 
 def task_group(task: str) -> str:
-    """Regression trees get their own table: a leaf's Hessian sum is its noisy record count, so deep trees
+    """Regression trees get their own curves: a leaf's Hessian sum is its noisy record count, so deep trees
     with small leaves blow up where classification trees do not (docs/auto.md)."""
     return "regression" if task == "regression" else "classification"
 
 
 def budget_signal(epsilon: float, rows: int, classes: int = 0) -> float:
-    """``b = log10(ε·n/max(K, 1))``: the rule's single signal (module doc)."""
+    """``b = log10(ε·n/max(K, 1))``: the rule's budget signal (module doc)."""
     return math.log10(max(epsilon * max(rows, 1) / max(classes, 1), 1e-12))
 
 
 def auto_settings(inp: AutoInputs) -> AutoChoice:
     """The ``auto`` hyperparameters for these inputs, with the reason for each (pure; docs/auto.md)."""
     b = budget_signal(inp.epsilon, inp.rows, inp.classes)
-    group = task_group(inp.task)
-    lo = -math.inf
-    for edge, row in TABLES[group]:
-        if b < edge:
-            break
-        lo = edge
+    lo_n, hi_n = count_interval(inp.rows, inp.rows_epsilon)
+    b_lo, b_hi = budget_signal(inp.epsilon, lo_n, inp.classes), budget_signal(inp.epsilon, hi_n, inp.classes)
+    profile = profile_key(inp.task, inp.numeric_share, inp.features)
+    key = choose(CURVES[profile], [budget_signal(inp.epsilon, n, inp.classes)
+                                   for n in count_points(inp.rows, inp.rows_epsilon)])
+    s = candidate(key)
     per = "ε·n/K" if inp.classes else "ε·n"
-    band = (f"[{lo:g}, {edge:g})" if math.isfinite(edge) else f"≥ {lo:g}") if math.isfinite(lo) else f"< {edge:g}"
-    s = dict(row)
+    if inp.rows_source == "declared":
+        where = f"n = {inp.rows} declared public"
+        span = f"at log10 {b:.2f}"
+    else:
+        where = (f"n = {inp.rows} from a DP count at ε = {inp.rows_epsilon:.3g}, {COUNT_LEVEL:.0%} interval "
+                 f"[{lo_n}, {hi_n}]")
+        span = (f"averaged over the count's noise (log10 {b_lo:.2f} … {b_hi:.2f}), so the choice does not hang on "
+                "which side of a band edge the noise fell")
+    numeric = "every feature numeric" if inp.numeric_share >= 1 else f"{inp.numeric_share:.0%} of the features numeric"
     reasons = [
-        f"{per} = {10 ** b:.4g} (log10 {b:.2f}, n = {inp.rows} {'declared public' if inp.rows_source == 'declared' else 'from a DP count'}) "
-        f"is in the {group} band {band}: on the suite the setting T={s['trees']}, depth {s['depth']}, γ={s['subsample']:g}, "
-        f"η={s['learning_rate']:g}, {'cyclical' if s['cyclical'] else 'all features per tree'} had the smallest mean "
-        f"gap to the best of 22 settings there ({FITTED_ON})",
+        f"{per} = {10 ** b:.4g} (log10 {b:.2f}, {where}); {inp.features} features, {numeric}: profile {profile}. "
+        f"On the suite the setting T={s['trees']}, depth {s['depth']}, γ={s['subsample']:g}, η={s['learning_rate']:g}, "
+        f"{'cyclical' if s['cyclical'] else 'all features per tree'} ({key}) had the smallest mean gap to the best "
+        f"of {len(CANDIDATES)} settings {span} ({FITTED_ON})",
     ]
     if s["cyclical"]:
         reasons.append("cyclical trees fit one feature per tree (an additive model): if your outcome depends on "
                        "features together, pass --no-cyclical or let fedsbdt tune try it (docs/auto.md 'Cyclical "
-                       "trees and interactions')")
+                       "trees and numeric data')")
     s["split_candidates"] = 32
     reasons.append("32 equidistant split candidates: benchmarks/defaults.py found no gain from more (docs/choosing-"
                    "epsilon.md 'Split settings')")
@@ -132,7 +312,7 @@ def auto_settings(inp: AutoInputs) -> AutoChoice:
     else:
         s["grad_clip"] = 0.5
         reasons.append("g* = 0.5 (the paper's clip) for regression and multi-class tasks")
-    return AutoChoice(s, tuple(reasons), inp, b)
+    return AutoChoice(s, tuple(reasons), inp, b, (b_lo, b_hi), profile, key)
 
 
 def settings_text(s: dict[str, Any]) -> str:
@@ -198,5 +378,6 @@ def resolve(given: dict[str, Any], schema: Schema, rows: int | None, rows_source
                     "regularisation')",)
     if overridden:
         reasons += (f"given explicitly (override auto): {', '.join(overridden)}",)
-    choice = AutoChoice(dict(chosen), reasons, choice.inputs, choice.budget)
+    choice = AutoChoice(dict(chosen), reasons, choice.inputs, choice.budget, choice.budget_range, choice.profile,
+                        choice.key)
     return merged, choice

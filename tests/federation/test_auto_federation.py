@@ -66,7 +66,6 @@ def test_fedsbdt_plan_pins_the_auto_settings_of_train_and_the_federation_trains_
     for the same public inputs, λ included; an in-process federation on that plan file releases the centralised
     engine's model bit for bit (seeded, noise off)."""
     from fedsbdt.common.cli import main
-    from fedsbdt.common.config import Hyperparameters
     from fedsbdt.common.federation.plan import Plan
 
     from .conftest import write_splits
@@ -85,9 +84,13 @@ def test_fedsbdt_plan_pins_the_auto_settings_of_train_and_the_federation_trains_
     plan = Plan.load(tmp_path / "plan.toml")
     hp = plan.hyperparameters
     assert printed["settings"] == "auto" and printed["hyperparameters"] == hp.to_dict()
-    # auto chose beyond the flags: not the paper's depth 3, γ 0.1, cyclical, λ 1
-    paper = Hyperparameters(epsilon=4.0, trees=5, seed=13)
-    assert (hp.depth, hp.subsample, hp.cyclical) != (paper.depth, paper.subsample, paper.cyclical) and hp.l2 > 1.0
+    # auto chose beyond the flags: the rule's depth, γ and cyclical for these public inputs (at ε·n = 960 a
+    # regression schema with a categorical feature gets the paper's depth 3, γ 0.1, cyclical, docs/auto.md), λ > 1
+    from fedsbdt.common.auto import AutoInputs, auto_settings
+
+    rule = auto_settings(AutoInputs.for_schema(schema, 4.0, hp.delta, len(raw))).settings
+    assert (hp.depth, hp.subsample, hp.cyclical) == (rule["depth"], rule["subsample"], rule["cyclical"])
+    assert hp.l2 > 1.0
     assert printed["auto"]["settings"]["l2"] == hp.l2 and "trees" not in printed["auto"]["settings"]  # given
     # central `fedsbdt train` with the same public inputs uses the same hyperparameters
     union = tmp_path / "union.csv"
