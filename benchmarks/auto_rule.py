@@ -42,7 +42,10 @@ FLOOR = {"binary": 0.5, "regression": 0.0, "multiclass": 0.0}
 #: --l2-auto, results/auto_grid*_l2_*.jsonl), "base" = λ = 1
 VARIANT = {"classification": "base", "regression": "l2"}
 #: profile thresholds tried: (numeric share at which a schema counts as numeric, feature count from which wide)
-PARTITIONS = ((None, None), (1.0, None), (0.8, None), (1.0, 20))
+PARTITIONS = ((None, None),)
+#: partitions tried and not kept: (1.0, None) numeric or mixed, (1.0, 10, True) numeric-and-wide or not, (1.0, 10)
+#: both splits — each lost held out (docs/auto.md 'Evaluation'); `--partitions all` tries them again
+TRIED = ((None, None), (1.0, None), (1.0, 10, True), (1.0, 10), (0.8, None), (1.0, 20))
 #: pseudo-cells of the task group's curve in a profile's curve (shrinkage toward the group)
 SHRINK = 2.0
 #: a candidate stays in a profile's curves when it is within this of the best in some band (a shorter auto.py)
@@ -124,6 +127,8 @@ class Data:
 
 def profiles_of(part) -> list[str]:
     """Every profile a partition can give (so a held-out dataset of an unseen kind still has curves)."""
+    if len(part) > 2 and part[2]:  # joint: numeric and wide, or not
+        return [f"{g}/{k}" for g in ("classification", "regression") for k in ("numeric-wide", "other")]
     kinds = ["all"] if part[0] is None else ["numeric", "mixed"]
     if part[1] is not None:
         kinds = [k + s for k in kinds for s in ("-wide", "-narrow")]
@@ -291,13 +296,15 @@ def final_fit(D: Data):
 
 def write_rule(part, layout, curves, n_datasets: int, n_kinds: str, runs: str) -> None:
     """Replace the fitted block of common/auto.py with these curves."""
-    path = Path(auto.__file__)
+    path = Path(__file__).resolve().parents[1] / "common" / "auto.py"  # the checkout's, not the installed copy
     src = path.read_text()
     lines = [f'FITTED_ON = ("{n_datasets} public datasets ({n_kinds}) × ε ∈ {{0.1, 1, 4, 10}} × '
              f'{len(CANDIDATES)} settings, {runs} (benchmarks/auto_rule.py; bands of b of width {layout[0]:g})")',
              "#: profile thresholds: 'numeric' when the numeric share of the features is ≥ numeric_at (None: no split);",
-             "#: '-wide' appended when the feature count is ≥ wide_at (None: no split)",
-             f'PROFILE = {{"numeric_at": {part[0]!r}, "wide_at": {part[1]!r}}}',
+             "#: '-wide' appended when the feature count is ≥ wide_at (None: no split); joint: one split only,",
+             "#: 'numeric-wide' (both) against 'other'",
+             f'PROFILE = {{"numeric_at": {part[0]!r}, "wide_at": {part[1]!r}, '
+             f'"joint": {bool(len(part) > 2 and part[2])!r}}}',
              '#: per profile "group/kind": (upper edges of the bands of b, {candidate: mean gap in each band})',
              "CURVES: dict[str, tuple[tuple[float, ...], dict[str, tuple[float, ...]]]] = {"]
     for p, (bs, by) in sorted(curves.items()):

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from fedsbdt.common.auto import (AUTO_KEYS, CANDIDATES, CURVES, PROFILE, AutoInputs, auto_settings, band_table,
+from fedsbdt.common.auto import (AUTO_KEYS, CANDIDATES, CURVES, NUMERIC_WIDE, PROFILE, WIDE, AutoInputs, auto_settings, band_table,
                                  budget_signal, candidate, choose, count_interval, count_points, curve_at,
-                                 noise_matched_l2, profile_key, resolve, rows_epsilon, rule_table)
+                                 noise_matched_l2, numeric_wide_override, profile_key, resolve, rows_epsilon, rule_table)
 from fedsbdt.common.config import Hyperparameters
 from fedsbdt.common.schema import Schema
 
@@ -80,20 +80,31 @@ def test_profile_comes_from_the_public_schema():
     assert auto_settings(wine).profile == profile_key("multiclass", 1.0, 13)
 
 
-def test_an_all_numeric_schema_gets_non_cyclical_trees_where_the_fit_says_so():
-    """The profile split pays where numeric and mixed schemas differ: somewhere the fit gives an all-numeric
-    classification schema non-cyclical trees and a mixed one cyclical trees (docs/auto.md's table); there a real
-    all-numeric schema (wine: 13 numeric features, 3 classes) gets all features per tree and says why."""
-    differ = [b / 4 for b in range(0, 29)
-              if not auto_settings(inputs("classification/numeric", b / 4)).settings["cyclical"]
-              and auto_settings(inputs("classification/mixed", b / 4)).settings["cyclical"]]
-    assert differ, "the fitted table no longer separates numeric from mixed schemas: update docs/auto.md"
-    b = differ[len(differ) // 2]
+def numeric_inputs(b: float, features: int, categorical: int = 0, classes: int = 0) -> AutoInputs:
+    task = "multiclass" if classes else "binary"
+    rows = max(1, round(10 ** b * max(classes, 1)))
+    return AutoInputs(1.0, 1e-6, task, classes, features, categorical, 2 if categorical else 0, rows)
+
+
+def test_a_wide_all_numeric_schema_gets_non_cyclical_trees_from_b_3():
+    """NUMERIC_WIDE: classification on ≥ WIDE all-numeric features, where the fitted curves pick a cyclical setting
+    at b ≥ 3, takes g18 (not cyclical, depth 6) and says why; a narrower, a mixed or a regression schema, or a
+    smaller budget, keeps the fitted choice.  Wine (13 numeric features, 3 classes) is such a schema."""
+    switched = [b / 4 for b in range(0, 33) if auto_settings(numeric_inputs(b / 4, WIDE)).key != auto_settings(
+        numeric_inputs(b / 4, WIDE - 1)).key]
+    assert switched and min(switched) >= NUMERIC_WIDE["from_budget"]
+    for b in switched:
+        wide = auto_settings(numeric_inputs(b, WIDE))
+        assert wide.key == NUMERIC_WIDE["key"] and wide.settings["cyclical"] is False and wide.settings["depth"] == 6
+        assert any("NUMERIC_WIDE" in r for r in wide.reasons) and not any("--no-cyclical" in r for r in wide.reasons)
+        for other in (numeric_inputs(b, WIDE - 1), numeric_inputs(b, WIDE + 5, categorical=1)):
+            assert auto_settings(other).settings["cyclical"] is True
+    assert auto_settings(numeric_inputs(2.5, 30)).key == auto_settings(numeric_inputs(2.5, 5)).key  # below b = 3
+    reg = AutoInputs(1.0, 1e-6, "regression", 0, 30, 0, 0, 10_000)
+    assert numeric_wide_override(reg, "g28", 4.0) is None
+    b = switched[0]
     wine = auto_settings(AutoInputs.for_schema(WINE, 1.0, 1e-6, round(3 * 10 ** b)))
-    assert wine.profile == "classification/numeric" and wine.settings["cyclical"] is False
-    assert "every feature numeric" in wine.reasons[0] and not any("--no-cyclical" in r for r in wine.reasons)
-    mixed = auto_settings(inputs("classification/mixed", b, classes=3))
-    assert mixed.settings["cyclical"] is True and any("--no-cyclical" in r for r in mixed.reasons)
+    assert wine.key == "g18" and "every feature numeric" in wine.reasons[0]
 
 
 def test_the_outside_checks_dp_count_no_longer_flips_the_choice():
