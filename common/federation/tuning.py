@@ -242,8 +242,8 @@ def plan_trials(make, hp, task: str, k: int, epsilon: float, epsilon_eval: float
     from fedsbdt.common.tuning import largest_fitting
 
     if hp.tree_builder != modes.DEFAULT:
-        raise PlanError(f"federated tuning searches the auto rule's tree builder ({modes.DEFAULT}), not "
-                        f"{hp.tree_builder}; leave out --tree-builder")
+        raise PlanError(f"federated tuning searches the auto rule's {modes.DEFAULT} trees, not "
+                        f"{hp.tree_builder} trees; leave out --tree-builder")
     keys = ("trees", "depth", "subsample", "learning_rate", "cyclical")
     centre = {key: getattr(hp, key) for key in keys}
     settings = trial_settings(centre, k, hp.seed)
