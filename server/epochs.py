@@ -14,17 +14,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from fedsbdt.common.secagg import AdvertiseKeys, ProtocolAbort, ShareKeys
 from fedsbdt.common.secagg.coordinator import StoredRouting
 from fedsbdt.common.secagg.errors import InvalidMessage
 from fedsbdt.common.federation.wire import Deferred, Purpose, SetupMsg, SetupParts
 
-from .session_types import Outgoing, Rejected
-
-if TYPE_CHECKING:  # annotations only
-    from .session import Session
+from .session_types import Outgoing, Rejected  # (Session in annotations: server/session.py)
 
 log = logging.getLogger("fedsbdt.coordinator")
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from fedsbdt.common.multiclass import init_vector_len
 from fedsbdt.common.secagg import FastMaskedInput, MaskedInput, ProtocolAbort, decode_message
@@ -24,10 +23,7 @@ from fedsbdt.common.secagg.errors import InvalidMessage, SecAggError
 from fedsbdt.common.federation.wire import Purpose, RoundMsg
 
 from .epochs import skip_epoch
-from .session_types import Outgoing, Rejected, Work
-
-if TYPE_CHECKING:  # annotations only
-    from .session import Session
+from .session_types import Outgoing, Rejected, Work  # (Session in annotations: server/session.py)
 
 log = logging.getLogger("fedsbdt.coordinator")
 

@@ -147,15 +147,7 @@ class Running(SessionStage):
         if isinstance(s.phase, Between) and s.next_work() is None:
             s._finish(now, out)
             return s.stage
-        nxt = s.pipeline.step(s, now, out)
-        if nxt is not None:
-            s.pipeline = nxt
-            return s.stage
-        phase = s.phase.step(s, now, out)
-        if phase is None:
-            return None
-        s.phase = phase
-        return s.stage
+        return s.stage if s._step_pipeline(now, out) or s._step_rounds(now, out) else None
 
 
 @dataclass
@@ -486,6 +478,22 @@ class Session:
         if nxt is None:
             return False
         self.stage = nxt
+        return True
+
+    def _step_pipeline(self, now: float, out: list[Outgoing]) -> bool:
+        """One transition of the epoch pipeline (server/epochs.py), if one is due."""
+        nxt = self.pipeline.step(self, now, out)
+        if nxt is None:
+            return False
+        self.pipeline = nxt
+        return True
+
+    def _step_rounds(self, now: float, out: list[Outgoing]) -> bool:
+        """One transition of the rounds (server/rounds.py), if one is due."""
+        nxt = self.phase.step(self, now, out)
+        if nxt is None:
+            return False
+        self.phase = nxt
         return True
 
     # ------------------------------------------------------------------ epochs
