@@ -20,9 +20,7 @@ from ..messages import (
     ShareRow,
     SignedCommitments,
 )
-from ..primitives import (
-    NONCE_SIZE,
-)
+from ..primitives import NONCE_SIZE
 from ..graph import NeighbourGraph
 from ..site import share_blob_size
 
@@ -36,8 +34,6 @@ def _known(config: SessionConfig, site: str) -> None:
     if not config.in_roster(site):
         raise InvalidMessage(f"message from {site!r}, which is not in the session roster")
 
-
-# =========================================================================== ready epoch
 
 class CoordinatorEpoch:
     """Everything the coordinator keeps about a set-up epoch (public material only).

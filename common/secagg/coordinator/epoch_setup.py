@@ -6,24 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..errors import InvalidMessage, OutOfOrder, ProtocolAbort
-from ..messages import (
-    AdvertiseKeys,
-    EpochAnnounce,
-    EpochRoster,
-    EpochShares,
-    ShareKeys,
-    SignedCommitments,
-)
-from ..primitives import (
-    ed25519_verify,
-    row_digest,
-)
+from ..messages import AdvertiseKeys, EpochAnnounce, EpochRoster, EpochShares, ShareKeys, SignedCommitments
+from ..primitives import ed25519_verify, row_digest
 from ..graph import NeighbourGraph
 from ..site import share_blob_size
 from .epoch import CoordinatorEpoch, _blobs_digest, _check_digest, _dealers_of_each, _epoch_shares, _known
 
-
-# =========================================================================== epoch setup stages
 
 class SetupStage:
     name = "setup"

@@ -18,9 +18,7 @@ from ..messages import (
     ShareRow,
     decode_message,
 )
-from ..primitives import (
-    NONCE_SIZE,
-)
+from ..primitives import NONCE_SIZE
 from ..storage import Storage
 from .store import _META_KEY, _Meta, _blob_key, _decode_head, _epoch_key, _stored_epochs
 from .epoch import CoordinatorEpoch, StoredRouting, _dealers_of_each

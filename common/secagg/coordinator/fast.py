@@ -7,10 +7,7 @@ from itertools import filterfalse
 
 from ..shamir import reconstruct_many_packed
 from ..errors import InvalidMessage, ProtocolAbort
-from ..messages import (
-    KIND_SEED,
-    FastMaskedInput,
-)
+from ..messages import KIND_SEED, FastMaskedInput
 from .round_base import RoundResult, RoundStage, _check_input
 from .unmask import _Lazy, _recover_on_graph
 

@@ -13,9 +13,7 @@ from ..messages import (
     UnmaskRequest,
     consistency_payload,
 )
-from ..primitives import (
-    ed25519_verify,
-)
+from ..primitives import ed25519_verify
 from .round_base import RoundStage, _check_input
 from .unmask import CollectingShares, CollectingSharesOnGraph
 

@@ -11,19 +11,8 @@ import numpy as np
 from ..shamir import reconstruct, reconstruct_many
 from ..config import SessionConfig
 from ..errors import InvalidMessage, OutOfOrder, ProtocolAbort
-from ..messages import (
-    ConsistencyRequest,
-    FastMaskedInput,
-    Message,
-    RoundStart,
-    UnmaskRequest,
-    decode_message,
-)
-from ..primitives import (
-    commit_self_mask_seed,
-    commit_share,
-    x25519_public,
-)
+from ..messages import ConsistencyRequest, FastMaskedInput, Message, RoundStart, UnmaskRequest, decode_message
+from ..primitives import commit_self_mask_seed, commit_share, x25519_public
 from .epoch import CoordinatorEpoch, _check_digest, _known
 from .round_base import RoundComplete, RoundFailed, RoundResult, RoundStage, remove_masks
 from .unmask import CollectingShares

@@ -9,15 +9,8 @@ import numpy as np
 
 from ...fixedpoint import from_ring
 from ..errors import InvalidMessage, OutOfOrder
-from ..primitives import (
-    pair_mask_key,
-    prg_expand,
-    self_mask_key,
-    x25519_agree_many,
-)
+from ..primitives import pair_mask_key, prg_expand, self_mask_key, x25519_agree_many
 
-
-# =========================================================================== round stages
 
 @dataclass(frozen=True)
 class RoundResult:

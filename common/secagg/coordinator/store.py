@@ -11,11 +11,7 @@ from dataclasses import dataclass
 
 from ..encoding import Reader, Writer
 from ..errors import InvalidMessage, StorageError
-from ..messages import (
-    EpochAnnounce,
-    EpochRoster,
-    decode_message,
-)
+from ..messages import EpochAnnounce, EpochRoster, decode_message
 from ..storage import Storage
 
 
@@ -58,8 +54,6 @@ def _decode_head(data: bytes) -> tuple[EpochAnnounce, EpochRoster, tuple[str, ..
         raise StorageError(f"corrupt stored coordinator epoch: {exc}") from None
     return ann, roster, dealers
 
-
-# =========================================================================== facade
 
 @dataclass(frozen=True)
 class _Meta:

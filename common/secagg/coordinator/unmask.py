@@ -8,14 +8,7 @@ from operator import itemgetter
 
 from ..shamir import PRIME
 from ..errors import InvalidMessage, ProtocolAbort
-from ..messages import (
-    KIND_KEY,
-    KIND_SEED,
-    ConsistencyRequest,
-    MaskedInput,
-    UnmaskRequest,
-    UnmaskResponse,
-)
+from ..messages import KIND_KEY, KIND_SEED, ConsistencyRequest, MaskedInput, UnmaskRequest, UnmaskResponse
 from .round_base import RoundResult, RoundStage
 
 
