@@ -46,6 +46,10 @@ class RoundPhase:
         """Validate and record a ConsistencySignature or an UnmaskResponse (refused unless collecting them)."""
         raise Rejected(f"no round is collecting {type(msg).__name__} now")
 
+    def refused_by(self, s: Session, site_id: str, round_id: int | None) -> None:
+        """A site refused to answer round ``round_id``: if it is this round and the site is awaited, stop
+        waiting for it (it is suspended)."""
+
     def resend(self, s: Session, site_id: str) -> list[Outgoing]:
         return []
 
@@ -143,6 +147,11 @@ class RoundInFlight(RoundPhase):
             s._suspend(x, f"revealed shares that fail their commitments in round {result.round_id}")
         s._release(self.work, result, now, out)
         return Between()
+
+    def refused_by(self, s, site_id, round_id):
+        if round_id == self.rnd.round_id and site_id in self.rnd.awaiting():
+            self.refused.add(site_id)
+            s._suspend(site_id, "refused a round request")
 
     def resend(self, s, site_id):
         if site_id not in self.rnd.awaiting():

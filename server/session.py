@@ -392,10 +392,7 @@ class Session:
         st.note = detail[:500]
         log.warning(f"{site_id} refused: {detail}", extra={"event": "refused", "site": site_id, "detail": detail,
                                                            "round_id": round_id})
-        ph = self.phase
-        if isinstance(ph, RoundInFlight) and round_id == ph.rnd.round_id and site_id in ph.rnd.awaiting():
-            ph.refused.add(site_id)
-            self._suspend(site_id, "refused a round request")
+        self.phase.refused_by(self, site_id, round_id)
         return self._advance(now)
 
     def report_finished(self, site_id: str, sha: str, now: float) -> list[Outgoing]:
