@@ -250,58 +250,85 @@ def _validate(frame: pd.DataFrame, schema: Schema, source: str, lines: np.ndarra
               row_word: str, labels: bool = True, batch: bool = False, carry: tuple[str, ...] = ()) -> Dataset:
     """Validate one table (or, ``batch``, one batch of a query's rows: a NULL is a missing value, no rows is
     no error, and the id column is only carried along as ``id_values``: :mod:`fedsbdt.common.sqlread` makes the
-    ids of all batches at once); the ``carry`` columns come along unvalidated, as written."""
+    ids of all batches at once); the ``carry`` columns come along unvalidated, as written.
+
+    The checks, in order: the columns (:func:`_check_columns`), the rows with missing values
+    (:func:`_missing_rows`: dropped or refused), the features (:func:`_feature_matrix`), the labels, the ids and
+    the arrival column (:func:`_arrivals`)."""
     needed = (schema.feature_names + ([schema.target] if labels else []) + ([id_col] if id_col else [])
               + ([schema.arrival_column] if schema.arrival_column else []))
-    missing_cols = [c for c in needed if c not in frame.columns]
-    if missing_cols:
-        raise DataError(f"{source}: missing column(s) {', '.join(repr(c) for c in missing_cols)}; "
-                        f"found {', '.join(repr(str(c)) for c in frame.columns)}")
-    absent = [c for c in carry if c not in frame.columns]
-    if absent:
-        raise DataError(f"{source}: no column {', '.join(repr(c) for c in absent)} to keep; "
-                        f"found {', '.join(repr(str(c)) for c in frame.columns)}")
-    n = len(frame)
-    if n == 0 and not batch:
+    _check_columns(frame, needed, carry, source)
+    if len(frame) == 0 and not batch:
         raise DataError(f"{source}: the file holds no data rows")
-    fmt = schema.format
-    keep = np.ones(n, dtype=bool)
-    dropped = 0
-    kept = {f.name for f in schema.features if f.allow_missing}  # their missing values stay (as NaN)
-    if fmt.missing is not None or batch:
-        miss = np.zeros(n, dtype=bool)
-        where = np.full(n, -1)  # the first missing column of each row
-        for k, c in enumerate(needed):
-            if c in kept:
-                continue
-            col = frame[c]
-            m = ((col.astype(str).str.strip() == fmt.missing).to_numpy()
-                 if fmt.missing is not None and col.dtype.kind not in "fiub" else np.zeros(n, bool))
-            if batch:
-                m = m | col.isna().to_numpy()  # SQL NULL
-            where[m & ~miss] = k
-            miss |= m
-        if miss.any():
-            if fmt.on_missing == "drop":
-                keep &= ~miss
-                dropped = int(miss.sum())
-            else:
-                bad = np.flatnonzero(miss)
-                marker = "" if fmt.missing is None else f" {fmt.missing!r}"
-                probs = ([f"{row_word} {lines[i]}, column {needed[where[i]]!r}: missing value (NULL or{marker})"
-                          .replace(" or)", ")") for i in bad[:MAX_REPORTED]] if batch else
-                         [f"{row_word} {lines[i]}: missing value{marker}" for i in bad[:MAX_REPORTED]])
-                names = set(schema.feature_names)
-                raise _fail(source, probs, bad.size,
-                            missing_hint(needed[k] for k in where[bad] if needed[k] in names))
+    keep = _missing_rows(frame, schema, needed, source, lines, row_word, batch)
+    dropped = int((~keep).sum())
     if not keep.any() and not batch:
         raise DataError(f"{source}: no rows left after dropping {rows(dropped)} with missing values")
     frame = frame.loc[keep]
     lines = lines[keep]
     row_index = np.flatnonzero(keep)
-    n = len(frame)
+    X = _feature_matrix(frame, schema, source, lines, row_word)
+    y = _labels(frame[schema.target], schema, source, lines, row_word) if labels else None
+    id_values = None
+    if id_col:
+        ids = row_index.astype(np.int64) if batch else ids_of(frame[id_col], id_col, source, lines, row_word)
+        id_values = frame[id_col].to_numpy()
+    else:
+        ids = row_index.astype(np.int64)
+    arrival = _arrivals(frame, schema.arrival_column, source, lines, row_word) if schema.arrival_column else None
+    carried = tuple((c, frame[c].to_numpy()) for c in carry)
+    return Dataset(np.ascontiguousarray(X), y, ids, schema, source, dropped, arrival, id_values, carried)
 
-    X = np.empty((n, schema.n_features), dtype=np.float64)
+
+def _check_columns(frame: pd.DataFrame, needed: list[str], carry: tuple[str, ...], source: str) -> None:
+    """Every ``needed`` column and every ``carry`` column is in ``frame`` (else one error naming those found)."""
+    found = ", ".join(repr(str(c)) for c in frame.columns)
+    missing_cols = [c for c in needed if c not in frame.columns]
+    if missing_cols:
+        raise DataError(f"{source}: missing column(s) {', '.join(repr(c) for c in missing_cols)}; found {found}")
+    absent = [c for c in carry if c not in frame.columns]
+    if absent:
+        raise DataError(f"{source}: no column {', '.join(repr(c) for c in absent)} to keep; found {found}")
+
+
+def _missing_rows(frame: pd.DataFrame, schema: Schema, needed: list[str], source: str, lines: np.ndarray,
+                  row_word: str, batch: bool) -> np.ndarray:
+    """The rows to keep: a row with a missing value (the format's marker; in a ``batch``, also a NULL) in a
+    ``needed`` column that does not allow it is dropped (``on_missing = "drop"``) or refused (one error listing
+    the first rows and the schema settings that would accept them)."""
+    n = len(frame)
+    fmt = schema.format
+    if fmt.missing is None and not batch:
+        return np.ones(n, dtype=bool)
+    kept = {f.name for f in schema.features if f.allow_missing}  # their missing values stay (as NaN)
+    miss = np.zeros(n, dtype=bool)
+    where = np.full(n, -1)  # the first missing column of each row
+    for k, c in enumerate(needed):
+        if c in kept:
+            continue
+        col = frame[c]
+        m = ((col.astype(str).str.strip() == fmt.missing).to_numpy()
+             if fmt.missing is not None and col.dtype.kind not in "fiub" else np.zeros(n, bool))
+        if batch:
+            m = m | col.isna().to_numpy()  # SQL NULL
+        where[m & ~miss] = k
+        miss |= m
+    if not miss.any() or fmt.on_missing == "drop":
+        return ~miss
+    bad = np.flatnonzero(miss)
+    marker = "" if fmt.missing is None else f" {fmt.missing!r}"
+    probs = ([f"{row_word} {lines[i]}, column {needed[where[i]]!r}: missing value (NULL or{marker})"
+              .replace(" or)", ")") for i in bad[:MAX_REPORTED]] if batch else
+             [f"{row_word} {lines[i]}: missing value{marker}" for i in bad[:MAX_REPORTED]])
+    names = set(schema.feature_names)
+    raise _fail(source, probs, bad.size, missing_hint(needed[k] for k in where[bad] if needed[k] in names))
+
+
+def _feature_matrix(frame: pd.DataFrame, schema: Schema, source: str, lines: np.ndarray,
+                    row_word: str) -> np.ndarray:
+    """The features as float64, one column per schema feature (categories as codes; a kept missing value NaN)."""
+    fmt = schema.format
+    X = np.empty((len(frame), schema.n_features), dtype=np.float64)
     for j, f in enumerate(schema.features):
         col = frame[f.name]
         absent = _missing_mask(col, fmt.missing) if f.allow_missing else None
@@ -317,25 +344,18 @@ def _validate(frame: pd.DataFrame, schema: Schema, source: str, lines: np.ndarra
                                placeholder=absent)
         if absent is not None:
             X[absent, j] = np.nan
-    y = _labels(frame[schema.target], schema, source, lines, row_word) if labels else None
-    id_values = None
-    if id_col:
-        ids = row_index.astype(np.int64) if batch else ids_of(frame[id_col], id_col, source, lines, row_word)
-        id_values = frame[id_col].to_numpy()
-    else:
-        ids = row_index.astype(np.int64)
-    arrival = None
-    if schema.arrival_column:
-        name = schema.arrival_column
-        v, unparsable = _to_float(frame[name])
-        bad = np.flatnonzero(unparsable | ~np.isfinite(v) | (v < 0) | (v != np.round(v)))
-        if bad.size:
-            vals = frame[name].to_numpy()
-            raise _fail(source, [f"{row_word} {lines[i]}, column {name!r}: {vals[i]!r} is not a round number ≥ 0"
-                                 for i in bad[:MAX_REPORTED]], bad.size)
-        arrival = v.astype(np.int64)
-    carried = tuple((c, frame[c].to_numpy()) for c in carry)
-    return Dataset(np.ascontiguousarray(X), y, ids, schema, source, dropped, arrival, id_values, carried)
+    return X
+
+
+def _arrivals(frame: pd.DataFrame, name: str, source: str, lines: np.ndarray, row_word: str) -> np.ndarray:
+    """The arrival column as int64 (each value a round number ≥ 0, else one error listing the first bad rows)."""
+    v, unparsable = _to_float(frame[name])
+    bad = np.flatnonzero(unparsable | ~np.isfinite(v) | (v < 0) | (v != np.round(v)))
+    if bad.size:
+        vals = frame[name].to_numpy()
+        raise _fail(source, [f"{row_word} {lines[i]}, column {name!r}: {vals[i]!r} is not a round number ≥ 0"
+                             for i in bad[:MAX_REPORTED]], bad.size)
+    return v.astype(np.int64)
 
 
 def rows(n: int) -> str:

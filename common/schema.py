@@ -339,84 +339,25 @@ class Schema:
 
     @classmethod
     def _from_dict(cls, d: dict[str, Any], source: str) -> "Schema":
-        def need(key: str, where: dict[str, Any] = d, ctx: str = "") -> Any:
-            if key not in where:
-                raise SchemaError(f"{source}: missing required key '{ctx}{key}'")
-            return where[key]
-
-        task = need("task")
+        """The checks, in order (the first failing one is reported): the task and the top-level keys, the
+        features (:func:`_features_of`), the target, the [format] table (:func:`_format_of`), the column list
+        (:func:`_columns_of`), the labels (:func:`_labels_of`) and the id and arrival columns
+        (:func:`_special_columns`)."""
+        task = _need(d, "task", source)
         if task not in TASKS:
             raise SchemaError(f"{source}: task must be one of {TASKS}, got {task!r}")
         _check_keys(d, TOP_KEYS, "at the top level", source)
-        raw_feats = need("features")
-        if not isinstance(raw_feats, list) or not raw_feats:
-            raise SchemaError(f"{source}: 'features' must be a non-empty list of [[features]] tables")
-        feats = [f for i, block in enumerate(raw_feats) for f in _feature_block(block, i, source)]
+        feats = _features_of(d, source)
         names = [f.name for f in feats]
-        if len(set(names)) != len(names):
-            raise SchemaError(f"{source}: duplicate feature names")
-        target = str(need("target"))
+        target = str(_need(d, "target", source))
         if target in names:
             raise SchemaError(f"{source}: the target {target!r} is also listed as a feature")
-        fmt_d = d.get("format", {})
-        if not isinstance(fmt_d, dict):
-            raise SchemaError(f"{source}: 'format' must be a [format] table")
-        _check_keys(fmt_d, tuple(FileFormat.__dataclass_fields__), "in [format]", source)
-        fmt = FileFormat(**fmt_d)
-        if fmt.on_missing not in ON_MISSING:
-            raise SchemaError(f"{source}: format.on_missing must be one of {', '.join(map(repr, ON_MISSING))}, "
-                              f"got {fmt.on_missing!r}")
+        fmt = _format_of(d, source)
         if fmt.on_missing == "keep":  # schema-wide shorthand for allow_missing = true on every feature
             feats = [replace(f, allow_missing=True) for f in feats]
-        if fmt.out_of_range not in ("error", "clip"):
-            raise SchemaError(f"{source}: format.out_of_range must be 'error' or 'clip'")
-        columns = tuple(str(c) for c in d.get("columns", ()))
-        if columns:
-            missing = [c for c in names + [target] if c not in columns]
-            if missing:
-                raise SchemaError(f"{source}: columns list lacks {missing}")
-            if len(set(columns)) != len(columns):
-                raise SchemaError(f"{source}: duplicate names in 'columns'")
-        elif not fmt.header:
-            raise SchemaError(f"{source}: a file without header needs 'columns' (the column order)")
-        label_range = None
-        if task != "multiclass" and "classes" in d:
-            raise SchemaError(f"{source}: 'classes' is for task = 'multiclass' (this schema's task is {task!r})")
-        classes: tuple[str, ...] = ()
-        positive: tuple[str, ...] = ()
-        negative: tuple[str, ...] = ()
-        if task == "regression":
-            lr = need("label_range")
-            if not (isinstance(lr, list) and len(lr) == 2 and float(lr[0]) < float(lr[1])):
-                raise SchemaError(f"{source}: label_range must be [lo, hi] with lo < hi")
-            label_range = (float(lr[0]), float(lr[1]))
-        elif task == "multiclass":
-            classes = need("classes")
-            if not (isinstance(classes, list) and all(isinstance(x, (str, int)) and not isinstance(x, bool)
-                                                      for x in classes)):
-                raise SchemaError(f"{source}: classes must be a list of the public class labels")
-            classes = tuple(str(x) for x in classes)
-            if len(classes) < 3:
-                raise SchemaError(f"{source}: a multiclass task needs at least 3 public classes, got "
-                                  f"{len(classes)} (use task = 'binary' for two)")
-            if len(set(classes)) != len(classes):
-                raise SchemaError(f"{source}: duplicate class labels in 'classes'")
-        else:
-            positive = tuple(str(x) for x in d.get("positive", ["1"]))
-            negative = tuple(str(x) for x in d.get("negative", ["0"]))
-            if set(positive) & set(negative):
-                raise SchemaError(f"{source}: a label is listed as both positive and negative")
-        id_column = d.get("id_column")
-        if id_column is not None and not isinstance(id_column, str):
-            raise SchemaError(f"{source}: id_column must be a column name (a string), got {id_column!r}")
-        if id_column is not None and columns and id_column not in columns:
-            raise SchemaError(f"{source}: id_column {id_column!r} is not in columns")
-        arrival_column = d.get("arrival_column")
-        if arrival_column is not None:
-            if columns and arrival_column not in columns:
-                raise SchemaError(f"{source}: arrival_column {arrival_column!r} is not in columns")
-            if arrival_column in names + [target]:
-                raise SchemaError(f"{source}: arrival_column {arrival_column!r} must not be a feature or the target")
+        columns = _columns_of(d, names + [target], fmt, source)
+        label_range, classes, positive, negative = _labels_of(d, task, source)
+        id_column, arrival_column = _special_columns(d, columns, names + [target], source)
         return cls(
             name=str(d.get("name", "dataset")), task=task, target=target, features=tuple(feats),
             columns=columns, id_column=id_column, arrival_column=arrival_column, label_range=label_range, positive=positive,
@@ -477,3 +418,101 @@ class Schema:
     def allows_missing(self) -> bool:
         """True if some feature keeps missing values (NaN), so trees need default directions."""
         return any(f.allow_missing for f in self.features)
+
+
+# ---------------------------------------------------------------------- the checks of Schema._from_dict
+
+
+def _need(d: dict[str, Any], key: str, source: str) -> Any:
+    """``d[key]``, or a :class:`SchemaError` naming the missing required key."""
+    if key not in d:
+        raise SchemaError(f"{source}: missing required key '{key}'")
+    return d[key]
+
+
+def _features_of(d: dict[str, Any], source: str) -> list[Feature]:
+    """The ``[[features]]`` tables as feature specs: a non-empty list, blocks expanded, names distinct."""
+    raw_feats = _need(d, "features", source)
+    if not isinstance(raw_feats, list) or not raw_feats:
+        raise SchemaError(f"{source}: 'features' must be a non-empty list of [[features]] tables")
+    feats = [f for i, block in enumerate(raw_feats) for f in _feature_block(block, i, source)]
+    names = [f.name for f in feats]
+    if len(set(names)) != len(names):
+        raise SchemaError(f"{source}: duplicate feature names")
+    return feats
+
+
+def _format_of(d: dict[str, Any], source: str) -> FileFormat:
+    """The ``[format]`` table: known keys only, ``on_missing`` and ``out_of_range`` among their choices."""
+    fmt_d = d.get("format", {})
+    if not isinstance(fmt_d, dict):
+        raise SchemaError(f"{source}: 'format' must be a [format] table")
+    _check_keys(fmt_d, tuple(FileFormat.__dataclass_fields__), "in [format]", source)
+    fmt = FileFormat(**fmt_d)
+    if fmt.on_missing not in ON_MISSING:
+        raise SchemaError(f"{source}: format.on_missing must be one of {', '.join(map(repr, ON_MISSING))}, "
+                          f"got {fmt.on_missing!r}")
+    if fmt.out_of_range not in ("error", "clip"):
+        raise SchemaError(f"{source}: format.out_of_range must be 'error' or 'clip'")
+    return fmt
+
+
+def _columns_of(d: dict[str, Any], used: list[str], fmt: FileFormat, source: str) -> tuple[str, ...]:
+    """The column order: distinct names holding every ``used`` column (features and target); required when
+    the file has no header."""
+    columns = tuple(str(c) for c in d.get("columns", ()))
+    if columns:
+        missing = [c for c in used if c not in columns]
+        if missing:
+            raise SchemaError(f"{source}: columns list lacks {missing}")
+        if len(set(columns)) != len(columns):
+            raise SchemaError(f"{source}: duplicate names in 'columns'")
+    elif not fmt.header:
+        raise SchemaError(f"{source}: a file without header needs 'columns' (the column order)")
+    return columns
+
+
+def _labels_of(d: dict[str, Any], task: str, source: str):
+    """The task's label space as ``(label_range, classes, positive, negative)``: a regression's ``[lo, hi]``,
+    a multiclass task's ≥ 3 distinct public classes, or a binary task's disjoint positive and negative labels."""
+    if task != "multiclass" and "classes" in d:
+        raise SchemaError(f"{source}: 'classes' is for task = 'multiclass' (this schema's task is {task!r})")
+    if task == "regression":
+        lr = _need(d, "label_range", source)
+        if not (isinstance(lr, list) and len(lr) == 2 and float(lr[0]) < float(lr[1])):
+            raise SchemaError(f"{source}: label_range must be [lo, hi] with lo < hi")
+        return (float(lr[0]), float(lr[1])), (), (), ()
+    if task == "multiclass":
+        classes = _need(d, "classes", source)
+        if not (isinstance(classes, list) and all(isinstance(x, (str, int)) and not isinstance(x, bool)
+                                                  for x in classes)):
+            raise SchemaError(f"{source}: classes must be a list of the public class labels")
+        classes = tuple(str(x) for x in classes)
+        if len(classes) < 3:
+            raise SchemaError(f"{source}: a multiclass task needs at least 3 public classes, got "
+                              f"{len(classes)} (use task = 'binary' for two)")
+        if len(set(classes)) != len(classes):
+            raise SchemaError(f"{source}: duplicate class labels in 'classes'")
+        return None, classes, (), ()
+    positive = tuple(str(x) for x in d.get("positive", ["1"]))
+    negative = tuple(str(x) for x in d.get("negative", ["0"]))
+    if set(positive) & set(negative):
+        raise SchemaError(f"{source}: a label is listed as both positive and negative")
+    return None, (), positive, negative
+
+
+def _special_columns(d: dict[str, Any], columns: tuple[str, ...], used: list[str], source: str):
+    """``(id_column, arrival_column)``: each absent or a column name in ``columns`` (when listed); the arrival
+    column is none of the ``used`` ones (features and target)."""
+    id_column = d.get("id_column")
+    if id_column is not None and not isinstance(id_column, str):
+        raise SchemaError(f"{source}: id_column must be a column name (a string), got {id_column!r}")
+    if id_column is not None and columns and id_column not in columns:
+        raise SchemaError(f"{source}: id_column {id_column!r} is not in columns")
+    arrival_column = d.get("arrival_column")
+    if arrival_column is not None:
+        if columns and arrival_column not in columns:
+            raise SchemaError(f"{source}: arrival_column {arrival_column!r} is not in columns")
+        if arrival_column in used:
+            raise SchemaError(f"{source}: arrival_column {arrival_column!r} must not be a feature or the target")
+    return id_column, arrival_column

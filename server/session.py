@@ -6,16 +6,21 @@ ticked) with the current time ``now``; outputs are ``(site id, event)``
 pairs for the transport to deliver in order.  Nothing here touches a
 socket, a thread or the wall clock, so tests drive it directly.
 
-Stages (one class each, explicit transitions)::
+Stages (one class each, explicit transitions: a stage's ``step`` returns the next stage, ``None`` when
+nothing is due; the Session is the thin driver that takes every due transition, then commits)::
 
-    session:  Gathering ──▶ Running ──▶ Finishing ──▶ Finished
+    session:  Gathering ──▶ Running ──▶ Finishing ──▶ Finished          (this module)
                                └──────────────┴────▶ Failed
 
     Running has two sub-machines that run side by side:
-    epochs:   NoSetup ──▶ Advertising ──▶ Sharing ──▶ NoSetup      (prepare epoch k+1 while k runs)
+    epochs:   NoSetup ──▶ Advertising ──▶ Sharing ──▶ NoSetup      (server/epochs.py; prepare epoch k+1 while k runs)
     rounds:   Between ──▶ CollectingInputs ──▶ CollectingSignatures ──▶ CollectingShares ──▶ Between
                                │   (any stage: < t left, ProtocolAbort) ──▶ Between (retry in a new slot)
                                └──(fast round: every input, with its seed shares, arrived)──▶ Between
+                                                                                  (server/rounds.py)
+
+Every site message is decoded and checked here (sender, type), then validated by the stage it is meant for,
+which refuses it (:class:`Rejected`, naming the stage) unless it expects it now.
 
 A round is *fast* (plan ``[secure_aggregation] fast_path``, :meth:`Plan.fast_round`) when it tolerates
 no missing input anyway: each site's one reply carries its masked input and its self-mask seed
@@ -43,7 +48,7 @@ import contextlib
 import logging
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -54,16 +59,12 @@ from fedsbdt.common.multiclass import init_vector_len
 from fedsbdt.common.secagg import (
     AdvertiseKeys,
     ConsistencySignature,
-    FastMaskedInput,
-    MaskedInput,
-    ProtocolAbort,
     SecAggCoordinator,
     ShareKeys,
     UnmaskResponse,
     decode_message,
 )
-from fedsbdt.common.secagg.coordinator import StoredRouting
-from fedsbdt.common.secagg.errors import InvalidMessage, SecAggError
+from fedsbdt.common.secagg.errors import InvalidMessage
 from fedsbdt.client.noise import NoiseShares
 
 from .checkpoint import CoordinatorStore, Restored
@@ -71,137 +72,33 @@ from fedsbdt.common.federation.plan import Plan
 from fedsbdt.common.federation.release import build_model, evaluation_receipt, model_bytes, model_sha256
 from fedsbdt.common.federation.wire import (
     AbortedMsg,
-    Deferred,
     EvalRelease,
-    Event,
     FinishedMsg,
     InitScoreMsg,
     Purpose,
-    RoundMsg,
     RoundStartMsg,
-    SetupMsg,
     SetupParts,
     TreeMsg,
 )
 
+from .epochs import Advertising, NoSetup, PipelineStage, Sharing, routed_parts
+from .rounds import (
+    Between,
+    CollectingInputs,
+    CollectingShares,
+    CollectingSignatures,
+    RoundInFlight,
+    RoundPhase,
+)
+from .session_types import Outgoing, Rejected, SiteState, Work
+
 log = logging.getLogger("fedsbdt.coordinator")
 
-Outgoing = tuple[str, Event]
-
-
-def _routed_parts(routed) -> dict[str, tuple]:
-    """Each recipient's EpochShares as the parts of its SetupParts: with the coordinator's storage, one part
-    read from the stored blobs when the transport writes it (n recipients' messages are never all in memory)."""
-    if isinstance(routed, StoredRouting):
-        return {s: (Deferred(lambda s=s: routed[s].to_parts(), routed.size(s)),) for s in routed}
-    return {s: m.to_parts() for s, m in routed.items()}
-
-
-class Rejected(Exception):
-    """A site's message was refused; the state did not change.  The transport reports ``str(e)``."""
-
-
-# =========================================================================== per-site bookkeeping
-
-
-@dataclass
-class SiteState:
-    site_id: str
-    token: bytes | None = None
-    joins: int = 0
-    connected: bool = False
-    trees_applied: int = 0
-    released_at_join: int = 0
-    suspended_from_epoch: int | None = None  # usable again only in epochs with id ≥ this
-    wants_epoch: bool = False  # joined/suspended since it was last announced an epoch
-    finished_sha256: str | None = None
-    note: str = ""
-
-    def caught_up(self) -> bool:
-        return self.trees_applied >= self.released_at_join
-
-
-@dataclass(frozen=True)
-class Work:
-    purpose: Purpose
-    tree: int = 0
-    level: int = 0  # Purpose.LEVEL: the level of tree ``tree`` whose histograms are summed
-
-    def __str__(self) -> str:
-        if self.purpose == Purpose.LEVEL:
-            return f"tree {self.tree} level {self.level}"
-        if self.purpose == Purpose.SKETCH:
-            return f"tree {self.tree} sketch"
-        if self.purpose == Purpose.EVAL:
-            return "evaluation"
-        return "initial score" if self.purpose == Purpose.INIT_SCORE else f"tree {self.tree}"
-
-
-# =========================================================================== epoch pipeline stages
-
-
-class PipelineStage:
-    name = "pipeline"
-
-
-@dataclass
-class NoSetup(PipelineStage):
-    retry_after: float = 0.0
-    name = "idle"
-
-
-@dataclass
-class Advertising(PipelineStage):
-    setup: object  # CoordinatorEpochSetup
-    announce: object  # EpochAnnounce
-    announced: set[str]
-    deadline: float
-    name = "advertising"
-
-
-@dataclass
-class Sharing(PipelineStage):
-    setup: object
-    roster: object  # EpochRoster
-    deadline: float
-    name = "sharing"
-
-
-# =========================================================================== round stages
-
-
-class RoundPhase:
-    name = "round"
-
-
-@dataclass
-class Between(RoundPhase):
-    waiting_since: float | None = None
-    name = "between-rounds"
-
-
-@dataclass
-class RoundInFlight(RoundPhase):
-    rnd: object  # CoordinatorRound
-    work: Work
-    request: object  # the message the awaited sites must answer
-    deadline: float
-    refused: set[str] = field(default_factory=set)
-
-
-@dataclass
-class CollectingInputs(RoundInFlight):
-    name = "collecting-inputs"
-
-
-@dataclass
-class CollectingSignatures(RoundInFlight):
-    name = "collecting-signatures"
-
-
-@dataclass
-class CollectingShares(RoundInFlight):
-    name = "collecting-shares"
+__all__ = [  # the stages of the sub-machines, and the shared types, are importable from here as before
+    "Advertising", "Between", "CollectingInputs", "CollectingShares", "CollectingSignatures", "Failed",
+    "Finished", "Finishing", "Gathering", "NoSetup", "Outgoing", "PipelineStage", "Rejected", "RoundInFlight",
+    "RoundPhase", "Running", "Session", "SessionStage", "Sharing", "SiteState", "Work",
+]
 
 
 # =========================================================================== session stages
@@ -210,16 +107,47 @@ class CollectingShares(RoundInFlight):
 class SessionStage:
     name = "session"
 
+    def step(self, s: "Session", now: float, out: list[Outgoing]) -> "SessionStage | None":
+        """The next stage when a transition is due (``None``: nothing to do); events appended to ``out``."""
+        return None
+
+    def resend(self, s: "Session", site_id: str) -> list[Outgoing]:
+        """What a (re)joined site must receive again in this stage: the ready epochs' shares routed to it, and
+        the open requests of the epoch pipeline and of the round in flight."""
+        out: list[Outgoing] = []
+        for e in s.coord.ready_epochs():
+            parts = s._routed.get(e, {}).get(site_id)
+            if parts is not None:
+                out.append((site_id, SetupParts(parts)))
+        return out + s.pipeline.resend(s, site_id) + s.phase.resend(s, site_id)
+
 
 @dataclass
 class Gathering(SessionStage):
     deadline: float
     name = "gathering"
 
+    def step(self, s, now, out):
+        """Start once every site is connected, or t of them at the join deadline."""
+        connected = [x for x in s.sites.values() if x.connected]
+        if len(connected) == len(s.sites) or (len(connected) >= s.t and now >= self.deadline):
+            log.info(f"starting with {len(connected)} of {len(s.sites)} sites connected",
+                     extra={"event": "started", "sites": [x.site_id for x in connected]})
+            return Running()
+        return None
+
 
 @dataclass
 class Running(SessionStage):
     name = "running"
+
+    def step(self, s, now, out):
+        """Finish when no work is left; otherwise one transition of the epoch pipeline or, if none is due, of
+        the rounds.  Returns this stage, or Failed when a round failed the session (``Session._fail``)."""
+        if isinstance(s.phase, Between) and s.next_work() is None:
+            s._finish(now, out)
+            return s.stage
+        return s.stage if s._step_pipeline(now, out) or s._step_rounds(now, out) else None
 
 
 @dataclass
@@ -228,6 +156,26 @@ class Finishing(SessionStage):
     deadline: float
     name = "finishing"
 
+    def step(self, s, now, out):
+        """Finished once every roster site confirmed the model, or at the finish deadline."""
+        # Every roster site, connected or not: a site that crashed near the end and restarts within
+        # deadlines.finish re-joins, is sent Finished (resend) and still gets the verified model.
+        waiting = [x.site_id for x in s.sites.values() if x.finished_sha256 is None]
+        if waiting and now < self.deadline:
+            return None
+        mismatched = tuple(x.site_id for x in s.sites.values()
+                           if x.finished_sha256 is not None and x.finished_sha256 != self.model_sha256)
+        if waiting:
+            log.warning(f"{len(waiting)} site(s) did not confirm the model within "
+                        f"{s.plan.deadlines.finish:g} s: {', '.join(waiting)}",
+                        extra={"event": "unconfirmed", "sites": waiting})
+        log.info("session finished", extra={"event": "done", "model_sha256": self.model_sha256,
+                                            "unconfirmed": waiting, "mismatched": list(mismatched)})
+        return Finished(self.model_sha256, mismatched)
+
+    def resend(self, s, site_id):
+        return [(site_id, s._finished_msg(self.model_sha256))]
+
 
 @dataclass
 class Finished(SessionStage):
@@ -235,18 +183,27 @@ class Finished(SessionStage):
     mismatched: tuple[str, ...] = ()
     name = "finished"
 
+    def resend(self, s, site_id):
+        return [(site_id, s._finished_msg(self.model_sha256))]
+
 
 @dataclass
 class Failed(SessionStage):
     reason: str
     name = "failed"
 
+    def resend(self, s, site_id):
+        return [(site_id, AbortedMsg(self.reason))]
+
 
 # =========================================================================== the session
 
 
 class Session:
-    """The coordinator's state for one plan.
+    """The coordinator's state for one plan, and the thin driver of its stages: each input is decoded and
+    handed to the stage it is meant for, then :meth:`_advance` takes every due transition (``stage.step``) in
+    one checkpoint transaction.  What is released (the initial score, the mode's steps and trees, the
+    evaluation), with the coordinator's central noise, is decided here (:meth:`_release`).
 
     Args:
         plan: the verified plan.
@@ -291,7 +248,7 @@ class Session:
         # ready epoch -> site -> its EpochShares as parts (the dealers' commitments shared: O(n²) not O(n³));
         # a restarted coordinator reads its ready epochs' shares back from its checkpoint
         self._routed: dict[int, dict[str, tuple[bytes, ...]]] = {
-            e: _routed_parts(r) for e in self.coord.ready_epochs() if (r := self.coord.stored_routing(e)) is not None}
+            e: routed_parts(r) for e in self.coord.ready_epochs() if (r := self.coord.stored_routing(e)) is not None}
         self.pipeline: PipelineStage = NoSetup()
         self.phase: RoundPhase = Between()
         self.model_json: bytes | None = None
@@ -435,10 +392,7 @@ class Session:
         st.note = detail[:500]
         log.warning(f"{site_id} refused: {detail}", extra={"event": "refused", "site": site_id, "detail": detail,
                                                            "round_id": round_id})
-        ph = self.phase
-        if isinstance(ph, RoundInFlight) and round_id == ph.rnd.round_id and site_id in ph.rnd.awaiting():
-            ph.refused.add(site_id)
-            self._suspend(site_id, "refused a round request")
+        self.phase.refused_by(self, site_id, round_id)
         return self._advance(now)
 
     def report_finished(self, site_id: str, sha: str, now: float) -> list[Outgoing]:
@@ -477,31 +431,13 @@ class Session:
 
     def submit_setup(self, site_id: str, data: bytes, now: float) -> list[Outgoing]:
         msg = self._decode(site_id, data, (AdvertiseKeys, ShareKeys))
-        p = self.pipeline
-        try:
-            if isinstance(msg, AdvertiseKeys) and isinstance(p, Advertising) and msg.epoch == p.announce.epoch:
-                p.setup.receive_advertise(msg)
-            elif isinstance(msg, ShareKeys) and isinstance(p, Sharing) and msg.epoch == p.roster.epoch:
-                p.setup.receive_share_keys(msg)
-            else:
-                raise Rejected(f"{type(msg).__name__} for epoch {msg.epoch} is not expected now "
-                               f"(epoch setup stage: {p.name})")
-        except InvalidMessage as e:
-            raise Rejected(str(e)) from None
+        self.pipeline.receive(self, msg)
         return self._advance(now)
 
     def submit_input(self, site_id: str, purpose: Purpose, tree: int, data: bytes, now: float) -> list[Outgoing]:
         ph = self.phase
-        fast = isinstance(ph, CollectingInputs) and ph.rnd.fast  # the reply carries the seed shares too
-        msg = self._decode(site_id, data, (FastMaskedInput,) if fast else (MaskedInput,),
-                           ph.rnd.decode if fast else decode_message)  # a fast reply: decoded in bulk
-        if not isinstance(ph, CollectingInputs) or (purpose, tree if purpose != Purpose.INIT_SCORE else 0) != \
-                (ph.work.purpose, ph.work.tree):
-            raise Rejected(f"no round for {Work(purpose, tree)} is collecting inputs now")
-        try:
-            ph.rnd.receive(msg)
-        except InvalidMessage as e:
-            raise Rejected(str(e)) from None
+        msg = self._decode(site_id, data, *ph.input_decoding())
+        ph.receive_input(self, msg, Work(purpose, tree))
         if log.isEnabledFor(logging.DEBUG):  # the hardening tests match these against the sites' ledgers
             log.debug(f"round {msg.round_id} ({ph.work}): masked input from {site_id}",
                       extra={"event": "input_received", "site": site_id, "round_id": msg.round_id,
@@ -513,13 +449,7 @@ class Session:
 
     def submit_round(self, site_id: str, data: bytes, now: float) -> list[Outgoing]:
         msg = self._decode(site_id, data, (ConsistencySignature, UnmaskResponse))
-        ph = self.phase
-        if not isinstance(ph, (CollectingSignatures, CollectingShares)):
-            raise Rejected(f"no round is collecting {type(msg).__name__} now")
-        try:
-            ph.rnd.receive(msg)
-        except InvalidMessage as e:
-            raise Rejected(str(e)) from None
+        self.phase.receive_round(self, msg)
         return self._advance(now)
 
     def tick(self, now: float) -> list[Outgoing]:
@@ -540,37 +470,28 @@ class Session:
         raise RuntimeError("session did not settle")  # pragma: no cover
 
     def _step(self, now: float, out: list[Outgoing]) -> bool:
-        st = self.stage
-        if isinstance(st, Gathering):
-            connected = [s for s in self.sites.values() if s.connected]
-            if len(connected) == len(self.sites) or (len(connected) >= self.t and now >= st.deadline):
-                log.info(f"starting with {len(connected)} of {len(self.sites)} sites connected",
-                         extra={"event": "started", "sites": [s.site_id for s in connected]})
-                self.stage = Running()
-                return True
+        """One transition of the session stage (which drives the epoch and round sub-machines)."""
+        nxt = self.stage.step(self, now, out)
+        if nxt is None:
             return False
-        if isinstance(st, Running):
-            if isinstance(self.phase, Between) and self.next_work() is None:
-                self._finish(now, out)
-                return True
-            return self._step_pipeline(now, out) or self._step_rounds(now, out)
-        if isinstance(st, Finishing):
-            # Every roster site, connected or not: a site that crashed near the end and restarts within
-            # deadlines.finish re-joins, is sent Finished (_pending_for) and still gets the verified model.
-            waiting = [s.site_id for s in self.sites.values() if s.finished_sha256 is None]
-            if not waiting or now >= st.deadline:
-                mismatched = tuple(s.site_id for s in self.sites.values()
-                                   if s.finished_sha256 is not None and s.finished_sha256 != st.model_sha256)
-                self.stage = Finished(st.model_sha256, mismatched)
-                if waiting:
-                    log.warning(f"{len(waiting)} site(s) did not confirm the model within "
-                                f"{self.plan.deadlines.finish:g} s: {', '.join(waiting)}",
-                                extra={"event": "unconfirmed", "sites": waiting})
-                log.info("session finished", extra={"event": "done", "model_sha256": st.model_sha256,
-                                                    "unconfirmed": waiting, "mismatched": list(mismatched)})
-                return True
+        self.stage = nxt
+        return True
+
+    def _step_pipeline(self, now: float, out: list[Outgoing]) -> bool:
+        """One transition of the epoch pipeline (server/epochs.py), if one is due."""
+        nxt = self.pipeline.step(self, now, out)
+        if nxt is None:
             return False
-        return False
+        self.pipeline = nxt
+        return True
+
+    def _step_rounds(self, now: float, out: list[Outgoing]) -> bool:
+        """One transition of the rounds (server/rounds.py), if one is due."""
+        nxt = self.phase.step(self, now, out)
+        if nxt is None:
+            return False
+        self.phase = nxt
+        return True
 
     # ------------------------------------------------------------------ epochs
 
@@ -600,207 +521,21 @@ class Session:
             log.warning(f"{site_id} suspended until it joins a new epoch: {why}",
                         extra={"event": "suspended", "site": site_id, "reason": why})
 
-    def _step_pipeline(self, now: float, out: list[Outgoing]) -> bool:
-        p = self.pipeline
-        E = self.plan.epoch_rounds
-        if isinstance(p, NoSetup):
-            if now < p.retry_after:
-                return False
-            work = self.next_work()
-            if work is None:
-                return False
-            left = (0 if self.has_init else 1) + self.rounds.rounds_left(self.total_trees - len(self.trees)) \
-                + (work.purpose != Purpose.EVAL and self.plan.eval_spec is not None)
-            slots = self.coord.slots_remaining()
-            low = slots <= max(E // 2, 1) and slots < left + 1
-            # a new epoch helps a stalled round only if some connected, caught-up site is usable in no ready epoch
-            stalled = (isinstance(self.phase, Between) and self.phase.waiting_since is not None
-                       and any(s.connected and s.caught_up() and not any(self._usable(s.site_id, e)
-                                                                         for e in self.coord.ready_epochs())
-                               for s in self.sites.values()))
-            wants = any(s.connected and s.wants_epoch for s in self.sites.values())
-            if not (low or stalled or wants):
-                return False
-            targets = sorted(s.site_id for s in self.sites.values() if s.connected)
-            if len(targets) < self.t:
-                return False
-            setup, ann = self.coord.begin_epoch(E)
-            self.next_epoch_id = ann.epoch + 1
-            msg = SetupMsg(ann.to_bytes())
-            for s in targets:
-                self.sites[s].wants_epoch = False
-                out.append((s, msg))
-            self.pipeline = Advertising(setup, ann, set(targets), now + self.plan.deadlines.stage)
-            log.info(f"epoch {ann.epoch}: announced rounds {ann.first_round}..{ann.last_round} to {targets}",
-                     extra={"event": "epoch_announced", "epoch": ann.epoch, "sites": targets})
-            return True
-        if isinstance(p, Advertising):
-            got = set(p.setup.advertised)
-            waiting = [s for s in p.announced if s not in got and self.sites[s].connected]
-            if waiting and now < p.deadline:
-                return False
-            try:
-                roster = p.setup.close_advertise()
-            except ProtocolAbort as e:
-                log.warning(f"epoch {p.announce.epoch} setup failed: {e}", extra={"event": "epoch_failed"})
-                self.pipeline = NoSetup(now + self.plan.deadlines.stage)
-                return True
-            msg = SetupMsg(roster.to_bytes())
-            for s in roster.senders:
-                out.append((s, msg))
-            self.pipeline = Sharing(p.setup, roster, now + self.plan.deadlines.stage)
-            return True
-        if isinstance(p, Sharing):
-            waiting = [s for s in p.roster.senders if s not in self._share_keys_received(p.setup)
-                       and self.sites[s].connected]
-            if waiting and now < p.deadline:
-                return False
-            try:
-                routed = p.setup.close_share_keys()
-            except ProtocolAbort as e:
-                log.warning(f"epoch {p.roster.epoch} setup failed: {e}", extra={"event": "epoch_failed"})
-                self.pipeline = NoSetup(now + self.plan.deadlines.stage)
-                return True
-            epoch = p.roster.epoch
-            for e in [e for e in self._routed if e not in self.coord.ready_epochs()]:
-                del self._routed[e]  # used up: a re-joining site needs only the ready epochs' shares
-            self._routed[epoch] = _routed_parts(routed)
-            for s, parts in self._routed[epoch].items():
-                out.append((s, SetupParts(parts)))
-            dealers = sorted(routed)
-            log.info(f"epoch {epoch} ready with sites {dealers}",
-                     extra={"event": "epoch_ready", "epoch": epoch, "sites": dealers})
-            self.pipeline = NoSetup()
-            return True
-        return False
-
-    @staticmethod
-    def _share_keys_received(setup) -> set[str]:
-        stage = setup.stage
-        return set(getattr(stage, "received", {}) or {})
-
-    def _skip_epoch(self, epoch_id: int) -> None:
-        """Use up the remaining round slots of ``epoch_id`` without sending anything (ids are never reused)."""
-        ep = self.coord.epoch(epoch_id)
-        skipped = 0
-        while epoch_id in self.coord.ready_epochs() and min(self.coord.ready_epochs()) == epoch_id:
-            rnd, _ = self.coord.begin_round(2, ep.dealers)
-            rnd.abort("slot skipped: a newer epoch has more sites")
-            skipped += 1
-        self._routed.pop(epoch_id, None)
-        log.info(f"epoch {epoch_id}: skipped {skipped} unused round slots for a newer epoch",
-                 extra={"event": "epoch_skipped", "epoch": epoch_id, "slots": skipped})
+    def round_stalled(self) -> bool:
+        """Between rounds and waiting for t usable sites."""
+        return isinstance(self.phase, Between) and self.phase.waiting_since is not None
 
     # ------------------------------------------------------------------ rounds
 
-    def _step_rounds(self, now: float, out: list[Outgoing]) -> bool:
-        ph = self.phase
-        if isinstance(ph, Between):
-            return self._maybe_begin(ph, now, out)
-        assert isinstance(ph, RoundInFlight)
-        awaiting = ph.rnd.awaiting()
-        if now < ph.deadline and any(self.sites[s].connected and s not in ph.refused for s in awaiting):
-            return False  # (checked lazily: this runs after every message)
-        waiting = [s for s in awaiting if self.sites[s].connected and s not in ph.refused]
-        for s in waiting:  # connected but silent past the deadline
-            self._suspend(s, f"missed the {ph.name} deadline of round {ph.rnd.round_id}")
-        if log.isEnabledFor(logging.DEBUG):
-            log.debug(f"round {ph.rnd.round_id}: closing {ph.name}", extra={"event": "stage_closed", "at": now})
-        try:
-            if isinstance(ph, CollectingInputs) and not ph.rnd.fast:
-                need = self._min_survivors(ph)
-                got = len(ph.rnd.survivors)
-                if got < need:  # every honest site would refuse to sign U3: do not ask, retry in a new slot
-                    p = len(ph.request.participants)
-                    reason = (f"only {got} of {p} participants sent their masked input; their noise shares are "
-                              f"split {self.plan.noise_divisor(p)} ways, so at least {need} must survive "
-                              f"(dropout_slack = {self.plan.dropout_slack})")
-                    ph.rnd.abort(reason)
-                    raise ProtocolAbort(reason)
-                req = ph.rnd.close_inputs()
-                msg = RoundMsg(req.to_bytes())  # one event object: the transport converts it once
-                for s in req.survivors:
-                    out.append((s, msg))
-                self.phase = CollectingSignatures(ph.rnd, ph.work, req, now + self.plan.deadlines.stage)
-            elif isinstance(ph, CollectingSignatures):
-                req = ph.rnd.close_consistency()
-                msg = RoundMsg(req.to_bytes())
-                for s, _ in req.signatures:
-                    out.append((s, msg))
-                self.phase = CollectingShares(ph.rnd, ph.work, req, now + self.plan.deadlines.stage)
-            else:  # the shares, or a fast round's inputs (they carry the seed shares; any missing: ProtocolAbort)
-                result = ph.rnd.finalize()
-                for s in result.blamed:
-                    self._suspend(s, f"revealed shares that fail their commitments in round {result.round_id}")
-                self._release(ph.work, result, now, out)
-                self.phase = Between()
-        except ProtocolAbort as e:
-            for s in getattr(e, "blame", ()) or ():
-                self._suspend(s, f"blamed in round {ph.rnd.round_id}: {e}")
-            self._round_failed(ph, str(e), now, out)
-        return True
-
-    def _min_survivors(self, ph: RoundInFlight) -> int:
-        """The survivor count the sites require before signing U3 (client/site.py applies the same rule).
+    def _required_survivors(self, work: Work, participants: int) -> int:
+        """The survivor count the sites require before signing U3 (client/site.py applies the same rule), for a
+        round of ``work`` with this many participants.
 
         Distributed noise, tree and evaluation rounds: k_r + c with k_r = max(t, |P_r| − s) − c.  Otherwise t.
         """
-        return self._required_survivors(ph.work, len(ph.request.participants))
-
-    def _required_survivors(self, work: Work, participants: int) -> int:
-        """:meth:`_min_survivors` for a round of ``work`` with this many participants (before it starts)."""
         if self.plan.noise != "distributed" or work.purpose == Purpose.INIT_SCORE:
             return self.t
         return self.plan.min_survivors(participants)
-
-    def _maybe_begin(self, ph: Between, now: float, out: list[Outgoing]) -> bool:
-        work = self.next_work()
-        if work is None:
-            return False
-        ready = self.coord.ready_epochs()
-        if ready:
-            current = ready[0]
-            eligible = self._eligible(current)
-            best = max(ready, key=lambda e: (len(self._eligible(e)), -e))
-            if len(self._eligible(best)) > len(eligible) and len(self._eligible(best)) >= self.t:
-                self._skip_epoch(current)
-                return True
-            if len(eligible) >= self.t:
-                return self._begin(work, current, eligible, now, out)
-        if ph.waiting_since is None:
-            ph.waiting_since = now
-            usable = sorted({s for e in ready for s in self._eligible(e)})
-            log.info(f"waiting for {self.t} usable sites for {work} (usable now: {usable})",
-                     extra={"event": "waiting", "usable": usable})
-            return True
-        if now - ph.waiting_since > self.plan.deadlines.quorum:
-            self._fail(f"fewer than t = {self.t} sites were available for {self.plan.deadlines.quorum:g} s", out)
-            return True
-        return False
-
-    def _begin(self, work: Work, epoch_id: int, participants: list[str], now: float, out: list[Outgoing]) -> bool:
-        if work.purpose == Purpose.EVAL:
-            d = self.plan.eval_spec.length
-        elif work.purpose == Purpose.INIT_SCORE:
-            d = init_vector_len(self.plan.schema)
-        else:
-            d = self.rounds.vector_len(work.purpose, work.tree, work.level)
-        fast = self.plan.fast_round(self._required_survivors(work, len(participants)), len(participants))
-        try:
-            rnd, start = self.coord.begin_round(d, participants, fast=fast)
-        except SecAggError as e:  # pragma: no cover - eligibility is checked above
-            self._fail(f"cannot start a round: {e}", out)
-            return True
-        msg = self._round_start_msg(work, start)
-        for s in start.participants:
-            out.append((s, msg))
-        self.phase = CollectingInputs(rnd, work, start, now + self.plan.deadlines.stage)
-        if log.isEnabledFor(logging.DEBUG):
-            k = self.plan.noise_divisor(len(start.participants)) if work.purpose != Purpose.INIT_SCORE else None
-            log.debug(f"round {start.round_id} ({work}) started with {list(start.participants)}, noise divisor {k}",
-                      extra={"event": "round_started", "round_id": start.round_id, "work": str(work), "at": now,
-                             "noise_divisor": k, "fast": fast})
-        return True
 
     def _round_start_msg(self, work: Work, start) -> RoundStartMsg:
         """The round request; a tree's rounds add what the mode's requests carry (the level, the tree's splits
@@ -810,17 +545,18 @@ class Session:
         return RoundStartMsg(work.purpose, work.tree, start.to_bytes(),
                              **self.rounds.request(work.purpose, work.tree, work.level))
 
-    def _round_failed(self, ph: RoundInFlight, reason: str, now: float, out: list[Outgoing]) -> None:
+    def _round_failed(self, ph: RoundInFlight, reason: str, now: float, out: list[Outgoing]) -> Between:
+        """Count the failure; after max_attempts the session fails (an evaluation: the model stands without it)."""
         self.rounds_failed += 1
         n = self.attempts[ph.work] = self.attempts.get(ph.work, 0) + 1
         log.warning(f"round {ph.rnd.round_id} ({ph.work}) failed, attempt {n}/{self.plan.max_attempts}: {reason}",
                     extra={"event": "round_failed", "round_id": ph.rnd.round_id, "work": str(ph.work),
                            "reason": reason})
-        self.phase = Between()
         if n >= self.plan.max_attempts and ph.work.purpose == Purpose.EVAL:  # the model stands without it
             self.evaluation = {"failed": f"evaluation failed {n} times (last: {reason})"}
         elif n >= self.plan.max_attempts:
             self._fail(f"{ph.work} failed {n} times (last: {reason})", out)
+        return Between()
 
     def _release_step(self, work: Work, result, now: float) -> None:
         """A tree's round before its leaves (a level's splits, a sketch): the mode post-processes the noisy sum
@@ -958,27 +694,4 @@ class Session:
 
     def _pending_for(self, site_id: str, now: float) -> list[Outgoing]:
         """What a (re)joined site must receive again: its open requests (secagg answers them idempotently)."""
-        out: list[Outgoing] = []
-        st = self.stage
-        if isinstance(st, Failed):
-            return [(site_id, AbortedMsg(st.reason))]
-        if isinstance(st, (Finishing, Finished)):
-            return [(site_id, self._finished_msg(st.model_sha256))]
-        for e in self.coord.ready_epochs():
-            parts = self._routed.get(e, {}).get(site_id)
-            if parts is not None:
-                out.append((site_id, SetupParts(parts)))
-        p = self.pipeline
-        if isinstance(p, Advertising):
-            p.announced.add(site_id)
-            self.sites[site_id].wants_epoch = False
-            out.append((site_id, SetupMsg(p.announce.to_bytes())))
-        elif isinstance(p, Sharing) and site_id in p.roster.senders:
-            out.append((site_id, SetupMsg(p.roster.to_bytes())))
-        ph = self.phase
-        if isinstance(ph, RoundInFlight) and site_id in ph.rnd.awaiting():
-            if isinstance(ph, CollectingInputs):
-                out.append((site_id, self._round_start_msg(ph.work, ph.request)))
-            else:
-                out.append((site_id, RoundMsg(ph.request.to_bytes())))
-        return out
+        return self.stage.resend(self, site_id)

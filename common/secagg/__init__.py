@@ -13,7 +13,7 @@ transport drives epochs and rounds.  Modules:
 ``storage``      Storage protocol, MemoryStorage, FileStorage
 ``records``      formats of persisted site records
 ``site``         SecAggSite and its per-epoch / per-round stage machines
-``coordinator``  SecAggCoordinator, CoordinatorEpochSetup, CoordinatorRound
+``coordinator``  SecAggCoordinator, CoordinatorEpochSetup, CoordinatorRound (a package: one module per stage)
 ``loopback``     in-process reference transport (tests, benchmark, docs)
 """
 from .config import SessionConfig, SiteIdentity, session_digest

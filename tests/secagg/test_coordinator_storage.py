@@ -1,4 +1,4 @@
-"""The coordinator's stored epochs (common/secagg/coordinator.py, "Storage layout of an epoch"): each dealer's
+"""The coordinator's stored epochs (common/secagg/coordinator/store.py, the storage layout): each dealer's
 commitment rows are one record and each of its blobs another, written as its ShareKeys arrives; the coordinator
 keeps neither in memory, routes each recipient's EpochShares from the storage (``StoredRouting``), reads a ready
 epoch back after a restart (rows only when a share must be blamed), and removes the records of a setup that
