@@ -75,6 +75,10 @@ class Noise:
     #: distributed noise: True — every site adds a share of variance 1/k of the full noise (tree, level and sketch
     #: rounds; k = the plan's noise divisor); False — every site adds the full noise (initial score, evaluation)
     split: ClassVar[bool] = True
+    #: central noise mode: True — the coordinator adds the full noise to the sum (a site adds a full share only to
+    #: a retry, so two attempts never difference to its exact sums); False — every site adds its full share in
+    #: either mode (the evaluation: each site's vector is ε_eval-DP on its own)
+    central: ClassVar[bool] = True
 
     def scales(self, shares: int = 1, **where) -> np.ndarray:
         """Per-entry scale of one of ``shares`` shares of this release's noise (``shares`` = 1: the full noise;
@@ -227,6 +231,7 @@ class EvalNoise(Noise):
     ``S_j = √m·σ·Δ_j``, so its vector is ε_eval-DP on its own (docs/federated-evaluation.md)."""
 
     split: ClassVar[bool] = False
+    central: ClassVar[bool] = False
     spec: object  # fedsbdt.common.fed_eval.EvalSpec
 
     def scales(self, shares: int = 1, **where) -> np.ndarray:

@@ -18,12 +18,12 @@ class EvaluationOnly(Mode):
         return {}
 
     # ---- site side
-    def site_rounds(self, plan, site):
+    def site_rounds(self, ctx):
         """The model's released trees are checked as those of the plan's tree builder (its mode's site rounds);
         the gate refuses every training round before it reaches them."""
         from fedsbdt.common.modes import REGISTRY
 
-        return REGISTRY[plan.hyperparameters.tree_builder].site_rounds(plan, site)
+        return REGISTRY[ctx.plan.hyperparameters.tree_builder].site_rounds(ctx)
 
 
 register(EvaluationOnly())
