@@ -59,12 +59,15 @@ docs/federation.md):
   pinned plan does not declare, of another vector length or before the last
   tree is refused.
 
-The rounds of the plan's trees are its mode's (``mode_for(plan).site_rounds``,
-common/modes/site_rounds.py: which records a release reads, its vector, its
-splits, its noise share); this module never asks which mode it is.  Every
-released tree is checked by the mode (the plan's public splits, or the splits
-its requests carried) before it is applied; a coordinator that sends anything
-else is caught.
+The rounds of the plan's trees are driven by the gate (client/gate.py
+``Gate.tree_round``: attempt → admit → compute → noise → charge → send); the
+plan's mode (``mode_for(plan).site_rounds(ctx)``, common/modes/site_rounds.py)
+only checks a request, declares which records its release reads and computes
+the vector from the records the gate admitted.  Every noise share, of every
+release kind, is drawn by one rule (client/noise.py ``draw_share``).  This
+module never asks which mode it is.  Every released tree is checked by the mode
+(the plan's public splits, or the splits its requests carried) before it is
+applied; a coordinator that sends anything else is caught.
 """
 from __future__ import annotations
 

@@ -2,12 +2,12 @@
 
 One :class:`Release` per kind (``init``, ``sketch``, ``level``, ``tree``, ``eval``) is the single source of
 truth for that kind.  It holds the kind's :class:`Noise` — the per-entry noise scales that every site draws
-its share from (``client/site.py``, ``common/modes/*_site.py``, ``client/evaluation.py``) and that the
-coordinator adds in central noise mode (``common/modes/*coordinator.py``, ``server/session.py``) — and the
+its share from (one rule: ``client/noise.py`` ``draw_share``) and that the coordinator adds in central
+noise mode (one rule: ``common/modes/coordinator.py`` ``central_noise``) — and the
 privacy event the site's gate charges (``client/gate.py``), which is *computed from those very scales* and
 the records' public sensitivity bounds (:meth:`Noise.event`): a mode cannot state one noise and charge
 another.  The plan's statement of ε is checked against the composition of these events
-(:meth:`fedsbdt.common.federation.plan.Plan.check_release_accounting`), so the plan, the draws and the
+(``check_release_accounting``, common/federation/accounting.py), so the plan, the draws and the
 charges are three views of one declaration.
 
 Why: federated DPBoost drew Gaussian level histograms of σ_s while its gate charged each level as an
