@@ -30,11 +30,16 @@ def federated_calibration(hp) -> PrivacyCalibration:
     except UnknownMode as e:
         raise PlanError(f"tree_builder = {hp.tree_builder!r} is not available in a federation ({e})") from None
     try:
-        return mode.federated_calibration(hp)
+        cal = mode.federated_calibration(hp)
     except AccountingError:
         raise
     except ConfigError as e:
         raise PlanError(str(e)) from None
+    if cal is None:  # the mode federates the central mechanism
+        from fedsbdt.common.engine import calibration_for
+
+        cal = calibration_for(hp)
+    return cal
 
 
 def calibration(plan) -> PrivacyCalibration:
