@@ -166,14 +166,13 @@ def draw_share(plan, release, randomness, *, participants: int | None, retry: bo
     """
     noise, where = release.noise, dict(where or {})
     draw = randomness.discrete_gaussian if noise.mechanism == "gaussian" else randomness.discrete_laplace
-    distributed = plan.noise == "distributed"
     if not noise.split:
-        if not (distributed or retry or not noise.central):
+        if noise.central and not retry and plan.noise != "distributed":  # the coordinator adds it
             return None
         if ahead is not None and not retry:
             return ahead
         return draw(release.scales(1, **where))
-    if distributed:
+    if plan.noise == "distributed":
         p = int(participants)
         if not plan.threshold <= p <= plan.n:  # secure aggregation refuses the round
             return None
