@@ -29,6 +29,7 @@ import numpy as np
 from fedsbdt.common.data import DataError, Dataset
 
 from .dataload import load_isolated
+from .noise import draw_share
 
 
 def load_held_out(path: Path, plan) -> Dataset:
@@ -67,7 +68,8 @@ def eval_input(plan, model, held_out: Dataset | None, randomness) -> tuple[np.nd
         x = spec.histogram(held_out.y, model.predict(held_out.X))
         n = int(held_out.n)
         digest = hashlib.sha256(np.ascontiguousarray(held_out.ids, dtype=np.int64).tobytes()).hexdigest()
-    noise = np.asarray(randomness.discrete_gaussian(plan.releases["eval"].scales()), dtype=np.int64)  # the declared noise
+    noise = np.asarray(draw_share(plan, plan.releases["eval"], randomness, participants=None, retry=False),
+                       dtype=np.int64)  # the declared noise, by the site's one noise rule
     charge = {"epsilon_eval": float(spec.epsilon), "delta_eval": float(spec.delta), "sigma_eval": spec.sigma,
               "records": n, "record_ids_sha256": digest}
     return x, noise, charge

@@ -21,6 +21,13 @@ schedule, the release kinds, their privacy events and the per-record budget, and
    transaction, after secure aggregation accepted the round and before the masked vector is returned: the
    lifetime row commits first (a crash then over-charges, never under-charges), the plan's ledger with the send.
 
+Every round of a plan's trees is driven by :meth:`Gate.tree_round` in one fixed order — the mode's check, the
+vector length (or the replay of a round answered before), catch-up, **attempt**, the mode's declaration of the
+release, **admit**, the mode's **compute** (from the admitted records only), the **noise** share
+(client/noise.py ``draw_share``: the site's one noise rule), then **charge and send** in one transaction.  The
+mode (common/modes/site_rounds.py) never calls the gate: it is handed a ``RoundInput`` and returns what it
+declares and computes.
+
 Before joining, :meth:`Gate.admission_refusal` checks the plan against ``--max-epsilon`` (training ε plus
 ε_eval), ``--max-eval-epsilon`` and ``--lifetime-epsilon`` (the population's lifetime ε, at
 ``--lifetime-delta``, after the whole plan on every record it reads).
@@ -37,12 +44,40 @@ from fedsbdt.common.accountant import compose
 from fedsbdt.common.lifetime import FILE, LifetimeLedger, RecordSource, projected_lifetime
 from fedsbdt.common.modes import mode_for
 from fedsbdt.common.modes.base import PURPOSE_KIND
+from fedsbdt.common.modes.site_rounds import Computed, RoundInput, catch_up_or_refusal
+
+from .noise import draw_share
 
 log = logging.getLogger("fedsbdt.site")
 
 
 class LeaveSession(RuntimeError):
     """The site leaves the session (the message is one line for its operator)."""
+
+
+class ModeStoreView:
+    """A mode's durable state at a site (common/modes/site_rounds.py ``ModeStore``): exactly these methods of the
+    plan's site ledger (client/ledger.py), and nothing else of it."""
+
+    __slots__ = ("_ledger",)
+
+    def __init__(self, ledger) -> None:
+        self._ledger = ledger
+
+    def mode_state(self, key: str) -> bytes | None:
+        return self._ledger.mode_state(key)
+
+    def set_mode_state(self, key: str, blob: bytes) -> None:
+        self._ledger.set_mode_state(key, blob)
+
+    def keep_mode_state(self, key: str, blob: bytes) -> None:
+        self._ledger.keep_mode_state(key, blob)
+
+    def released_splits(self, tree: int):
+        return self._ledger.released_splits(tree)
+
+    def remember_splits(self, tree: int, features, thresholds) -> None:
+        self._ledger.remember_splits(tree, features, thresholds)
 
 
 class Gate:
@@ -224,3 +259,62 @@ class Gate:
     def spent(self, kind: str, role: str = "train") -> np.ndarray:
         """Releases of ``kind`` charged to each record in this plan."""
         return self._counts[role][:, self._kinds.index(kind)].copy()
+
+    # ------------------------------------------------------------------ a tree round, driven
+
+    def tree_round(self, rounds, site, ev, start) -> list:
+        """The replies to a RoundStart of one of the plan's tree rounds (the schedule already admitted it).
+
+        The one order every mode's round goes through: ``rounds.check`` → the vector length, or the stored input
+        of a round started before (``site.settled_input``) → catch-up → :meth:`attempt` → ``rounds.declare`` →
+        :meth:`admit` → ``rounds.compute`` (nothing computed for a release that carries no data: zeros) →
+        ``draw_share`` → ``site.masked_input``, which runs the charge (:meth:`charge`), the filter's charges, the
+        contribution log and ``rounds.remember`` in the round's transaction before the masked vector is returned.
+        ``site`` is the site machine (client/site.py): its ledger, randomness, shares drawn ahead and secure
+        aggregation; ``rounds`` the plan's mode's ``SiteRounds``."""
+        from fedsbdt.common.federation.wire import Purpose, Refusal
+
+        r, kind = start.round_id, self.kind(ev.purpose)
+        level = ev.level if ev.purpose == Purpose.LEVEL else None
+        rin = RoundInput(ev, kind, int(ev.tree), level, len(site.trees), site.init is not None)
+        bad = rounds.check(rin)  # before anything is computed
+        if bad is not None:
+            return [Refusal(f"round {r}: {bad}", r)]
+        expected = rounds.vector_len(rin)
+        settled = site.settled_input(ev, start, expected)  # another length, or a round answered before
+        if settled is not None:
+            return settled
+        late = catch_up_or_refusal(rin)
+        if late is not None:
+            return [Refusal(f"round {r}: {late}", r)]
+        self.attempt(kind, rin.tree, level)
+        declared = rounds.declare(rin)
+        ledger = self.ledger
+        first = not declared.once or ledger.attempts(kind, rin.tree, level, with_data=True) == 0
+        admitted = self.admit(kind, declared.records, tree=rin.tree, partial=declared.partial) if first else None
+        computed = None if admitted is None else rounds.compute(rin, declared, admitted)
+        x = np.zeros(expected, np.int64) if computed is None else np.asarray(computed.x, dtype=np.int64)
+        noise = draw_share(self.plan, self.plan.releases[kind], site.randomness, participants=len(start.participants),
+                           retry=ledger.attempts_any(kind, rin.tree, level) > 0, where=declared.where,
+                           ahead=site.noise if kind == "tree" else None)
+        read = None if computed is None else (admitted if computed.read is None else computed.read)
+        c = computed or Computed(x)
+        sampled = declared.sampled if c.sampled is None else c.sampled
+
+        def record() -> None:
+            if read is not None:  # this release, charged to exactly the records it read
+                self.charge(kind, read, rin.tree, level, r)
+            if c.new_spent is not None:  # the individual filter's per-record units
+                ledger.charge(site.local.ids, site.local.spent, c.new_spent)
+            ledger.log_contribution(r, kind, rin.tree, read is not None, c.active, sampled, level)
+            rounds.remember(rin)
+
+        replies = site.masked_input(ev, start, x, noise, record)
+        if isinstance(replies[0], Refusal):
+            return replies
+        # Durable: only now does the masked vector leave this function.
+        if c.commit is not None:
+            c.commit()
+        if c.leaf is not None:
+            site.remember_leaf_index(rin.tree, c.leaf)
+        return replies

@@ -145,3 +145,37 @@ def isolated_shares(randomness, scales: dict, expect, rounds: int, init_scales=N
     shares = NoiseShares(randomness, scales, chunk=chunk, ahead=1, expect=expect, low=low,
                          initial=dict(zip(keys, drawn)))
     return shares, (drawn[len(keys)] if init_scales is not None else None)
+
+
+def draw_share(plan, release, randomness, *, participants: int | None, retry: bool, where=None, ahead=None):
+    """The noise share this site adds to one attempt of ``release`` (a ``Release`` of ``plan.releases``), or None.
+
+    The site's one noise rule, for every release kind of every mode (docs/threat-model.md "Retries"):
+
+    * **split** noise (tree, level and sketch rounds), distributed: a share of variance σ²/k_r of the release's
+      full noise, k_r = ``plan.noise_divisor(p)`` recomputed from the public plan and the round's ``participants``
+      (none for an impossible participant set: secure aggregation refuses that round); central: no share on the
+      first attempt (the coordinator adds the noise), a full, fresh share on a ``retry``;
+    * **full** noise (the initial score, the evaluation): distributed, a full share; central, a full share on a
+      ``retry`` only — or on every attempt for noise the coordinator never adds (``Noise.central`` False: the
+      evaluation).
+
+    ``where`` fixes the layout of the noise (``Noise.scales``); ``ahead`` holds shares drawn beforehand:
+    :class:`NoiseShares` (split noise, one buffer per divisor) or one vector (full noise), used instead of a new
+    draw.  The sampler follows the release's mechanism (discrete Gaussian or discrete Laplace).
+    """
+    noise, where = release.noise, dict(where or {})
+    draw = randomness.discrete_gaussian if noise.mechanism == "gaussian" else randomness.discrete_laplace
+    if not noise.split:
+        if noise.central and not retry and plan.noise != "distributed":  # the coordinator adds it
+            return None
+        if ahead is not None and not retry:
+            return ahead
+        return draw(release.scales(1, **where))
+    if plan.noise == "distributed":
+        p = int(participants)
+        if not plan.threshold <= p <= plan.n:  # secure aggregation refuses the round
+            return None
+        k = plan.noise_divisor(p)
+        return ahead.take(k) if ahead is not None else draw(release.scales(k, **where))
+    return draw(release.scales(1, **where)) if retry else None

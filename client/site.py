@@ -59,12 +59,15 @@ docs/federation.md):
   pinned plan does not declare, of another vector length or before the last
   tree is refused.
 
-The rounds of the plan's trees are its mode's (``mode_for(plan).site_rounds``,
-common/modes/site_rounds.py: which records a release reads, its vector, its
-splits, its noise share); this module never asks which mode it is.  Every
-released tree is checked by the mode (the plan's public splits, or the splits
-its requests carried) before it is applied; a coordinator that sends anything
-else is caught.
+The rounds of the plan's trees are driven by the gate (client/gate.py
+``Gate.tree_round``: attempt → admit → compute → noise → charge → send); the
+plan's mode (``mode_for(plan).site_rounds(ctx)``, common/modes/site_rounds.py)
+only checks a request, declares which records its release reads and computes
+the vector from the records the gate admitted.  Every noise share, of every
+release kind, is drawn by one rule (client/noise.py ``draw_share``).  This
+module never asks which mode it is.  Every released tree is checked by the mode
+(the plan's public splits, or the splits its requests carried) before it is
+applied; a coordinator that sends anything else is caught.
 """
 from __future__ import annotations
 
@@ -92,7 +95,9 @@ from fedsbdt.common.secagg import ProtocolAbort, RoundStart, SecAggSite, decode_
 from fedsbdt.common.secagg.errors import InvalidMessage
 from fedsbdt.common.secagg.primitives import ed25519_public
 from fedsbdt.common.splits import random_splits
+from fedsbdt.common.federation.accounting import verify_privacy
 from fedsbdt.common.federation.plan import Plan, PlanError
+from fedsbdt.common.randomness import plan_randomness
 from fedsbdt.common.federation.release import build_model, evaluation_receipt, model_bytes, model_content_sha256
 from fedsbdt.common.federation.wire import (
     NONCE_BYTES,
@@ -116,12 +121,12 @@ from fedsbdt.common.federation.wire import (
 
 from .dataload import as_source, load_isolated
 from .evaluation import check_request, eval_input, load_held_out
-from .gate import Gate, LeaveSession
+from .gate import Gate, LeaveSession, ModeStoreView
 from fedsbdt.common.modes import mode_for
-from fedsbdt.common.modes.site_rounds import NeedCatchUp
+from fedsbdt.common.modes.site_rounds import NeedCatchUp, SiteContext
 from .ledger import LedgerError, SiteLedger, ledger_path
 from .isolated_noise import IsolatedSampler
-from .noise import NoiseShares, isolated_shares
+from .noise import NoiseShares, draw_share, isolated_shares
 from .policy import MAX_EVAL_EPSILON, SitePolicy
 
 log = logging.getLogger("fedsbdt.site")
@@ -238,9 +243,35 @@ class SiteMachine:
     # ------------------------------------------------------------------ the plan
 
     def accept_plan(self, plan_json: bytes, served_sha256: str) -> Plan:
-        """Check the served plan against this site's policy and data; prepare to participate."""
+        """Check the served plan against this site's policy and data; prepare to participate.
+
+        Stages, in order (each refuses with :class:`SiteRefusal`, and nothing is joined or written before the
+        last check passed): the served plan is the pinned one (:meth:`_pinned_plan`); its privacy statement is
+        this site's accountant's (:meth:`_verified_privacy`); it fits this site's policy (:meth:`_check_policy`);
+        the local data fits it (:meth:`_load_data`); the lifetime accounts allow it and are opened
+        (:meth:`_open_accounts`); then the site prepares its rounds (:meth:`_prepare_rounds`)."""
         if not isinstance(self.stage, AwaitingPlan):
             raise SiteRefusal("a plan was already accepted")
+        plan = self._pinned_plan(plan_json, served_sha256)
+        randomness, cal = self._verified_privacy(plan)
+        gate = Gate(plan, self.options.policy, None, self.state_dir, self.site_id)
+        self._check_policy(plan, gate, cal)
+        ds = self._load_data(plan)
+        self._open_accounts(plan, gate, cal, ds)
+        self._prepare_rounds(plan, gate, ds, randomness, cal)
+        if plan.noise == "central":
+            log.warning(f"{self.site_id}: central noise mode: the coordinator sees this site's noiseless sums "
+                        "(summed with the others') and must be trusted to add the noise",
+                        extra={"event": "central_noise", "site": self.site_id})
+        self.stage = Participating()
+        log.info(f"{self.site_id}: accepted plan {plan.sha256[:16]}… ({ds.n} records, {plan.budget_text()}, "
+                 f"noise {plan.noise})", extra={"event": "plan_accepted", "site": self.site_id, "records": ds.n,
+                                                "epsilon": cal.epsilon, "epsilon_total": plan.total_epsilon})
+        return plan
+
+    def _pinned_plan(self, plan_json: bytes, served_sha256: str) -> Plan:
+        """The served plan, if it is the one its hash announces, the one pinned out of band, and its roster pins
+        this site's identity key."""
         actual = hashlib.sha256(plan_json).hexdigest()
         if actual != served_sha256:
             raise SiteRefusal(f"the coordinator's plan does not match the hash it announces ({actual} ≠ "
@@ -262,8 +293,12 @@ class SiteMachine:
         if pinned != ed25519_public(self.identity_key):
             raise SiteRefusal(f"the plan pins another identity key for {self.site_id!r} than this site's "
                               "identity key; check --identity-key / the roster")
+        return plan
+
+    def _verified_privacy(self, plan: Plan):
+        """(the plan's DP randomness, its calibration recomputed by this site's accountant)."""
         try:
-            randomness = plan.make_randomness(self.options.allow_insecure_test_randomness)
+            randomness = plan_randomness(plan, self.options.allow_insecure_test_randomness)
             # exact noise drawn in child processes, so the daemon never loads numba, where the mode draws its
             # shares ahead (modes that draw a share per level on demand sample in-process)
             if not getattr(randomness, "insecure", False) and mode_for(plan).isolated_sampler:
@@ -272,27 +307,33 @@ class SiteMachine:
                 from .audit_noise import scaled_noise
 
                 randomness = scaled_noise(randomness, self.options.audit_noise_factor)
-            cal = plan.verify_privacy()
+            cal = verify_privacy(plan)  # this site's accountant (common/federation/accounting.py)
         except PlanError as e:
             raise SiteRefusal(str(e)) from None
-        gate = Gate(plan, self.options.policy, None, self.state_dir, self.site_id)
-        refusal = gate.admission_refusal(cal.epsilon, self.options.max_epsilon, self.options.max_eval_epsilon, {})
-        if refusal is not None:  # the caps, before the data is read (the lifetime cap once it is)
-            raise SiteRefusal(refusal)
-        refusal = self.options.policy.refusal(plan)
+        return randomness, cal
+
+    def _check_policy(self, plan: Plan, gate: Gate, cal) -> None:
+        """The site's caps (before the data is read; the lifetime cap once it is), its policy, its schema, and
+        what an evaluation-only plan needs."""
+        opts = self.options
+        refusal = gate.admission_refusal(cal.epsilon, opts.max_epsilon, opts.max_eval_epsilon, {}) \
+            or opts.policy.refusal(plan)
         if refusal is not None:
             raise SiteRefusal(refusal)
-        local = self.options.local_schema
+        local = opts.local_schema
         if local is not None and local.digest() != plan.schema.digest():
             raise SiteRefusal(f"schema mismatch: the local schema (digest {local.digest()[:16]}…) differs from the "
                               f"plan's schema (digest {plan.schema.digest()[:16]}…)")
-        if self.data_path is None and (plan.eval_model_sha256 is None or self.options.eval_data is None):
+        if self.data_path is None and (plan.eval_model_sha256 is None or opts.eval_data is None):
             raise SiteRefusal("no training data (--data): only a plan that evaluates an existing model "
                               "(evaluation.model_sha256) can be joined with --eval-data alone")
         if plan.eval_model_sha256 is not None and plan.eval_model_content_sha256 is None:
             raise SiteRefusal("the plan evaluates an existing model but pins only its file hash, not the digest of "
                               "its trees (evaluation.model_content_sha256): this site could not check the model it "
                               "evaluates; re-create the plan with `fedsbdt plan --evaluate-model`")
+
+    def _load_data(self, plan: Plan):
+        """The local data, parsed with the plan's schema in a child process, within the plan's record bound."""
         try:  # evaluation-only plans train nothing: the held-out file stands in for the (unused) training data
             ds = load_isolated(self.data_path or self.options.eval_data, plan.schema)  # parsed in a child
         except DataError as e:
@@ -300,8 +341,11 @@ class SiteMachine:
         if ds.n > plan.max_records_per_site:
             raise SiteRefusal(f"{self.data_path} holds {ds.n} records, more than the plan's public bound "
                               f"max_records_per_site = {plan.max_records_per_site}")
+        return ds
+
+    def _open_accounts(self, plan: Plan, gate: Gate, cal, ds) -> None:
+        """The held-out data; the lifetime cap on the record sets the plan reads; the plan's ledger; the gate."""
         self.held_out = self._accept_evaluation(plan)
-        hp = plan.hyperparameters
         sources = {}  # the records the plan's releases read (the lifetime ledger's record sets, with provenance)
         if gate.mode.trains(plan) and self.data_path is not None:
             sources["train"] = record_source(self.data_path, ds.ids, plan.schema.id_column)
@@ -317,6 +361,10 @@ class SiteMachine:
         gate.ledger = self.ledger
         gate.open(sources)
         self.gate = gate
+
+    def _prepare_rounds(self, plan: Plan, gate: Gate, ds, randomness, cal) -> None:
+        """The local model state, secure aggregation, the mode's tree rounds and the noise shares drawn ahead."""
+        hp = plan.hyperparameters
         self.local = local_data_for(plan.schema, ds.X, ds.y, ds.ids, hp, ds.arrival,
                                     edges=split_edges(plan.schema, hp.split_candidates), backend=kernels_numpy)
         self.ledger.ensure_records(ds.ids)
@@ -324,14 +372,13 @@ class SiteMachine:
         self.secagg = SecAggSite(plan.secagg_config(), self.site_id, self.identity_key, self.ledger.storage,
                                  min_survivors=self._min_survivors if plan.noise == "distributed" else None,
                                  allow_fast=plan.secagg_fast_path != "never")  # sparse: fast-only sessions only (secagg)
-        self.randomness = randomness
-        self.cal = cal
-        self.table = filter_for(hp, cal)
+        self.randomness, self.cal, self.table = randomness, cal, filter_for(hp, cal)
         self.leaf_scales, self.init_scales = plan.noise_scales()
-        self.retry_scales = plan.central_retry_noise_scales()
         self.plan = plan
         self.noise = self._init_share = None
-        self.rounds = gate.mode.site_rounds(plan, self)  # the mode's tree rounds (common/modes/site_rounds.py)
+        # the mode's tree rounds (common/modes/site_rounds.py), handed exactly what a mode may read
+        self.rounds = gate.mode.site_rounds(SiteContext(plan, self.local, randomness, self.table,
+                                                        ModeStoreView(self.ledger), self.abort))
         if hp.init_share == 0:
             self._set_init(InitScoreMsg(0.0, None, ()))
         self._warm_up()
@@ -343,15 +390,6 @@ class SiteMachine:
                                                                self.init_scales)
             else:
                 self.noise = NoiseShares(randomness, scales, expect=expect)
-        if plan.noise == "central":
-            log.warning(f"{self.site_id}: central noise mode: the coordinator sees this site's noiseless sums "
-                        "(summed with the others') and must be trusted to add the noise",
-                        extra={"event": "central_noise", "site": self.site_id})
-        self.stage = Participating()
-        log.info(f"{self.site_id}: accepted plan {plan.sha256[:16]}… ({ds.n} records, {plan.budget_text()}, "
-                 f"noise {plan.noise})", extra={"event": "plan_accepted", "site": self.site_id, "records": ds.n,
-                                                "epsilon": cal.epsilon, "epsilon_total": plan.total_epsilon})
-        return plan
 
     def _accept_evaluation(self, plan: Plan):
         """The plan's federated evaluation against this site's policy; the held-out data (or None)."""
@@ -496,8 +534,8 @@ class SiteMachine:
     def _scheduled_round_start(self, ev: RoundStartMsg, start: RoundStart) -> list[Reply]:
         if ev.purpose == Purpose.EVAL:
             return self._eval_round_start(ev, start)
-        if ev.purpose != Purpose.INIT_SCORE:
-            return self.rounds.round_start(ev, start)  # the plan's mode (common/modes/site_rounds.py)
+        if ev.purpose != Purpose.INIT_SCORE:  # the gate drives the plan's mode (common/modes/site_rounds.py)
+            return self.gate.tree_round(self.rounds, self, ev, start)
         return self._init_round_start(ev, start)
 
     def _init_round_start(self, ev: RoundStartMsg, start: RoundStart) -> list[Reply]:
@@ -512,20 +550,21 @@ class SiteMachine:
         if self.init is not None:
             return [Refusal(f"round {r}: the initial score was already released", r)]
         self.gate.attempt("init", None)
-        stored_init = self.ledger.init_vector()
+        stored_init, release = self.ledger.init_vector(), plan.releases["init"]
         if stored_init is not None:  # a retry: the identical noisy vector, never a second one
             x, noise = stored_init
             if plan.noise == "central":  # the un-noised vector was sent once; retries carry a full share
                 retry_noise = self.ledger.init_retry_noise()
                 if retry_noise is None:
-                    retry_noise = new_retry_noise = self.randomness.discrete_laplace(self.retry_scales[1])
+                    retry_noise = new_retry_noise = draw_share(plan, release, self.randomness, participants=None,
+                                                               retry=True)
                 noise = retry_noise
         else:
             read = np.ones(local.n, bool)
             x = local.init_sums()
-            noise, self._init_share = self._init_share, None  # drawn ahead (isolated sampler), used once
-            if noise is None and self.init_scales is not None:
-                noise = self.randomness.discrete_laplace(self.init_scales)
+            noise = draw_share(plan, release, self.randomness, participants=None, retry=False,
+                               ahead=self._init_share)  # drawn ahead (isolated sampler), used once
+            self._init_share = None
 
         def record() -> None:
             if read is not None:  # the gate: this release, charged to exactly the records it read

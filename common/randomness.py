@@ -405,3 +405,17 @@ def prefetched_gaussian(randomness, scales: np.ndarray, rounds: int, chunk: int 
         draws.close()
         for t in threads:
             t.join()
+
+
+def plan_randomness(plan, allow_insecure: bool = False):
+    """A plan's source of DP randomness (``session.randomness``, ``sampler``, ``test_seed``, ``test_noise``); the
+    test-only source needs an explicit opt-in (a :class:`~fedsbdt.common.federation.errors.PlanError` without)."""
+    if not plan.insecure:
+        return SecureRandomness(sampler=plan.sampler)
+    if not allow_insecure:
+        from fedsbdt.common.federation.errors import PlanError
+
+        raise PlanError("the plan uses test-only randomness (session.randomness = \"insecure-test\"): it is "
+                        "deterministic and gives no privacy; refusing (start with "
+                        "--allow-insecure-test-randomness only for tests on synthetic or public data)")
+    return InsecureTestRandomness(seed=plan.test_seed, noise=plan.test_noise, i_understand_this_is_insecure=True)

@@ -55,6 +55,8 @@ import numpy as np
 
 from fedsbdt.common.boosting import init_score
 from fedsbdt.common.modes import mode_for
+from fedsbdt.common.modes.base import PURPOSE_KIND
+from fedsbdt.common.modes.coordinator import central_noise
 from fedsbdt.common.multiclass import init_vector_len
 from fedsbdt.common.secagg import (
     AdvertiseKeys,
@@ -562,10 +564,7 @@ class Session:
         """A tree's round before its leaves (a level's splits, a sketch): the mode post-processes the noisy sum
         (central noise mode: plus the coordinator's noise); the step is checkpointed before any later request
         carries it, then joins the tree in progress."""
-        total = np.asarray(result.total, dtype=np.int64)
-        if self.plan.noise == "central":
-            total = total + self.randomness.discrete_gaussian(
-                self.rounds.central_noise_scales(work.purpose, work.tree, work.level))
+        total = self._with_central_noise(work, np.asarray(result.total, dtype=np.int64))
         step = self.rounds.release(work.purpose, work.tree, work.level, total)
         if self.checkpoint is not None:
             self.checkpoint.append_step(step.kind, work.tree, work.level, result.round_id, result.survivors,
@@ -577,19 +576,30 @@ class Session:
                         "round_id": result.round_id, "sites": list(result.survivors), "vector_len": int(total.size),
                         "at": round(now, 6), "cpu": round(time.process_time(), 4)})
 
+    def _with_central_noise(self, work: Work, total: np.ndarray) -> np.ndarray:
+        """``total`` plus the coordinator's noise for the round (central noise mode; common/modes/coordinator.py
+        ``central_noise``, the one rule); a tree's leaf noise, the same every tree, is drawn ahead in a background
+        thread where the mode allows (data-independent)."""
+        kind, ahead = PURPOSE_KIND[work.purpose], None
+        if self.plan.noise == "central" and work.purpose == Purpose.TREE and self.rounds.leaf_noise_ahead:
+            if self.central_noise is None:
+                self.central_noise = NoiseShares(
+                    self.randomness, self.rounds.central_noise_scales(work.purpose, work.tree, work.level))
+            ahead = self.central_noise
+        noise = central_noise(self.plan, kind, self.randomness, self.rounds.noise_layout(work.purpose, work.tree,
+                                                                                          work.level), ahead)
+        return total if noise is None else total + noise
+
     def _release(self, work: Work, result, now: float, out: list[Outgoing]) -> None:
         if work.purpose not in (Purpose.INIT_SCORE, Purpose.TREE, Purpose.EVAL):
             return self._release_step(work, result, now)
-        total = np.asarray(result.total, dtype=np.int64)
-        central = self.plan.noise == "central"
+        total = self._with_central_noise(work, np.asarray(result.total, dtype=np.int64))
         if work.purpose == Purpose.EVAL:  # sites added the noise in either mode; only metrics are released
             self.evaluation = evaluation_receipt(self.plan, total, result.round_id, result.survivors)
             log.info(f"evaluation released (round {result.round_id}, sites {list(result.survivors)}, "
                      f"ε_eval = {self.plan.eval_epsilon:g})", extra={"event": "evaluation", "evaluation": self.evaluation})
             return
         if work.purpose == Purpose.INIT_SCORE:
-            if central:
-                total = total + self.randomness.discrete_laplace(self.plan.releases["init"].scales())
             score = init_score(total, self.plan.schema.task, self.enc)
             multi = np.ndim(score) > 0  # multiclass: one margin per class
             msg = InitScoreMsg(0.0 if multi else float(score), result.round_id, tuple(result.survivors),
@@ -600,14 +610,6 @@ class Session:
             log.info(f"initial score released (round {result.round_id}, sites {list(result.survivors)})",
                      extra={"event": "init", "round_id": result.round_id, "sites": list(result.survivors)})
         else:
-            if central and not self.rounds.leaf_noise_ahead:
-                total = total + self.randomness.discrete_gaussian(
-                    self.rounds.central_noise_scales(work.purpose, work.tree, work.level))
-            elif central:
-                if self.central_noise is None:  # drawn ahead in a background thread (data-independent)
-                    self.central_noise = NoiseShares(
-                        self.randomness, self.rounds.central_noise_scales(work.purpose, work.tree, work.level))
-                total = total + self.central_noise.take()
             values = self.rounds.leaf_values(total, work.tree)  # post-processing, the mode's rule
             splits = self.rounds.splits(work.tree)
             msg = TreeMsg(work.tree, result.round_id, tuple(result.survivors), splits.features,

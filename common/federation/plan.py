@@ -68,8 +68,12 @@ from fedsbdt.common.accountant import AccountingError, PrivacyCalibration
 from fedsbdt.common.guarantee import collusion_guarantee, default_colluders
 from fedsbdt.common.config import SAMPLERS, ConfigError, Hyperparameters
 from fedsbdt.common.files import write_atomic
-from fedsbdt.common.multiclass import init_vector_len, round_vector_len
+from fedsbdt.common.multiclass import init_vector_len
 from fedsbdt.common.schema import Schema, SchemaError
+
+from . import accounting
+from .accounting import PRIVACY_RTOL, federated_calibration  # noqa: F401 - re-exported
+from .errors import PlanError
 
 FORMAT = "fedsbdt-plan"
 VERSION = 1
@@ -77,15 +81,10 @@ NOISE_MODES = ("distributed", "central")
 RANDOMNESS = ("secure", "insecure-test")
 FAST_PATHS = ("auto", "always", "never")  # [secure_aggregation] fast_path (Plan.fast_round)
 MAX_EPOCH_ROUNDS = 256
-#: Relative tolerance when a party compares the plan's stated σ and ε with its own accountant.
-PRIVACY_RTOL = 1e-6
 #: Largest relative excess η of the per-tree RDP slope a sum of discrete Gaussian noise shares may have over
 #: the accounted 1/σ² (Kairouz–Liu–Steinke τ term, :meth:`Plan.share_closeness`): 2^−40.
 MAX_SHARE_EXCESS = 2.0 ** -40
 
-
-class PlanError(ConfigError):
-    """The plan is malformed, inconsistent, or its privacy statement does not check out."""
 
 
 @dataclass(frozen=True)
@@ -151,6 +150,43 @@ def _share_excess(coords, k_max: int, n: int) -> tuple[float, float]:
     return smallest, num / den
 
 
+def _section(d: dict, name: str, source: str, required: bool = True) -> dict[str, Any]:
+    """Section ``[name]`` of a plan's parsed form (a table; ``{}`` for an optional one that is absent)."""
+    v = d.get(name)
+    if v is None:
+        if required:
+            raise PlanError(f"{source}: missing [{name}] section")
+        return {}
+    if not isinstance(v, dict):
+        raise PlanError(f"{source}: [{name}] must be a table")
+    return v
+
+
+def _roster(raw_sites: Any, source: str) -> list[SiteEntry]:
+    """The plan's ``[[sites]]``: each exactly an id and a raw Ed25519 public key (64 hex digits)."""
+    if not isinstance(raw_sites, list) or not raw_sites:
+        raise PlanError(f"{source}: the roster ([[sites]]) is missing or empty")
+    sites = []
+    for i, e in enumerate(raw_sites):
+        if not isinstance(e, dict) or set(e) != {"id", "identity_key"}:
+            raise PlanError(f"{source}: sites[{i}] must have exactly 'id' and 'identity_key'")
+        sid = _check_site_id(e["id"], f"{source}: sites[{i}]")
+        key = e["identity_key"]
+        try:
+            raw = bytes.fromhex(key) if isinstance(key, str) else b""
+        except ValueError:
+            raw = b""
+        if len(raw) != 32:
+            raise PlanError(f"{source}: site {sid!r}: identity_key must be 64 hex digits (a raw Ed25519 "
+                            "public key, as written by `fedsbdt keygen` to identity.pub)")
+        sites.append(SiteEntry(sid, raw))
+    return sites
+
+
+def _is_sha256(h: object) -> bool:
+    return isinstance(h, str) and len(h) == 64 and all(c in "0123456789abcdef" for c in h)
+
+
 def noise_divisor(t: int, c: int, s: int, participants: int) -> int:
     """k_r = max(t, |P_r| − s) − c (≥ t − c ≥ 1 under 2t > n + c): the leaf noise is split k_r ways."""
     return max(t, participants - s) - c
@@ -189,6 +225,16 @@ class Plan:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sites", tuple(sorted(self.sites, key=lambda s: s.site_id)))
+        self._check_roster()
+        self._check_mode()
+        self._check_session()
+        self._check_privacy_statement()
+        self._check_messages()
+        self._check_evaluation()
+        self.secagg_config()  # threshold and fixed-point capacity checks
+        self.check_discrete_noise()
+
+    def _check_roster(self) -> None:
         if not isinstance(self.session_id, str) or not 1 <= len(self.session_id) <= 128:
             raise PlanError("session.id must be a string of 1-128 characters")
         ids = [s.site_id for s in self.sites]
@@ -198,89 +244,92 @@ class Plan:
             raise PlanError("the roster lists one identity key for two sites")
         if len(ids) < 2:
             raise PlanError("a federation needs at least two sites in the roster")
-        if self.hyperparameters.tree_builder == "greedy" and self.hyperparameters.selection != "histogram":
-            raise PlanError("a federation selects greedy splits from noisy level histograms (the coordinator never "
-                            "sees exact gains): set selection = \"histogram\" (`fedsbdt plan` does so for "
-                            "--tree-builder greedy; docs/greedy.md)")
-        if self.hyperparameters.tree_builder == "sarus":
-            from fedsbdt.common.modes.sarus.rounds import plan_refusal
 
-            refusal = plan_refusal(self.hyperparameters, self.schema)
-            if refusal is not None:
-                raise PlanError(refusal)
-        if self.hyperparameters.candidate_placement != "schema":
+    def _check_mode(self) -> None:
+        """The tree builder's mode federates these hyperparameters and this schema (its own checks)."""
+        from fedsbdt.common.modes import UnknownMode, training_mode
+
+        hp = self.hyperparameters
+        try:
+            mode = training_mode(hp)
+        except UnknownMode as e:
+            raise PlanError(f"tree_builder = {hp.tree_builder!r} is not available in a federation ({e})") from None
+        if not mode.federated:
+            raise PlanError(f"tree_builder = {hp.tree_builder!r} is not available in a federation yet; use it "
+                            "with `fedsbdt train`")
+        refusal = mode.plan_refusal(self)
+        if refusal is not None:
+            raise PlanError(refusal)
+        if hp.candidate_placement != "schema":
             raise PlanError("candidate_placement = \"quantile\" (DP quantile split candidates) is for `fedsbdt "
                             "train`; a federation splits on the candidates its schema places (equidistant, or "
                             "scale = \"log\" / cuts per feature; docs/data-sources.md#split-candidates)")
-        if self.hyperparameters.tree_builder not in ("random", "greedy", "dpboost", "sarus"):
-            raise PlanError(f"tree_builder = {self.hyperparameters.tree_builder!r} is not available in a "
-                            "federation yet; use it with `fedsbdt train`")
         if self.schema.task == "multiclass":
             from fedsbdt.common.multiclass import check_supported
 
             try:
-                check_supported(self.hyperparameters)
+                check_supported(hp)
             except ConfigError as e:
                 raise PlanError(str(e)) from None
-        for name in ("threshold", "assumed_colluders", "dropout_slack", "epoch_rounds", "max_records_per_site", "max_attempts",
-                     "test_seed"):
+
+    def _check_session(self) -> None:
+        for name in ("threshold", "assumed_colluders", "dropout_slack", "epoch_rounds", "max_records_per_site",
+                     "max_attempts", "test_seed"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int):
                 raise PlanError(f"session.{name} = {v!r}: must be an integer")
-        n = len(ids)
-        check_trust_parameters(n, self.threshold, self.assumed_colluders, self.dropout_slack)
+        check_trust_parameters(self.n, self.threshold, self.assumed_colluders, self.dropout_slack)
         if self.secagg_graph not in ("complete", "sparse"):
             raise PlanError(f"secure_aggregation.graph = {self.secagg_graph!r}: must be \"complete\" or \"sparse\"")
         k = self.secagg_neighbours
         if isinstance(k, bool) or not isinstance(k, int) or (self.secagg_graph == "complete" and k != 0):
             raise PlanError(f"secure_aggregation.neighbours = {k!r}: an even integer, and only with graph = \"sparse\"")
-        if self.secagg_fast_path not in FAST_PATHS:
-            raise PlanError(f"secure_aggregation.fast_path = {self.secagg_fast_path!r}: must be one of "
-                            f"{', '.join(FAST_PATHS)}")
-        if self.noise not in NOISE_MODES:
-            raise PlanError(f"session.noise = {self.noise!r}: must be one of {', '.join(NOISE_MODES)}")
+        for name, value, allowed in (("secure_aggregation.fast_path", self.secagg_fast_path, FAST_PATHS),
+                                     ("session.noise", self.noise, NOISE_MODES),
+                                     ("session.randomness", self.randomness, RANDOMNESS),
+                                     ("session.sampler", self.sampler, SAMPLERS)):
+            if value not in allowed:
+                raise PlanError(f"{name} = {value!r}: must be one of {', '.join(allowed)}")
         if not 1 <= self.epoch_rounds <= MAX_EPOCH_ROUNDS:
             raise PlanError(f"session.epoch_rounds = {self.epoch_rounds}: must be in 1..{MAX_EPOCH_ROUNDS}")
         if not 1 <= self.max_records_per_site <= 2**40:
             raise PlanError("session.max_records_per_site must be in 1..2^40")
         if not 1 <= self.max_attempts <= 10_000:
             raise PlanError("session.max_attempts must be in 1..10000")
-        if self.randomness not in RANDOMNESS:
-            raise PlanError(f"session.randomness = {self.randomness!r}: must be one of {', '.join(RANDOMNESS)}")
-        if self.sampler not in SAMPLERS:
-            raise PlanError(f"session.sampler = {self.sampler!r}: must be one of {', '.join(SAMPLERS)}")
         if self.test_seed < 0:
             raise PlanError("session.test_seed must be ≥ 0")
         if not isinstance(self.test_noise, bool):
             raise PlanError("session.test_noise must be true or false")
-        hp = self.hyperparameters
-        if hp.seed is None:
+
+    def _check_messages(self) -> None:
+        from .wire import MAX_MESSAGE_BYTES, estimated_largest_message
+
+        est = estimated_largest_message(self.n, self.epoch_rounds, self.hyperparameters.depth, self.max_vector_len,
+                                        self.schema.n_classes,
+                                        holders=self.secagg_neighbours + 1 if self.secagg_graph == "sparse" else None)
+        if est > MAX_MESSAGE_BYTES // 2:
+            raise PlanError(f"{self.n} sites with epoch_rounds = {self.epoch_rounds} would need messages of about "
+                            f"{est / 2**20:.1f} MiB (limit {MAX_MESSAGE_BYTES // 2**21} MiB); lower epoch_rounds")
+
+    def _check_privacy_statement(self) -> None:
+        if self.hyperparameters.seed is None:
             raise PlanError("hyperparameters.seed is required: the public split seed must be fixed in the plan "
                             "so that every site recomputes the same trees")
         for name in ("stated_sigma", "stated_epsilon"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v > 0):
                 raise PlanError(f"privacy.{name.split('_')[1]} must be a positive number")
-        from .wire import MAX_MESSAGE_BYTES, estimated_largest_message
 
-        est = estimated_largest_message(n, self.epoch_rounds, hp.depth, self.max_vector_len, self.schema.n_classes,
-                                        holders=self.secagg_neighbours + 1 if self.secagg_graph == "sparse" else None)
-        if est > MAX_MESSAGE_BYTES // 2:
-            raise PlanError(f"{n} sites with epoch_rounds = {self.epoch_rounds} would need messages of about "
-                            f"{est / 2**20:.1f} MiB (limit {MAX_MESSAGE_BYTES // 2**21} MiB); lower epoch_rounds")
+    def _check_evaluation(self) -> None:
         if self.eval_epsilon is not None:
             self.eval_spec  # noqa: B018 - validates the [evaluation] section
         h = self.eval_model_sha256
-        if h is not None and (self.eval_epsilon is None or not isinstance(h, str) or len(h) != 64
-                              or any(c not in "0123456789abcdef" for c in h)):
+        if h is not None and (self.eval_epsilon is None or not _is_sha256(h)):
             raise PlanError("evaluation.model_sha256 must be 64 lower-case hex digits (with evaluation.epsilon)")
         c = self.eval_model_content_sha256
-        if c is not None and (h is None or not isinstance(c, str) or len(c) != 64
-                              or any(ch not in "0123456789abcdef" for ch in c)):
+        if c is not None and (h is None or not _is_sha256(c)):
             raise PlanError("evaluation.model_content_sha256 must be 64 lower-case hex digits (with "
                             "evaluation.model_sha256)")
-        self.secagg_config()  # threshold and fixed-point capacity checks
-        self.check_discrete_noise()
 
     # ------------------------------------------------------------------ derived
 
@@ -331,59 +380,32 @@ class Plan:
 
         return MappingProxyType(mode_for(self).releases(self))
 
-    def check_release_accounting(self) -> None:
-        """Refuse a plan whose statement of ε is not what its releases cost.
-
-        The training releases the schedule allows a record (the mode's ``plan_event``: the events of the
-        declared releases, which the gates charge and which are computed from the noise the sites draw) must
-        compose to the stated ε at the plan's δ (RDP ledger, Cor. 6), and the evaluation's event to ε_eval.
-        A mode whose calibration and release declarations disagree — federated DPBoost's levels drawn as
-        Gaussians of σ_s but charged as ε = 0 exponential-mechanism events (issue 37, finding 1) — cannot
-        produce or join a plan."""
-        from fedsbdt.common.accountant import default_alpha_max, event_epsilon_rdp
-        from fedsbdt.common.modes import mode_for
-
-        mode, hp = mode_for(self), self.hyperparameters
-        checks = []
-        if mode.trains(self):
-            checks.append(("ε", self.stated_epsilon, mode.plan_event(self, without=("eval",)), hp.delta))
-        if self.eval_spec is not None:
-            checks.append(("ε_eval", float(self.eval_spec.epsilon), self.releases["eval"].event,
-                           float(self.eval_spec.delta)))
-        for what, stated, event, delta in checks:
-            got = event_epsilon_rdp(event, delta, default_alpha_max(stated, delta))[0]
-            if not math.isclose(got, stated, rel_tol=PRIVACY_RTOL, abs_tol=0.0):
-                raise PlanError(f"the plan states {what} = {stated!r}, but the releases its sites draw noise for "
-                                f"cost {got!r} (mode {mode.name}: {', '.join(self.releases)}); refusing a plan "
-                                "whose privacy statement is not what its releases are charged")
-
     @cached_property
-    def greedy_grid(self):
-        """Greedy trees: the public candidate grid and level layouts (``None`` for random trees)."""
-        if self.hyperparameters.tree_builder not in ("greedy", "dpboost"):  # DPBoost: docs/dpboost.md
-            return None
-        from fedsbdt.common.modes.greedy.rounds import GreedyGrid
+    def _grids(self) -> dict:
+        from fedsbdt.common.modes import training_mode
 
-        return GreedyGrid.for_plan(self.schema, self.hyperparameters)
+        return training_mode(self.hyperparameters).plan_grids(self)
+
+    @property
+    def greedy_grid(self):
+        """Greedy (and DPBoost) trees: the public candidate grid and level layouts (``None`` otherwise; the
+        tree builder's mode makes it, ``Mode.plan_grids``)."""
+        return self._grids.get("greedy_grid")
 
     @property
     def max_vector_len(self) -> int:
-        """The longest secure-aggregation vector: a round's leaf sums (K class trees for a multiclass task), the
-        initial score's sums, a greedy tree's deepest level or the federated evaluation's histogram."""
-        n = max(round_vector_len(self.schema, self.hyperparameters), init_vector_len(self.schema),
-                0 if self.eval_spec is None else self.eval_spec.length)
-        if self.sarus_grid is not None:  # Sarus trees: a tree's sketch and its deepest level
-            n = max(n, self.sarus_grid.sketch_len, self.sarus_grid.max_level_len())
-        return n if self.greedy_grid is None else max(n, self.greedy_grid.max_vector_len())
+        """The longest secure-aggregation vector: the longest of a tree's rounds (the tree builder's mode says:
+        the leaf sums, a greedy tree's deepest level, a Sarus sketch), the initial score's sums or the federated
+        evaluation's histogram."""
+        from fedsbdt.common.modes import training_mode
 
-    @cached_property
+        return max(training_mode(self.hyperparameters).max_vector_len(self), init_vector_len(self.schema),
+                   0 if self.eval_spec is None else self.eval_spec.length)
+
+    @property
     def sarus_grid(self):
         """Sarus trees: the fine sketch grid and the shapes of their rounds (``None`` otherwise)."""
-        if self.hyperparameters.tree_builder != "sarus":
-            return None
-        from fedsbdt.common.modes.sarus.rounds import SarusGrid
-
-        return SarusGrid.for_plan(self.schema, self.hyperparameters, self.encoding.grad.bound_units)
+        return self._grids.get("sarus_grid")
 
     def level_share_scales(self, tree: int, level: int, shares: int):
         """Per-entry std (integer units) of one site's share of a level's noise when split into ``shares``."""
@@ -482,22 +504,17 @@ class Plan:
         return Encoding.for_schema(self.hyperparameters, self.schema)
 
     def calibration(self) -> PrivacyCalibration:
-        """The accountant's calibration for the plan's hyperparameters (cached by the accountant)."""
-        try:
-            return federated_calibration(self.hyperparameters)
-        except AccountingError as e:
-            raise PlanError(f"the plan's privacy parameters are impossible: {e}") from None
+        """The accountant's calibration for the plan's hyperparameters (common/federation/accounting.py)."""
+        return accounting.calibration(self)
 
     def verify_privacy(self) -> PrivacyCalibration:
-        """Recompute σ and ε with the local accountant; refuse a plan whose stated values differ."""
-        cal = self.calibration()
-        for what, stated, mine in (("σ", self.stated_sigma, cal.sigma), ("ε", self.stated_epsilon, cal.epsilon)):
-            if not math.isclose(stated, mine, rel_tol=PRIVACY_RTOL, abs_tol=0.0):
-                raise PlanError(f"the plan states {what} = {stated!r} but this party's accountant gives "
-                                f"{mine!r} for the plan's hyperparameters; refusing a plan whose noise does not "
-                                "match its privacy claim")
-        self.check_release_accounting()
-        return cal
+        """Recompute σ and ε with the local accountant; refuse a plan whose stated values differ
+        (common/federation/accounting.py)."""
+        return accounting.verify_privacy(self)
+
+    def check_release_accounting(self) -> None:
+        """Refuse a plan whose statement of ε is not what its releases cost (common/federation/accounting.py)."""
+        accounting.check_release_accounting(self)
 
     def noise_scales(self):
         """(largest leaf noise share scales, initial-score share scales) a site adds, in fixed-point units.
@@ -552,16 +569,11 @@ class Plan:
         smallest, eta = _share_excess(coords, k_max, self.n)
         if enc.classes > 1:  # a record touches K coordinates of each kind; the accounted slope is 1/σ²
             eta *= sum((d / S) ** 2 / 2.0 for S, d in coords) * enc.classes * self.calibration().sigma ** 2
-        if self.greedy_grid is not None:  # a level: F gradient entries (Δ = g* units) and F counts (Δ = 1)
-            level = self.level_share_scales(0, 0, 1)
-            s2, eta2 = _share_excess(((float(level[0]), enc.grad.bound_units), (float(level[-1]), 1)), k_max, self.n)
-            smallest, eta = min(smallest, s2), max(eta, eta2)
-        if self.sarus_grid is not None:  # sketch, level and leaf entries (Δ = g* units or C, sarus_rounds)
-            from fedsbdt.common.modes.sarus.rounds import share_coordinates
+        from fedsbdt.common.modes import training_mode
 
-            for group in share_coordinates(self):
-                s2, eta2 = _share_excess(group, k_max, self.n)
-                smallest, eta = min(smallest, s2), max(eta, eta2)
+        for group in training_mode(hp).share_coordinates(self):  # a level's, a sketch's entries (the mode's)
+            s2, eta2 = _share_excess(group, k_max, self.n)
+            smallest, eta = min(smallest, s2), max(eta, eta2)
         return smallest, eta
 
     def check_discrete_noise(self) -> None:
@@ -610,17 +622,13 @@ class Plan:
             s = max(s, float(leaf.max()))
         if init is not None:
             s = max(s, 2.0 * float(init.max()))
-        if self.greedy_grid is not None:  # level noise: the largest share (t − c shares; central: a full one)
-            shares = self.noise_shares if self.noise == "distributed" else 1
-            s = max(s, self.greedy_grid.max_noise_scale(self.encoding.grad.bound_units,
-                                                        self.calibration().sigma_select, shares))
+        from fedsbdt.common.modes import training_mode
+
+        # a level's, a sketch's noise (the mode's): the largest share (t − c shares; central: a full one)
+        s = max(s, training_mode(self.hyperparameters).max_share_scale(
+            self, self.noise_shares if self.noise == "distributed" else 1))
         if self.eval_spec is not None:  # every site adds a full evaluation noise share (common/fed_eval.py)
             s = max(s, float(self.eval_spec.noise_scales().max()))
-        if self.sarus_grid is not None:  # sketch, level and leaf noise: the largest share
-            from fedsbdt.common.modes.sarus.rounds import share_coordinates
-
-            shares = self.noise_shares if self.noise == "distributed" else 1
-            s = max([s] + [S / math.sqrt(shares) for group in share_coordinates(self) for S, _ in group])
         return s
 
     def secagg_config(self):
@@ -649,16 +657,10 @@ class Plan:
             raise PlanError(f"secure aggregation cannot run this plan: {e}") from None
 
     def make_randomness(self, allow_insecure: bool = False):
-        """The plan's source of DP randomness; the test-only source needs an explicit opt-in."""
-        from fedsbdt.common.randomness import InsecureTestRandomness, SecureRandomness
+        """The plan's source of DP randomness (common/randomness.py ``plan_randomness``)."""
+        from fedsbdt.common.randomness import plan_randomness
 
-        if not self.insecure:
-            return SecureRandomness(sampler=self.sampler)
-        if not allow_insecure:
-            raise PlanError("the plan uses test-only randomness (session.randomness = \"insecure-test\"): it is "
-                            "deterministic and gives no privacy; refusing (start with "
-                            "--allow-insecure-test-randomness only for tests on synthetic or public data)")
-        return InsecureTestRandomness(seed=self.test_seed, noise=self.test_noise, i_understand_this_is_insecure=True)
+        return plan_randomness(self, allow_insecure)
 
     def randomness_description(self) -> str:
         if not self.insecure:
@@ -740,14 +742,7 @@ class Plan:
             raise PlanError(f"{source}: unknown section(s) {', '.join(unknown)}")
 
         def section(name: str, required: bool = True) -> dict[str, Any]:
-            v = d.get(name)
-            if v is None:
-                if required:
-                    raise PlanError(f"{source}: missing [{name}] section")
-                return {}
-            if not isinstance(v, dict):
-                raise PlanError(f"{source}: [{name}] must be a table")
-            return v
+            return _section(d, name, source, required)
 
         s = dict(section("session"))
         s_known = {"id", "threshold", "assumed_colluders", "dropout_slack", "noise", "epoch_rounds", "max_records_per_site",
@@ -774,23 +769,7 @@ class Plan:
             schema = Schema.from_dict(section("schema"), source=f"{source} [schema]")
         except SchemaError as e:
             raise PlanError(str(e)) from None
-        raw_sites = d.get("sites")
-        if not isinstance(raw_sites, list) or not raw_sites:
-            raise PlanError(f"{source}: the roster ([[sites]]) is missing or empty")
-        sites = []
-        for i, e in enumerate(raw_sites):
-            if not isinstance(e, dict) or set(e) != {"id", "identity_key"}:
-                raise PlanError(f"{source}: sites[{i}] must have exactly 'id' and 'identity_key'")
-            sid = _check_site_id(e["id"], f"{source}: sites[{i}]")
-            key = e["identity_key"]
-            try:
-                raw = bytes.fromhex(key) if isinstance(key, str) else b""
-            except ValueError:
-                raw = b""
-            if len(raw) != 32:
-                raise PlanError(f"{source}: site {sid!r}: identity_key must be 64 hex digits (a raw Ed25519 "
-                                "public key, as written by `fedsbdt keygen` to identity.pub)")
-            sites.append(SiteEntry(sid, raw))
+        sites = _roster(d.get("sites"), source)
         ev = section("evaluation", required=False)
         bad = sorted(set(ev) - {"epsilon", "bins", "model_sha256", "model_content_sha256", "residual_clip"})
         if bad or (ev and "epsilon" not in ev):
@@ -851,27 +830,6 @@ class Plan:
         except (UnicodeDecodeError, IsADirectoryError) as e:
             raise PlanError(f"{p}: not a readable plan file ({e})") from None
         return cls.from_toml(text, source=str(p))
-
-
-def federated_calibration(hp: Hyperparameters) -> PrivacyCalibration:
-    """The accountant's calibration of a federation with these hyperparameters: the central one, except for
-    DPBoost and Sarus trees, whose federated releases are Gaussian (common/modes/dpboost/rounds.py,
-    common/modes/sarus/rounds.py)."""
-    if hp.tree_builder == "dpboost":
-        from fedsbdt.common.modes.dpboost.rounds import calibration_for as dpboost_calibration
-
-        if hp.accountant != "rdp":  # as for every federated plan (check_discrete_noise), said before calibrating
-            raise PlanError("federated DPBoost is accounted by the RDP ledger: the PLD accountant evaluates "
-                            "continuous Gaussian noise, which does not dominate the discrete Gaussian shares sites "
-                            "add; use accountant = \"rdp\" (docs/privacy.md \"PLD\")")
-        return dpboost_calibration(hp)
-    if hp.tree_builder == "sarus":
-        from fedsbdt.common.modes.sarus.rounds import plan_calibration as sarus_calibration
-
-        return sarus_calibration(hp)
-    from fedsbdt.common.engine import calibration_for
-
-    return calibration_for(hp)
 
 
 def make_plan(schema: Schema, hp: Hyperparameters, sites: list[SiteEntry], threshold: int | None = None,

@@ -45,9 +45,6 @@ class Mode:
     #: the site draws this mode's noise shares ahead in a child process (client/isolated_noise.py); False for
     #: modes that draw a share per level on demand (a child per draw would be slow)
     isolated_sampler: bool = False
-    #: the site computes the leaf release from an explicit record set, so records whose budget is spent can sit
-    #: it out (client/gate.py ``admit``); False: all of the release's records or none
-    explicit_leaf_records: bool = False
     #: every tree round is the same Poisson-subsampled Gaussian, so ε after k trees follows from the plan's
     #: calibration under RDP (accountant.epsilon_so_far; the status pages); False: the plan's ε bounds it
     uniform_tree_rounds: bool = False
@@ -134,6 +131,43 @@ class Mode:
         eps = [epsilon_rdp(sigma, float(privacy["subsample"]), int(r), float(privacy["delta"]), e_init, e_ds)[0]
                for r in rs]
         return rs, np.asarray(eps)
+
+    #: the mode can run in a federation (a plan refuses a tree builder whose mode says False)
+    federated: bool = True
+
+    # ------------------------------------------------------------------ the plan's mode-specific parts
+
+    def plan_refusal(self, plan) -> str | None:
+        """Why a federated plan cannot run this mode with its hyperparameters and schema (one sentence), or
+        None: the mode's part of ``Plan``'s validation (common/federation/plan.py)."""
+        return None
+
+    def federated_calibration(self, hp):
+        """The accountant's calibration of a federation that builds this mode's trees with ``hp`` (raises
+        ``ConfigError`` or ``AccountingError`` with one sentence), or None: the central calibration of ``hp``
+        (common/federation/accounting.py ``federated_calibration`` then asks the engine)."""
+        return None
+
+    def plan_grids(self, plan) -> dict:
+        """The public grids every party recomputes from the plan, by the plan's attribute name (e.g.
+        ``{"greedy_grid": …}``); base: none (random trees: the splits come from the plan's seed)."""
+        return {}
+
+    def max_vector_len(self, plan) -> int:
+        """The longest vector of one of the plan's tree rounds (base: a tree's leaf sums)."""
+        from fedsbdt.common.multiclass import round_vector_len
+
+        return round_vector_len(plan.schema, plan.hyperparameters)
+
+    def share_coordinates(self, plan) -> list:
+        """Besides the leaves: per release of a tree round, the (full noise std, sensitivity) of the coordinates
+        one record touches, in integer units (the plan's share-closeness check, ``Plan.share_closeness``)."""
+        return []
+
+    def max_share_scale(self, plan, shares: int) -> float:
+        """Besides the leaves: the largest per-entry scale of one of ``shares`` shares of a tree round's noise
+        (the plan's range and capacity checks, ``Plan.noise_sigma_units``)."""
+        return 0.0
 
     # ------------------------------------------------------------------ schedule
 
@@ -255,8 +289,9 @@ class Mode:
 
     # ------------------------------------------------------------------ site side
 
-    def site_rounds(self, plan, site):
-        """The site's part of this mode's tree rounds (common/modes/site_rounds.py ``SiteRounds``): the object
-        a site (client/site.py, duck-typed ``site``) hands every tree round and released tree of ``plan``.
-        The base serves none (a plan that trains nothing)."""
-        return SiteRounds(plan, site)
+    def site_rounds(self, ctx):
+        """The site's part of this mode's tree rounds (common/modes/site_rounds.py ``SiteRounds``), built from
+        what the mode may read at a site (``ctx``: a ``SiteContext``); the site's gate (client/gate.py) drives
+        it through every tree round and hands it every released tree.  The base serves none (a plan that trains
+        nothing)."""
+        return SiteRounds(ctx)

@@ -7,7 +7,8 @@ The coordinator's session (``server/session.py``) never names a mode.  For the t
   tree rounds are left (:meth:`TreeRounds.rounds_left`, for the epoch pipeline's slot estimate);
 * a round's vector length (:meth:`TreeRounds.vector_len`) and what its request carries besides the
   secure-aggregation start (:meth:`TreeRounds.request`: the level, the splits chosen so far, a sketch);
-* the central noise of a round in central noise mode (:meth:`TreeRounds.central_noise_scales`);
+* the layout of a round's noise (:meth:`TreeRounds.noise_layout`); the noise the coordinator adds in central
+  noise mode is :func:`central_noise`, the coordinator's one noise rule, for every round of every mode;
 * what an aggregated noisy sum of a round before the leaves releases (:meth:`TreeRounds.release`: a
   :class:`Step` — post-processing only) and how it joins the tree in progress (:meth:`TreeRounds.apply`);
 * the leaf values of the tree from the leaf round's noisy sum and the released tree's splits
@@ -32,6 +33,25 @@ from fedsbdt.common.multiclass import round_vector_len
 from fedsbdt.common.splits import Splits, random_splits
 
 from .releases import PURPOSE_KIND
+
+
+def central_noise(plan, kind: str, randomness, where=None, ahead=None):
+    """The noise the coordinator adds to the released sum of a ``kind`` round, or None: the coordinator's one noise
+    rule, for every release kind of every mode.
+
+    Central noise mode: the full noise of the release as the plan declares it (``plan.releases[kind]``, the very
+    declaration the sites' shares and the gates' charges come from), at layout ``where``, drawn with the
+    release's mechanism (discrete Gaussian or discrete Laplace), or taken from ``ahead`` (a
+    :class:`~fedsbdt.client.noise.NoiseShares`-like source of full-noise vectors drawn beforehand).  None in
+    distributed noise mode (the sites' shares are the noise) and for a release every site noises in full itself
+    (``Noise.central`` False: the evaluation)."""
+    release = plan.releases[kind]
+    if plan.noise != "central" or not release.noise.central:
+        return None
+    if ahead is not None:
+        return ahead.take()
+    draw = randomness.discrete_gaussian if release.noise.mechanism == "gaussian" else randomness.discrete_laplace
+    return draw(release.scales(1, **dict(where or {})))
 
 
 @dataclass(frozen=True)

@@ -2,12 +2,12 @@
 
 One :class:`Release` per kind (``init``, ``sketch``, ``level``, ``tree``, ``eval``) is the single source of
 truth for that kind.  It holds the kind's :class:`Noise` — the per-entry noise scales that every site draws
-its share from (``client/site.py``, ``common/modes/*_site.py``, ``client/evaluation.py``) and that the
-coordinator adds in central noise mode (``common/modes/*coordinator.py``, ``server/session.py``) — and the
+its share from (one rule: ``client/noise.py`` ``draw_share``) and that the coordinator adds in central
+noise mode (one rule: ``common/modes/coordinator.py`` ``central_noise``) — and the
 privacy event the site's gate charges (``client/gate.py``), which is *computed from those very scales* and
 the records' public sensitivity bounds (:meth:`Noise.event`): a mode cannot state one noise and charge
 another.  The plan's statement of ε is checked against the composition of these events
-(:meth:`fedsbdt.common.federation.plan.Plan.check_release_accounting`), so the plan, the draws and the
+(``check_release_accounting``, common/federation/accounting.py), so the plan, the draws and the
 charges are three views of one declaration.
 
 Why: federated DPBoost drew Gaussian level histograms of σ_s while its gate charged each level as an
@@ -81,6 +81,10 @@ class Noise:
     #: distributed noise: True — every site adds a share of variance 1/k of the full noise (tree, level and sketch
     #: rounds; k = the plan's noise divisor); False — every site adds the full noise (initial score, evaluation)
     split: ClassVar[bool] = True
+    #: central noise mode: True — the coordinator adds the full noise to the sum (a site adds a full share only to
+    #: a retry, so two attempts never difference to its exact sums); False — every site adds its full share in
+    #: either mode (the evaluation: each site's vector is ε_eval-DP on its own)
+    central: ClassVar[bool] = True
 
     def scales(self, shares: int = 1, **where) -> np.ndarray:
         """Per-entry scale of one of ``shares`` shares of this release's noise (``shares`` = 1: the full noise;
@@ -233,6 +237,7 @@ class EvalNoise(Noise):
     ``S_j = √m·σ·Δ_j``, so its vector is ε_eval-DP on its own (docs/federated-evaluation.md)."""
 
     split: ClassVar[bool] = False
+    central: ClassVar[bool] = False
     spec: object  # fedsbdt.common.fed_eval.EvalSpec
 
     def scales(self, shares: int = 1, **where) -> np.ndarray:

@@ -80,6 +80,20 @@ class DPBoostTrees(GreedyTrees):
             bad = dpboost_rounds.check_tree(plan.hyperparameters, int(tree))
         return bad
 
+    def plan_refusal(self, plan):
+        return None  # levels are Gaussian histograms whatever ``selection`` says (GreedyTrees.tree_releases)
+
+    def federated_calibration(self, hp):
+        """Federated DPBoost's Gaussian levels and leaves (common/modes/dpboost/rounds.py)."""
+        from fedsbdt.common.config import ConfigError
+        from fedsbdt.common.modes.dpboost.rounds import calibration_for
+
+        if hp.accountant != "rdp":  # as for every federated plan (check_discrete_noise), said before calibrating
+            raise ConfigError("federated DPBoost is accounted by the RDP ledger: the PLD accountant evaluates "
+                              "continuous Gaussian noise, which does not dominate the discrete Gaussian shares sites "
+                              "add; use accountant = \"rdp\" (docs/privacy.md \"PLD\")")
+        return calibration_for(hp)
+
     def rounds(self, plan) -> int:
         hp = plan.hyperparameters
         return dpboost.ensembles(hp.accounted_rounds, hp.ensemble_trees)
@@ -95,9 +109,9 @@ class DPBoostTrees(GreedyTrees):
         return hp
 
     # ---- site side
-    def site_rounds(self, plan, site):
+    def site_rounds(self, ctx):
         """This mode's rounds at a site (common/modes/dpboost/site.py)."""
-        return DPBoostSite(plan, site)
+        return DPBoostSite(ctx)
 
 
 register(DPBoostTrees())

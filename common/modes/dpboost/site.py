@@ -11,6 +11,7 @@ from __future__ import annotations
 from fedsbdt.common.modes.dpboost.rounds import DPBoostRequestError, SitePartition
 
 from fedsbdt.common.modes.greedy.site import GreedySite
+from fedsbdt.common.modes.site_rounds import SiteContext
 
 
 def partition_key(ensemble: int) -> str:
@@ -21,22 +22,24 @@ def partition_key(ensemble: int) -> str:
 class DPBoostSite(GreedySite):
     """Greedy rounds whose releases read the records of the tree's part (that pass GDF)."""
 
-    def __init__(self, plan, site) -> None:
-        super().__init__(plan, site)
-        ledger = site.ledger
-        self.partition = SitePartition(plan.hyperparameters, site.local.ids,
-                                       lambda e: ledger.mode_state(partition_key(e)),
-                                       lambda e, blob: ledger.set_mode_state(partition_key(e), blob))
+    explicit_leaf_records = True  # a tree's leaves sum an explicit part: records whose budget is spent sit out
+
+    def __init__(self, ctx: SiteContext) -> None:
+        super().__init__(ctx)
+        store = ctx.store
+        self.partition = SitePartition(ctx.plan.hyperparameters, ctx.local.ids,
+                                       lambda e: store.mode_state(partition_key(e)),
+                                       lambda e, blob: store.set_mode_state(partition_key(e), blob))
 
     def call(self, f, *args):
         """A partition step; a stored partition that does not fit this site's data ends the session."""
         try:
             return f(*args)
         except DPBoostRequestError as e:
-            raise self.site.abort(str(e)) from None
+            raise self.ctx.abort(str(e)) from None
 
     def records(self, tree: int):
-        return self.call(self.partition.records, tree, self.site.local)
+        return self.call(self.partition.records, tree, self.ctx.local)
 
     def contribution(self, splits, tree: int, read):
-        return self.call(self.partition.contribution, splits, tree, self.site.local, read)
+        return self.call(self.partition.contribution, splits, tree, self.ctx.local, read)

@@ -19,10 +19,10 @@ class EvaluationOnly(Mode):
         return {}
 
     # ---- site side
-    def site_rounds(self, plan, site):
+    def site_rounds(self, ctx):
         """The model's released trees are checked as those of the plan's tree builder (its mode's site rounds);
         the gate refuses every training round before it reaches them."""
-        return tree_builder(plan.hyperparameters.tree_builder).site_rounds(plan, site)
+        return tree_builder(ctx.plan.hyperparameters.tree_builder).site_rounds(ctx)
 
 
 register(EvaluationOnly())

@@ -102,6 +102,31 @@ class GreedyTrees(Mode):
         return {"level": Release("level", LevelNoise(plan.greedy_grid, enc.grad.bound_units, cal.sigma_select)),
                 "tree": Release("tree", LeafNoise(plan.hyperparameters, enc, cal.sigma))}
 
+    def plan_refusal(self, plan):
+        if plan.hyperparameters.selection != "histogram":
+            return ("a federation selects greedy splits from noisy level histograms (the coordinator never sees "
+                    "exact gains): set selection = \"histogram\" (`fedsbdt plan` does so for --tree-builder greedy; "
+                    "docs/greedy.md)")
+        return None
+
+    def plan_grids(self, plan):
+        """The public candidate grid and level layouts (docs/greedy.md; DPBoost's too, docs/dpboost.md)."""
+        from fedsbdt.common.modes.greedy.rounds import GreedyGrid
+
+        return {"greedy_grid": GreedyGrid.for_plan(plan.schema, plan.hyperparameters)}
+
+    def max_vector_len(self, plan):
+        return max(super().max_vector_len(plan), plan.greedy_grid.max_vector_len())
+
+    def share_coordinates(self, plan):
+        """A level: F gradient entries (Δ = g* units) and F counts (Δ = 1)."""
+        level = plan.releases["level"].scales(1, tree=0, level=0)
+        return [((float(level[0]), plan.encoding.grad.bound_units), (float(level[-1]), 1))]
+
+    def max_share_scale(self, plan, shares):
+        return plan.greedy_grid.max_noise_scale(plan.encoding.grad.bound_units, plan.calibration().sigma_select,
+                                                shares)
+
     def rounds(self, plan) -> int:
         """Sequential trees a record is in (all of them)."""
         return plan.hyperparameters.accounted_rounds
@@ -121,9 +146,9 @@ class GreedyTrees(Mode):
         return hp.replace(selection="histogram")  # a federation selects from noisy histograms
 
     # ---- site side
-    def site_rounds(self, plan, site):
+    def site_rounds(self, ctx):
         """This mode's rounds at a site (common/modes/greedy/site.py)."""
-        return GreedySite(plan, site)
+        return GreedySite(ctx)
 
 
 register(GreedyTrees())

@@ -19,10 +19,10 @@ from fedsbdt.common.modes.greedy.levels import level_sums
 from fedsbdt.common.splits import Splits
 
 from fedsbdt.common.modes.random.site import RandomSite
-from fedsbdt.common.modes.site_rounds import catch_up_or_refusal
+from fedsbdt.common.modes.site_rounds import RoundInput, SiteContext, catch_up_or_refusal
 
 
-def request_refusal(site, ev, grid) -> str | None:
+def request_refusal(ctx: SiteContext, rin: RoundInput, grid) -> str | None:
     """Why a level-round tree's request (a level, or the leaves) on candidate grid ``grid`` must not be
     answered, or None (raises NeedCatchUp for a tree this site has not reached).
 
@@ -30,8 +30,8 @@ def request_refusal(site, ev, grid) -> str | None:
     below the depth, the splits so far are 2^level − 1 (all of them for the leaves) candidates of the grid,
     and they repeat every split of this tree released before.
     """
-    hp, k = site.plan.hyperparameters, ev.tree
-    late = catch_up_or_refusal(site, k)
+    hp, ev, k = ctx.plan.hyperparameters, rin.request, rin.tree
+    late = catch_up_or_refusal(rin)
     if late is not None:
         return late
     if ev.purpose == Purpose.LEVEL and not 0 <= ev.level < hp.depth:
@@ -44,7 +44,7 @@ def request_refusal(site, ev, grid) -> str | None:
         grid.candidate_index(k, ev.features, ev.thresholds)
     except GreedyRequestError as e:
         return f"the splits of tree {k} are not the plan's candidates ({e})"
-    known_f, known_t = site.ledger.released_splits(k)
+    known_f, known_t = ctx.store.released_splits(k)
     if known_f.size > n:
         return f"{what} of tree {k} was already passed ({known_f.size} of its splits were released)"
     if not (np.array_equal(known_f, np.asarray(ev.features[:known_f.size], np.int64))
@@ -53,67 +53,59 @@ def request_refusal(site, ev, grid) -> str | None:
     return None
 
 
+def released_splits_refusal(ctx: SiteContext, t) -> str | None:
+    """Why released tree ``t`` does not repeat the splits this site's requests carried (one sentence), or None."""
+    known_f, known_t = ctx.store.released_splits(t.index)
+    if not (np.array_equal(known_f, t.features[:known_f.size].astype(np.int64))
+            and np.array_equal(known_t, t.thresholds[:known_f.size])):
+        return f"tree {t.index} has other splits than the coordinator's requests released"
+    return None
+
+
 class GreedySite(RandomSite):
     """Level rounds of noisy histograms on the plan's public grid, then the leaves on the requested splits."""
 
-    def __init__(self, plan, site) -> None:
-        super().__init__(plan, site)
-        self.grid = plan.greedy_grid  # the public candidate grid and level layouts
-        self.codes = self.grid.codes(site.local.X)
+    def __init__(self, ctx: SiteContext) -> None:
+        super().__init__(ctx)
+        self.grid = ctx.plan.greedy_grid  # the public candidate grid and level layouts
+        self.codes = self.grid.codes(ctx.local.X)
 
-    def request_refusal(self, ev) -> str | None:
-        return request_refusal(self.site, ev, self.grid)
+    def check(self, rin: RoundInput) -> str | None:
+        return request_refusal(self.ctx, rin, self.grid)
 
-    def vector_len(self, ev) -> int:
-        if ev.purpose == Purpose.LEVEL:
-            return self.grid.layout(ev.tree, ev.level).length
-        return super().vector_len(ev)
+    def vector_len(self, rin: RoundInput) -> int:
+        if rin.purpose == Purpose.LEVEL:
+            return self.grid.layout(rin.tree, rin.level).length
+        return super().vector_len(rin)
 
-    def release_splits(self, ev):
+    def release_splits(self, rin: RoundInput):
         """The leaves sum over the splits of the (checked) request."""
+        ev = rin.request
         return Splits(np.asarray(ev.features, np.int32), np.asarray(ev.thresholds, np.float64))
 
-    def remember(self, ev) -> None:
-        self.site.ledger.remember_splits(ev.tree, ev.features, ev.thresholds)
+    def remember(self, rin: RoundInput) -> None:
+        ev = rin.request
+        self.ctx.store.remember_splits(ev.tree, ev.features, ev.thresholds)
 
-    def level_input(self, ev, start) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
-        """(level vector, noise share, the records it reads or None: no data) for a checked level request.
-
-        The gate charges the level to exactly the records it reads, every attempt (client/gate.py).
-        Distributed noise: a share of variance 1/k_r of the level's noise, k_r from the plan and the
-        participant set; central noise: a retry carries a full, fresh share."""
-        site, plan, grid = self.site, self.plan, self.grid
-        local = site.local
+    def level_vector(self, rin: RoundInput, admitted: np.ndarray) -> np.ndarray:
+        """A checked level request's histograms ``[gradient | count]`` over the admitted records."""
+        grid, local, ev = self.grid, self.ctx.local, rin.request
         k, enc = ev.tree, local.enc
-        layout = grid.layout(k, ev.level)
-        site.gate.attempt("level", k, ev.level)
-        use = site.gate.admit("level", self.records(k), tree=k, partial=True)
-        if use is None:
-            x = np.zeros(layout.length, np.int64)
-        else:
-            node = grid.route(self.codes, grid.candidate_index(k, ev.features, ev.thresholds), ev.level)
-            gq, _ = kernels.grad_hess_units(local.pred, local.y, TASK_CODE[local.task], enc.scale,
-                                            enc.grad.bound_units, enc.hess.bound_units)
-            x = level_sums(self.codes, node, gq, use, layout)
-        noise = None
-        p = len(start.participants)
-        if plan.noise == "distributed" and plan.threshold <= p <= plan.n:  # otherwise secagg refuses the round
-            noise = site.randomness.discrete_gaussian(plan.level_share_scales(k, ev.level, plan.noise_divisor(p)))
-        elif plan.noise == "central" and site.ledger.level_attempts(k, ev.level) > 0:
-            noise = site.randomness.discrete_gaussian(plan.level_share_scales(k, ev.level, 1))
-        return x, noise, use
+        node = grid.route(self.codes, grid.candidate_index(k, ev.features, ev.thresholds), ev.level)
+        gq, _ = kernels.grad_hess_units(local.pred, local.y, TASK_CODE[local.task], enc.scale,
+                                        enc.grad.bound_units, enc.hess.bound_units)
+        return level_sums(self.codes, node, gq, admitted, grid.layout(k, ev.level))
 
     def released_splits(self, t):
         """A released tree's splits, if they are on the plan's grid and repeat those released before."""
-        site = self.site
+        ctx = self.ctx
         if t.features.size != self.plan.hyperparameters.leaves - 1:
-            raise site.abort(f"tree {t.index} has {t.features.size} splits, not a tree of the plan's depth")
+            raise ctx.abort(f"tree {t.index} has {t.features.size} splits, not a tree of the plan's depth")
         try:
             self.grid.candidate_index(t.index, t.features, t.thresholds)
         except GreedyRequestError as e:
-            raise site.abort(f"tree {t.index} does not use the plan's candidate grid ({e})") from None
-        known_f, known_t = site.ledger.released_splits(t.index)
-        if not (np.array_equal(known_f, t.features[:known_f.size].astype(np.int64))
-                and np.array_equal(known_t, t.thresholds[:known_f.size])):
-            raise site.abort(f"tree {t.index} has other splits than the coordinator's requests released")
+            raise ctx.abort(f"tree {t.index} does not use the plan's candidate grid ({e})") from None
+        bad = released_splits_refusal(ctx, t)
+        if bad is not None:
+            raise ctx.abort(bad)
         return Splits(t.features, t.thresholds)

@@ -52,9 +52,9 @@ class RandomTrees(Mode):
         return {"tree": None if hp.filter else hp.accounted_rounds}
 
     # ---- site side
-    def site_rounds(self, plan, site):
+    def site_rounds(self, ctx):
         """This mode's rounds at a site (common/modes/random/site.py)."""
-        return RandomSite(plan, site)
+        return RandomSite(ctx)
 
 
 register(RandomTrees())

@@ -113,6 +113,37 @@ class SarusTrees(Mode):
                 "level": Release("level", level, charged_with="sketch"),
                 "tree": Release("tree", leaves, charged_with="sketch")}
 
+    def plan_refusal(self, plan):
+        from fedsbdt.common.modes.sarus.rounds import plan_refusal
+
+        return plan_refusal(plan.hyperparameters, plan.schema)
+
+    def federated_calibration(self, hp):
+        from fedsbdt.common.modes.sarus.rounds import plan_calibration
+
+        return plan_calibration(hp)
+
+    def plan_grids(self, plan):
+        """The fine sketch grid and the shapes of a tree's rounds (docs/sarus.md "Federation")."""
+        from fedsbdt.common.modes.sarus.rounds import SarusGrid
+
+        return {"sarus_grid": SarusGrid.for_plan(plan.schema, plan.hyperparameters, plan.encoding.grad.bound_units)}
+
+    def max_vector_len(self, plan):
+        grid = plan.sarus_grid
+        return max(super().max_vector_len(plan), grid.sketch_len, grid.max_level_len())
+
+    def share_coordinates(self, plan):
+        """Sketch, level and leaf entries (Δ = g* units or C, common/modes/sarus/rounds.py)."""
+        from fedsbdt.common.modes.sarus.rounds import share_coordinates
+
+        return share_coordinates(plan)
+
+    def max_share_scale(self, plan, shares):
+        import math
+
+        return max([0.0] + [S / math.sqrt(shares) for group in self.share_coordinates(plan) for S, _ in group])
+
     def tree_budget(self, plan):
         hp = plan.hyperparameters
         return {"sketch": hp.accounted_rounds, "level": hp.accounted_rounds * hp.depth, "tree": hp.accounted_rounds}
@@ -123,9 +154,9 @@ class SarusTrees(Mode):
         return SarusRounds(plan, records)
 
     # ---- site side
-    def site_rounds(self, plan, site):
+    def site_rounds(self, ctx):
         """This mode's rounds at a site (common/modes/sarus/site.py)."""
-        return SarusSite(plan, site)
+        return SarusSite(ctx)
 
 
 register(SarusTrees())

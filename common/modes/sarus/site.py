@@ -20,13 +20,12 @@ import numpy as np
 from fedsbdt.common import kernels
 from fedsbdt.common.boosting import TASK_CODE
 from fedsbdt.common.modes.sarus.rounds import SarusRequestError, SarusTree
-from fedsbdt.common.federation.wire import Purpose, Refusal
+from fedsbdt.common.federation.wire import Purpose
 from fedsbdt.common.splits import Splits
 
-from fedsbdt.common.modes.greedy.site import request_refusal
-from fedsbdt.common.modes.site_rounds import SiteRounds, catch_up_or_refusal
-
-KIND = {Purpose.SKETCH: "sketch", Purpose.LEVEL: "level", Purpose.TREE: "tree"}
+from fedsbdt.common.modes.greedy.site import released_splits_refusal, request_refusal
+from fedsbdt.common.modes.site_rounds import (Computed, Declared, RoundInput, SiteContext, SiteRounds,
+                                              catch_up_or_refusal)
 
 
 def subsample_key(tree: int) -> str:
@@ -40,39 +39,39 @@ def sketch_key(tree: int) -> str:
 
 
 class SarusSite(SiteRounds):
-    """Sketch, level and leaf rounds of one tree on one Poisson subsample, at one site (its plan, data, ledger
-    and randomness: ``site``)."""
+    """Sketch, level and leaf rounds of one tree on one Poisson subsample, at one site (``ctx``: its plan, data,
+    randomness and store)."""
 
     leaf_shares_ahead = False  # the tree's rounds draw their own shares
 
-    def __init__(self, plan, site) -> None:
-        super().__init__(plan, site)
-        self.m = site
-        self.grid = plan.sarus_grid
-        self.codes = self.grid.fine_codes(site.local.X)
+    def __init__(self, ctx: SiteContext) -> None:
+        super().__init__(ctx)
+        self.grid = ctx.plan.sarus_grid
+        self.codes = self.grid.fine_codes(ctx.local.X)
         self._trees: dict[int, tuple[bytes, SarusTree, np.ndarray]] = {}  # tree -> (sketch, state, grid codes)
 
     # ------------------------------------------------------------------ per-tree public and private state
 
     def subsample(self, tree: int) -> np.ndarray:
         """This site's Poisson subsample for tree ``tree`` (drawn once, kept in the database), present records."""
-        local, ledger = self.m.local, self.m.ledger
-        blob = ledger.mode_state(subsample_key(tree))
+        local, store = self.ctx.local, self.ctx.store
+        blob = store.mode_state(subsample_key(tree))
         if blob is None:
-            mask = np.asarray(self.m.randomness.subsample(self.plan.hyperparameters.subsample, local.ids, tree), bool)
-            ledger.set_mode_state(subsample_key(tree), np.int64(mask.size).astype("<i8").tobytes()
-                                  + np.packbits(mask).tobytes())
+            mask = np.asarray(self.ctx.randomness.subsample(self.plan.hyperparameters.subsample, local.ids, tree),
+                              bool)
+            store.set_mode_state(subsample_key(tree), np.int64(mask.size).astype("<i8").tobytes()
+                                 + np.packbits(mask).tobytes())
         else:
             records = int(np.frombuffer(blob[:8], "<i8")[0])
             if records != local.n:
-                raise self.m.abort(f"the stored subsample of tree {tree} covers {records} records, the data "
-                                   f"{local.n}")
+                raise self.ctx.abort(f"the stored subsample of tree {tree} covers {records} records, the data "
+                                     f"{local.n}")
             mask = np.unpackbits(np.frombuffer(blob[8:], np.uint8), count=records).astype(bool)
         return mask & (local.arrival <= tree)
 
     def released_sketch(self, tree: int) -> np.ndarray | None:
         """The noisy sketch of tree ``tree`` the coordinator's requests carried (the first one seen), or None."""
-        blob = self.m.ledger.mode_state(sketch_key(tree))
+        blob = self.ctx.store.mode_state(sketch_key(tree))
         return None if blob is None else np.frombuffer(blob, "<i8").astype(np.int64)
 
     def tree(self, tree: int, sketch) -> tuple[SarusTree, np.ndarray]:
@@ -81,16 +80,20 @@ class SarusSite(SiteRounds):
         hit = self._trees.get(tree)
         if hit is None or hit[0] != key:
             state = SarusTree(self.plan, np.asarray(sketch, np.int64))
-            hit = self._trees[tree] = (key, state, state.tree_grid.codes(self.m.local.X))
+            hit = self._trees[tree] = (key, state, state.tree_grid.codes(self.ctx.local.X))
             self._trees = {k: v for k, v in self._trees.items() if k >= tree}
         return hit[1], hit[2]
 
+    def state(self, rin: RoundInput) -> SarusTree | None:
+        """The tree's state for a checked level or leaf request (None for a sketch request)."""
+        return None if rin.purpose == Purpose.SKETCH else self.tree(rin.tree, rin.request.sketch)[0]
+
     # ------------------------------------------------------------------ checks
 
-    def refusal(self, ev) -> str | None:
+    def check(self, rin: RoundInput) -> str | None:
         """Why a request must not be answered, or None (raises NeedCatchUp for a tree not yet reached)."""
-        m, k = self.m, ev.tree
-        late = catch_up_or_refusal(m, k)
+        ev, k = rin.request, rin.tree
+        late = catch_up_or_refusal(rin)
         if late is not None:
             return late
         known = self.released_sketch(k)
@@ -109,52 +112,37 @@ class SarusSite(SiteRounds):
         if known is not None and not np.array_equal(known, sketch):
             return f"the request carries another sketch of tree {k} than the one released before"
         state, _ = self.tree(k, sketch)
-        return request_refusal(m, ev, state.tree_grid)
+        return request_refusal(self.ctx, rin, state.tree_grid)
 
     # ------------------------------------------------------------------ a round
 
-    def round_start(self, ev, start) -> list:
-        m, plan, r = self.m, self.plan, start.round_id
-        bad = self.refusal(ev)  # before anything is computed
-        if bad is not None:
-            return [Refusal(f"round {r}: {bad}", r)]
-        state = None if ev.purpose == Purpose.SKETCH else self.tree(ev.tree, ev.sketch)[0]
-        expected = self.grid.sketch_len if state is None else state.vector_len(ev.purpose, ev.level)
-        settled = m.settled_input(ev, start, expected)  # another length, or answered before (e.g. a restart)
-        if settled is not None:
-            return settled
-        kind, level = KIND[ev.purpose], (ev.level if ev.purpose == Purpose.LEVEL else None)
-        m.gate.attempt(kind, ev.tree, level)
-        present = self.subsample(ev.tree)
-        attempts = m.ledger.attempts(kind, ev.tree, level)
-        with_data = m.ledger.attempts(kind, ev.tree, level, with_data=True) == 0
-        read = m.local.arrival <= ev.tree  # the tree's event is Poisson-subsampled: every present record
-        with_data = with_data and m.gate.admit(kind, read, tree=ev.tree) is not None
-        x = self._vector(ev, state, present) if with_data else np.zeros(expected, np.int64)
-        p, noise = len(start.participants), None
-        release = plan.releases[kind]  # the noise the plan declares for this release (and charges for)
-        where = {"layout": state.tree_grid.layout(0, ev.level)} if ev.purpose == Purpose.LEVEL else {}
-        scales = lambda shares: release.scales(shares, **where)  # noqa: E731
-        if plan.noise == "distributed" and plan.threshold <= p <= plan.n:  # otherwise secagg refuses the round
-            noise = m.randomness.discrete_gaussian(scales(plan.noise_divisor(p)))
-        elif plan.noise == "central" and attempts > 0:  # a retry: a full, fresh share
-            noise = m.randomness.discrete_gaussian(scales(1))
+    def vector_len(self, rin: RoundInput) -> int:
+        state = self.state(rin)
+        return self.grid.sketch_len if state is None else state.vector_len(rin.purpose, rin.level)
 
-        def record() -> None:
-            if with_data:
-                m.gate.charge(kind, read, ev.tree, level, r)
-            m.ledger.log_contribution(r, kind, ev.tree, with_data, None, int(present.sum()), level)
-            if state is not None:
-                m.ledger.keep_mode_state(sketch_key(ev.tree), np.asarray(state.sketch, "<i8").tobytes())
-                m.ledger.remember_splits(ev.tree, ev.features, ev.thresholds)
+    def declare(self, rin: RoundInput) -> Declared:
+        """Every stage of a tree reads the tree's subsample and carries data in its first attempt only; the charge
+        covers every present record (the tree's event is Poisson-subsampled: the input set is the population)."""
+        present = self.subsample(rin.tree)
+        state = self.state(rin)
+        where = {"layout": state.tree_grid.layout(0, rin.level)} if rin.purpose == Purpose.LEVEL else {}
+        return Declared(self.ctx.local.arrival <= rin.tree, once=True, where=where, sampled=int(present.sum()))
 
-        return m.masked_input(ev, start, x, noise, record)
+    def compute(self, rin: RoundInput, declared: Declared, admitted: np.ndarray) -> Computed:
+        return Computed(self._vector(rin.request, self.state(rin), self.subsample(rin.tree)))  # stored: the same
+
+    def remember(self, rin: RoundInput) -> None:
+        state = self.state(rin)
+        if state is not None:
+            ev, store = rin.request, self.ctx.store
+            store.keep_mode_state(sketch_key(ev.tree), np.asarray(state.sketch, "<i8").tobytes())
+            store.remember_splits(ev.tree, ev.features, ev.thresholds)
 
     def _vector(self, ev, state, present: np.ndarray) -> np.ndarray:
         """This site's sums for a checked request on its subsample ``present``."""
         if state is None:
             return self.grid.sketch_vector(self.codes, present)
-        local, enc = self.m.local, self.m.local.enc
+        local, enc = self.ctx.local, self.ctx.local.enc
         tg, codes = state.tree_grid, self.tree(ev.tree, ev.sketch)[1]
         depth = ev.level if ev.purpose == Purpose.LEVEL else self.plan.hyperparameters.depth
         node = tg.route(codes, tg.candidate_index(ev.tree, ev.features, ev.thresholds), depth)
@@ -168,11 +156,11 @@ class SarusSite(SiteRounds):
 
     def released_splits(self, t):
         """A released tree's splits, checked against the candidates of its released sketch (if this site saw
-        it) and the splits the requests carried; ends the session (``site.abort``) if they are not."""
+        it) and the splits the requests carried; ends the session (``ctx.abort``) if they are not."""
         try:
             return self._released_splits(t)
         except SarusRequestError as e:
-            raise self.m.abort(str(e)) from None
+            raise self.ctx.abort(str(e)) from None
 
     def _released_splits(self, t):
         hp = self.plan.hyperparameters
@@ -184,8 +172,7 @@ class SarusSite(SiteRounds):
                 self.tree(t.index, sketch)[0].tree_grid.candidate_index(t.index, t.features, t.thresholds)
             except ValueError as e:
                 raise SarusRequestError(f"tree {t.index} has splits off its released sketch ({e})") from None
-        known_f, known_t = self.m.ledger.released_splits(t.index)
-        if not (np.array_equal(known_f, t.features[:known_f.size].astype(np.int64))
-                and np.array_equal(known_t, t.thresholds[:known_f.size])):
-            raise SarusRequestError(f"tree {t.index} has other splits than the coordinator's requests released")
+        bad = released_splits_refusal(self.ctx, t)
+        if bad is not None:
+            raise SarusRequestError(bad)
         return Splits(t.features, t.thresholds)

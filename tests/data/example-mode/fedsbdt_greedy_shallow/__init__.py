@@ -50,12 +50,13 @@ class ShallowBuilder:
 
 
 class GreedyShallowSite(GreedySite):
-    def request_refusal(self, ev):
-        bad = super().request_refusal(ev)  # the tree, the level, the grid, the released splits
+    def check(self, rin):
+        bad = super().check(rin)  # the tree, the level, the grid, the released splits
+        ev = rin.request
         if bad is None and ev.purpose == Purpose.TREE:
-            n = 2 ** (self.plan.hyperparameters.depth - 1)
+            n = 2 ** (self.ctx.plan.hyperparameters.depth - 1)
             last = self.grid.candidate_index(ev.tree, ev.features[-n:], ev.thresholds[-n:])
-            if not np.array_equal(last, last_level(self.plan, ev.tree)):
+            if not np.array_equal(last, last_level(self.ctx.plan, ev.tree)):
                 return f"the last level of tree {ev.tree} is not the plan's public draw"
         return bad
 
@@ -89,8 +90,8 @@ class GreedyShallow(GreedyTrees):
         n, d = self.rounds(plan), plan.hyperparameters.depth
         return {"level": n * (d - 1), "tree": n}
 
-    def site_rounds(self, plan, site):
-        return GreedyShallowSite(plan, site)
+    def site_rounds(self, ctx):
+        return GreedyShallowSite(ctx)
 
 
 register(GreedyShallow())
