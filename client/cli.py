@@ -1,4 +1,4 @@
-"""``fedsbdt client`` (one per hospital) and ``fedsbdt keygen``, registered by :mod:`fedsbdt.common.cli`.
+"""``fedsbdt client`` (one per hospital) and ``fedsbdt keygen``, registered by :mod:`fedsbdt.cli`.
 
     fedsbdt keygen --site ID --out DIR
     fedsbdt client --coordinator ADDR --site ID --data F (--plan P | --plan-hash H) [--state DIR]
@@ -22,13 +22,14 @@ Key files default to the state directory (``identity.key``, ``tls.crt``,
 from __future__ import annotations
 
 import argparse
-import hashlib
 import logging
 import resource
 import time
 from pathlib import Path
 
 from fedsbdt.common.cli import CliError, emit, with_state_lock
+from fedsbdt.common.federation.pki import add_tls_flags
+from fedsbdt.common.files import sha256_file
 
 from fedsbdt.common.lifetime import DEFAULT_LIFETIME_DELTA, DEFAULT_LIFETIME_EPSILON, DEFAULT_POPULATION
 
@@ -37,22 +38,10 @@ from .policy import MAX_EVAL_EPSILON, MAX_FAILED_ATTEMPTS, MIN_COLLUDERS, MIN_SI
 log = logging.getLogger("fedsbdt.site")
 
 
-def add_tls_flags(p: argparse.ArgumentParser, default_dir: str) -> None:
-    g = p.add_argument_group("transport security (mutual TLS with the consortium CA)")
-    g.add_argument("--tls-dir", metavar="DIR",
-                   help=f"folder holding tls.crt, tls.key and ca.crt (default: {default_dir}); e.g. the old "
-                        "state directory when a new plan gets a new --state")
-    g.add_argument("--tls-cert", metavar="FILE", help="this party's certificate (default: TLS_DIR/tls.crt)")
-    g.add_argument("--tls-key", metavar="FILE", help="its private key (default: TLS_DIR/tls.key)")
-    g.add_argument("--tls-ca", metavar="FILE", help="the consortium CA certificate (default: TLS_DIR/ca.crt)")
-    g.add_argument("--insecure", action="store_true",
-                   help="plain-text gRPC without TLS: only for local tests and demos, never across a network")
-
-
 def cmd_keygen(args: argparse.Namespace) -> int:
     from fedsbdt.common.federation.pki import PkiError
 
-    from .keys import keygen
+    from fedsbdt.common.federation.keys import keygen
 
     try:
         info = keygen(args.site, Path(args.out))
@@ -77,7 +66,7 @@ def _run_client(args: argparse.Namespace, t0: float, state: Path) -> int:
     from fedsbdt.common.federation.plan import Plan
     from fedsbdt.common.federation.tuning import FederatedTuning, is_tuning_plan
 
-    from .keys import IDENTITY_KEY, load_identity
+    from fedsbdt.common.federation.keys import IDENTITY_KEY, load_identity
     from .policy import SitePolicy
     from .site import model_path
 
@@ -359,6 +348,3 @@ def register(sub) -> None:
     c.set_defaults(func=cmd_client, on_interrupt="every committed round is kept in {state}; restart the same "
                                                    "command to resume")
 
-
-def sha256_file(path: Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()

@@ -1,4 +1,4 @@
-"""``fedsbdt tune`` and ``fedsbdt auto``, registered by :mod:`fedsbdt.common.cli` (docs/auto.md).
+"""``fedsbdt tune`` and ``fedsbdt auto``, registered by :mod:`fedsbdt.cli` (docs/auto.md).
 
     fedsbdt tune --data F --schema S --epsilon E --out M [--rows N] [--trials-mean 4] [--json]
     fedsbdt auto --schema S --epsilon E --rows N [--json]      # the auto settings, no data read
@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import argparse
 
-from .cli import CliError, _load_data, emit
+from .cli_base import CliError, emit
+from .cli_base import load_data as _load_data
 
 
 def settings_line(s: dict) -> str:

@@ -1,4 +1,4 @@
-"""``fedsbdt coordinator``, ``fedsbdt plan``, ``fedsbdt ca`` and ``fedsbdt demo``, registered by :mod:`fedsbdt.common.cli`.
+"""``fedsbdt coordinator``, ``fedsbdt plan`` and ``fedsbdt ca``, registered by :mod:`fedsbdt.cli`.
 
     fedsbdt coordinator --plan P [--listen ADDR] [--state DIR] [--tls-cert F --tls-key F --tls-ca F | --insecure]
                         [--status-port PORT [--status-host HOST]]
@@ -143,7 +143,7 @@ def _tune(args: argparse.Namespace, t0: float, tuning, state: Path, status=None)
 def _write_winner(trial_model: Path, out: Path, tuning, receipt: dict) -> str:
     """The winning trial's model with the privacy statement of the whole tuning (every trial is released to the
     coordinator) and the tuning's record (``training.tuning``, shown by ``fedsbdt report``); its SHA-256."""
-    from fedsbdt.client.cli import sha256_file
+    from fedsbdt.common.files import sha256_file
     from fedsbdt.common.model import Ensemble
 
     m = Ensemble.load(trial_model)
@@ -166,7 +166,7 @@ def _serve(args: argparse.Namespace, listen: str, t0: float, plan, cal, randomne
     """Serve one plan's session until it ends: (exit code, the JSON result, its line for people, the address
     served).  ``status``: the status page to show it on (the caller closes it); ``trial``: which trial of a
     tuning plan this session is, shown there."""
-    from fedsbdt.client.cli import sha256_file
+    from fedsbdt.common.files import sha256_file
 
     from .checkpoint import CheckpointError, CoordinatorStore
     from fedsbdt.common.federation.pki import PkiError, TlsFiles, server_credentials
@@ -283,7 +283,7 @@ def existing_model(plan, path: str | None):
         return None
     if path is None:
         raise CliError("this plan evaluates an existing model: pass it with --model FILE")
-    from fedsbdt.client.cli import sha256_file
+    from fedsbdt.common.files import sha256_file
     from fedsbdt.common.federation.release import released_from_model
     from fedsbdt.common.model import Ensemble
 
@@ -313,7 +313,7 @@ def write_evaluation(state: Path, receipt: dict, model_sha256: str) -> tuple[dic
 
 
 def _site_arg(text: str) -> tuple[str, bytes]:
-    from fedsbdt.client.keys import read_identity_pub
+    from fedsbdt.common.federation.keys import read_identity_pub
 
     if "=" not in text:
         raise CliError(f"--site {text!r}: expected ID=identity.pub (or ID=<64 hex digits>)")
@@ -472,7 +472,7 @@ def write_tuning_plan(args: argparse.Namespace, schema, hp, sites, session: dict
 
 def model_for_evaluation(args: argparse.Namespace):
     """(schema, hyperparameters, file SHA-256, content digest) of ``--evaluate-model``: the plan evaluates it."""
-    from fedsbdt.client.cli import sha256_file
+    from fedsbdt.common.files import sha256_file
     from fedsbdt.common.model import Ensemble
 
     if args.eval_epsilon is None:
@@ -509,7 +509,7 @@ def cmd_ca(args: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
-    from fedsbdt.client.cli import add_tls_flags
+    from fedsbdt.common.federation.pki import add_tls_flags
     from fedsbdt.common.statuspage import add_status_flags
 
     c = sub.add_parser("coordinator", help="run the coordinator of a federated training session")
@@ -629,7 +629,3 @@ def register(sub) -> None:
         q.add_argument("--days", type=int, default=days, metavar="N", help=f"validity in days (default: {days})")
         q.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     a.set_defaults(func=cmd_ca)
-
-    from .demo import register as register_demo
-
-    register_demo(sub)

@@ -64,7 +64,7 @@ from fedsbdt.common.secagg import (
 )
 from fedsbdt.common.secagg.coordinator import StoredRouting
 from fedsbdt.common.secagg.errors import InvalidMessage, SecAggError
-from fedsbdt.client.noise import NoiseShares
+from fedsbdt.common.noise_shares import NoiseShares
 
 from .checkpoint import CoordinatorStore, Restored
 from fedsbdt.common.federation.plan import Plan

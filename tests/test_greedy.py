@@ -18,7 +18,7 @@ from fedsbdt.common.accountant import (AccountingError, ComposedEvent, Exponenti
                                greedy_budget, greedy_training_event, pure_dp_rdp, rdp_to_dp, total_rdp)
 from fedsbdt.common.builders import Candidates, GreedyTrees, gains, score_sensitivity
 from fedsbdt.common.boosting import LocalData
-from fedsbdt.common.cli import main
+from fedsbdt.cli import main
 from fedsbdt.common.config import ConfigError, Hyperparameters
 from fedsbdt.common.data import load
 from fedsbdt.common.engine import train

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedsbdt.common.cli import main
+from fedsbdt.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -18,7 +18,7 @@ from fedsbdt.common.accountant import (PoissonSampledEvent, alpha_grid, event_rd
                                pure_dp_rdp, pure_epsilon, rdp_to_dp, subsampled_pure_dp_rdp, subsampled_pure_epsilon)
 from fedsbdt.common.boosting import LocalData
 from fedsbdt.common.builders import SarusTrees, leaf_regions
-from fedsbdt.common.cli import main
+from fedsbdt.cli import main
 from fedsbdt.common.config import ConfigError, Hyperparameters
 from fedsbdt.common.data import Dataset, load
 from fedsbdt.common.engine import train

@@ -62,7 +62,7 @@ def same(a, b):
 
 
 def fedsbdt(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "fedsbdt.common.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "fedsbdt.cli", *args], capture_output=True, text=True,
                           env=env)
 
 

@@ -138,7 +138,7 @@ def test_candidates_centre_first_and_distinct():
 
 
 def test_tune_cli_receipt_covers_all_trials_and_refuses_a_tiny_budget(tmp_path, capsys):
-    from fedsbdt.common.cli import main
+    from fedsbdt.cli import main
 
     data, schema = write_task(tmp_path / "data")
     out = tmp_path / "m.json"
@@ -200,7 +200,7 @@ def test_tune_releases_the_winner_and_the_receipt_but_not_the_number_of_trials(t
     import re
 
     from fedsbdt.common import tuning
-    from fedsbdt.common.cli import main
+    from fedsbdt.cli import main
 
     data, schema = write_task(tmp_path / "data")
     real = tuning.sample_trials
@@ -241,7 +241,7 @@ def test_tune_releases_the_winner_and_the_receipt_but_not_the_number_of_trials(t
 
 
 def test_tune_without_an_id_column_exits_2_with_one_line(tmp_path, capsys):
-    from fedsbdt.common.cli import main
+    from fedsbdt.cli import main
 
     data, schema = write_task(tmp_path, id_column=False)
     out = tmp_path / "m.json"
@@ -266,7 +266,7 @@ def test_deleting_one_row_moves_no_other_record_between_training_and_held_out(tm
     from pathlib import Path
 
     from fedsbdt.common import tuning
-    from fedsbdt.common.cli import main
+    from fedsbdt.cli import main
 
     if which == "id column":
         data, schema = write_task(tmp_path / "data", n=1000)
@@ -316,7 +316,7 @@ def test_deleting_one_row_moves_no_other_record_between_training_and_held_out(tm
 
 def test_quiet_tune_prints_the_result_in_one_line(tmp_path, capsys):
     """``--quiet`` (issue 36): one line for the result, not every trial's settings."""
-    from fedsbdt.common.cli import main
+    from fedsbdt.cli import main
 
     data, schema = write_task(tmp_path / "data")
     out = tmp_path / "m.json"

@@ -269,7 +269,7 @@ def prepare(layout: Layout, n: int, dataset: str, hp_changes: dict, hosts: list[
     ``"auto"`` (``fedsbdt demo``'s default: the rule of common/auto.py for the records the sites train on,
     declared public as ``fedsbdt plan --rows N`` declares them, so the demo trains what ``fedsbdt train --rows N``
     trains on the same records)."""
-    from fedsbdt.client.keys import IDENTITY_PUB, keygen, read_identity_pub
+    from fedsbdt.common.federation.keys import IDENTITY_PUB, keygen, read_identity_pub
     from fedsbdt.common.auto import resolve
     from fedsbdt.common.config import Hyperparameters
     from fedsbdt.common.schema import Schema
@@ -326,7 +326,7 @@ class Processes:
 
 
 def _cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "fedsbdt.common.cli", "--log-format", "json", *args]
+    return [sys.executable, "-m", "fedsbdt.cli", "--log-format", "json", *args]
 
 
 def free_port() -> int:

@@ -10,7 +10,7 @@ only ever sees masked inputs and their noisy sum.  What is left out is the netwo
 order, every reply routed to the session method the gRPC servicer would call (as tests/federation/inproc.py
 does for the tests).
 
-Used by the federated audit (:mod:`fedsbdt.server.federated_audit`, ``fedsbdt audit --sites N``) and the
+Used by the federated audit (:mod:`fedsbdt.federated_audit`, ``fedsbdt audit --sites N``) and the
 reconstruction benchmark (benchmarks/reconstruction.py): both need the model a real federation releases,
 trained on data they hold in memory.
 """
@@ -37,7 +37,7 @@ from fedsbdt.common.federation.plan import Deadlines, Plan, SiteEntry, make_plan
 from fedsbdt.common.federation.wire import Done, InputReply, Refusal, RoundReply, SetupReply
 from fedsbdt.common.model import Ensemble
 
-from .session import Rejected, Session
+from fedsbdt.server.session import Rejected, Session
 
 #: steps of the event loop after which a session that has not finished is declared stuck
 MAX_STEPS = 10_000_000
