@@ -338,7 +338,8 @@ def kept_columns(given: list[str] | None) -> tuple[str, ...]:
 def _load_for_prediction(args: argparse.Namespace, schema, keep: tuple[str, ...] = ()):
     """(dataset, id column) of the records to predict (with the ``keep`` columns carried along): the schema's id
     column if the data has it; data without it is read by row number (id column None)."""
-    from .data import DataError, load
+    from .data import DataError
+    from .records import load
     from .sources import source_from_args
 
     path = source_from_args(args)

@@ -107,7 +107,7 @@ class Progress:
 
 def load_data(args: argparse.Namespace, schema, labels: bool = True):
     """The records ``--data`` names (a file, or a database with ``--query``), validated against ``schema``."""
-    from .data import load
+    from .records import load
     from .sources import source_from_args
 
     return load(source_from_args(args), schema, labels=labels)

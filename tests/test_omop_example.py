@@ -4,7 +4,7 @@ import json
 import subprocess
 import sys
 
-from fedsbdt.common.data import load
+from fedsbdt.common.records import load
 from fedsbdt.common.schema import Schema
 from fedsbdt.common.sources import DataSource
 
