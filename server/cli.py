@@ -166,34 +166,54 @@ def _serve(args: argparse.Namespace, listen: str, t0: float, plan, cal, randomne
     """Serve one plan's session until it ends: (exit code, the JSON result, its line for people, the address
     served).  ``status``: the status page to show it on (the caller closes it); ``trial``: which trial of a
     tuning plan this session is, shown there."""
-    from fedsbdt.common.files import sha256_file
+    credentials = _credentials(args, state)
+    session = _open_session(args, listen, plan, randomness, state, credentials)
+    server = _start_server(args, session, plan, listen, credentials, status, trial)
+    _wait(server, session)
+    return _result(args, session, server.address, server.service, plan, cal, state, t0)
 
-    from .checkpoint import CheckpointError, CoordinatorStore
+
+def _credentials(args: argparse.Namespace, state: Path):
+    """The server's TLS credentials (None with ``--insecure``); a missing or bad certificate is one line."""
     from fedsbdt.common.federation.pki import PkiError, TlsFiles, server_credentials
-    from .service import CoordinatorServer
+
+    if args.insecure:
+        return None
+    try:
+        return server_credentials(TlsFiles.in_dir(Path(args.tls_dir or state), args.tls_cert, args.tls_key,
+                                                  args.tls_ca))
+    except PkiError as e:
+        raise CliError(f"{e} (the coordinator needs a server certificate from the consortium CA; "
+                       "`fedsbdt ca server` makes one, or pass --insecure for a local test)") from None
+
+
+def _open_session(args: argparse.Namespace, listen: str, plan, randomness, state: Path, credentials):
+    """The session on its checkpoint in ``state``, after the address is found free (nothing written on a
+    refusal); a checkpoint of another plan is one line saying what to do."""
+    from .checkpoint import CheckpointError, CoordinatorStore
     from .session import Session
 
-    credentials = None
-    if not args.insecure:
-        try:
-            credentials = server_credentials(TlsFiles.in_dir(Path(args.tls_dir or state), args.tls_cert,
-                                                             args.tls_key, args.tls_ca))
-        except PkiError as e:
-            raise CliError(f"{e} (the coordinator needs a server certificate from the consortium CA; "
-                           "`fedsbdt ca server` makes one, or pass --insecure for a local test)") from None
     released = existing_model(plan, args.model)
     busy = address_in_use(listen)  # before the session opens its store: nothing written on a refusal
     if busy is not None:
         raise CliError(busy)
     try:
-        session = Session(plan, randomness, time.monotonic(), CoordinatorStore(state, plan.sha256),
-                          released=released)
+        return Session(plan, randomness, time.monotonic(), CoordinatorStore(state, plan.sha256), released=released)
     except CheckpointError as e:
         hint = ""
         if "belongs to plan" in str(e) and credentials is not None and not args.tls_dir:
             hint = (f"; the new directory needs the coordinator's TLS files: copy tls.crt, tls.key and ca.crt "
                     f"from {state} into it, or pass --tls-dir {state}")
         raise CliError(f"{e}{hint}") from None
+
+
+def _start_server(args: argparse.Namespace, session, plan, listen: str, credentials, status,
+                  trial: dict | None):
+    """The gRPC server of ``session``, listening (its address said in the log and on ``--ready-fd``), with the
+    status page's monitor attached."""
+    from .collector import quiet_collector
+    from .service import CoordinatorServer
+
     try:
         server = CoordinatorServer(session, listen, credentials)
     except (OSError, RuntimeError) as e:
@@ -207,8 +227,6 @@ def _serve(args: argparse.Namespace, listen: str, t0: float, plan, cal, randomne
         monitor = CoordinatorMonitor(session, tuning=trial)
         server.service.observers.append(monitor.after_step)
         status.start(monitor.current, monitor.registry)
-    from .collector import quiet_collector
-
     quiet_collector()  # everything long-lived is loaded: freeze it out of the collector's scans
     server.start()
     log.info(f"coordinator for plan {plan.sha256} listening on {server.address} "
@@ -221,7 +239,12 @@ def _serve(args: argparse.Namespace, listen: str, t0: float, plan, cal, randomne
             os.close(args.ready_fd)
         except OSError:
             pass
+    return server
 
+
+def _wait(server, session) -> None:
+    """Serve until the session ends or SIGTERM/SIGINT stops the server; then close both.  A server stopped by
+    an internal error is one line saying how to resume."""
     def stop(signum, frame):  # noqa: ARG001
         log.info(f"stopping on signal {signum}", extra={"event": "signal", "signal": signum})
         server._stop.set()
@@ -237,6 +260,14 @@ def _serve(args: argparse.Namespace, listen: str, t0: float, plan, cal, randomne
     if server.fatal is not None:
         raise CliError(f"the coordinator stopped on an internal error: {server.fatal!r}; restart it with the same "
                        "command to resume from its checkpoint")
+
+
+def _result(args: argparse.Namespace, session, address: str, service, plan, cal, state: Path,
+            t0: float) -> tuple[int, dict, str, str]:
+    """What :func:`_serve` returns for a session that stopped: interrupted (130), failed (1) or done (the
+    model, its hash, the bytes moved, the federated evaluation if any)."""
+    from fedsbdt.common.files import sha256_file
+
     st = session.stage
     secs = round(time.perf_counter() - t0, 3)
     if not session.done:
@@ -245,22 +276,22 @@ def _serve(args: argparse.Namespace, listen: str, t0: float, plan, cal, randomne
         if args.json:  # stdout holds the JSON object: the line goes to the log (stderr)
             log.warning(line, extra={"event": "interrupted", "trees": len(session.trees)})
         return 130, {"error": "interrupted", "trees": len(session.trees), "seconds": secs, "resume": line}, line, \
-            server.address
+            address
     if session.exit_code and getattr(st, "reason", None):
         return 1, {"error": st.reason, "trees": len(session.trees), "seconds": secs}, \
-            f"session failed: {st.reason}", server.address
+            f"session failed: {st.reason}", address
     model = state / "model.json"
     out = {"model": str(model), "model_sha256": sha256_file(model), "trees": len(session.trees),
            "epsilon": cal.epsilon, "epsilon_total": plan.total_epsilon, "rounds_failed": session.rounds_failed,
            "seconds": secs,
-           "bytes_received": server.service.bytes_in, "bytes_sent": server.service.bytes_out,
+           "bytes_received": service.bytes_in, "bytes_sent": service.bytes_out,
            "mismatched_sites": list(getattr(st, "mismatched", ()))}
     out["trees_per_site"] = session.trees_with_data()
     human = f"{session.data_summary()}; model written to {model} (sha256 {out['model_sha256']})"
     if session.evaluation is not None:
         out["evaluation"], line = write_evaluation(state, session.evaluation, out["model_sha256"])
         human += "\n" + line
-    return session.exit_code, out, human, server.address
+    return session.exit_code, out, human, address
 
 
 def status_page(args: argparse.Namespace):
@@ -509,6 +540,14 @@ def cmd_ca(args: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
+    """``fedsbdt coordinator``, ``fedsbdt plan`` and ``fedsbdt ca`` (composed by :mod:`fedsbdt.cli`)."""
+    _register_coordinator(sub)
+    _register_plan(sub)
+    _register_ca(sub)
+
+
+def _register_coordinator(sub) -> None:
+    """``fedsbdt coordinator``: serve a plan's session."""
     from fedsbdt.common.federation.pki import add_tls_flags
     from fedsbdt.common.statuspage import add_status_flags
 
@@ -533,10 +572,31 @@ def register(sub) -> None:
     c.set_defaults(func=cmd_coordinator, on_interrupt="the checkpoint in {state} is kept; restart the same "
                                                         "command to resume")
 
+
+def _register_plan(sub) -> None:
+    """``fedsbdt plan``: write a plan with its privacy statement computed."""
     p = sub.add_parser("plan", help="write a plan (TOML) with its privacy statement computed")
     p.add_argument("--schema", metavar="FILE", help="the public schema (TOML); required unless --evaluate-model")
     p.add_argument("--site", action="append", required=True, metavar="ID=identity.pub",
                    help="a roster entry: site id and its identity.pub file (or 64 hex digits); repeat per site")
+    _add_roster_flags(p)
+    _add_deadline_flags(p)
+    _add_evaluation_flags(p)
+    p.add_argument("--settings", choices=["auto", "paper"], default="auto",
+                   help="auto (default): the settings `fedsbdt train` uses, from ε, δ, the schema and --rows "
+                        "(docs/auto.md), so federated = central; paper: the S-BDT paper's defaults shown below (other "
+                        "modes keep their own defaults, as in train). Any hyperparameter flag overrides either")
+    p.add_argument("--rows", type=int, default=None, metavar="N",
+                   help="the number of training records of all sites together, declared public, for the auto "
+                        "settings (required with --settings auto; a federation has no DP row count) (default: none)")
+    p.add_argument("--out", required=True, metavar="FILE", help="where to write the plan")
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    add_hyperparameter_flags(p)
+    p.set_defaults(func=cmd_plan)
+
+
+def _add_roster_flags(p) -> None:
+    """The plan's secure aggregation: threshold, colluders, dropouts, noise, epochs, mask graph."""
     p.add_argument("--threshold", type=int, metavar="N",
                    help="t: sums over fewer than t sites are never released (default: ⌊n/2⌋ + 1, or the smallest t with 2t > n + c when --colluders is given)")
     p.add_argument("--colluders", type=int, default=None, metavar="N",
@@ -565,6 +625,10 @@ def register(sub) -> None:
     p.add_argument("--max-records", type=int, default=1_000_000, metavar="N",
                    help="public upper bound on the records of one site (fixed-point capacity check) "
                         "(default: 1000000)")
+
+
+def _add_deadline_flags(p) -> None:
+    """The plan's deadlines and its randomness (sampler; test-only seeds)."""
     p.add_argument("--join-deadline", type=float, default=120.0, metavar="SECONDS",
                    help="seconds to wait for the whole roster (default: 120)")
     p.add_argument("--stage-deadline", type=float, default=10.0, metavar="SECONDS",
@@ -580,6 +644,10 @@ def register(sub) -> None:
                         "OS CSPRNG)")
     p.add_argument("--test-noise", action=argparse.BooleanOptionalAction, default=True,
                    help="TESTS ONLY: with --insecure-test-randomness, add (deterministic) noise or none")
+
+
+def _add_evaluation_flags(p) -> None:
+    """The plan's federated evaluation, evaluation-only plans and federated tuning."""
     p.add_argument("--eval-epsilon", type=float, nargs="?", const=0.1, metavar="X",
                    help="evaluate the model federatedly after training at ε_eval = X on the sites' held-out "
                         "files (--eval-data), a budget separate from the training ε (default if given without "
@@ -599,18 +667,10 @@ def register(sub) -> None:
                         "turn, each scored by a federated evaluation on the sites' held-out files; the coordinator "
                         "keeps the best. --epsilon and --eval-epsilon (then 0.1 if not given) are the totals over "
                         "all trials (default: none: one training plan; docs/auto.md)")
-    p.add_argument("--settings", choices=["auto", "paper"], default="auto",
-                   help="auto (default): the settings `fedsbdt train` uses, from ε, δ, the schema and --rows "
-                        "(docs/auto.md), so federated = central; paper: the S-BDT paper's defaults shown below (other "
-                        "modes keep their own defaults, as in train). Any hyperparameter flag overrides either")
-    p.add_argument("--rows", type=int, default=None, metavar="N",
-                   help="the number of training records of all sites together, declared public, for the auto "
-                        "settings (required with --settings auto; a federation has no DP row count) (default: none)")
-    p.add_argument("--out", required=True, metavar="FILE", help="where to write the plan")
-    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    add_hyperparameter_flags(p)
-    p.set_defaults(func=cmd_plan)
 
+
+def _register_ca(sub) -> None:
+    """``fedsbdt ca init|sign|server``: a small consortium CA."""
     a = sub.add_parser("ca", help="a small consortium CA for mutual TLS (demo and small deployments)")
     asub = a.add_subparsers(dest="ca_command", metavar="ACTION")
     asub.required = True
