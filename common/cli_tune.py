@@ -29,24 +29,11 @@ def settings_line(s: dict) -> str:
 def cmd_tune(args: argparse.Namespace) -> int:
     from .accountant import AccountingError
     from .auto import AutoInputs, auto_settings, rows_epsilon
-    from .files import check_output_path
+    from .ledger_cli import central_run, charge_central
     from .randomness import SecureRandomness
-    from .schema import Schema
-    from .tuning import HOLDOUT_SHARE, SHAPE, candidates, fresh_split_key, plan_tuning, tune_on
+    from .tuning import candidates, fresh_split_key, plan_tuning, tune_on
 
-    check_output_path(args.out, "model")
-    from .ledger_cli import check_flags
-
-    check_flags(args)  # --population, --lifetime-delta
-    if not args.epsilon > 0:
-        raise CliError(f"--epsilon {args.epsilon:g}: must be > 0")
-    if args.rows is not None and args.rows < 1:
-        raise CliError(f"--rows {args.rows}: the declared row count must be ≥ 1")
-    schema = Schema.load(args.schema)
-    if not schema.id_column:
-        raise CliError(f"{args.schema}: the schema names no id_column; tune holds out records by a keyed hash of "
-                       "each record's stable id (row numbers would move other records when one is deleted): add "
-                       "id_column = \"<column>\" naming a unique, stable record id (docs/auto.md)")
+    schema = _tune_inputs(args)
     eps_rows = 0.0 if args.rows is not None else rows_epsilon(args.epsilon)
     budget = args.epsilon - eps_rows
     # the search space's centre: auto at a third of the budget for ~80% of the rows (the training part)
@@ -59,8 +46,6 @@ def cmd_tune(args: argparse.Namespace) -> int:
     randomness = SecureRandomness(sampler=args.sampler)
     key = fresh_split_key()  # drawn before the data is read: independent of it, never released
     ds = _load_data(args, schema)
-    from .ledger_cli import central_run, charge_central, lifetime_line
-
     # --ledger: the lifetime cap before anything is drawn, at the whole budget (the receipt's ε is at most that)
     run = central_run(args, ds.ids, schema.id_column, {"type": "approx", "epsilon": float(args.epsilon),
                                                         "delta": float(args.delta)}, args.delta)
@@ -89,7 +74,46 @@ def cmd_tune(args: argparse.Namespace) -> int:
                       "one record), covering every tuning trial (training and held-out score), the selection of the "
                       "best trial" + (" and the row count" if eps_rows else "") + " (Papernot & Steinke 2022, Thm. 2; "
                       "the number of trials is not released)")
-    tuning = {
+    tuning = _tuning_record(plan, schema, res.settings, space, choice)
+    m.training["tuning"] = tuning
+    # charged as stated, (ε, δ) (Papernot & Steinke give no RDP curve here), before the model is written
+    life = charge_central(run, "tune", {"type": "approx", "epsilon": float(p["epsilon"]), "delta": float(p["delta"])})
+    m.save(args.out)
+    out = {"epsilon": p["epsilon"], "delta": p["delta"], "settings": res.settings, "epsilon_trial": plan.epsilon_trial,
+           "model": str(args.out), "tuning": tuning}
+    if life is not None:
+        out["lifetime"] = life
+    emit(args, out, _tune_text(args, plan, res.settings, p, rows, source, life))
+    return 0
+
+
+def _tune_inputs(args: argparse.Namespace):
+    """The schema of ``fedsbdt tune``, after checking the output path, the ledger flags, ε and ``--rows``:
+    the schema must name a stable record id (the held-out part is keyed on it)."""
+    from .files import check_output_path
+    from .ledger_cli import check_flags
+    from .schema import Schema
+
+    check_output_path(args.out, "model")
+    check_flags(args)  # --population, --lifetime-delta
+    if not args.epsilon > 0:
+        raise CliError(f"--epsilon {args.epsilon:g}: must be > 0")
+    if args.rows is not None and args.rows < 1:
+        raise CliError(f"--rows {args.rows}: the declared row count must be ≥ 1")
+    schema = Schema.load(args.schema)
+    if not schema.id_column:
+        raise CliError(f"{args.schema}: the schema names no id_column; tune holds out records by a keyed hash of "
+                       "each record's stable id (row numbers would move other records when one is deleted): add "
+                       "id_column = \"<column>\" naming a unique, stable record id (docs/auto.md)")
+    return schema
+
+
+def _tuning_record(plan, schema, settings: dict, space, choice) -> dict:
+    """The model's ``training.tuning``: the method, its parameters and the chosen settings (never K, the other
+    trials or the scores)."""
+    from .tuning import HOLDOUT_SHARE, SHAPE
+
+    return {
         "method": "Papernot & Steinke (ICLR 2022) Thm. 2: K ~ truncated negative binomial, shape η = 1 "
                   "(geometric), mean μ; only the best trial by its noisy held-out score is released (its model "
                   "and settings; K, the other trials, the scores and the winner's position are not)",
@@ -101,31 +125,27 @@ def cmd_tune(args: argparse.Namespace) -> int:
                  "(regression), discrete Gaussian noise σ_score (sensitivity 1); not released",
         "holdout": f"records with BLAKE2b(key, id) mod {HOLDOUT_SHARE} = 0 (the schema's id column "
                    f"{schema.id_column!r}; key: a fresh secret of this run from the OS CSPRNG, not released)",
-        "candidates": space, "settings": res.settings,
+        "candidates": space, "settings": settings,
         "chosen_by": "the trial with the highest noisy held-out score",
         "centre": {"mode": "auto", **choice.to_dict()},
     }
-    m.training["tuning"] = tuning
-    # charged as stated, (ε, δ) (Papernot & Steinke give no RDP curve here), before the model is written
-    life = charge_central(run, "tune", {"type": "approx", "epsilon": float(p["epsilon"]), "delta": float(p["delta"])})
-    m.save(args.out)
-    out = {"epsilon": p["epsilon"], "delta": p["delta"], "settings": res.settings, "epsilon_trial": plan.epsilon_trial,
-           "model": str(args.out), "tuning": tuning}
-    if life is not None:
-        out["lifetime"] = life
+
+
+def _tune_text(args: argparse.Namespace, plan, settings: dict, p: dict, rows: int, source: str, life) -> str:
+    """The line(s) ``fedsbdt tune`` prints for people (one with ``--quiet``)."""
+    from .ledger_cli import lifetime_line
+
     if args.quiet:  # the result, one line (errors and warnings still show)
-        emit(args, out, f"tuned privately: {settings_line(res.settings)}, (ε={p['epsilon']:.6g}, δ={p['delta']:.3g})-DP; "
-                        f"model written to {args.out}")
-        return 0
+        return (f"tuned privately: {settings_line(settings)}, (ε={p['epsilon']:.6g}, δ={p['delta']:.3g})-DP; "
+                f"model written to {args.out}")
     n_words = f"n = {rows} ({'declared' if source == 'declared' else 'a DP count'})"
     lines = [f"tuned privately over a random number of trials (geometric, mean {plan.mean_trials}; how many ran, "
              f"the other trials and all scores are not released), {n_words}; each trial ε={plan.epsilon_trial:.4g}, "
              f"score noise σ={plan.sigma_score:.4g}",
-             f"chosen: {settings_line(res.settings)}, the highest noisy held-out score",
+             f"chosen: {settings_line(settings)}, the highest noisy held-out score",
              f"privacy: (ε={p['epsilon']:.6g}, δ={p['delta']:.3g}) for the whole tuning, target {args.epsilon:g}",
              f"model written to {args.out}" + lifetime_line(life, getattr(args, "ledger", None))]
-    emit(args, out, "\n".join(lines))
-    return 0
+    return "\n".join(lines)
 
 
 def cmd_auto(args: argparse.Namespace) -> int:
