@@ -12,8 +12,10 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
+import secrets
 import signal
 import time
 from pathlib import Path
@@ -82,8 +84,6 @@ def _tune(args: argparse.Namespace, t0: float, tuning, state: Path, status=None)
     """A tuning plan: serve its trial plans in turn (each in ``STATE/trial-<i>``, on the address the first one
     bound), then keep the trial whose released evaluation metric is best: ``STATE/model.json`` and the receipt
     ``STATE/tuning.json``.  A trial finished before a restart (its ``result.json``) is not run again."""
-    import json
-
     from fedsbdt.common.cli_tune import settings_line
     from fedsbdt.common.federation.tuning import WINNER_METRIC, pick_winner
     from fedsbdt.common.files import write_atomic
@@ -326,8 +326,6 @@ def existing_model(plan, path: str | None):
 
 def write_evaluation(state: Path, receipt: dict, model_sha256: str) -> tuple[dict, str]:
     """Write the evaluation receipt (``STATE/evaluation.json``); returns it and one line for people."""
-    import json
-
     from fedsbdt.common.fed_eval import describe_receipt
     from fedsbdt.common.files import write_atomic
 
@@ -458,8 +456,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def write_tuning_plan(args: argparse.Namespace, schema, hp, sites, session: dict, choice=None) -> int:
     """``fedsbdt plan --tune-trials K``: K trial plans around the plan's settings and the tuning plan pinning them
     (common/federation/tuning.py); ``--epsilon`` and ``--eval-epsilon`` are the totals over all trials."""
-    import secrets
-
     from fedsbdt.common.cli_tune import settings_line
     from fedsbdt.common.federation.plan import make_plan
     from fedsbdt.common.federation.tuning import plan_trials

@@ -35,10 +35,14 @@ splits into DIR (for ``docker compose up``, see docs/federation.md).
 from __future__ import annotations
 
 import argparse
+import csv
+import hashlib
 import json
 import logging
 import os
+import secrets
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -46,6 +50,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import numpy as np
 
 import fedsbdt.examples
 from fedsbdt.common.cli import CliError, Progress, emit
@@ -98,8 +104,6 @@ def site_ids(n: int) -> list[str]:
 
 def split_data(dataset: str, n: int, layout: Layout) -> int:
     """Write the sites' training files, the held-out test file and its share per site; returns the training rows."""
-    import numpy as np
-
     folder = EXAMPLES / dataset
     if dataset == "abalone":
         lines = [ln for ln in (folder / "abalone.data").read_text().splitlines() if ln.strip()]
@@ -133,8 +137,6 @@ class CustomData:
 
 def _custom_lines(custom: CustomData, schema) -> tuple[str | None, list[str], list[str]]:
     """(header line or None, data lines, each line's --split-by value ([] without it)) of a custom CSV file."""
-    import csv
-
     fmt = schema.format
     if custom.data.suffix.lower() in (".parquet", ".pq"):
         raise CliError(f"{custom.data}: the demo deals CSV lines to its sites; convert the Parquet file to CSV")
@@ -185,8 +187,6 @@ def split_custom(custom: CustomData, schema, n: int, layout: Layout) -> int:
     """Like :func:`split_data` for a custom CSV file: a public, fixed shuffle holds out 20 % for testing; the
     rest (and the held-out part) is dealt to the ``n`` sites round-robin or, with ``split_by``, by the
     column's value (the sorted values in turn: value j goes to site j mod n).  Returns the training lines."""
-    import numpy as np
-
     header, lines, values = _custom_lines(custom, schema)
     order = np.random.default_rng(0).permutation(len(lines))
     test = set(int(i) for i in order[:len(lines) // 5])
@@ -232,8 +232,6 @@ def warm_up_kernels(schema, hp, quiet: bool = False, notice_after: float = 1.0) 
     """Compile (first run) or load (later runs) the numba kernels of this configuration once, here, on a few
     synthetic records, so that the coordinator and the sites load them from the on-disk cache.  If that takes
     longer than ``notice_after`` seconds, say why.  Returns the seconds it took."""
-    import numpy as np
-
     from fedsbdt.common.data import Dataset
     from fedsbdt.common.engine import train
 
@@ -291,8 +289,6 @@ def prepare(layout: Layout, n: int, dataset: str, hp_changes: dict, hosts: list[
     else:
         schema = Schema.load(custom.schema)
         rows = split_custom(custom, schema, n, layout)
-    import secrets
-
     declared = training_rows(layout, site_ids(n), schema)[0] if settings == "auto" else None
     keys, _ = resolve(hp_changes, schema, declared, "declared", settings)
     hp = Hyperparameters.from_dict(keys).replace(seed=hp_changes.get("seed") or secrets.randbits(31))
@@ -331,8 +327,6 @@ def _cli(*args: str) -> list[str]:
 
 def free_port() -> int:
     """A currently free loopback port (the coordinator binds it moments later; a clash fails loudly)."""
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -426,8 +420,6 @@ def follow_log(stream, on_event, keep: list[str], tee: Path | None = None) -> th
 def query_to_csv(src, schema, out: Path) -> Path:
     """``demo --data URL --query Q``: the query's rows as a CSV file in the schema's format (separator, header,
     column order) at ``out`` — the demo deals CSV lines to its throw-away sites."""
-    import csv
-
     from fedsbdt.common.data import DataError
     from fedsbdt.common.sqlread import read_frame
 
@@ -646,8 +638,6 @@ def _rows_text(rows: int, dropped: int) -> str:
 
 
 def hashlib_sha256(data: bytes) -> str:
-    import hashlib
-
     return hashlib.sha256(data).hexdigest()
 
 

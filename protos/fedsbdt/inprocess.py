@@ -17,6 +17,7 @@ trained on data they hold in memory.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import math
 import tempfile
@@ -253,8 +254,6 @@ class InProcessFederation:
             if self.session.exit_code != 0 or self.session.model_json is None:
                 why = "; ".join(f"{s}: {d}" for s, d in (self.refusals + self.rejected)[:3]) or "no detail"
                 raise InProcessError(f"the federation released no model ({why})")
-            import json
-
             return Ensemble.from_dict(json.loads(self.session.model_json), source="the federation's model")
         finally:
             self.close()
