@@ -18,6 +18,9 @@ import argparse
 
 from .cli_base import CliError, emit
 from .cli_base import load_data as _load_data
+from .files import check_output_path
+from .ledger_cli import add_ledger_flags, central_run, charge_central, check_flags, lifetime_line
+from .schema import Schema
 
 
 def settings_line(s: dict) -> str:
@@ -29,7 +32,6 @@ def settings_line(s: dict) -> str:
 def cmd_tune(args: argparse.Namespace) -> int:
     from .accountant import AccountingError
     from .auto import AutoInputs, auto_settings, rows_epsilon
-    from .ledger_cli import central_run, charge_central
     from .randomness import SecureRandomness
     from .tuning import candidates, fresh_split_key, plan_tuning, tune_on
 
@@ -90,10 +92,6 @@ def cmd_tune(args: argparse.Namespace) -> int:
 def _tune_inputs(args: argparse.Namespace):
     """The schema of ``fedsbdt tune``, after checking the output path, the ledger flags, ε and ``--rows``:
     the schema must name a stable record id (the held-out part is keyed on it)."""
-    from .files import check_output_path
-    from .ledger_cli import check_flags
-    from .schema import Schema
-
     check_output_path(args.out, "model")
     check_flags(args)  # --population, --lifetime-delta
     if not args.epsilon > 0:
@@ -133,8 +131,6 @@ def _tuning_record(plan, schema, settings: dict, space, choice) -> dict:
 
 def _tune_text(args: argparse.Namespace, plan, settings: dict, p: dict, rows: int, source: str, life) -> str:
     """The line(s) ``fedsbdt tune`` prints for people (one with ``--quiet``)."""
-    from .ledger_cli import lifetime_line
-
     if args.quiet:  # the result, one line (errors and warnings still show)
         return (f"tuned privately: {settings_line(settings)}, (ε={p['epsilon']:.6g}, δ={p['delta']:.3g})-DP; "
                 f"model written to {args.out}")
@@ -152,7 +148,6 @@ def cmd_auto(args: argparse.Namespace) -> int:
     """Every key the rule sets for these public inputs, λ included (:func:`resolve`, as ``train --rows N`` and
     ``plan --rows N`` apply it), and the ``fedsbdt plan`` flags that pin exactly these settings."""
     from .auto import resolve
-    from .schema import Schema
 
     if args.rows < 1:
         raise CliError(f"--rows {args.rows}: the declared row count must be ≥ 1")
@@ -193,8 +188,6 @@ def register(sub) -> None:
                    help="no progress output (tune never shows progress: it would tell the number of trials), "
                         "and one line for the result (errors and warnings still show)")
     add_source_flags(t)
-    from .ledger_cli import add_ledger_flags
-
     add_ledger_flags(t, "tuning")
     t.set_defaults(func=cmd_tune)
 
