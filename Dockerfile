@@ -61,7 +61,7 @@ print("\n".join(p["project"]["dependencies"]))' > /tmp/requirements.txt; \
 # before it joins, then takes a second instead of ~15 s of compiling (on a host with the build host's CPU).
 COPY --from=wheel /dist /dist
 RUN pip install --no-index --no-deps /dist/fedsbdt-*.whl && rm -r /dist && mkdir -p /var/cache/fedsbdt/numba \
-    && python -c "import fedsbdt.common.cli, fedsbdt.server.cli, fedsbdt.client.cli, fedsbdt.proto.v1.federation_pb2_grpc" \
+    && python -c "import fedsbdt.cli, fedsbdt.proto.v1.federation_pb2_grpc" \
     && python -c "from fedsbdt.client.isolated_noise import compile_samplers; compile_samplers()"
 
 # The coordinator's port (mutual TLS).

@@ -1,6 +1,6 @@
 """Run ``fedsbdt`` (the coordinator) under memory and CPU probes (benchmarks only; no cost to the package).
 
-``python benchmarks/_coordinator_probe.py OUTDIR [cli args...]`` runs ``fedsbdt.common.cli.main`` with
+``python benchmarks/_coordinator_probe.py OUTDIR [cli args...]`` runs ``fedsbdt.cli.main`` with
 the given arguments and writes into OUTDIR, chosen by the environment:
 
 * always: ``rss.jsonl``, one line per 0.2 s: elapsed seconds, VmRSS / VmHWM (MB), the Python heap that
@@ -129,7 +129,7 @@ def main() -> None:
             top(tracemalloc.take_snapshot(), "tracemalloc_end.txt", "at exit")
 
     atexit.register(finish)
-    from fedsbdt.common.cli import main as cli_main
+    from fedsbdt.cli import main as cli_main
 
     if os.environ.get("FEDSBDT_PROBE_CPROFILE"):
         import cProfile

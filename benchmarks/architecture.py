@@ -55,8 +55,12 @@ def import_graph(mods: dict[str, Path]) -> dict[str, set[str]]:
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom):
+                # ``from P import x``: the submodule P.x if x is one, else the module P (a name defined there).
+                # Importing a submodule runs its package's __init__ first, for every import of it alike; that
+                # implicit parent edge is counted for none (``from . import shamir`` was counted as an import
+                # of the package while ``from .shamir import f`` was not)
                 base = _resolve(m, node, is_pkg)
-                targets = [f"{base}.{a.name}" for a in node.names] + [base]
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base for a in node.names]
             for t in targets:
                 while t and t not in mods:
                     t = t.rpartition(".")[0]

@@ -8,7 +8,7 @@ confidence 95%.  Then the same with the paper's subsampling γ = 0.1, to show wh
 costs the attack.  The noise switch is the test-only keyword of ``run_central_audit``.
 
 With ``--sites N`` every cell is also run by a federation of N sites (``fedsbdt audit --sites N``:
-fedsbdt.server.federated_audit, the canaries at one site, the other records dealt round-robin, distributed
+fedsbdt.federated_audit, the canaries at one site, the other records dealt round-robin, distributed
 noise, secure randomness), the noise switch reaching every site's share; rows carry ``mode`` ("central" or
 "federated") and ``sites``.
 
@@ -27,7 +27,7 @@ import numpy as np
 from _util import save  # noqa: E402
 
 from fedsbdt.common.audit import guess_counts, max_auditable_epsilon, run_central_audit  # noqa: E402
-from fedsbdt.server.federated_audit import run_federated_audit  # noqa: E402
+from fedsbdt.federated_audit import run_federated_audit  # noqa: E402
 from fedsbdt.common.config import Hyperparameters  # noqa: E402
 from fedsbdt.common.data import Dataset  # noqa: E402
 from fedsbdt.common.schema import Schema  # noqa: E402

@@ -150,11 +150,11 @@ def check_subsample_stream():
     import os
     from unittest import mock
 
-    from fedsbdt.common import randomness
+    from fedsbdt.common import csprng, randomness
 
     for n in (1, 7, 1000, 30_001):
         key = os.urandom(32)
-        with mock.patch.object(randomness.os, "urandom", lambda k: key):
+        with mock.patch.object(csprng.os, "urandom", lambda k: key):
             a = randomness.csprng_uint64(n).copy()
             b = randomness._csprng_uint64_scratch(n).copy()
             m1 = randomness._bernoulli_from_u64(randomness.csprng_uint64(n), 0.1)

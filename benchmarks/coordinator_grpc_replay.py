@@ -196,7 +196,7 @@ def serve(dump: Path, pki: Path | None, state: Path, cprofile: Path | None = Non
     from fedsbdt.server.service import CoordinatorServer
     from fedsbdt.server.session import Session
 
-    for module in ("fedsbdt.common.cli", "fedsbdt.server.cli"):  # what `fedsbdt coordinator` has loaded: a
+    for module in ("fedsbdt.cli",):  # what `fedsbdt coordinator` has loaded (every command module): a
         importlib.import_module(module)                          # comparable resident size
 
     map_large_buffers()

@@ -44,7 +44,7 @@ from fedsbdt.common.data import load  # noqa: E402
 from fedsbdt.common.engine import train  # noqa: E402
 from fedsbdt.common.model import Ensemble  # noqa: E402
 from fedsbdt.common.schema import Schema  # noqa: E402
-from fedsbdt.server.demo import EXAMPLES, Layout, Processes, follow_log, prepare, start_coordinator, start_site  # noqa: E402
+from fedsbdt.demo import EXAMPLES, Layout, Processes, follow_log, prepare, start_coordinator, start_site  # noqa: E402
 
 SCHEMA = Schema.load(EXAMPLES / "adult" / "schema.toml")
 PAPER_ADULT = dict(epsilon=0.02, trees=200, depth=5, subsample=0.005, r1=0.1, grad_clip=0.5, hess_clip=0.1)

@@ -56,7 +56,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from _util import save  # noqa: E402
-from fedsbdt.server.demo import Layout, follow_log, prepare  # noqa: E402
+from fedsbdt.demo import Layout, follow_log, prepare  # noqa: E402
 
 
 def export_tree(ref: str, dest: Path) -> Path:
@@ -137,7 +137,7 @@ def run_federation(code: Path, hp: dict, sites: int, profile: Path | None = None
     env.setdefault("NUMBA_CACHE_DIR", str(code / ".numba-cache"))
 
     def cli(*args: str) -> list[str]:
-        return [sys.executable, "-m", "fedsbdt.common.cli", "--log-format", "json", *args]
+        return [sys.executable, "-m", "fedsbdt.cli", "--log-format", "json", *args]
 
     with tempfile.TemporaryDirectory(prefix="fedsbdt-costs-") as tmp:
         layout = Layout(Path(tmp))

@@ -30,7 +30,7 @@ from fedsbdt.common.metrics import auc  # noqa: E402
 from fedsbdt.common.model import Ensemble  # noqa: E402
 from fedsbdt.common.schema import Schema  # noqa: E402
 from greedy import PAPER_ADULT, split_70_30  # noqa: E402
-from fedsbdt.server.demo import Layout, Processes, follow_log, prepare, start_coordinator, start_site  # noqa: E402
+from fedsbdt.demo import Layout, Processes, follow_log, prepare, start_coordinator, start_site  # noqa: E402
 
 SITES = 3
 ADULT = ROOT / "examples" / "adult"

@@ -131,7 +131,7 @@ def cli_times(ds: Dataset, trees: int, repeat: int) -> dict:
     reported: dict[str, list[float]] = {"random": [], "greedy": []}  # the "seconds" train prints: training alone
     for i in range(repeat + 1):  # the first round warms numba's cache and the page cache, not counted
         for b in times:
-            cmd = [sys.executable, "-m", "fedsbdt.common.cli", "train", "--data", str(d / "data.csv"), "--schema",
+            cmd = [sys.executable, "-m", "fedsbdt.cli", "train", "--data", str(d / "data.csv"), "--schema",
                    str(d / "schema.toml"), "--out", str(d / f"{b}.json"), "--settings", "paper", "--tree-builder", b,
                    "--trees", str(trees), "--depth", "5", "--epsilon", "1", "--quiet", "--json"]
             t0 = time.perf_counter()

@@ -43,7 +43,7 @@ import grpc
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from fedsbdt.client.keys import keygen  # noqa: E402
+from fedsbdt.common.federation.keys import keygen  # noqa: E402
 from fedsbdt.common.federation.pki import TlsFiles, ca_init, ca_server, ca_sign, channel_credentials, server_credentials  # noqa: E402
 from fedsbdt.common.federation.wire import GRPC_OPTIONS, SERVER_OPTIONS  # noqa: E402
 from fedsbdt.proto.v1 import federation_pb2 as pb  # noqa: E402

@@ -49,7 +49,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from fedsbdt.server.demo import Layout, Processes, follow_log, launch_coordinator, site_flags  # noqa: E402
+from fedsbdt.demo import Layout, Processes, follow_log, launch_coordinator, site_flags  # noqa: E402
 
 ROWS = 100_000
 FEATURES = 8
@@ -81,7 +81,7 @@ def write_site_data(path: Path, k: int) -> None:
 
 
 def prepare(layout: Layout, n: int, trees: int, depth: int) -> object:
-    from fedsbdt.client.keys import IDENTITY_PUB, keygen, read_identity_pub
+    from fedsbdt.common.federation.keys import IDENTITY_PUB, keygen, read_identity_pub
     from fedsbdt.common.config import Hyperparameters
     from fedsbdt.common.schema import Schema
     from fedsbdt.common.federation.pki import ca_init, ca_server, ca_sign
@@ -194,7 +194,7 @@ def run_size(n: int, trees: int, depth: int, keep: Path | None) -> dict:
     sites: dict[str, subprocess.Popen] = {}
     layout.logs.mkdir(parents=True, exist_ok=True)
     for sid in plan.site_ids:
-        cmd = [sys.executable, "-m", "fedsbdt.common.cli", "--log-format", "json", "client", "--coordinator",
+        cmd = [sys.executable, "-m", "fedsbdt.cli", "--log-format", "json", "client", "--coordinator",
                f"localhost:{port}", "--site", sid, "--data", str(layout.root / "data" / f"{sid}.parquet"),
                "--state", str(layout.site_state(sid)), *site_flags(plan), "--json",
                "--reconnect-timeout", "900"]

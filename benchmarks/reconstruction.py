@@ -9,7 +9,7 @@ data, dealt the same way:
   server and three worker processes, ``tree_method = "hist"``: split thresholds are cut points of the merged
   quantile sketch, i.e. data values, and every leaf's value and cover are exact), TimberStrike's diabetes
   settings (η = 0.3, λ = 1, γ = 0) at depth 4 and 100 rounds;
-* **fedsbdt**: a 3-site federation (fedsbdt.server.inprocess: secure aggregation, distributed noise, secure
+* **fedsbdt**: a 3-site federation (fedsbdt.inprocess: secure aggregation, distributed noise, secure
   randomness) at ε ∈ {0.1, 1, 10} with the auto settings for 532 declared rows (docs/auto.md); what a site
   sees is the released model: public random splits and noisy leaf values;
 * and, for the explanation only, fedsbdt without noise (test randomness, exact sums: not a release).
@@ -128,7 +128,7 @@ def fedsbdt_model(parts, X, y, epsilon: float | None):
     from fedsbdt.common.auto import resolve
     from fedsbdt.common.config import Hyperparameters
     from fedsbdt.common.data import Dataset
-    from fedsbdt.server.inprocess import InProcessSetup, train_in_process
+    from fedsbdt.inprocess import InProcessSetup, train_in_process
 
     s = schema()
     keys, _ = resolve({"epsilon": epsilon or 10.0}, s, len(y), "declared", "auto")

@@ -1,4 +1,4 @@
-"""``fedsbdt client`` (one per hospital) and ``fedsbdt keygen``, registered by :mod:`fedsbdt.common.cli`.
+"""``fedsbdt client`` (one per hospital) and ``fedsbdt keygen``, registered by :mod:`fedsbdt.cli`.
 
     fedsbdt keygen --site ID --out DIR
     fedsbdt client --coordinator ADDR --site ID --data F (--plan P | --plan-hash H) [--state DIR]
@@ -22,13 +22,16 @@ Key files default to the state directory (``identity.key``, ``tls.crt``,
 from __future__ import annotations
 
 import argparse
-import hashlib
 import logging
 import resource
 import time
 from pathlib import Path
 
 from fedsbdt.common.cli import CliError, emit, with_state_lock
+from fedsbdt.common.federation.pki import add_tls_flags
+from fedsbdt.common.files import sha256_file
+from fedsbdt.common.sources import add_source_flags
+from fedsbdt.common.statuspage import add_status_flags
 
 from fedsbdt.common.lifetime import DEFAULT_LIFETIME_DELTA, DEFAULT_LIFETIME_EPSILON, DEFAULT_POPULATION
 
@@ -37,22 +40,10 @@ from .policy import MAX_EVAL_EPSILON, MAX_FAILED_ATTEMPTS, MIN_COLLUDERS, MIN_SI
 log = logging.getLogger("fedsbdt.site")
 
 
-def add_tls_flags(p: argparse.ArgumentParser, default_dir: str) -> None:
-    g = p.add_argument_group("transport security (mutual TLS with the consortium CA)")
-    g.add_argument("--tls-dir", metavar="DIR",
-                   help=f"folder holding tls.crt, tls.key and ca.crt (default: {default_dir}); e.g. the old "
-                        "state directory when a new plan gets a new --state")
-    g.add_argument("--tls-cert", metavar="FILE", help="this party's certificate (default: TLS_DIR/tls.crt)")
-    g.add_argument("--tls-key", metavar="FILE", help="its private key (default: TLS_DIR/tls.key)")
-    g.add_argument("--tls-ca", metavar="FILE", help="the consortium CA certificate (default: TLS_DIR/ca.crt)")
-    g.add_argument("--insecure", action="store_true",
-                   help="plain-text gRPC without TLS: only for local tests and demos, never across a network")
-
-
 def cmd_keygen(args: argparse.Namespace) -> int:
     from fedsbdt.common.federation.pki import PkiError
 
-    from .keys import keygen
+    from fedsbdt.common.federation.keys import keygen
 
     try:
         info = keygen(args.site, Path(args.out))
@@ -77,7 +68,7 @@ def _run_client(args: argparse.Namespace, t0: float, state: Path) -> int:
     from fedsbdt.common.federation.plan import Plan
     from fedsbdt.common.federation.tuning import FederatedTuning, is_tuning_plan
 
-    from .keys import IDENTITY_KEY, load_identity
+    from fedsbdt.common.federation.keys import IDENTITY_KEY, load_identity
     from .policy import SitePolicy
     from .site import model_path
 
@@ -265,14 +256,22 @@ def status_page(args: argparse.Namespace):
 
 
 def register(sub) -> None:
-    from fedsbdt.common.statuspage import add_status_flags
+    """``fedsbdt keygen`` and ``fedsbdt client`` (composed by :mod:`fedsbdt.cli`)."""
+    _register_keygen(sub)
+    _register_client(sub)
 
+
+def _register_keygen(sub) -> None:
+    """``fedsbdt keygen``: a site's keys and certificate request."""
     k = sub.add_parser("keygen", help="create a site's Ed25519 identity key, TLS key and certificate request")
     k.add_argument("--site", required=True, metavar="ID", help="the site id (as in the plan's roster)")
     k.add_argument("--out", required=True, metavar="DIR", help="directory for identity.key/.pub, tls.key, tls.csr")
     k.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     k.set_defaults(func=cmd_keygen)
 
+
+def _register_client(sub) -> None:
+    """``fedsbdt client``: run one site of a session."""
     c = sub.add_parser("client", help="run one site (hospital) of a federated training session")
     c.add_argument("--coordinator", required=True, metavar="ADDR", help="coordinator address host:port")
     c.add_argument("--site", required=True, metavar="ID", help="this site's id in the plan's roster")
@@ -280,8 +279,6 @@ def register(sub) -> None:
                    help="this site's private training data (CSV/Parquet, the plan's schema, or a database URL "
                         "with --query: docs/data-sources.md); required, except for a plan that evaluates an "
                         "existing model")
-    from fedsbdt.common.sources import add_source_flags
-
     add_source_flags(c)
     c.add_argument("--eval-data", metavar="FILE",
                    help="this site's held-out records (the plan's schema, disjoint from --data) for the plan's "
@@ -290,13 +287,42 @@ def register(sub) -> None:
     c.add_argument("--state", default="fedsbdt-site", metavar="DIR",
                    help="state directory: SQLite ledger, secure-aggregation keys, keys/certificates, model "
                         "(default: ./fedsbdt-site)")
-    pin = c.add_argument_group("the plan this site agreed to (one of the two is required)")
+    _add_plan_pin_flags(c)
+    _add_policy_flags(c)
+    c.add_argument("--schema", metavar="FILE",
+                   help="this site's copy of the public schema: must equal the plan's (default: none: no check)")
+    c.add_argument("--out", metavar="FILE",
+                   help="where to write the verified model (default: STATE/model-<first 16 hex digits of the plan "
+                        "hash>.json: one per plan, as the ledger)")
+    c.add_argument("--identity-key", metavar="FILE", help="Ed25519 identity key (default: STATE/identity.key)")
+    add_tls_flags(c, "STATE")
+    c.add_argument("--allow-insecure-test-randomness", action="store_true",
+                   help="accept a plan with deterministic test-only randomness (no privacy; tests only)")
+    c.add_argument("--reconnect-timeout", type=float, default=300.0, metavar="SECONDS",
+                   help="give up after this many seconds without reaching the coordinator (default: 300)")
+    add_status_flags(c).add_argument(
+        "--status-show-records", action="store_true",
+        help="also show statistics of this site's records on its status page and /metrics: the record count, the ε "
+             "each record spent (quantiles, maximum), the records out of budget; they are not differentially "
+             "private, so only with a loopback --status-host (default: not shown)")
+    c.add_argument("--json", action="store_true", help="print one JSON object on stdout at the end")
+    c.set_defaults(func=cmd_client, on_interrupt="every committed round is kept in {state}; restart the same "
+                                                   "command to resume")
+
+
+def _add_plan_pin_flags(p) -> None:
+    """The plan the site agreed to, received out of band: its file or its hash."""
+    pin = p.add_argument_group("the plan this site agreed to (one of the two is required)")
     pin.add_argument("--plan", metavar="FILE",
                      help="the plan file received out of band: checked here before connecting, and the served "
                           "plan must have its hash (required, or --plan-hash)")
     pin.add_argument("--plan-hash", metavar="SHA256",
                      help="the plan's SHA-256 received out of band (required, or --plan)")
-    pol = c.add_argument_group("site policy (a served plan that breaks it is refused before joining)")
+
+
+def _add_policy_flags(p) -> None:
+    """The site's policy: a served plan that breaks it is refused before joining."""
+    pol = p.add_argument_group("site policy (a served plan that breaks it is refused before joining)")
     pol.add_argument("--max-epsilon", type=float, metavar="X",
                      help="refuse a plan whose total privacy budget, ε plus the ε_eval of its federated "
                           "evaluation (the plan's summary prints it), exceeds this site's own limit X "
@@ -339,26 +365,3 @@ def register(sub) -> None:
     pol.add_argument("--population", default=DEFAULT_POPULATION, metavar="NAME",
                      help="charge the account of this declared population, disjoint from the site's other records "
                           f"(default: {DEFAULT_POPULATION}, the site's one account)")
-    c.add_argument("--schema", metavar="FILE",
-                   help="this site's copy of the public schema: must equal the plan's (default: none: no check)")
-    c.add_argument("--out", metavar="FILE",
-                   help="where to write the verified model (default: STATE/model-<first 16 hex digits of the plan "
-                        "hash>.json: one per plan, as the ledger)")
-    c.add_argument("--identity-key", metavar="FILE", help="Ed25519 identity key (default: STATE/identity.key)")
-    add_tls_flags(c, "STATE")
-    c.add_argument("--allow-insecure-test-randomness", action="store_true",
-                   help="accept a plan with deterministic test-only randomness (no privacy; tests only)")
-    c.add_argument("--reconnect-timeout", type=float, default=300.0, metavar="SECONDS",
-                   help="give up after this many seconds without reaching the coordinator (default: 300)")
-    add_status_flags(c).add_argument(
-        "--status-show-records", action="store_true",
-        help="also show statistics of this site's records on its status page and /metrics: the record count, the ε "
-             "each record spent (quantiles, maximum), the records out of budget; they are not differentially "
-             "private, so only with a loopback --status-host (default: not shown)")
-    c.add_argument("--json", action="store_true", help="print one JSON object on stdout at the end")
-    c.set_defaults(func=cmd_client, on_interrupt="every committed round is kept in {state}; restart the same "
-                                                   "command to resume")
-
-
-def sha256_file(path: Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()

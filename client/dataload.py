@@ -35,7 +35,7 @@ def as_source(data: str | Path | DataSource) -> Path | DataSource:
 
 
 def load_isolated(path: str | Path | DataSource, schema: Schema) -> Dataset:
-    """``fedsbdt.common.data.load(path, schema)``, parsed in a child process (see the module docstring); a
+    """``fedsbdt.common.records.load(path, schema)``, parsed in a child process (see the module docstring); a
     :class:`~fedsbdt.common.sources.DataSource` is queried there too (the daemon never imports a database
     driver; the child inherits libpq's environment, and reads a ``--password-file`` itself)."""
     spec = {"schema": schema.to_dict(), "digest": schema.digest()}
@@ -52,7 +52,7 @@ def load_isolated(path: str | Path | DataSource, schema: Schema) -> Dataset:
 
 
 def _child(path: str) -> int:
-    from fedsbdt.common.data import load
+    from fedsbdt.common.records import load
 
     spec = json.loads(sys.stdin.buffer.read())
     schema = Schema.from_dict(spec["schema"])

@@ -3,7 +3,7 @@
 Our exact samplers (:mod:`fedsbdt.common.exact_noise`) are numba kernels; loading
 numba and its compiled code costs a process about 150 MB for as long as it
 lives.  A site needs noise in bulk (one leaf-noise share per round, drawn
-ahead by :class:`fedsbdt.client.noise.NoiseShares`) and a few single vectors (the
+ahead by :class:`fedsbdt.common.noise_shares.NoiseShares`) and a few single vectors (the
 initial-score share, central-mode retries), so :class:`IsolatedSampler`
 draws them in a child Python process that imports the sampler, draws every
 requested vector from its own OS-keyed CSPRNG stream, writes the int64
@@ -55,6 +55,8 @@ class IsolatedSampler:
     """
 
     insecure = False
+    #: blocks drawn ahead go through :meth:`draw` (one child per block; :mod:`fedsbdt.common.noise_shares`)
+    draws_in_children = True
 
     def __init__(self, inner: SecureRandomness) -> None:
         if getattr(inner, "insecure", False):

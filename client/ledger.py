@@ -42,13 +42,13 @@ import json
 import os
 import sqlite3
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 
 from fedsbdt.common.secagg.errors import StorageError
 from fedsbdt.common.secagg.storage import check_key
+from fedsbdt.common.sqlite_tx import Transactions, connect
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value BLOB NOT NULL);
@@ -82,9 +82,7 @@ class SiteLedger:
             fd = os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600)
             os.close(fd)
         try:
-            self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-            self.db.execute("PRAGMA journal_mode=WAL")
-            self.db.execute("PRAGMA synchronous=FULL")
+            self.db = connect(self.path)
             self.db.executescript(_SCHEMA)
             if "level" not in {r[1] for r in self.db.execute("PRAGMA table_info(contributions)")}:
                 self.db.execute("ALTER TABLE contributions ADD COLUMN level INTEGER")  # a database of an older version
@@ -98,7 +96,7 @@ class SiteLedger:
             raise LedgerError(f"{self.path} was written by an older fedsbdt version (its table {stale[0][0]!r} holds "
                               f"{stale[0][1]} rows this version does not read); finish that session with the "
                               "version that began it, or move the file away to start the plan afresh")
-        self._depth = 0
+        self._tx = Transactions(self.db)
         for key, want in (("plan_sha256", plan_sha256), ("site_id", site_id)):
             have = self._meta(key)
             if have is None:
@@ -112,30 +110,13 @@ class SiteLedger:
 
     # ------------------------------------------------------------------ transactions
 
-    @contextmanager
     def transaction(self):
         """One durable transaction: commits (fsync) when the block ends, rolls back on an exception."""
-        if self._depth:
-            self._depth += 1
-            try:
-                yield
-            finally:
-                self._depth -= 1
-            return
-        self.db.execute("BEGIN IMMEDIATE")
-        self._depth = 1
-        try:
-            yield
-        except BaseException:
-            self._depth = 0
-            self.db.execute("ROLLBACK")
-            raise
-        self._depth = 0
-        self.db.execute("COMMIT")
+        return self._tx.transaction()
 
     @property
     def in_transaction(self) -> bool:
-        return self._depth > 0
+        return self._tx.active
 
     # ------------------------------------------------------------------ meta
 

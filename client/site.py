@@ -158,7 +158,7 @@ class SiteOptions:
     eval_data: Path | None = None  # --eval-data: held-out file for the plan's federated evaluation
     max_eval_epsilon: float | None = MAX_EVAL_EPSILON  # --max-eval-epsilon: refuse a plan whose ε_eval exceeds this
     #: TEST-ONLY, never a flag: this site's leaf noise × the factor (the federated audit's negative control and
-    #: planted bug, fedsbdt.server.federated_audit); 1.0 everywhere else
+    #: planted bug, fedsbdt.federated_audit); 1.0 everywhere else
     audit_noise_factor: float = 1.0
 
     def __post_init__(self) -> None:

@@ -555,43 +555,7 @@ def run_central_audit(dataset, hp, canaries: int = 1000, confidence: float = 0.9
     return result, model
 
 
-def audit_html(a: dict) -> str:
-    """The report's audit section (common/report.py) from a stored :meth:`AuditResult.to_dict`: the audit's
-    ε_lower beside the proof's ε, what was measured, and what it does and does not show."""
-    from .report import _e, _table
-
-    conf = float(a.get("confidence", 0.95))
-    below = a.get("epsilon_lower", 0.0) <= a.get("epsilon_claimed", 0.0)
-    rows = [("ε (proof)", a.get("epsilon_claimed"), "the receipt's guarantee: an upper bound, proven"),
-            ("ε_lower (audit)", a.get("epsilon_lower"),
-             f"measured: an (ε, δ)-DP training run shows more than this with probability ≤ {1 - conf:.3g}"),
-            ("confidence", conf, "1 − β of the lower bound"),
-            ("δ", a.get("delta"), "the δ both are stated for"),
-            ("canaries", a.get("canaries"), "records the auditor added, each by a secret fair coin"),
-            ("guesses", a.get("guesses"), "canaries the attack guessed (the others: abstained)"),
-            ("correct", a.get("correct"), "guesses that matched the auditor's coins"),
-            ("most it can show", a.get("max_auditable"), "ε_lower if every canary were guessed right")]
-    verdict = ("The audit's lower bound is below the proof's ε, as it must be for a correct implementation."
-               if below else "The audit's lower bound is ABOVE the proof's ε: either the implementation leaks more "
-               f"than it claims, or this run is the rare {100 * (1 - conf):.3g}% case. Investigate before release.")
-    return (f"<p>An attacker who knows the data, the canaries and the released model tried to tell which canaries "
-            f"were trained on (Steinke, Nasr &amp; Jagielski, one-run audit). {_e(verdict)} A small ε_lower "
-            "means this attack could not see more; it is a lower bound, not a proof (docs/audit.md).</p>"
-            + _table(rows))
-
-
 # --------------------------------------------------------------------------- the reconstruction benchmark
-
-#: the arms of benchmarks/reconstruction.py, in the order the report lists them, with what each one is
-RECONSTRUCTION_ARMS = (
-    ("baseline", "no model: the attacker's own records as its guess"),
-    ("fedsbdt_eps_0.1", "fedsbdt, ε = 0.1"),
-    ("fedsbdt_eps_1", "fedsbdt, ε = 1"),
-    ("fedsbdt_eps_10", "fedsbdt, ε = 10"),
-    ("fedsbdt_no_noise", "fedsbdt without noise (not a release: what the noise protects)"),
-    ("xgboost", "non-private federated XGBoost (reference)"),
-)
-
 
 def check_reconstruction(d) -> dict:
     """The reconstruction benchmark's results (benchmarks/results/reconstruction.json), validated: a summary of
@@ -606,49 +570,3 @@ def check_reconstruction(d) -> dict:
             if isinstance(x, bool) or not isinstance(x, (int, float)) or not 0 <= x <= 1:
                 raise AuditError(f"reconstruction result: {arm}.{metric}.mean must be a share in [0, 1], got {x!r}")
     return d
-
-
-def reconstruction_html(d: dict, epsilon: float, audit: dict | None = None) -> str:
-    """The report's reconstruction section: the proof's ε, the audit's ε_lower (if the model carries one) and
-    the share of a victim site's records a curious site reconstructed, beside the non-private reference."""
-    from .report import _e
-
-    d = check_reconstruction(d)
-    summary, tol = d["summary"], d.get("tolerance", {})
-    known = [(a, what) for a, what in RECONSTRUCTION_ARMS if a in summary]
-    known += [(a, a) for a in summary if a not in dict(RECONSTRUCTION_ARMS)]
-    eps_arms = {a: float(a.rsplit("_", 1)[1]) for a, _ in known if a.startswith("fedsbdt_eps_")}
-    near = min(eps_arms, key=lambda a: abs(math.log(eps_arms[a] / epsilon)), default=None) if epsilon > 0 else None
-
-    def pct(arm: str, metric: str) -> str:
-        v = summary[arm].get(metric)
-        if not isinstance(v, dict) or v.get("mean") is None:
-            return "—"
-        lo, hi = v.get("min", v["mean"]), v.get("max", v["mean"])
-        return f"{100 * v['mean']:.1f}%" + (f" ({100 * lo:.1f}–{100 * hi:.1f})" if hi > lo else "")
-
-    def row(a: str, what: str) -> str:
-        mark = " ← nearest this model's ε" if a == near else ""
-        cells = "".join(f'<td class="num">{_e(pct(a, m))}</td>' for m in ("records", "features", "exact_values"))
-        return f"<tr><th>{_e(what + mark)}</th>{cells}</tr>"
-
-    rows = "".join(row(a, what) for a, what in known)
-    lower = "not audited" if not audit else f"{float(audit.get('epsilon_lower', 0.0)):.3g} (at " \
-        f"{100 * float(audit.get('confidence', 0.95)):g}% confidence)"
-    head = ("<table><tr><th>ε (proof)</th><th>ε_lower (audit)</th><th>victim records reconstructed, this ε</th>"
-            "<th>… non-private reference</th></tr>"
-            f"<tr><td class=\"num\">{_e(f'{epsilon:.6g}')}</td><td class=\"num\">{_e(lower)}</td>"
-            f"<td class=\"num\">{_e(pct(near, 'records') if near else '—')}</td>"
-            f"<td class=\"num\">{_e(pct('xgboost', 'records') if 'xgboost' in summary else '—')}</td></tr></table>")
-    return (f"<p>A reconstruction attack in the style of TimberStrike (Di Gennaro et al. 2025): one honest-but-"
-            f"curious site of a {_e(d.get('sites', 3))}-site federation uses the released trees and its own records "
-            f"to reconstruct another site's records ({_e(d.get('data', 'benchmark data'))}). A record counts as "
-            f"reconstructed when every feature lies within {_e(tol.get('tau', 0.319))} standard deviations of the "
-            "true value after an optimal pairing; \"features\" is the paper's accuracy (the share of features "
-            "within tolerance); \"exact values\" the share of the victim's values that the release states "
-            "verbatim as split thresholds. fedsbdt's thresholds are drawn from the public seed before any data "
-            "is read, so they can state none. These are benchmark measurements on public data "
-            "(benchmarks/reconstruction.py), not measurements of this model's data; range over runs in "
-            "brackets (docs/reconstruction.md).</p>" + head
-            + "<table><tr><th>release seen by the curious site</th><th>victim records reconstructed</th>"
-              "<th>features within tolerance</th><th>exact values</th></tr>" + rows + "</table>")

@@ -9,26 +9,20 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import json
 import logging
 import signal
 import sys
 import threading
-import time
 from typing import Any
-
 
 from fedsbdt import __version__
 
 from fedsbdt.common import modes
 
+# the helpers every command module shares (re-exported: CliError, emit, … are part of this module's API)
+from .cli_base import EXIT_USAGE, CliError, Progress, emit, with_state_lock  # noqa: F401
+from .cli_base import load_data as _load_data
 from .config import CANDIDATE_PLACEMENTS, SAMPLERS, SELECTIONS, ConfigError, Hyperparameters, builder_defaults
-
-EXIT_USAGE = 2
-
-
-class CliError(Exception):
-    """An expected, user-facing failure."""
 
 
 # --------------------------------------------------------------------------- hyperparameter flags
@@ -120,100 +114,7 @@ def hyperparameters_from_args(args: argparse.Namespace, base: Hyperparameters | 
     return base.replace(**builder_defaults(given_hyperparameters(args)))
 
 
-# --------------------------------------------------------------------------- output helpers
-
-
-def with_state_lock(state, what: str, run):
-    """``run()`` while holding the exclusive lock on the state directory ``state`` (one instance per state
-    directory, :mod:`fedsbdt.common.instance`); a directory in use is a one-line CliError naming the holder."""
-    from .instance import InstanceError, StateLock
-
-    try:
-        lock = StateLock(state, what).acquire()
-    except InstanceError as e:
-        raise CliError(str(e)) from None
-    try:
-        return run()
-    finally:
-        lock.release()
-
-
-def emit(args: argparse.Namespace, result: dict[str, Any], human: str) -> None:
-    if getattr(args, "json", False):
-        sys.stdout.write(json.dumps(result, sort_keys=True) + "\n")
-    else:
-        sys.stdout.write(human.rstrip() + "\n")
-
-
-class Progress:
-    """Progress on stderr: a rich bar on a terminal, otherwise a log record (logger ``fedsbdt.<label>``)
-    every 10% carrying ``round``, ``total``, ``elapsed``, ``eta`` and the given ``fields`` (e.g. ``epsilon``).
-
-    The ETA extrapolates the rate *since the first reported round*, so start-up (process launch, kernel
-    compilation, key agreement) does not inflate it; before a second report it is unknown (``None``)."""
-
-    def __init__(self, label: str, total: int, quiet: bool = False, extra: str = "",
-                 fields: dict[str, Any] | None = None, clock=time.perf_counter):
-        self.label, self.total, self.extra = label, total, extra
-        self.fields = dict(fields or {})
-        self.quiet = quiet
-        self._clock = clock
-        self.t0 = clock()
-        self._first: tuple[float, int] | None = None
-        self._bar = None
-        self._next_log = 0.1
-        if not quiet and sys.stderr.isatty():
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress as RP, TextColumn, TimeRemainingColumn
-
-            self._bar = RP(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                           TextColumn("{task.fields[extra]}"), TimeRemainingColumn(), transient=True)
-            self._bar.start()
-            self._task = self._bar.add_task(label, total=total, extra=extra)
-
-    def eta(self, done: int, total: int, now: float) -> float | None:
-        """Seconds left at the rate observed since the first reported round (None while unknown)."""
-        if done >= total:
-            return 0.0
-        if self._first is None or done <= self._first[1]:
-            return None
-        t1, d1 = self._first
-        return (now - t1) / (done - d1) * (total - done)
-
-    def __call__(self, done: int, total: int) -> None:
-        if self.quiet:
-            return
-        now = self._clock()
-        if self._first is None and done > 0:
-            self._first = (now, done)
-        if self._bar is not None:
-            self._bar.update(self._task, completed=done)
-        elif done / max(total, 1) >= self._next_log or done == total:
-            el = now - self.t0
-            eta = self.eta(done, total, now)
-            left = f"eta {eta:.1f}s" if eta is not None else "eta unknown"
-            msg = f"{self.label}: round {done}/{total} {self.extra} elapsed {el:.1f}s {left}"
-            log = logging.getLogger(f"fedsbdt.{self.label}")
-            if log.hasHandlers():  # configured by main() (--log-format / --log-level)
-                log.info(msg, extra={"round": done, "total": total, **self.fields, "elapsed": round(el, 3),
-                                     "eta": None if eta is None else round(eta, 3)})
-            else:  # used as a library without logging set up: plain line, as before
-                print(msg, file=sys.stderr)
-            self._next_log = (int(done / max(total, 1) * 10) + 1) / 10
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.stop()
-
-
 # --------------------------------------------------------------------------- commands
-
-
-def _load_data(args: argparse.Namespace, schema, labels: bool = True):
-    """The records ``--data`` names (a file, or a database with ``--query``), validated against ``schema``."""
-    from .data import load
-    from .sources import source_from_args
-
-    return load(source_from_args(args), schema, labels=labels)
 
 
 def settings_mode(args: argparse.Namespace, given: dict[str, Any]) -> str:
@@ -449,7 +350,8 @@ def kept_columns(given: list[str] | None) -> tuple[str, ...]:
 def _load_for_prediction(args: argparse.Namespace, schema, keep: tuple[str, ...] = ()):
     """(dataset, id column) of the records to predict (with the ``keep`` columns carried along): the schema's id
     column if the data has it; data without it is read by row number (id column None)."""
-    from .data import DataError, load
+    from .data import DataError
+    from .records import load
     from .sources import source_from_args
 
     path = source_from_args(args)
@@ -531,9 +433,10 @@ def _account_plan(args: argparse.Namespace):
 # --------------------------------------------------------------------------- parser
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from .sources import add_source_flags
-
+def base_parser() -> tuple[argparse.ArgumentParser, Any]:
+    """The ``fedsbdt`` parser without commands (``--version``, ``--log-format``, ``--log-level``) and its
+    sub-parsers, to which each command module's ``register`` adds its commands (:func:`fedsbdt.cli.build_parser`
+    composes them)."""
     p = argparse.ArgumentParser(prog="fedsbdt", description=(
         "Federated, differentially private gradient-boosted decision trees (S-BDT)."))
     p.add_argument("--version", action="version", version=f"fedsbdt {__version__}")
@@ -544,6 +447,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="least severe log level shown (progress lines are info) (default: info)")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
+    return p, sub
+
+
+def register(sub) -> None:
+    """``fedsbdt train``, ``evaluate``, ``predict`` and ``account``: one local file, central noise."""
+    from .ledger_cli import add_ledger_flags
+    from .sources import add_source_flags
 
     t = sub.add_parser("train", help="train a DP model on one local file (central noise)")
     t.add_argument("--data", required=True, metavar="SOURCE",
@@ -560,8 +470,6 @@ def build_parser() -> argparse.ArgumentParser:
     add_source_flags(t)
     add_settings_flags(t)
     add_hyperparameter_flags(t)
-    from .ledger_cli import add_ledger_flags
-
     add_ledger_flags(t, "train")
     t.set_defaults(func=cmd_train, on_interrupt="no model was written and nothing was released; run the same "
                                                  "command again to train")
@@ -605,31 +513,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_hyperparameter_flags(a)
     a.set_defaults(func=cmd_account)
 
-    _register_optional(sub)
-    return p
 
 
-def _register_optional(sub) -> None:
-    """Further commands live next to their code and register themselves when present."""
-    import importlib
-
-    for mod in ("fedsbdt.common.cli_tools", "fedsbdt.common.cli_explain", "fedsbdt.common.cli_audit",
-                "fedsbdt.common.cli_tune", "fedsbdt.common.ledger_cli", "fedsbdt.server.cli", "fedsbdt.client.cli",
-                "fedsbdt.server.federated_audit"):
-        try:
-            m = importlib.import_module(mod)
-        except ModuleNotFoundError as e:
-            if e.name != mod:
-                raise
-            continue
-        m.register(sub)
-
-
-def main(argv: list[str] | None = None) -> int:
-    from .logging_setup import quiet_grpc_core
-
-    quiet_grpc_core()  # before any command imports grpc
-    parser = build_parser()
+def run(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> int:
+    """Parse ``argv`` with ``parser`` (the composed one, :func:`fedsbdt.cli.build_parser`), set up logging and
+    run the chosen command: an expected failure is one line and exit status 2, an interrupt exit status 130."""
     args = parser.parse_args(argv)
     from .logging_setup import configure_logging
 
@@ -695,10 +583,3 @@ def _run(args: argparse.Namespace, log: logging.Logger) -> int:
             print(interrupted_line(args), file=sys.stderr)
         return 130
 
-
-if __name__ == "__main__":
-    # Run the main() of the importable module fedsbdt.common.cli, not of this __main__ copy: command modules
-    # (fedsbdt.common.cli_tools, fedsbdt.server.cli, …) raise fedsbdt.common.cli.CliError, which must be the class main() catches.
-    from fedsbdt.common.cli import main as _main
-
-    sys.exit(_main())

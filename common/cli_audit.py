@@ -1,10 +1,10 @@
-"""``fedsbdt audit``: the one-run privacy audit (docs/audit.md), registered by :mod:`fedsbdt.common.cli`.
+"""``fedsbdt audit``: the one-run privacy audit (docs/audit.md), registered by :mod:`fedsbdt.cli`.
 
     fedsbdt audit --data F --schema S --epsilon E [--sites N] [--canaries 1000] [--confidence 0.95]
                   [--report R.html] [--out AUDIT_MODEL] [hyperparameter flags] [--json]
 
 Trains once on the data plus the canaries whose secret coin came up "in" — centrally, or with ``--sites N`` by a
-federation of N sites in this process with the canaries at one site (fedsbdt.server.federated_audit, which
+federation of N sites in this process with the canaries at one site (fedsbdt.federated_audit, which
 hands this command its runner) — and prints the audit's empirical ε_lower beside the receipt's ε.  The audit
 model is trained on private data plus canaries: it is a test, never a model to release (``--out`` writes it
 only for ``fedsbdt report``).

@@ -1,4 +1,4 @@
-"""``fedsbdt export`` and ``fedsbdt report``: ecosystem commands, registered by :mod:`fedsbdt.common.cli`.
+"""``fedsbdt export`` and ``fedsbdt report``: ecosystem commands, registered by :mod:`fedsbdt.cli`.
 
     fedsbdt export --model M --format xgboost --out F [--categorical native|numeric] [--feature-names] [--json]
     fedsbdt report --model M --out R.html [--ledger L] [--site NAME] [--json]

@@ -1,4 +1,4 @@
-"""``fedsbdt tune`` and ``fedsbdt auto``, registered by :mod:`fedsbdt.common.cli` (docs/auto.md).
+"""``fedsbdt tune`` and ``fedsbdt auto``, registered by :mod:`fedsbdt.cli` (docs/auto.md).
 
     fedsbdt tune --data F --schema S --epsilon E --out M [--rows N] [--json]
     fedsbdt auto --schema S --epsilon E --rows N [--json]      # the auto settings, no data read
@@ -17,7 +17,11 @@ from __future__ import annotations
 
 import argparse
 
-from .cli import CliError, _load_data, emit
+from .cli_base import CliError, emit
+from .cli_base import load_data as _load_data
+from .files import check_output_path
+from .ledger_cli import add_ledger_flags, central_run, charge_central, check_flags, lifetime_line
+from .schema import Schema
 
 
 def settings_line(s: dict) -> str:
@@ -28,10 +32,6 @@ def settings_line(s: dict) -> str:
 
 def _tune_schema(args: argparse.Namespace):
     """The checked flags' schema (one-line errors before anything is read or spent)."""
-    from .files import check_output_path
-    from .ledger_cli import check_flags
-    from .schema import Schema
-
     check_output_path(args.out, "model")
     check_flags(args)  # --population, --lifetime-delta
     if not args.epsilon > 0:
@@ -103,8 +103,6 @@ def cmd_tune(args: argparse.Namespace) -> int:
     randomness = SecureRandomness(sampler=args.sampler)
     key = fresh_split_key()  # drawn before the data is read: independent of it, never released
     ds = _load_data(args, schema)
-    from .ledger_cli import central_run, charge_central, lifetime_line
-
     # --ledger: the lifetime cap before anything is drawn, at the whole budget (the receipt's ε is at most that)
     run = central_run(args, ds.ids, schema.id_column, {"type": "approx", "epsilon": float(args.epsilon),
                                                         "delta": float(args.delta)}, args.delta)
@@ -148,15 +146,13 @@ def cmd_tune(args: argparse.Namespace) -> int:
                                                          else " (auto)"),
              f"privacy: (ε={p['epsilon']:.6g}, δ={p['delta']:.3g}) for the whole tuning, target {args.epsilon:g}",
              f"model written to {args.out}" + lifetime_line(life, getattr(args, "ledger", None))]
-    emit(args, out, "\n".join(lines))
-    return 0
+    return "\n".join(lines)
 
 
 def cmd_auto(args: argparse.Namespace) -> int:
     """Every key the rule sets for these public inputs, λ included (:func:`resolve`, as ``train --rows N`` and
     ``plan --rows N`` apply it), and the ``fedsbdt plan`` flags that pin exactly these settings."""
     from .auto import resolve
-    from .schema import Schema
 
     if args.rows < 1:
         raise CliError(f"--rows {args.rows}: the declared row count must be ≥ 1")
@@ -195,8 +191,6 @@ def register(sub) -> None:
     t.add_argument("--quiet", action="store_true",
                    help="one line for the result (errors and warnings still show)")
     add_source_flags(t)
-    from .ledger_cli import add_ledger_flags
-
     add_ledger_flags(t, "tuning")
     t.set_defaults(func=cmd_tune)
 

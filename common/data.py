@@ -77,17 +77,15 @@ class Dataset:
 
 
 def load(path, schema: Schema, labels: bool = True, carry: tuple[str, ...] = ()) -> Dataset:
-    """Read a CSV (as described by ``schema.format``) or a Parquet file and validate it; or, for a
-    :class:`~fedsbdt.common.sources.DataSource`, run its query (:mod:`fedsbdt.common.sqlread`).
+    """Read a CSV (as described by ``schema.format``) or a Parquet file and validate it (a query against a
+    database, :class:`~fedsbdt.common.sources.DataSource`: :func:`fedsbdt.common.records.load`).
 
     ``labels=False`` (prediction): the target column may be present or absent and is not read;
     the returned dataset has ``y = None``.  ``carry``: further columns, kept as written for the records kept
     (``Dataset.carried``; ``fedsbdt predict --keep``), each required.
     """
-    if not isinstance(path, (str, Path)):  # a DataSource (a query against a database or a file)
-        from .sqlread import load_query
-
-        return load_query(path, schema, labels, carry)
+    if not isinstance(path, (str, Path)):
+        raise TypeError(f"data.load reads a file, not {type(path).__name__} (a query: fedsbdt.common.records.load)")
     p = Path(path)
     if not p.exists():
         raise DataError(f"data file not found: {p}")

@@ -44,6 +44,7 @@ fits to agree).
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import numbers
 from pathlib import Path
 from typing import Any
@@ -311,8 +312,36 @@ def _frame_names(X: Any) -> list[str] | None:
 # --------------------------------------------------------------------------- estimators
 
 
+def _estimator_init(bounds: str):
+    """The estimators' ``__init__``: every hyperparameter under its :class:`~fedsbdt.common.config.Hyperparameters`
+    name with its default, then the public bounds (``schema``, ``feature_ranges``, ``categorical``, ``bounds``
+    — ``label_range`` for regression, ``classes`` for classification —, ``out_of_range``, ``allow_missing``),
+    all keyword-only and stored unchanged, as scikit-learn's ``get_params``/``clone`` expect.
+
+    One definition for both estimators (it was written out twice); scikit-learn reads the parameters from the
+    ``__signature__`` given here (``inspect.signature``), and a name not in it is a TypeError as for any
+    keyword-only signature."""
+    kw = inspect.Parameter.KEYWORD_ONLY
+    hyper = [inspect.Parameter(f.name, kw, default=f.default) for f in dataclasses.fields(Hyperparameters)]
+    public = [inspect.Parameter(name, kw, default=default) for name, default in (
+        ("schema", None), ("feature_ranges", None), ("categorical", None), (bounds, None), ("out_of_range", None),
+        ("allow_missing", False))]
+    signature = inspect.Signature([inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+                                   *hyper, *public])
+
+    def __init__(self, **params):
+        bound = signature.bind(self, **params)
+        bound.apply_defaults()
+        for name, value in bound.arguments.items():
+            if name != "self":
+                setattr(self, name, value)
+
+    __init__.__signature__ = signature
+    return __init__
+
+
 class _SBDTBase(BaseEstimator):
-    """Shared fit/encode logic.  Subclasses define ``__init__`` (explicit parameters) and ``_task``."""
+    """Shared fit/encode logic.  Subclasses set ``__init__`` (:func:`_estimator_init`) and ``_task``."""
 
     _task = "regression"
 
@@ -455,50 +484,7 @@ class SBDTRegressor(RegressorMixin, _SBDTBase):
 
     _task = "regression"
 
-    def __init__(self, *, epsilon=1.0, delta=5e-8, trees=100, extra_trees=0, depth=3, subsample=0.1,
-                 learning_rate=0.1, l2=1.0, leaf_clip=2.0, grad_clip=0.5, hess_clip=None, label_clip=1.0, r1=0.2,
-                 init_share=0.1, eps_ds=0.005, accountant="rdp", filter=False, cyclical=True, split_candidates=32,
-                 seed=None, scale_bits=20, tree_builder=modes.DEFAULT, selection_share=0.7,
-                 selection="exponential", sketch_share=0.0, ensemble_trees=0, min_child_weight=0, candidate_placement="schema",
-                 candidate_share=0.05, schema=None,
-                 feature_ranges=None, categorical=None,
-                 label_range=None,
-                 out_of_range=None, allow_missing=False):
-        self.epsilon = epsilon
-        self.delta = delta
-        self.trees = trees
-        self.extra_trees = extra_trees
-        self.depth = depth
-        self.subsample = subsample
-        self.learning_rate = learning_rate
-        self.l2 = l2
-        self.leaf_clip = leaf_clip
-        self.grad_clip = grad_clip
-        self.hess_clip = hess_clip
-        self.label_clip = label_clip
-        self.r1 = r1
-        self.init_share = init_share
-        self.eps_ds = eps_ds
-        self.accountant = accountant
-        self.filter = filter
-        self.cyclical = cyclical
-        self.split_candidates = split_candidates
-        self.seed = seed
-        self.scale_bits = scale_bits
-        self.tree_builder = tree_builder
-        self.selection_share = selection_share
-        self.selection = selection
-        self.sketch_share = sketch_share
-        self.ensemble_trees = ensemble_trees
-        self.min_child_weight = min_child_weight
-        self.candidate_placement = candidate_placement
-        self.candidate_share = candidate_share
-        self.schema = schema
-        self.feature_ranges = feature_ranges
-        self.categorical = categorical
-        self.label_range = label_range
-        self.out_of_range = out_of_range
-        self.allow_missing = allow_missing
+    __init__ = _estimator_init('label_range')
 
     def fit(self, X, y, *, randomness=None):
         """Train on ``X`` (array or DataFrame) and labels ``y``.  ``randomness``: tests only (default: secure)."""
@@ -538,50 +524,7 @@ class SBDTClassifier(ClassifierMixin, _SBDTBase):
 
     _task = "binary"
 
-    def __init__(self, *, epsilon=1.0, delta=5e-8, trees=100, extra_trees=0, depth=3, subsample=0.1,
-                 learning_rate=0.1, l2=1.0, leaf_clip=2.0, grad_clip=0.5, hess_clip=None, label_clip=1.0, r1=0.2,
-                 init_share=0.1, eps_ds=0.005, accountant="rdp", filter=False, cyclical=True, split_candidates=32,
-                 seed=None, scale_bits=20, tree_builder=modes.DEFAULT, selection_share=0.7,
-                 selection="exponential", sketch_share=0.0, ensemble_trees=0, min_child_weight=0, candidate_placement="schema",
-                 candidate_share=0.05, schema=None,
-                 feature_ranges=None, categorical=None,
-                 classes=None,
-                 out_of_range=None, allow_missing=False):
-        self.epsilon = epsilon
-        self.delta = delta
-        self.trees = trees
-        self.extra_trees = extra_trees
-        self.depth = depth
-        self.subsample = subsample
-        self.learning_rate = learning_rate
-        self.l2 = l2
-        self.leaf_clip = leaf_clip
-        self.grad_clip = grad_clip
-        self.hess_clip = hess_clip
-        self.label_clip = label_clip
-        self.r1 = r1
-        self.init_share = init_share
-        self.eps_ds = eps_ds
-        self.accountant = accountant
-        self.filter = filter
-        self.cyclical = cyclical
-        self.split_candidates = split_candidates
-        self.seed = seed
-        self.scale_bits = scale_bits
-        self.tree_builder = tree_builder
-        self.selection_share = selection_share
-        self.selection = selection
-        self.sketch_share = sketch_share
-        self.ensemble_trees = ensemble_trees
-        self.min_child_weight = min_child_weight
-        self.candidate_placement = candidate_placement
-        self.candidate_share = candidate_share
-        self.schema = schema
-        self.feature_ranges = feature_ranges
-        self.categorical = categorical
-        self.classes = classes
-        self.out_of_range = out_of_range
-        self.allow_missing = allow_missing
+    __init__ = _estimator_init('classes')
 
     def fit(self, X, y, *, randomness=None):
         """Train on ``X`` (array or DataFrame) and binary labels ``y``.  ``randomness``: tests only."""

@@ -2,7 +2,7 @@
 
 A small numpy API over the numba kernels of :mod:`fedsbdt.common.exact_kernels`,
 fed in big blocks by a stream of uniformly random 64-bit words — in
-production the AES-256-CTR keystream of :func:`fedsbdt.common.randomness.csprng_fill`
+production the AES-256-CTR keystream of :func:`fedsbdt.common.csprng.csprng_fill`
 (fresh ``os.urandom`` key per block).
 
 Parameters are exact rationals (``int``, :class:`fractions.Fraction`, or a
@@ -34,6 +34,7 @@ from numbers import Rational
 import numpy as np
 
 from . import exact_kernels as K
+from .csprng import csprng_fill
 
 #: A source of random words: fills a uint64 array in place with independent uniform words.
 WordSource = Callable[[np.ndarray], None]
@@ -137,7 +138,7 @@ def _run_blocks(step, size: int, words_per_value: float, words: WordSource | Non
     """``size`` values from ``step(out, buf, st, i)`` (a fill kernel) on fresh blocks of words, replaying a
     value cut by a block's end on the same bits followed by fresh ones."""
     if words is None:
-        from .randomness import csprng_fill as words
+        words = csprng_fill
     out = np.empty(size, dtype=np.int64)
     carry = np.empty(0, dtype=np.uint64)
     offset = 0

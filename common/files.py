@@ -9,6 +9,7 @@ uniquely named hidden temporary file beside it and replace the destination in on
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import secrets
 from pathlib import Path
@@ -50,3 +51,8 @@ def write_atomic(path: str | Path, data: str | bytes, what: str = "output file")
             pass
         raise OutputError(f"{path}: cannot write the {what}: {e.strerror or e}") from None
     return p
+
+
+def sha256_file(path: str | Path) -> str:
+    """The SHA-256 of a file's bytes, as 64 hex digits (a model's hash in receipts and logs)."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()

@@ -30,7 +30,7 @@ def _describe_pid(pid: int) -> str:
     except OSError:
         return f"pid {pid}"
     args = [a.decode(errors="replace") for a in raw.split(b"\0") if a]
-    if len(args) >= 3 and args[1:3] == ["-m", "fedsbdt.common.cli"]:
+    if len(args) >= 3 and args[1] == "-m" and args[2] in ("fedsbdt", "fedsbdt.cli"):
         args = ["fedsbdt", *args[3:]]
     elif args and os.path.basename(args[0]).startswith("python"):
         args = args[1:]

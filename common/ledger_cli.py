@@ -14,7 +14,7 @@ import math
 import sqlite3
 from dataclasses import dataclass
 
-from .cli import CliError, emit
+from .cli_base import CliError, emit
 from .lifetime import (DEFAULT_LIFETIME_DELTA, DEFAULT_LIFETIME_EPSILON, DEFAULT_POPULATION, Lifetime, LifetimeError,
                        LifetimeLedger, RecordSource, check_lifetime_delta, check_population, event_to_json,
                        record_source, summary)

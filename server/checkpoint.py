@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,6 +31,7 @@ import numpy as np
 
 from fedsbdt.common.secagg.errors import StorageError
 from fedsbdt.common.secagg.storage import check_key
+from fedsbdt.common.sqlite_tx import Transactions, connect
 
 from fedsbdt.common.federation.wire import InitScoreMsg, TreeMsg
 
@@ -73,19 +73,15 @@ class CoordinatorStore:
         self.path = self.dir / self.NAME
         self.plan_sha256 = plan_sha256
         try:
-            self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-            self.db.execute("PRAGMA journal_mode=WAL")
-            self.db.execute("PRAGMA synchronous=FULL")
+            self.db = connect(self.path)
             self.db.executescript(_SCHEMA)
         except sqlite3.Error as e:
             raise CheckpointError(f"{self.path}: cannot open the coordinator database: {e}") from None
-        self._depth = 0
-        self._begun = False  # a BEGIN was executed in the current outermost transaction
+        self._tx = Transactions(self.db, lazy=True)
         self.storage = _SecAggStorage(self)
 
     # ------------------------------------------------------------------ transactions
 
-    @contextmanager
     def transaction(self):
         """Everything written inside commits together (one fsync) when the outermost block ends.
 
@@ -93,33 +89,12 @@ class CoordinatorStore:
         signature or a share arriving) write nothing, and then cost no BEGIN/COMMIT at all.  The
         coordinator is the only writer of its database, so reads before that write see the same state.
         """
-        if self._depth:
-            self._depth += 1
-            try:
-                yield
-            finally:
-                self._depth -= 1
-            return
-        self._depth, self._begun = 1, False
-        try:
-            yield
-        except BaseException:
-            self._depth = 0
-            if self._begun:
-                self._begun = False
-                self.db.execute("ROLLBACK")
-            raise
-        self._depth = 0
-        if self._begun:
-            self._begun = False
-            self.db.execute("COMMIT")
+        return self._tx.transaction()
 
     def _write(self, sql: str, params: tuple) -> sqlite3.Cursor:
         """Execute one write inside the current transaction (opening it), or in its own one."""
         with self.transaction():
-            if not self._begun:
-                self.db.execute("BEGIN IMMEDIATE")
-                self._begun = True
+            self._tx.begin()
             return self.db.execute(sql, params)
 
     def _append(self, kind: str, obj: dict) -> None:

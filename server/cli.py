@@ -1,4 +1,4 @@
-"""``fedsbdt coordinator``, ``fedsbdt plan``, ``fedsbdt ca`` and ``fedsbdt demo``, registered by :mod:`fedsbdt.common.cli`.
+"""``fedsbdt coordinator``, ``fedsbdt plan`` and ``fedsbdt ca``, registered by :mod:`fedsbdt.cli`.
 
     fedsbdt coordinator --plan P [--listen ADDR] [--state DIR] [--tls-cert F --tls-key F --tls-ca F | --insecure]
                         [--status-port PORT [--status-host HOST]]
@@ -12,8 +12,10 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
+import secrets
 import signal
 import time
 from pathlib import Path
@@ -82,8 +84,6 @@ def _tune(args: argparse.Namespace, t0: float, tuning, state: Path, status=None)
     """A tuning plan: serve its trial plans in turn (each in ``STATE/trial-<i>``, on the address the first one
     bound), then keep the trial whose released evaluation metric is best: ``STATE/model.json`` and the receipt
     ``STATE/tuning.json``.  A trial finished before a restart (its ``result.json``) is not run again."""
-    import json
-
     from fedsbdt.common.cli_tune import settings_line
     from fedsbdt.common.federation.tuning import WINNER_METRIC, pick_winner
     from fedsbdt.common.files import write_atomic
@@ -143,7 +143,7 @@ def _tune(args: argparse.Namespace, t0: float, tuning, state: Path, status=None)
 def _write_winner(trial_model: Path, out: Path, tuning, receipt: dict) -> str:
     """The winning trial's model with the privacy statement of the whole tuning (every trial is released to the
     coordinator) and the tuning's record (``training.tuning``, shown by ``fedsbdt report``); its SHA-256."""
-    from fedsbdt.client.cli import sha256_file
+    from fedsbdt.common.files import sha256_file
     from fedsbdt.common.model import Ensemble
 
     m = Ensemble.load(trial_model)
@@ -166,34 +166,54 @@ def _serve(args: argparse.Namespace, listen: str, t0: float, plan, cal, randomne
     """Serve one plan's session until it ends: (exit code, the JSON result, its line for people, the address
     served).  ``status``: the status page to show it on (the caller closes it); ``trial``: which trial of a
     tuning plan this session is, shown there."""
-    from fedsbdt.client.cli import sha256_file
+    credentials = _credentials(args, state)
+    session = _open_session(args, listen, plan, randomness, state, credentials)
+    server = _start_server(args, session, plan, listen, credentials, status, trial)
+    _wait(server, session)
+    return _result(args, session, server.address, server.service, plan, cal, state, t0)
 
-    from .checkpoint import CheckpointError, CoordinatorStore
+
+def _credentials(args: argparse.Namespace, state: Path):
+    """The server's TLS credentials (None with ``--insecure``); a missing or bad certificate is one line."""
     from fedsbdt.common.federation.pki import PkiError, TlsFiles, server_credentials
-    from .service import CoordinatorServer
+
+    if args.insecure:
+        return None
+    try:
+        return server_credentials(TlsFiles.in_dir(Path(args.tls_dir or state), args.tls_cert, args.tls_key,
+                                                  args.tls_ca))
+    except PkiError as e:
+        raise CliError(f"{e} (the coordinator needs a server certificate from the consortium CA; "
+                       "`fedsbdt ca server` makes one, or pass --insecure for a local test)") from None
+
+
+def _open_session(args: argparse.Namespace, listen: str, plan, randomness, state: Path, credentials):
+    """The session on its checkpoint in ``state``, after the address is found free (nothing written on a
+    refusal); a checkpoint of another plan is one line saying what to do."""
+    from .checkpoint import CheckpointError, CoordinatorStore
     from .session import Session
 
-    credentials = None
-    if not args.insecure:
-        try:
-            credentials = server_credentials(TlsFiles.in_dir(Path(args.tls_dir or state), args.tls_cert,
-                                                             args.tls_key, args.tls_ca))
-        except PkiError as e:
-            raise CliError(f"{e} (the coordinator needs a server certificate from the consortium CA; "
-                           "`fedsbdt ca server` makes one, or pass --insecure for a local test)") from None
     released = existing_model(plan, args.model)
     busy = address_in_use(listen)  # before the session opens its store: nothing written on a refusal
     if busy is not None:
         raise CliError(busy)
     try:
-        session = Session(plan, randomness, time.monotonic(), CoordinatorStore(state, plan.sha256),
-                          released=released)
+        return Session(plan, randomness, time.monotonic(), CoordinatorStore(state, plan.sha256), released=released)
     except CheckpointError as e:
         hint = ""
         if "belongs to plan" in str(e) and credentials is not None and not args.tls_dir:
             hint = (f"; the new directory needs the coordinator's TLS files: copy tls.crt, tls.key and ca.crt "
                     f"from {state} into it, or pass --tls-dir {state}")
         raise CliError(f"{e}{hint}") from None
+
+
+def _start_server(args: argparse.Namespace, session, plan, listen: str, credentials, status,
+                  trial: dict | None):
+    """The gRPC server of ``session``, listening (its address said in the log and on ``--ready-fd``), with the
+    status page's monitor attached."""
+    from .collector import quiet_collector
+    from .service import CoordinatorServer
+
     try:
         server = CoordinatorServer(session, listen, credentials)
     except (OSError, RuntimeError) as e:
@@ -207,8 +227,6 @@ def _serve(args: argparse.Namespace, listen: str, t0: float, plan, cal, randomne
         monitor = CoordinatorMonitor(session, tuning=trial)
         server.service.observers.append(monitor.after_step)
         status.start(monitor.current, monitor.registry)
-    from .collector import quiet_collector
-
     quiet_collector()  # everything long-lived is loaded: freeze it out of the collector's scans
     server.start()
     log.info(f"coordinator for plan {plan.sha256} listening on {server.address} "
@@ -221,7 +239,12 @@ def _serve(args: argparse.Namespace, listen: str, t0: float, plan, cal, randomne
             os.close(args.ready_fd)
         except OSError:
             pass
+    return server
 
+
+def _wait(server, session) -> None:
+    """Serve until the session ends or SIGTERM/SIGINT stops the server; then close both.  A server stopped by
+    an internal error is one line saying how to resume."""
     def stop(signum, frame):  # noqa: ARG001
         log.info(f"stopping on signal {signum}", extra={"event": "signal", "signal": signum})
         server._stop.set()
@@ -237,6 +260,14 @@ def _serve(args: argparse.Namespace, listen: str, t0: float, plan, cal, randomne
     if server.fatal is not None:
         raise CliError(f"the coordinator stopped on an internal error: {server.fatal!r}; restart it with the same "
                        "command to resume from its checkpoint")
+
+
+def _result(args: argparse.Namespace, session, address: str, service, plan, cal, state: Path,
+            t0: float) -> tuple[int, dict, str, str]:
+    """What :func:`_serve` returns for a session that stopped: interrupted (130), failed (1) or done (the
+    model, its hash, the bytes moved, the federated evaluation if any)."""
+    from fedsbdt.common.files import sha256_file
+
     st = session.stage
     secs = round(time.perf_counter() - t0, 3)
     if not session.done:
@@ -245,22 +276,22 @@ def _serve(args: argparse.Namespace, listen: str, t0: float, plan, cal, randomne
         if args.json:  # stdout holds the JSON object: the line goes to the log (stderr)
             log.warning(line, extra={"event": "interrupted", "trees": len(session.trees)})
         return 130, {"error": "interrupted", "trees": len(session.trees), "seconds": secs, "resume": line}, line, \
-            server.address
+            address
     if session.exit_code and getattr(st, "reason", None):
         return 1, {"error": st.reason, "trees": len(session.trees), "seconds": secs}, \
-            f"session failed: {st.reason}", server.address
+            f"session failed: {st.reason}", address
     model = state / "model.json"
     out = {"model": str(model), "model_sha256": sha256_file(model), "trees": len(session.trees),
            "epsilon": cal.epsilon, "epsilon_total": plan.total_epsilon, "rounds_failed": session.rounds_failed,
            "seconds": secs,
-           "bytes_received": server.service.bytes_in, "bytes_sent": server.service.bytes_out,
+           "bytes_received": service.bytes_in, "bytes_sent": service.bytes_out,
            "mismatched_sites": list(getattr(st, "mismatched", ()))}
     out["trees_per_site"] = session.trees_with_data()
     human = f"{session.data_summary()}; model written to {model} (sha256 {out['model_sha256']})"
     if session.evaluation is not None:
         out["evaluation"], line = write_evaluation(state, session.evaluation, out["model_sha256"])
         human += "\n" + line
-    return session.exit_code, out, human, server.address
+    return session.exit_code, out, human, address
 
 
 def status_page(args: argparse.Namespace):
@@ -283,7 +314,7 @@ def existing_model(plan, path: str | None):
         return None
     if path is None:
         raise CliError("this plan evaluates an existing model: pass it with --model FILE")
-    from fedsbdt.client.cli import sha256_file
+    from fedsbdt.common.files import sha256_file
     from fedsbdt.common.federation.release import released_from_model
     from fedsbdt.common.model import Ensemble
 
@@ -295,8 +326,6 @@ def existing_model(plan, path: str | None):
 
 def write_evaluation(state: Path, receipt: dict, model_sha256: str) -> tuple[dict, str]:
     """Write the evaluation receipt (``STATE/evaluation.json``); returns it and one line for people."""
-    import json
-
     from fedsbdt.common.fed_eval import describe_receipt
     from fedsbdt.common.files import write_atomic
 
@@ -313,7 +342,7 @@ def write_evaluation(state: Path, receipt: dict, model_sha256: str) -> tuple[dic
 
 
 def _site_arg(text: str) -> tuple[str, bytes]:
-    from fedsbdt.client.keys import read_identity_pub
+    from fedsbdt.common.federation.keys import read_identity_pub
 
     if "=" not in text:
         raise CliError(f"--site {text!r}: expected ID=identity.pub (or ID=<64 hex digits>)")
@@ -427,8 +456,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def write_tuning_plan(args: argparse.Namespace, schema, hp, sites, session: dict, choice=None) -> int:
     """``fedsbdt plan --tune-trials K``: K trial plans around the plan's settings and the tuning plan pinning them
     (common/federation/tuning.py); ``--epsilon`` and ``--eval-epsilon`` are the totals over all trials."""
-    import secrets
-
     from fedsbdt.common.cli_tune import settings_line
     from fedsbdt.common.federation.plan import make_plan
     from fedsbdt.common.federation.tuning import plan_trials
@@ -472,7 +499,7 @@ def write_tuning_plan(args: argparse.Namespace, schema, hp, sites, session: dict
 
 def model_for_evaluation(args: argparse.Namespace):
     """(schema, hyperparameters, file SHA-256, content digest) of ``--evaluate-model``: the plan evaluates it."""
-    from fedsbdt.client.cli import sha256_file
+    from fedsbdt.common.files import sha256_file
     from fedsbdt.common.model import Ensemble
 
     if args.eval_epsilon is None:
@@ -509,7 +536,15 @@ def cmd_ca(args: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
-    from fedsbdt.client.cli import add_tls_flags
+    """``fedsbdt coordinator``, ``fedsbdt plan`` and ``fedsbdt ca`` (composed by :mod:`fedsbdt.cli`)."""
+    _register_coordinator(sub)
+    _register_plan(sub)
+    _register_ca(sub)
+
+
+def _register_coordinator(sub) -> None:
+    """``fedsbdt coordinator``: serve a plan's session."""
+    from fedsbdt.common.federation.pki import add_tls_flags
     from fedsbdt.common.statuspage import add_status_flags
 
     c = sub.add_parser("coordinator", help="run the coordinator of a federated training session")
@@ -533,10 +568,31 @@ def register(sub) -> None:
     c.set_defaults(func=cmd_coordinator, on_interrupt="the checkpoint in {state} is kept; restart the same "
                                                         "command to resume")
 
+
+def _register_plan(sub) -> None:
+    """``fedsbdt plan``: write a plan with its privacy statement computed."""
     p = sub.add_parser("plan", help="write a plan (TOML) with its privacy statement computed")
     p.add_argument("--schema", metavar="FILE", help="the public schema (TOML); required unless --evaluate-model")
     p.add_argument("--site", action="append", required=True, metavar="ID=identity.pub",
                    help="a roster entry: site id and its identity.pub file (or 64 hex digits); repeat per site")
+    _add_roster_flags(p)
+    _add_deadline_flags(p)
+    _add_evaluation_flags(p)
+    p.add_argument("--settings", choices=["auto", "paper"], default="auto",
+                   help="auto (default): the settings `fedsbdt train` uses, from ε, δ, the schema and --rows "
+                        "(docs/auto.md), so federated = central; paper: the S-BDT paper's defaults shown below (other "
+                        "modes keep their own defaults, as in train). Any hyperparameter flag overrides either")
+    p.add_argument("--rows", type=int, default=None, metavar="N",
+                   help="the number of training records of all sites together, declared public, for the auto "
+                        "settings (required with --settings auto; a federation has no DP row count) (default: none)")
+    p.add_argument("--out", required=True, metavar="FILE", help="where to write the plan")
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    add_hyperparameter_flags(p)
+    p.set_defaults(func=cmd_plan)
+
+
+def _add_roster_flags(p) -> None:
+    """The plan's secure aggregation: threshold, colluders, dropouts, noise, epochs, mask graph."""
     p.add_argument("--threshold", type=int, metavar="N",
                    help="t: sums over fewer than t sites are never released (default: ⌊n/2⌋ + 1, or the smallest t with 2t > n + c when --colluders is given)")
     p.add_argument("--colluders", type=int, default=None, metavar="N",
@@ -565,6 +621,10 @@ def register(sub) -> None:
     p.add_argument("--max-records", type=int, default=1_000_000, metavar="N",
                    help="public upper bound on the records of one site (fixed-point capacity check) "
                         "(default: 1000000)")
+
+
+def _add_deadline_flags(p) -> None:
+    """The plan's deadlines and its randomness (sampler; test-only seeds)."""
     p.add_argument("--join-deadline", type=float, default=120.0, metavar="SECONDS",
                    help="seconds to wait for the whole roster (default: 120)")
     p.add_argument("--stage-deadline", type=float, default=10.0, metavar="SECONDS",
@@ -580,6 +640,10 @@ def register(sub) -> None:
                         "OS CSPRNG)")
     p.add_argument("--test-noise", action=argparse.BooleanOptionalAction, default=True,
                    help="TESTS ONLY: with --insecure-test-randomness, add (deterministic) noise or none")
+
+
+def _add_evaluation_flags(p) -> None:
+    """The plan's federated evaluation, evaluation-only plans and federated tuning."""
     p.add_argument("--eval-epsilon", type=float, nargs="?", const=0.1, metavar="X",
                    help="evaluate the model federatedly after training at ε_eval = X on the sites' held-out "
                         "files (--eval-data), a budget separate from the training ε (default if given without "
@@ -599,18 +663,10 @@ def register(sub) -> None:
                         "turn, each scored by a federated evaluation on the sites' held-out files; the coordinator "
                         "keeps the best. --epsilon and --eval-epsilon (then 0.1 if not given) are the totals over "
                         "all trials (default: none: one training plan; docs/auto.md)")
-    p.add_argument("--settings", choices=["auto", "paper"], default="auto",
-                   help="auto (default): the settings `fedsbdt train` uses, from ε, δ, the schema and --rows "
-                        "(docs/auto.md), so federated = central; paper: the S-BDT paper's defaults shown below (other "
-                        "modes keep their own defaults, as in train). Any hyperparameter flag overrides either")
-    p.add_argument("--rows", type=int, default=None, metavar="N",
-                   help="the number of training records of all sites together, declared public, for the auto "
-                        "settings (required with --settings auto; a federation has no DP row count) (default: none)")
-    p.add_argument("--out", required=True, metavar="FILE", help="where to write the plan")
-    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    add_hyperparameter_flags(p)
-    p.set_defaults(func=cmd_plan)
 
+
+def _register_ca(sub) -> None:
+    """``fedsbdt ca init|sign|server``: a small consortium CA."""
     a = sub.add_parser("ca", help="a small consortium CA for mutual TLS (demo and small deployments)")
     asub = a.add_subparsers(dest="ca_command", metavar="ACTION")
     asub.required = True
@@ -629,7 +685,3 @@ def register(sub) -> None:
         q.add_argument("--days", type=int, default=days, metavar="N", help=f"validity in days (default: {days})")
         q.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     a.set_defaults(func=cmd_ca)
-
-    from .demo import register as register_demo
-
-    register_demo(sub)

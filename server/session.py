@@ -66,8 +66,9 @@ from fedsbdt.common.secagg import (
     UnmaskResponse,
     decode_message,
 )
-from fedsbdt.common.secagg.errors import InvalidMessage
-from fedsbdt.client.noise import NoiseShares
+from fedsbdt.common.secagg.coordinator import StoredRouting
+from fedsbdt.common.secagg.errors import InvalidMessage, SecAggError
+from fedsbdt.common.noise_shares import NoiseShares
 
 from .checkpoint import CoordinatorStore, Restored
 from fedsbdt.common.federation.plan import Plan

@@ -22,7 +22,7 @@ from scipy import optimize, stats
 from fedsbdt.common import audit
 from fedsbdt.common.audit import (AuditError, audit_guesses, draw_canaries, epsilon_lower_bound, guess_counts,
                                   max_auditable_epsilon, p_value, run_central_audit, with_canaries)
-from fedsbdt.common.cli import main
+from fedsbdt.cli import main
 from fedsbdt.common.config import Hyperparameters
 from fedsbdt.common.data import Dataset
 from fedsbdt.common.schema import Schema
@@ -241,7 +241,7 @@ def test_the_noise_switch_is_no_flag_of_the_command():
     """The test-only noise factor is a keyword of run_central_audit only: no flag of ``fedsbdt audit`` sets it."""
     import argparse
 
-    from fedsbdt.common.cli import build_parser
+    from fedsbdt.cli import build_parser
 
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     flags = [o for a in sub.choices["audit"]._actions for o in a.option_strings]

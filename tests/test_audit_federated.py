@@ -1,7 +1,7 @@
-"""The federated one-run audit (``fedsbdt audit --sites N``, fedsbdt.server.federated_audit; docs/audit.md).
+"""The federated one-run audit (``fedsbdt audit --sites N``, fedsbdt.federated_audit; docs/audit.md).
 
 The canaries sit at one site, the other records are dealt to three sites, and a federation trains through the
-real state machines (fedsbdt.server.inprocess: secure randomness, each site's discrete-Gaussian share, secure
+real state machines (fedsbdt.inprocess: secure randomness, each site's discrete-Gaussian share, secure
 aggregation).  Two training runs, each small (5 000 rows, 30 random trees of depth 8, every record in every
 tree, 1000 canaries: more leaves than canaries):
 
@@ -21,12 +21,12 @@ import pandas as pd
 import pytest
 
 from fedsbdt.common.audit import AuditError
-from fedsbdt.common.cli import build_parser, main
+from fedsbdt.cli import build_parser, main
 from fedsbdt.common.config import ConfigError, Hyperparameters
 from fedsbdt.common.data import Dataset, load
 from fedsbdt.common.schema import Schema
-from fedsbdt.server.federated_audit import CANARY_SITE, deal, run_federated_audit
-from fedsbdt.server.inprocess import InProcessSetup, write_site_file
+from fedsbdt.federated_audit import CANARY_SITE, deal, run_federated_audit
+from fedsbdt.inprocess import InProcessSetup, write_site_file
 
 FEATURES, ROWS = 16, 5000
 POWER_HP = Hyperparameters(epsilon=1.0, trees=30, depth=8, subsample=1.0, cyclical=False, split_candidates=0)

@@ -176,7 +176,7 @@ def test_explicit_keys_override_auto_and_paper_mode_keeps_todays_defaults():
 
 
 def run_train(tmp_path, *extra):
-    from fedsbdt.common.cli import main
+    from fedsbdt.cli import main
     import contextlib
     import io
 
@@ -226,7 +226,7 @@ def test_bad_rows_is_one_line_exit_2(tmp_path, capsys):
 
 
 def test_auto_command_prints_the_rule_for_public_inputs(capsys):
-    from fedsbdt.common.cli import main
+    from fedsbdt.cli import main
 
     assert main(["auto", "--schema", str(EX / "abalone" / "schema.toml"), "--epsilon", "1", "--rows", "4177",
                  "--json"]) == 0

@@ -9,7 +9,7 @@ from conftest import ABALONE, ADULT, ADULT_TEST, EXAMPLES, ROOT
 
 
 def run(*args, ok=True):
-    p = subprocess.run([sys.executable, "-m", "fedsbdt.common.cli", *args], capture_output=True, text=True, cwd=ROOT,
+    p = subprocess.run([sys.executable, "-m", "fedsbdt.cli", *args], capture_output=True, text=True, cwd=ROOT,
                        timeout=300)
     if ok:
         assert p.returncode == 0, p.stderr
@@ -257,7 +257,7 @@ def test_unusable_out_paths_are_one_line_and_leave_nothing(tmp_path, log_format,
     }
     for what, cmd in commands.items():
         for out, needle in cases.items():
-            p = subprocess.run([sys.executable, "-m", "fedsbdt.common.cli", "--log-format", log_format, *cmd, "--out", out],
+            p = subprocess.run([sys.executable, "-m", "fedsbdt.cli", "--log-format", log_format, *cmd, "--out", out],
                                capture_output=True, text=True, cwd=tmp_path, timeout=300)
             assert p.returncode == 2, (cmd, out, p.stderr)
             err = p.stderr.strip().splitlines()

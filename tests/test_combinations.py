@@ -98,7 +98,7 @@ def test_binary_builders_with_missing_values_predict_what_training_applied(kw, d
 def test_account_prints_only_the_lines_that_apply(capsys, flags, shown, hidden):
     """Sarus trees have no Gaussian leaf noise (σ = 0, ρ = 0 mean nothing there), the pure and PLD accountants
     no RDP order; the --json object keeps every key for scripts."""
-    from fedsbdt.common.cli import main
+    from fedsbdt.cli import main
 
     assert main(["account", *flags]) == 0
     lines = capsys.readouterr().out.splitlines()

@@ -98,7 +98,7 @@ def scratch(tmp_path, monkeypatch):
     bin_dir = tmp_path / ".bin"
     bin_dir.mkdir()
     shim = bin_dir / "fedsbdt"
-    shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m fedsbdt.common.cli "$@"\n')
+    shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m fedsbdt.cli "$@"\n')
     shim.chmod(shim.stat().st_mode | stat.S_IEXEC)
     env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
                PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")

@@ -19,7 +19,7 @@ from fedsbdt.common.accountant import (ComposedEvent, default_alpha_max, Exponen
                                event_pld, event_rdp)
 from fedsbdt.common.boosting import LocalData, split_edges
 from fedsbdt.common.builders import score_sensitivity
-from fedsbdt.common.cli import main
+from fedsbdt.cli import main
 from fedsbdt.common.config import ConfigError, Hyperparameters
 from fedsbdt.common.modes.dpboost.builder import DPBoostTrees, negative_gradient
 from fedsbdt.common.engine import calibration_for, train, tree_builder_for

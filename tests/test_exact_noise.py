@@ -469,7 +469,7 @@ def test_no_float_in_the_sampling_path(tmp_path):
 def test_train_cli_sampler_flag(tmp_path, sampler, described):
     ex = ROOT / "examples" / "abalone"
     out = tmp_path / "model.json"
-    p = subprocess.run([sys.executable, "-m", "fedsbdt.common.cli", "train", "--data", str(ex / "abalone.data"), "--schema",
+    p = subprocess.run([sys.executable, "-m", "fedsbdt.cli", "train", "--data", str(ex / "abalone.data"), "--schema",
                         str(ex / "schema.toml"), "--out", str(out), "--trees", "3", "--depth", "2", "--sampler",
                         sampler, "--json"], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert p.returncode == 0, p.stderr
@@ -477,7 +477,7 @@ def test_train_cli_sampler_flag(tmp_path, sampler, described):
 
 
 def test_train_cli_refuses_an_unknown_sampler(tmp_path):
-    p = subprocess.run([sys.executable, "-m", "fedsbdt.common.cli", "train", "--data", "x.csv", "--schema", "s.toml",
+    p = subprocess.run([sys.executable, "-m", "fedsbdt.cli", "train", "--data", "x.csv", "--schema", "s.toml",
                         "--out", str(tmp_path / "m.json"), "--sampler", "numpy"], capture_output=True, text=True,
                        cwd=ROOT, timeout=120)
     assert p.returncode == 2 and "--sampler" in p.stderr and not (tmp_path / "m.json").exists()

@@ -13,7 +13,7 @@ import pytest
 import xgboost as xgb
 
 from conftest import ABALONE, EXAMPLES
-from fedsbdt.common.cli import main
+from fedsbdt.cli import main
 from fedsbdt.common.config import Hyperparameters
 from fedsbdt.common.engine import train
 from fedsbdt.common.explain import contributions, importance, public_box_sample, tree_shap

@@ -7,7 +7,7 @@ import scipy.sparse as sp
 import xgboost as xgb
 
 from fedsbdt.common import kernels
-from fedsbdt.common.cli import main
+from fedsbdt.cli import main
 from fedsbdt.common.config import Hyperparameters
 from fedsbdt.common.engine import train
 from fedsbdt.common.export_xgboost import ExportError, ceil_float32, export_xgboost, folded_values, to_xgboost_dict

@@ -52,7 +52,7 @@ def test_eta_extrapolates_from_the_first_round_not_from_start_up():
 def test_demo_counts_the_records_the_sites_train_on(tmp_path):
     """Adult: 32,561 lines, of which 2,399 hold a missing value and are dropped by the sites."""
     from fedsbdt.common.schema import Schema
-    from fedsbdt.server.demo import Layout, _rows_text, site_ids, split_data, training_rows
+    from fedsbdt.demo import Layout, _rows_text, site_ids, split_data, training_rows
 
     layout = Layout(tmp_path)
     assert split_data("adult", 3, layout) == 32561  # lines dealt to the sites
@@ -67,7 +67,7 @@ def test_first_run_says_that_kernels_are_compiling(caplog):
 
     from fedsbdt.common.config import Hyperparameters
     from fedsbdt.common.schema import Schema
-    from fedsbdt.server.demo import warm_up_kernels
+    from fedsbdt.demo import warm_up_kernels
 
     schema = Schema.load(ROOT / "examples/abalone/schema.toml")
     logger = logging.getLogger("fedsbdt.demo")  # a CLI test may have made "fedsbdt" stop propagating
@@ -149,7 +149,7 @@ def test_every_flag_has_one_help_text_with_at_most_one_default():
     """evaluate/predict flags had no help; --hess-clip said '(default 1 …) (default: None)'."""
     import argparse
 
-    from fedsbdt.common.cli import build_parser
+    from fedsbdt.cli import build_parser
 
     problems = []
 

@@ -19,7 +19,7 @@ from fedsbdt.common.accountant import (AccountingError, ComposedEvent, Exponenti
 from fedsbdt.common.builders import Candidates, gains, score_sensitivity
 from fedsbdt.common.modes.greedy.builder import GreedyTrees
 from fedsbdt.common.boosting import LocalData
-from fedsbdt.common.cli import main
+from fedsbdt.cli import main
 from fedsbdt.common.config import ConfigError, Hyperparameters
 from fedsbdt.common.data import load
 from fedsbdt.common.engine import train

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from fedsbdt.common.cli import build_parser
+from fedsbdt.cli import build_parser
 
 PLACEHOLDER = re.compile(r"^[A-Z][A-Z0-9_]*(=[A-Za-z_.]+)?$")
 

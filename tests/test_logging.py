@@ -6,7 +6,7 @@ import logging
 import numpy as np
 import pytest
 
-from fedsbdt.common.cli import main
+from fedsbdt.cli import main
 from fedsbdt.common.logging_setup import configure_logging
 
 from conftest import ABALONE, EXAMPLES
@@ -120,7 +120,7 @@ def test_a_grpc_bind_failure_is_our_one_line_not_c_core_lines(tmp_path):
                      [SiteEntry(f"s{i}", bytes([i]) * 32) for i in range(3)], max_records_per_site=100)
     plan.save(tmp_path / "plan.toml")
     env = {k: v for k, v in os.environ.items() if not k.startswith("GRPC_")}
-    p = subprocess.run([sys.executable, "-m", "fedsbdt.common.cli", "coordinator", "--plan", str(tmp_path / "plan.toml"),
+    p = subprocess.run([sys.executable, "-m", "fedsbdt.cli", "coordinator", "--plan", str(tmp_path / "plan.toml"),
                         "--insecure", "--listen", "192.0.2.1:7443", "--state", str(tmp_path / "state")],
                        capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
     assert p.returncode == 2, p.stderr

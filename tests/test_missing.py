@@ -371,7 +371,7 @@ def test_cli_trains_and_evaluates_with_missing_rows_kept(tmp_path, keep_schema):
     model = tmp_path / "m.json"
 
     def run(*args):
-        return subprocess.run([sys.executable, "-m", "fedsbdt.common.cli", *args], capture_output=True, text=True,
+        return subprocess.run([sys.executable, "-m", "fedsbdt.cli", *args], capture_output=True, text=True,
                               cwd=ROOT, timeout=300)
 
     p = run("train", "--data", str(ADULT), "--schema", str(schema), "--out", str(model), "--trees", "10",

@@ -8,7 +8,7 @@ import pytest
 from fedsbdt.common import multiclass
 from fedsbdt.common.accountant import event_pld, event_rdp, tree_rdp
 from fedsbdt.common.boosting import Encoding, leaf_noise_scales
-from fedsbdt.common.cli import main
+from fedsbdt.cli import main
 from fedsbdt.common.config import ConfigError, Hyperparameters
 from fedsbdt.common.data import DataError, load
 from fedsbdt.common.engine import calibration_for, train

@@ -4,7 +4,7 @@ import json
 import subprocess
 import sys
 
-from fedsbdt.common.data import load
+from fedsbdt.common.records import load
 from fedsbdt.common.schema import Schema
 from fedsbdt.common.sources import DataSource
 
@@ -27,11 +27,11 @@ def test_the_omop_example_builds_flattens_and_trains(tmp_path, postgres):
     assert 0 < (ds.X[:, bmi] != ds.X[:, bmi]).sum() < 200  # never measured: NULL, kept as missing
     model = tmp_path / "m.json"
     flags = ["--data", url, "--query-file", str(OMOP / "cohort.sql")]
-    p = subprocess.run([sys.executable, "-m", "fedsbdt.common.cli", "train", *flags, "--schema",
+    p = subprocess.run([sys.executable, "-m", "fedsbdt.cli", "train", *flags, "--schema",
                         str(OMOP / "schema.toml"), "--out", str(model), "--trees", "5", "--json", "--quiet"],
                        capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
-    p = subprocess.run([sys.executable, "-m", "fedsbdt.common.cli", "evaluate", "--model", str(model), *flags,
+    p = subprocess.run([sys.executable, "-m", "fedsbdt.cli", "evaluate", "--model", str(model), *flags,
                         "--json"], capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["n"] == 400

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedsbdt.common.cli import main
+from fedsbdt.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -138,7 +138,7 @@ RESULT = {"sites": 3, "data": "Pima", "tolerance": {"tau": 0.319},
 
 
 def test_the_report_shows_the_rates_beside_the_proof_and_the_audit(tmp_path, capsys):
-    from fedsbdt.common.audit import reconstruction_html
+    from fedsbdt.common.report import reconstruction_html
 
     html = reconstruction_html(RESULT, 8.0, {"epsilon_lower": 0.42, "confidence": 0.95})
     assert "0.42 (at 95% confidence)" in html and "fedsbdt, ε = 10 ← nearest this model" in html

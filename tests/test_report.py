@@ -9,7 +9,7 @@ from html.parser import HTMLParser
 import numpy as np
 import pytest
 
-from fedsbdt.common.cli import main
+from fedsbdt.cli import main
 from fedsbdt.common.config import Hyperparameters
 from fedsbdt.common.engine import train
 from fedsbdt.common.model import Ensemble
@@ -128,7 +128,7 @@ def test_report_needs_no_plotting_library(model, tmp_path):
     m = tmp_path / "m.json"
     model.save(m)
     code = ("import sys; sys.modules['matplotlib'] = None\n"  # any import of matplotlib now fails
-            "from fedsbdt.common.cli import main\n"
+            "from fedsbdt.cli import main\n"
             f"sys.exit(main(['report', '--model', {str(m)!r}, '--out', {str(tmp_path / 'r.html')!r}]))")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert p.returncode == 0, p.stderr
@@ -271,10 +271,10 @@ def test_cli_report(model, tmp_path, capsys):
 
 
 def test_python_m_cli_reports_command_module_errors_cleanly(model, tmp_path):
-    """CliError raised by fedsbdt.common.cli_tools is caught when the CLI runs as ``python -m fedsbdt.common.cli``."""
+    """CliError raised by fedsbdt.common.cli_tools is caught when the CLI runs as ``python -m fedsbdt.cli``."""
     src = tmp_path / "m.json"
     model.save(src)
-    p = subprocess.run([sys.executable, "-m", "fedsbdt.common.cli", "report", "--model", str(src), "--out",
+    p = subprocess.run([sys.executable, "-m", "fedsbdt.cli", "report", "--model", str(src), "--out",
                         str(tmp_path / "r.pdf")], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert p.returncode == 2 and "Traceback" not in p.stderr and p.stdout == ""
     assert p.stderr.strip() == f"fedsbdt report: error: {tmp_path / 'r.pdf'}: the report is an HTML page; name it *.html"

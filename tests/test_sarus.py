@@ -19,7 +19,7 @@ from fedsbdt.common.accountant import (PoissonSampledEvent, alpha_grid, event_rd
 from fedsbdt.common.boosting import LocalData
 from fedsbdt.common.builders import leaf_regions
 from fedsbdt.common.modes.sarus.builder import SarusTrees
-from fedsbdt.common.cli import main
+from fedsbdt.cli import main
 from fedsbdt.common.config import ConfigError, Hyperparameters
 from fedsbdt.common.data import Dataset, load
 from fedsbdt.common.engine import train

@@ -16,7 +16,7 @@ from fedsbdt.common.schema_draft import round_outward
 
 
 def fedsbdt(*args):
-    return subprocess.run([sys.executable, "-m", "fedsbdt.common.cli", *args], capture_output=True, text=True)
+    return subprocess.run([sys.executable, "-m", "fedsbdt.cli", *args], capture_output=True, text=True)
 
 
 @pytest.fixture
@@ -121,7 +121,7 @@ def test_a_drafted_schema_is_refused_by_the_loader_naming_the_marked_keys(tmp_pa
 
 
 def test_train_tune_plan_client_and_demo_refuse_a_draft_until_its_marks_are_deleted(tmp_path, table, capsys):
-    from fedsbdt.common.cli import main
+    from fedsbdt.cli import main
 
     out = drafted(tmp_path)
     data = str(tmp_path / "d.csv")
@@ -194,7 +194,7 @@ def test_a_person_id_that_repeats_is_left_out_and_few_rows_are_not_taken_for_ids
 
 
 def test_out_dash_prints_the_schema_and_writes_no_file(tmp_path, table):
-    p = subprocess.run([sys.executable, "-m", "fedsbdt.common.cli", "schema", "draft", "--data", "d.csv",
+    p = subprocess.run([sys.executable, "-m", "fedsbdt.cli", "schema", "draft", "--data", "d.csv",
                         "--target", "y", "--out", "-"], capture_output=True, text=True, cwd=tmp_path)
     assert p.returncode == 0, p.stderr
     assert tomllib.loads(p.stdout)["target"] == "y" and p.stderr == ""

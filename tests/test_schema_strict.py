@@ -46,7 +46,7 @@ def test_a_misspelt_key_is_an_exit_2_error_of_the_command_line(tmp_path):
     (tmp_path / "s.toml").write_text(BASE.replace('id_column = "pid"', 'id_colum = "pid"'))
     (tmp_path / "d.csv").write_text("pid,age,ward,label\n1,30,A,yes\n2,40,B,no\n")
     out = tmp_path / "m.json"
-    p = subprocess.run([sys.executable, "-m", "fedsbdt.common.cli", "train", "--data", str(tmp_path / "d.csv"),
+    p = subprocess.run([sys.executable, "-m", "fedsbdt.cli", "train", "--data", str(tmp_path / "d.csv"),
                         "--schema", str(tmp_path / "s.toml"), "--out", str(out), "--trees", "2"],
                        capture_output=True, text=True)
     assert p.returncode == 2, p.stderr

@@ -9,7 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fedsbdt.common.data import DataError, load
+from fedsbdt.common.data import DataError
+from fedsbdt.common.records import load
 from fedsbdt.common.schema import Schema
 from fedsbdt.common.sources import DataSource, SourceError, data_argument, source_identity
 
@@ -62,7 +63,7 @@ def same(a, b):
 
 
 def fedsbdt(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "fedsbdt.common.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "fedsbdt.cli", *args], capture_output=True, text=True,
                           env=env)
 
 

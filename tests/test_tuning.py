@@ -151,7 +151,7 @@ def test_small_budget_tune_is_auto_trained_on_every_record_with_all_of_epsilon(t
     """Below ε·n = 10³ tune must be what fedsbdt train does: the same hyperparameters (auto's, λ included), the
     same receipt ε, one training on every record, and it says so; an impossible budget is refused with one line,
     nothing written."""
-    from fedsbdt.common.cli import main
+    from fedsbdt.cli import main
 
     data, schema = write_task(tmp_path / "data")
     seen = spy_on_training(monkeypatch)
@@ -263,7 +263,7 @@ def test_tune_releases_the_final_model_and_the_receipt_but_no_score_or_ranking(t
     import re
 
     from fedsbdt.common import tuning
-    from fedsbdt.common.cli import main
+    from fedsbdt.cli import main
 
     data, schema = write_task(tmp_path / "data", n=1500)
 
@@ -308,7 +308,7 @@ def test_tune_releases_the_final_model_and_the_receipt_but_no_score_or_ranking(t
 
 
 def test_tune_without_an_id_column_exits_2_with_one_line(tmp_path, capsys):
-    from fedsbdt.common.cli import main
+    from fedsbdt.cli import main
 
     data, schema = write_task(tmp_path, id_column=False)
     out = tmp_path / "m.json"
@@ -333,7 +333,7 @@ def test_deleting_one_row_moves_no_other_record_between_training_and_held_out(tm
     from pathlib import Path
 
     from fedsbdt.common import tuning
-    from fedsbdt.common.cli import main
+    from fedsbdt.cli import main
 
     if which == "id column":
         data, schema = write_task(tmp_path / "data", n=1000)
@@ -384,7 +384,7 @@ def test_deleting_one_row_moves_no_other_record_between_training_and_held_out(tm
 
 def test_quiet_tune_prints_the_result_in_one_line(tmp_path, capsys):
     """``--quiet`` (issue 36): one line for the result, not every probe's settings."""
-    from fedsbdt.common.cli import main
+    from fedsbdt.cli import main
 
     data, schema = write_task(tmp_path / "data")
     out = tmp_path / "m.json"

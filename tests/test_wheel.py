@@ -83,7 +83,7 @@ def test_the_wheel_holds_every_module_and_data_file_of_the_source_folders_and_no
     # every package folder (one with __init__.py) is a subpackage of fedsbdt in the wheel
     packages = {n.rsplit("/", 1)[0] for n in want if n.endswith("/__init__.py")}
     assert {"fedsbdt", "fedsbdt/common/modes", "fedsbdt/common/secagg", "fedsbdt/proto/v1"} <= packages
-    assert "fedsbdt = fedsbdt.common.cli:main" in entry_points
+    assert "fedsbdt = fedsbdt.cli:main" in entry_points
 
 
 def run(installed, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:

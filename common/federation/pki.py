@@ -13,6 +13,7 @@ needs PEM files.
 """
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import ipaddress
 import os
@@ -227,6 +228,19 @@ class TlsFiles:
 
     def certificate_name(self) -> str:
         return common_name(load_cert(self.cert, "TLS certificate"))
+
+
+def add_tls_flags(p: argparse.ArgumentParser, default_dir: str) -> None:
+    """The flags naming a party's :class:`TlsFiles` (``fedsbdt coordinator`` and ``fedsbdt client``)."""
+    g = p.add_argument_group("transport security (mutual TLS with the consortium CA)")
+    g.add_argument("--tls-dir", metavar="DIR",
+                   help=f"folder holding tls.crt, tls.key and ca.crt (default: {default_dir}); e.g. the old "
+                        "state directory when a new plan gets a new --state")
+    g.add_argument("--tls-cert", metavar="FILE", help="this party's certificate (default: TLS_DIR/tls.crt)")
+    g.add_argument("--tls-key", metavar="FILE", help="its private key (default: TLS_DIR/tls.key)")
+    g.add_argument("--tls-ca", metavar="FILE", help="the consortium CA certificate (default: TLS_DIR/ca.crt)")
+    g.add_argument("--insecure", action="store_true",
+                   help="plain-text gRPC without TLS: only for local tests and demos, never across a network")
 
 
 def server_credentials(files: TlsFiles):

@@ -61,20 +61,20 @@ class Identity:
 
     @property
     def key(self):
-        from fedsbdt.client.keys import load_identity
+        from fedsbdt.common.federation.keys import load_identity
 
         return load_identity(self.dir / "identity.key")
 
     @property
     def public(self) -> bytes:
-        from fedsbdt.client.keys import read_identity_pub
+        from fedsbdt.common.federation.keys import read_identity_pub
 
         return read_identity_pub(self.dir / "identity.pub")
 
 
 def make_identities(root: Path, sites: list[str], ca_dir: Path | None = None) -> dict[str, Identity]:
     """Keys (and, with a CA, certificates) for each site, in ``root/<site>`` (the site's state directory)."""
-    from fedsbdt.client.keys import keygen
+    from fedsbdt.common.federation.keys import keygen
     from fedsbdt.common.federation.pki import ca_sign
 
     out = {}

@@ -13,7 +13,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from fedsbdt.client.site import NeedCatchUp, SiteMachine
-from fedsbdt.server.inprocess import catch_up_site, join_site, route_reply
+from fedsbdt.inprocess import catch_up_site, join_site, route_reply
 from fedsbdt.server.session import Rejected, Session
 
 

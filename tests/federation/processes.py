@@ -1,6 +1,6 @@
 """Real ``fedsbdt`` child processes whose JSON log lines become events (federation and hardening tests).
 
-Every process is ``python -m fedsbdt.common.cli --log-format json …``; a reader
+Every process is ``python -m fedsbdt.cli --log-format json …``; a reader
 thread per process turns its stderr lines into events (and its exit into an
 ``_exit`` event) posted to an :class:`EventLog`, so tests wait for *events*
 with a deadline instead of sleeping.  A line ``fedsbdt-testhook: …`` (printed
@@ -110,7 +110,7 @@ class Proc:
         e["FEDSBDT_TEST_FAULTHANDLER"] = "1"  # SIGUSR1 dumps stacks (diagnosis of a hung process)
         e.update(env or {})
         self.kill_at = (env or {}).get("FEDSBDT_TEST_KILL_AT")
-        cmd = [*prefix, sys.executable, "-m", "fedsbdt.common.cli", "--log-format", "json", "--log-level", log_level, *argv]
+        cmd = [*prefix, sys.executable, "-m", "fedsbdt.cli", "--log-format", "json", "--log-level", log_level, *argv]
         self.started = time.monotonic()
         self.p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=e)
         self.lines: list[str] = []

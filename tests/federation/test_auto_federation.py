@@ -65,7 +65,8 @@ def test_fedsbdt_plan_pins_the_auto_settings_of_train_and_the_federation_trains_
     """`fedsbdt plan --rows N` (auto, the default) pins exactly the hyperparameters `fedsbdt train --rows N` uses
     for the same public inputs, λ included; an in-process federation on that plan file releases the centralised
     engine's model bit for bit (seeded, noise off)."""
-    from fedsbdt.common.cli import main
+    from fedsbdt.cli import main
+    from fedsbdt.common.config import Hyperparameters
     from fedsbdt.common.federation.plan import Plan
 
     from .conftest import write_splits
@@ -109,7 +110,7 @@ def test_fedsbdt_plan_pins_the_auto_settings_of_train_and_the_federation_trains_
 
 
 def test_plan_without_a_row_count_is_one_line_and_explicit_flags_keep_the_papers_settings(tmp_path, capsys):
-    from fedsbdt.common.cli import main
+    from fedsbdt.cli import main
     from fedsbdt.common.config import Hyperparameters
     from fedsbdt.common.federation.plan import Plan
 
@@ -135,7 +136,7 @@ def test_plan_without_a_row_count_is_one_line_and_explicit_flags_keep_the_papers
 
 
 def test_fedsbdt_auto_prints_every_setting_a_plan_needs_and_they_are_the_plans(tmp_path, capsys):
-    from fedsbdt.common.cli import main
+    from fedsbdt.cli import main
     from fedsbdt.common.federation.plan import Plan
 
     from .conftest import EXAMPLES
@@ -158,7 +159,7 @@ def test_the_demo_uses_the_auto_settings_for_the_records_its_sites_train_on(tmp_
     """`fedsbdt demo` declares the records it deals to its sites and takes `train --rows N`'s settings for them;
     `--settings paper` and explicit flags override it."""
     from fedsbdt.common.auto import resolve
-    from fedsbdt.common.cli import main
+    from fedsbdt.cli import main
     from fedsbdt.common.config import Hyperparameters
     from fedsbdt.common.federation.plan import Plan
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fedsbdt.common.cli import build_parser
+from fedsbdt.cli import build_parser
 
 from .conftest import ROOT
 
@@ -76,7 +76,7 @@ def test_every_command_parses_with_the_cli_and_matches_its_volumes(compose):
 
 def test_prepare_writes_every_file_the_compose_services_mount(compose, tmp_path, monkeypatch):
     """``fedsbdt demo --prepare deploy --host coordinator`` produces the layout the services expect."""
-    from fedsbdt.common.cli import main
+    from fedsbdt.cli import main
 
     monkeypatch.chdir(tmp_path)
     assert main(["demo", "--prepare", "deploy", "--host", "coordinator", "--host", "localhost", "--trees", "3"]) == 0

@@ -44,7 +44,7 @@ class Session:
     """One ``podman-compose up`` of the repository's docker-compose.yml in its own directory and project."""
 
     def __init__(self, directory: Path, trees: int):
-        from fedsbdt.common.cli import main
+        from fedsbdt.cli import main
 
         directory.mkdir()
         shutil.copyfile(ROOT / "docker-compose.yml", directory / "docker-compose.yml")

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from fedsbdt.common.cli import main
+from fedsbdt.cli import main
 
 from .conftest import EXAMPLES
 

@@ -240,7 +240,7 @@ def test_account_on_the_plan_equals_the_ledger_and_dp_accounting(tmp_path):
     cal = plan.calibration()
     assert cal.epsilon <= hp.epsilon and cal.epsilon == pytest.approx(hp.epsilon, rel=1e-5)
     assert cal.ensembles == 5 and cal.rounds == 50
-    p = subprocess.run([sys.executable, "-m", "fedsbdt.common.cli", "account", "--plan", str(tmp_path / "plan.toml"),
+    p = subprocess.run([sys.executable, "-m", "fedsbdt.cli", "account", "--plan", str(tmp_path / "plan.toml"),
                         "--json"], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert p.returncode == 0, p.stderr
     acc = json.loads(p.stdout)
@@ -261,10 +261,10 @@ def test_account_on_the_plan_equals_the_ledger_and_dp_accounting(tmp_path):
     one.compose(tree)
     assert one.get_epsilon(hp.delta / 5) == pytest.approx(cal.eps_ensemble, rel=1e-9)
     # the human output names both
-    p = subprocess.run([sys.executable, "-m", "fedsbdt.common.cli", "account", "--plan", str(tmp_path / "plan.toml")],
+    p = subprocess.run([sys.executable, "-m", "fedsbdt.cli", "account", "--plan", str(tmp_path / "plan.toml")],
                        capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert p.returncode == 0 and "paper-style" in p.stdout and "federated DPBoost" in p.stdout
-    p = subprocess.run([sys.executable, "-m", "fedsbdt.common.cli", "account", "--plan", str(tmp_path / "plan.toml"),
+    p = subprocess.run([sys.executable, "-m", "fedsbdt.cli", "account", "--plan", str(tmp_path / "plan.toml"),
                         "--trees", "3"], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert p.returncode == 2 and "drop --trees" in p.stderr and "Traceback" not in p.stderr
 
@@ -334,7 +334,7 @@ def test_three_site_processes_train_dpboost_export_and_account(tmp_path, ca_dir,
     raw.to_csv(union, index=False)
 
     def cli(*argv):
-        p = subprocess.run([sys.executable, "-m", "fedsbdt.common.cli", *argv], capture_output=True, text=True, cwd=ROOT,
+        p = subprocess.run([sys.executable, "-m", "fedsbdt.cli", *argv], capture_output=True, text=True, cwd=ROOT,
                            timeout=300)
         assert p.returncode == 0, p.stderr[-2000:]
         return json.loads(p.stdout)

@@ -288,7 +288,7 @@ def test_fast_path_on_the_sparse_graph_is_fast_only_and_follows_the_rule():
 
 
 def test_fedsbdt_plan_writes_the_fast_path_option(tmp_path, capsys):
-    from fedsbdt.common.cli import main
+    from fedsbdt.cli import main
 
     keys = [bytes([i + 1]) * 32 for i in range(8)]
 

@@ -255,7 +255,7 @@ def test_the_total_budget_a_site_accepts_is_shown_wherever_the_plans_epsilon_is(
     import logging
 
     from fedsbdt.client.status import SiteMonitor
-    from fedsbdt.common.cli import main
+    from fedsbdt.cli import main
     from fedsbdt.common.report import write_report
     from fedsbdt.server.status import CoordinatorMonitor
 

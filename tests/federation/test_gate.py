@@ -493,7 +493,7 @@ def test_a_second_plan_over_the_lifetime_cap_is_refused_and_the_total_matches_dp
 
 
 def test_the_ledger_command_lists_every_release_and_the_lifetime(tmp_path):
-    from fedsbdt.common.cli import main
+    from fedsbdt.cli import main
 
     lt = lifetime.LifetimeLedger(tmp_path)
     key = lt.record_set("default", lifetime.RecordSource("d.csv", "ab" * 32, np.arange(10), keyed=True))

@@ -330,7 +330,7 @@ def test_three_site_processes_train_greedy_evaluate_and_the_model_exports(tmp_pa
     schema_file.write_text(dumps(schema.to_dict()))
 
     def cli(*argv):
-        p = subprocess.run([sys.executable, "-m", "fedsbdt.common.cli", *argv], capture_output=True, text=True, cwd=ROOT,
+        p = subprocess.run([sys.executable, "-m", "fedsbdt.cli", *argv], capture_output=True, text=True, cwd=ROOT,
                            timeout=300)
         assert p.returncode == 0, p.stderr[-2000:]
         return json.loads(p.stdout)
@@ -392,7 +392,7 @@ def test_coordinator_process_killed_between_levels_resumes_from_its_checkpoint(t
 
 def test_fedsbdt_plan_writes_histogram_selection_for_greedy_trees(tmp_path):
     keys = [f"--site=s{i}={bytes([i + 1]).hex() * 32}" for i in range(3)]
-    base = [sys.executable, "-m", "fedsbdt.common.cli", "plan", "--schema", str(EXAMPLES / "abalone" / "schema.toml"),
+    base = [sys.executable, "-m", "fedsbdt.cli", "plan", "--schema", str(EXAMPLES / "abalone" / "schema.toml"),
             *keys, "--tree-builder", "greedy", "--trees", "4", "--depth", "2"]
     p = subprocess.run([*base, "--out", str(tmp_path / "plan.toml"), "--json"], capture_output=True, text=True,
                        cwd=ROOT, timeout=120)

@@ -4,7 +4,7 @@ Every release a site makes from its state directory — a federated plan's round
 --ledger`` and ``fedsbdt tune --ledger`` — charges one account, whatever file, format, row order, query, URL
 or schema the records came through; with an ``id_column`` a record's cost composes every release that read
 its id.  The lifetime ε is computed at the operator's ``--lifetime-delta``, never at a release's δ.  Real
-SQLite, the real CLI (``fedsbdt.common.cli.main``), real PostgreSQL (tests/postgres_server.py), in-process
+SQLite, the real CLI (``fedsbdt.cli.main``), real PostgreSQL (tests/postgres_server.py), in-process
 federations of real site machines; every number against dp-accounting's RDP accountant.
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ from dp_accounting.rdp import RdpAccountant
 
 from fedsbdt.client.policy import SitePolicy
 from fedsbdt.client.site import SiteRefusal
-from fedsbdt.common.cli import main
+from fedsbdt.cli import main
 from fedsbdt.common.config import Hyperparameters
 
 from postgres_server import PASSWORD, load_frame

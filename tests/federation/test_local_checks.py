@@ -26,7 +26,7 @@ def site_files(tmp_path):
 
 
 def _client(tmp_path, plan_path, data, *extra):
-    cmd = [sys.executable, "-m", "fedsbdt.common.cli", "client", "--coordinator", f"127.0.0.1:{free_port()}",
+    cmd = [sys.executable, "-m", "fedsbdt.cli", "client", "--coordinator", f"127.0.0.1:{free_port()}",
            "--site", "hospital-1", "--data", str(data), "--state", str(tmp_path / "hospital-1"), "--insecure",
            "--plan", str(plan_path), *extra]  # default --reconnect-timeout: 300 s
     t0 = time.monotonic()

@@ -198,7 +198,7 @@ def test_the_background_sampler_refills_what_is_taken():
 def test_fedsbdt_plan_writes_and_validates_the_dropout_slack(tmp_path, capsys):
     import json
 
-    from fedsbdt.common.cli import main
+    from fedsbdt.cli import main
     from fedsbdt.common.federation.plan import Plan
 
     from .conftest import EXAMPLES

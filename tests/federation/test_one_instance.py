@@ -121,7 +121,7 @@ def _run_until(cmd: list[str], marker: str, timeout: float = 120.0):
 
     from .conftest import ROOT
 
-    p = subprocess.Popen([sys.executable, "-m", "fedsbdt.common.cli", "--log-format", "json", *cmd], cwd=ROOT,
+    p = subprocess.Popen([sys.executable, "-m", "fedsbdt.cli", "--log-format", "json", *cmd], cwd=ROOT,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     lines: list[str] = []
     seen = threading.Event()

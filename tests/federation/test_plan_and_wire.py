@@ -147,7 +147,7 @@ def test_the_default_c_is_the_largest_the_threshold_admits_and_the_guarantee_say
 
 
 def test_plan_command_states_the_guarantee(tmp_path, capsys):
-    from fedsbdt.common.cli import main
+    from fedsbdt.cli import main
 
     keys = []
     for i in range(4):
@@ -317,7 +317,7 @@ def test_the_stub_check_notices_a_changed_proto(tmp_path):
 
 
 def test_fedsbdt_plan_sets_every_deadline(tmp_path, capsys):
-    from fedsbdt.common.cli import main
+    from fedsbdt.cli import main
     from fedsbdt.common.federation.plan import Plan
 
     from .conftest import EXAMPLES

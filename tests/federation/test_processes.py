@@ -137,7 +137,7 @@ print(json.dumps({"stage": st.stage, "trees_released": st.trees_released,
 
 
 def test_demo_runs_a_whole_federation_and_prints_one_json_object():
-    p = subprocess.run([sys.executable, "-m", "fedsbdt.common.cli", "demo", "--sites", "3", "--trees", "6", "--json"],
+    p = subprocess.run([sys.executable, "-m", "fedsbdt.cli", "demo", "--sites", "3", "--trees", "6", "--json"],
                        capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     out = json.loads(p.stdout)
@@ -161,7 +161,7 @@ def test_coordinator_refuses_a_plan_whose_noise_does_not_match_its_claim(tmp_pat
     text = plan.to_toml().replace(f"sigma = {plan.stated_sigma!r}", f"sigma = {plan.stated_sigma / 2!r}")
     assert Plan.from_toml(text).stated_sigma == plan.stated_sigma / 2
     (tmp_path / "plan.toml").write_text(text)
-    p = subprocess.run([sys.executable, "-m", "fedsbdt.common.cli", "coordinator", "--plan", str(tmp_path / "plan.toml"),
+    p = subprocess.run([sys.executable, "-m", "fedsbdt.cli", "coordinator", "--plan", str(tmp_path / "plan.toml"),
                         "--insecure", "--listen", "127.0.0.1:0", "--state", str(tmp_path / "state")],
                        capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert p.returncode == 2 and "states σ" in p.stderr and "Traceback" not in p.stderr

@@ -298,7 +298,7 @@ def test_account_on_the_plan_agrees_with_the_coordinator_s_ledger(tmp_path):
     model = f.model()
     path = tmp_path / "plan.toml"
     f.plan.save(path)
-    p = subprocess.run([sys.executable, "-m", "fedsbdt.common.cli", "account", "--plan", str(path), "--json"],
+    p = subprocess.run([sys.executable, "-m", "fedsbdt.cli", "account", "--plan", str(path), "--json"],
                        capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert p.returncode == 0, p.stderr
     acc = json.loads(p.stdout)
@@ -361,7 +361,7 @@ def test_three_site_processes_train_sarus_and_account(tmp_path, ca_dir, cluster_
     assert sorted(e["tree"] for e in mine if e["event"] == "sketch") == [0, 1]
     assert {e["vector_len"] for e in mine if e["event"] == "sketch"} == {plan.sarus_grid.sketch_len}
     assert model["privacy"]["tree_builder"] == "sarus" and model["privacy"]["noise_mode"] == "distributed"
-    p = subprocess.run([sys.executable, "-m", "fedsbdt.common.cli", "account", "--plan", str(tmp_path / "plan.toml"),
+    p = subprocess.run([sys.executable, "-m", "fedsbdt.cli", "account", "--plan", str(tmp_path / "plan.toml"),
                         "--json"], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["epsilon"] == model["privacy"]["epsilon"] <= hp.epsilon

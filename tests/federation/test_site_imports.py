@@ -38,7 +38,7 @@ def imported_by(code: str) -> set[str]:
 
 def test_site_daemon_does_not_import_heavy_modules():
     # what `fedsbdt client` imports before it runs: the CLI with every registered command, then the daemon
-    mods = imported_by("import fedsbdt.common.cli\nfedsbdt.common.cli.build_parser()\n"
+    mods = imported_by("import fedsbdt.cli\nfedsbdt.cli.build_parser()\n"
                        "import fedsbdt.client.cli, fedsbdt.client.daemon, fedsbdt.client.site, fedsbdt.client.dataload")
     assert {"fedsbdt", "grpc", "numpy"} <= mods  # the probe imported the daemon
     assert not (mods & NOT_IN_SITE), f"the site daemon imports {sorted(mods & NOT_IN_SITE)}"

@@ -125,7 +125,7 @@ def test_the_plan_option_round_trips_and_is_validated():
 
 
 def test_fedsbdt_plan_writes_the_sparse_graph_option(tmp_path, capsys):
-    from fedsbdt.common.cli import main
+    from fedsbdt.cli import main
 
     from .conftest import EXAMPLES
 

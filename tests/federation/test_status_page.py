@@ -354,12 +354,12 @@ def test_a_page_beyond_loopback_needs_a_token_and_never_shows_records(tmp_path, 
              "fedsbdt client: error: --status-show-records puts statistics of this site's records (not "
              "differentially private) on its status page, which is served on a loopback --status-host only, not "
              "on 0.0.0.0")):
-        r = subprocess.run([sys.executable, "-m", "fedsbdt.common.cli", *argv], capture_output=True, text=True,
+        r = subprocess.run([sys.executable, "-m", "fedsbdt.cli", *argv], capture_output=True, text=True,
                            cwd=ROOT, timeout=60)
         assert r.returncode == 2 and r.stderr.strip().splitlines() == [line], (argv, r.stderr)
     assert not (tmp_path / "coordinator").exists()  # nothing written
     port = free_port()
-    p = subprocess.Popen([sys.executable, "-m", "fedsbdt.common.cli", "--log-format", "json", *site, "--status-port",
+    p = subprocess.Popen([sys.executable, "-m", "fedsbdt.cli", "--log-format", "json", *site, "--status-port",
                           str(port), "--status-host", "0.0.0.0", "--status-token-file", str(token)],
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT)
     try:
@@ -401,7 +401,7 @@ def test_a_taken_status_port_is_one_line_and_exit_2(tmp_path, fed):
                 (["client", "--coordinator", "127.0.0.1:9", "--site", "hospital-3", "--plan",
                   str(fed.root / "plan.toml"), "--data", str(fed.files.data["hospital-3"]), "--state",
                   str(fed.root / "hospital-3"), "--insecure"], "site")):
-            r = subprocess.run([sys.executable, "-m", "fedsbdt.common.cli", *argv, "--status-port", str(port)],
+            r = subprocess.run([sys.executable, "-m", "fedsbdt.cli", *argv, "--status-port", str(port)],
                                capture_output=True, text=True, cwd=ROOT, timeout=60)
             lines = r.stderr.strip().splitlines()
             assert r.returncode == 2 and len(lines) == 1, (what, r.stderr)
@@ -410,8 +410,8 @@ def test_a_taken_status_port_is_one_line_and_exit_2(tmp_path, fed):
 
 
 def test_demo_passes_its_status_flags_to_the_coordinator():
-    from fedsbdt.common.cli import build_parser
-    from fedsbdt.server.demo import status_flags
+    from fedsbdt.cli import build_parser
+    from fedsbdt.demo import status_flags
 
     assert status_flags(build_parser().parse_args(["demo"])) == []
     args = build_parser().parse_args(["demo", "--status-port", "8080", "--status-host", "0.0.0.0"])

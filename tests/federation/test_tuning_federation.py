@@ -77,7 +77,7 @@ def test_a_tuning_plan_round_trips_and_refuses_what_does_not_add_up(tmp_path, id
         FederatedTuning.load(tmp_path / "tune.toml")
     (tmp_path / "tune.toml").write_text(text)
     # a site whose --max-epsilon is below the trials' composed ε refuses before it contacts anyone
-    r = subprocess.run([sys.executable, "-m", "fedsbdt.common.cli", "client", "--plan", str(tmp_path / "tune.toml"),
+    r = subprocess.run([sys.executable, "-m", "fedsbdt.cli", "client", "--plan", str(tmp_path / "tune.toml"),
                         "--site", SITES[0], "--data", "none.csv", "--coordinator", "localhost:1", "--insecure",
                         "--state", str(tmp_path / "site"), "--max-epsilon", "0.9"], capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "above this site's --max-epsilon 0.9" in r.stderr
@@ -92,7 +92,7 @@ def test_a_tuning_plan_round_trips_and_refuses_what_does_not_add_up(tmp_path, id
 
 
 def test_the_plan_command_refuses_a_budget_too_small_for_the_trials(tmp_path, identities):
-    args = [sys.executable, "-m", "fedsbdt.common.cli", "plan", "--schema", "examples/abalone/schema.toml",
+    args = [sys.executable, "-m", "fedsbdt.cli", "plan", "--schema", "examples/abalone/schema.toml",
             *(a for s, i in identities.items() for a in ("--site", f"{s}={i.public.hex()}")),
             "--settings", "paper", "--epsilon", "0.01", "--tune-trials", "9", "--out", str(tmp_path / "t.toml")]
     r = subprocess.run(args, capture_output=True, text=True, cwd=_root())

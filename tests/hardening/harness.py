@@ -1,7 +1,7 @@
 """Real-process federations under faults: start, kill (at test-hook points or at random), restart, check.
 
 Shared by the hardening tests and ``benchmarks/soak.py``.  Every process is a
-``python -m fedsbdt.common.cli --log-format json …`` child; a reader thread per
+``python -m fedsbdt.cli --log-format json …`` child; a reader thread per
 process turns its stderr lines into events (and its exit into an ``_exit``
 event), so callers wait for *events* with a deadline instead of sleeping.
 

@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fedsbdt.common.cli import main
+from fedsbdt.cli import main
 from fedsbdt.common.config import Hyperparameters
 from fedsbdt.common.schema import Schema
 from fedsbdt.proto.v1 import federation_pb2 as pb
@@ -184,7 +184,7 @@ def test_a_real_client_process_refuses_bad_data_with_one_line_and_exit_2(regress
     served, raw = regression
     path = tmp_path / "bad.csv"
     write(path, csv_text(edit(raw, "Length", 3, "abc")))
-    p = subprocess.run([sys.executable, "-m", "fedsbdt.common.cli", "client", "--coordinator", served.server.address,
+    p = subprocess.run([sys.executable, "-m", "fedsbdt.cli", "client", "--coordinator", served.server.address,
                         "--site", "hospital-1", "--data", str(path), "--state", str(served.root / "hospital-1"),
                         "--insecure", "--allow-insecure-test-randomness", *served.pin], capture_output=True, text=True,
                        cwd=ROOT, timeout=120)

@@ -18,7 +18,7 @@ import time
 import grpc
 import pytest
 
-from fedsbdt.client.keys import load_identity
+from fedsbdt.common.federation.keys import load_identity
 from fedsbdt.common.config import Hyperparameters
 from fedsbdt.proto.v1 import federation_pb2 as pb
 from fedsbdt.proto.v1 import federation_pb2_grpc as pbg

@@ -12,7 +12,7 @@ import sqlite3
 
 import numpy as np
 
-from fedsbdt.common.cli import main
+from fedsbdt.cli import main
 from fedsbdt.common.data import load
 from fedsbdt.common.lifetime import LifetimeLedger, data_identity
 from fedsbdt.common.schema import Schema

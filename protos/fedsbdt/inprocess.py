@@ -10,13 +10,14 @@ only ever sees masked inputs and their noisy sum.  What is left out is the netwo
 order, every reply routed to the session method the gRPC servicer would call (as tests/federation/inproc.py
 does for the tests).
 
-Used by the federated audit (:mod:`fedsbdt.server.federated_audit`, ``fedsbdt audit --sites N``) and the
+Used by the federated audit (:mod:`fedsbdt.federated_audit`, ``fedsbdt audit --sites N``) and the
 reconstruction benchmark (benchmarks/reconstruction.py): both need the model a real federation releases,
 trained on data they hold in memory.
 """
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import math
 import tempfile
@@ -37,7 +38,7 @@ from fedsbdt.common.federation.plan import Deadlines, Plan, SiteEntry, make_plan
 from fedsbdt.common.federation.wire import Done, InputReply, Refusal, RoundReply, SetupReply
 from fedsbdt.common.model import Ensemble
 
-from .session import Rejected, Session
+from fedsbdt.server.session import Rejected, Session
 
 #: steps of the event loop after which a session that has not finished is declared stuck
 MAX_STEPS = 10_000_000
@@ -253,8 +254,6 @@ class InProcessFederation:
             if self.session.exit_code != 0 or self.session.model_json is None:
                 why = "; ".join(f"{s}: {d}" for s, d in (self.refusals + self.rejected)[:3]) or "no detail"
                 raise InProcessError(f"the federation released no model ({why})")
-            import json
-
             return Ensemble.from_dict(json.loads(self.session.model_json), source="the federation's model")
         finally:
             self.close()

@@ -3,7 +3,7 @@
 The same audit as the central one (:mod:`fedsbdt.common.audit`: Steinke, Nasr & Jagielski 2023), with the
 training run a federation: the auditor's canaries (each in by a secret fair coin) are placed at **one site**
 (``site-1``), every other record is dealt round-robin to the N sites, and N sites and a coordinator train
-through the federation's own state machines (:mod:`fedsbdt.server.inprocess`: each site's Poisson subsample,
+through the federation's own state machines (:mod:`fedsbdt.inprocess`: each site's Poisson subsample,
 its discrete-Gaussian noise share of variance σ²/k_r, secure aggregation; the coordinator sees only the noisy
 sum).  The released model is scored exactly as central (:func:`fedsbdt.common.audit.canary_scores` with every
 real record and the canaries), and (m, r, v) become ε_lower by the same bound.
