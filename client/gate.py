@@ -47,6 +47,7 @@ from fedsbdt.common.modes.base import PURPOSE_KIND
 from fedsbdt.common.modes.site_rounds import Computed, RoundInput, catch_up_or_refusal
 
 from .noise import draw_share
+from fedsbdt.common.federation.wire import Purpose, Refusal
 
 log = logging.getLogger("fedsbdt.site")
 
@@ -272,8 +273,6 @@ class Gate:
         contribution log and ``rounds.remember`` in the round's transaction before the masked vector is returned.
         ``site`` is the site machine (client/site.py): its ledger, randomness, shares drawn ahead and secure
         aggregation; ``rounds`` the plan's mode's ``SiteRounds``."""
-        from fedsbdt.common.federation.wire import Purpose, Refusal
-
         r, kind = start.round_id, self.kind(ev.purpose)
         level = ev.level if ev.purpose == Purpose.LEVEL else None
         rin = RoundInput(ev, kind, int(ev.tree), level, len(site.trees), site.init is not None)

@@ -146,7 +146,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
                                                          else " (auto)"),
              f"privacy: (ε={p['epsilon']:.6g}, δ={p['delta']:.3g}) for the whole tuning, target {args.epsilon:g}",
              f"model written to {args.out}" + lifetime_line(life, getattr(args, "ledger", None))]
-    return "\n".join(lines)
+    emit(args, out, "\n".join(lines))
+    return 0
 
 
 def cmd_auto(args: argparse.Namespace) -> int:

@@ -26,6 +26,7 @@ import numpy as np
 
 from .config import SAMPLERS
 from .csprng import _csprng_uint64_scratch, csprng_bytes, csprng_fill, csprng_uint64  # noqa: F401 (re-exported)
+from fedsbdt.common.federation.errors import PlanError
 
 _U64 = 2.0**64
 
@@ -328,8 +329,6 @@ def plan_randomness(plan, allow_insecure: bool = False):
     if not plan.insecure:
         return SecureRandomness(sampler=plan.sampler)
     if not allow_insecure:
-        from fedsbdt.common.federation.errors import PlanError
-
         raise PlanError("the plan uses test-only randomness (session.randomness = \"insecure-test\"): it is "
                         "deterministic and gives no privacy; refusing (start with "
                         "--allow-insecure-test-randomness only for tests on synthetic or public data)")

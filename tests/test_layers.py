@@ -98,7 +98,6 @@ FUNCTION_LEVEL_DEBT = {  # 300 statements in 52 files when written (issue 38, pa
 }
 #: circles the "registry" part of issue 38 removes (the mode packages and common/builders.py import each other);
 #: their test is an expected failure until then: remove the mark when it passes
-MODES_CIRCLE = ("fedsbdt.common.builders", "fedsbdt.common.modes")
 
 
 def modules() -> dict[str, Path]:
@@ -242,16 +241,9 @@ def test_layers_point_down_only():
     assert not bad, "a layer imports one beside or above it:\n" + "\n".join(bad)
 
 
-def test_no_import_circle_outside_the_modes():
-    graph = import_graph(modules())
-    found = [c for c in circles(graph) if not all(m.startswith(MODES_CIRCLE) for m in c)]
+def test_no_import_circle():
+    found = circles(import_graph(modules()))
     assert not found, f"import circles (imports inside functions counted): {found}"
-
-
-@pytest.mark.xfail(strict=True, reason="the 'registry' part of issue 38 removes the circles among common/modes "
-                                       "and common/builders.py; remove this mark when it passes")
-def test_no_import_circle_in_the_modes():
-    assert not circles(import_graph(modules()))
 
 
 def test_function_level_imports_are_heavy_or_listed():

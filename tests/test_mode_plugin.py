@@ -48,7 +48,7 @@ def run(plugin_env, *args, ok=True):
     """``args`` in the environment; ``fedsbdt`` is its interpreter's CLI (the script on PATH may be another's)."""
     venv, env, cwd = plugin_env
     if args[0] == "fedsbdt":
-        args = (str(venv / "bin" / "python"), "-m", "fedsbdt.common.cli", *args[1:])
+        args = (str(venv / "bin" / "python"), "-m", "fedsbdt.cli", *args[1:])
     p = subprocess.run([*args], capture_output=True, text=True, env=env, cwd=cwd, timeout=300)
     if ok:
         assert p.returncode == 0, p.stderr
@@ -111,7 +111,7 @@ def test_an_unknown_tree_builder_is_refused_listing_the_registered_ones(tmp_path
     with pytest.raises(ConfigError, match=r"no tree builder 'nope' is registered \(registered: dpboost, greedy, "
                                           r"random, sarus"):
         Hyperparameters(tree_builder="nope")
-    p = subprocess.run([sys.executable, "-m", "fedsbdt.common.cli", "train", "--data", str(ABALONE), "--schema",
+    p = subprocess.run([sys.executable, "-m", "fedsbdt.cli", "train", "--data", str(ABALONE), "--schema",
                         str(EXAMPLES / "abalone/schema.toml"), "--out", str(tmp_path / "m.json"), "--tree-builder",
                         "nope"], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert p.returncode == 2 and "invalid choice: 'nope'" in p.stderr and "random" in p.stderr

@@ -81,7 +81,7 @@ def test_placements_are_for_numeric_features_and_kept_in_the_digest_only_when_de
 
 
 def test_train_refuses_a_bad_placement_with_one_line_and_writes_nothing(tmp_path, capsys):
-    from fedsbdt.common.cli import main
+    from fedsbdt.cli import main
 
     (tmp_path / "s.toml").write_text('name = "t"\ntask = "binary"\ntarget = "y"\n[[features]]\nname = "a"\n'
                                      'type = "numeric"\nrange = [0, 1]\ncuts = [0.5, 0.2]\n')
@@ -302,7 +302,7 @@ def test_the_release_noise_is_discrete_laplace_of_scale_m_over_eps():
 
 
 def test_a_federation_refuses_quantile_candidates(tmp_path, capsys):
-    from fedsbdt.common.cli import main
+    from fedsbdt.cli import main
 
     sites = [a for i in range(3) for a in ("--site", f"s{i}={bytes([i + 1]).hex() * 32}")]
     out = tmp_path / "p.toml"

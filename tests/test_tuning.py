@@ -182,7 +182,7 @@ def test_tune_searches_at_a_larger_budget_and_its_receipt_is_the_plans(tmp_path,
     from fedsbdt.common.schema import Schema
     from fedsbdt.common.tuning import plan_for
 
-    from fedsbdt.common.cli import main
+    from fedsbdt.cli import main
 
     data, schema = write_task(tmp_path / "data", n=1500)
     out = tmp_path / "m.json"
@@ -410,7 +410,7 @@ def test_a_plan_refuses_what_it_cannot_mean():
 
 def test_tune_with_a_dp_row_count_states_its_share(tmp_path, capsys):
     """Without --rows the gate reads a DP count (2 % of ε); the receipt covers it and stays ≤ ε."""
-    from fedsbdt.common.cli import main
+    from fedsbdt.cli import main
 
     data, schema = write_task(tmp_path / "data")
     out = tmp_path / "m.json"

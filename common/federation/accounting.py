@@ -14,6 +14,9 @@ from fedsbdt.common.accountant import AccountingError, PrivacyCalibration
 from fedsbdt.common.config import ConfigError
 
 from .errors import PlanError
+from fedsbdt.common.accountant import default_alpha_max, event_epsilon_rdp
+from fedsbdt.common.engine import calibration_for
+from fedsbdt.common.modes import UnknownMode, mode_for, training_mode
 
 #: Relative tolerance when a party compares the plan's stated σ and ε with its own accountant.
 PRIVACY_RTOL = 1e-6
@@ -23,8 +26,6 @@ def federated_calibration(hp) -> PrivacyCalibration:
     """The accountant's calibration of a federation with these hyperparameters: the tree builder's mode says
     how (the central calibration, or the mode's federated mechanism: DPBoost's and Sarus trees' Gaussian
     releases).  A tree builder no registered mode federates is a :class:`PlanError`."""
-    from fedsbdt.common.modes import UnknownMode, training_mode
-
     try:
         mode = training_mode(hp)
     except UnknownMode as e:
@@ -36,8 +37,6 @@ def federated_calibration(hp) -> PrivacyCalibration:
     except ConfigError as e:
         raise PlanError(str(e)) from None
     if cal is None:  # the mode federates the central mechanism
-        from fedsbdt.common.engine import calibration_for
-
         cal = calibration_for(hp)
     return cal
 
@@ -71,9 +70,6 @@ def check_release_accounting(plan) -> None:
     stated ε at the plan's δ (RDP ledger, Cor. 6), and the evaluation's event to ε_eval.  A mode whose
     calibration and release declarations disagree — federated DPBoost's levels drawn as Gaussians of σ_s but
     charged as ε = 0 exponential-mechanism events (issue 37, finding 1) — cannot produce or join a plan."""
-    from fedsbdt.common.accountant import default_alpha_max, event_epsilon_rdp
-    from fedsbdt.common.modes import mode_for
-
     mode, hp = mode_for(plan), plan.hyperparameters
     checks = []
     if mode.trains(plan):

@@ -12,6 +12,8 @@ Poisson subsample (common/modes/sarus/builder.py); calibration:
 """
 from __future__ import annotations
 
+import math
+
 import fedsbdt.common.modes.sarus.mechanism as sarus
 import fedsbdt.common.modes.sarus.rounds as sarus_rounds
 from fedsbdt.common.config import ConfigError
@@ -22,6 +24,7 @@ from fedsbdt.common.modes.releases import Release, SarusLevelNoise, SketchNoise
 from fedsbdt.common.modes.sarus.builder import SarusTrees as SarusTreeBuilder
 from fedsbdt.common.modes.sarus.coordinator import SarusRounds
 from fedsbdt.common.modes.sarus.site import SarusSite
+from fedsbdt.common.modes.sarus.rounds import SarusGrid, plan_calibration, plan_refusal, share_coordinates
 
 #: what a Sarus run takes for keys it is not given: the paper's §5 settings (20 trees, λ = 0.1, η = 0.3,
 #: subsample 0.1, min_child_weight 50, g* = 1), XGBoost's depth 6, 32 sketch candidates, every feature per node
@@ -114,19 +117,13 @@ class SarusTrees(Mode):
                 "tree": Release("tree", leaves, charged_with="sketch")}
 
     def plan_refusal(self, plan):
-        from fedsbdt.common.modes.sarus.rounds import plan_refusal
-
         return plan_refusal(plan.hyperparameters, plan.schema)
 
     def federated_calibration(self, hp):
-        from fedsbdt.common.modes.sarus.rounds import plan_calibration
-
         return plan_calibration(hp)
 
     def plan_grids(self, plan):
         """The fine sketch grid and the shapes of a tree's rounds (docs/sarus.md "Federation")."""
-        from fedsbdt.common.modes.sarus.rounds import SarusGrid
-
         return {"sarus_grid": SarusGrid.for_plan(plan.schema, plan.hyperparameters, plan.encoding.grad.bound_units)}
 
     def max_vector_len(self, plan):
@@ -135,13 +132,9 @@ class SarusTrees(Mode):
 
     def share_coordinates(self, plan):
         """Sketch, level and leaf entries (Δ = g* units or C, common/modes/sarus/rounds.py)."""
-        from fedsbdt.common.modes.sarus.rounds import share_coordinates
-
         return share_coordinates(plan)
 
     def max_share_scale(self, plan, shares):
-        import math
-
         return max([0.0] + [S / math.sqrt(shares) for group in self.share_coordinates(plan) for S, _ in group])
 
     def tree_budget(self, plan):
