@@ -169,7 +169,7 @@ def _serve(args: argparse.Namespace, listen: str, t0: float, plan, cal, randomne
     credentials = _credentials(args, state)
     session = _open_session(args, listen, plan, randomness, state, credentials)
     server = _start_server(args, session, plan, listen, credentials, status, trial)
-    _wait(server, session)
+    _wait(server, session, lambda: _announce(args, server, plan, credentials))
     return _result(args, session, server.address, server.service, plan, cal, state, t0)
 
 
@@ -209,8 +209,7 @@ def _open_session(args: argparse.Namespace, listen: str, plan, randomness, state
 
 def _start_server(args: argparse.Namespace, session, plan, listen: str, credentials, status,
                   trial: dict | None):
-    """The gRPC server of ``session``, listening (its address said in the log and on ``--ready-fd``), with the
-    status page's monitor attached."""
+    """The gRPC server of ``session`` (bound, not yet started), with the status page's monitor attached."""
     from .collector import quiet_collector
     from .service import CoordinatorServer
 
@@ -228,7 +227,11 @@ def _start_server(args: argparse.Namespace, session, plan, listen: str, credenti
         server.service.observers.append(monitor.after_step)
         status.start(monitor.current, monitor.registry)
     quiet_collector()  # everything long-lived is loaded: freeze it out of the collector's scans
-    server.start()
+    return server
+
+
+def _announce(args: argparse.Namespace, server, plan, credentials) -> None:
+    """Say where the started server listens: the log's ``listening`` event and ``--ready-fd``."""
     log.info(f"coordinator for plan {plan.sha256} listening on {server.address} "
              f"({'mutual TLS' if credentials else 'PLAIN TEXT (--insecure)'}); {plan.n} sites, t = {plan.threshold}, "
              f"{plan.budget_text()}, noise {plan.noise}",
@@ -239,18 +242,21 @@ def _start_server(args: argparse.Namespace, session, plan, listen: str, credenti
             os.close(args.ready_fd)
         except OSError:
             pass
-    return server
 
 
-def _wait(server, session) -> None:
-    """Serve until the session ends or SIGTERM/SIGINT stops the server; then close both.  A server stopped by
-    an internal error is one line saying how to resume."""
+def _wait(server, session, announce) -> None:
+    """Start the server, ``announce`` it, and serve until the session ends or SIGTERM/SIGINT stops the server;
+    then close both.  The signal handlers are in place before the server starts and before anyone is told it
+    listens, so a signal at any point stops it (a SIGTERM right after the ``listening`` event once left the
+    gRPC threads running).  A server stopped by an internal error is one line saying how to resume."""
     def stop(signum, frame):  # noqa: ARG001
         log.info(f"stopping on signal {signum}", extra={"event": "signal", "signal": signum})
         server._stop.set()
 
     old = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
+        server.start()
+        announce()
         server.wait()
     finally:
         server.stop()

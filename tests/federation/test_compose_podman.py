@@ -156,7 +156,9 @@ def test_a_hospital_container_stopped_mid_training_exits_130_and_the_session_fin
     one line saying how to resume; not 143), t = 2 of 3, so the round in flight is retried among the two
     others and the session finishes without it.  (SIGKILL mid-round: tests/hardening/test_crashes.py.)
     On a busy host a hospital may join after the plan's join deadline and miss the first rounds."""
-    trees = 200  # ~20 ms each here: the stop (a few hundred ms) lands well before the end
+    # ~20 ms each here: the stop (a few hundred ms) lands well before the end, and a hospital container that
+    # starts seconds after the others (a loaded CI host) still finds trees left to join
+    trees = 800
     s = session(trees=trees)
     killed: dict[str, object] = {}
 
