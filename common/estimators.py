@@ -469,9 +469,9 @@ class SBDTRegressor(RegressorMixin, _SBDTBase):
     ``allow_missing=True``: NaN (or None) in ``X`` is a missing value in every column, sent at every
     split the tree's default direction (docs/missing-values.md); else only the columns a schema marks
     ``allow_missing`` may hold NaN.
-    ``tree_builder="greedy"`` trains DP-XGB greedy trees (docs/greedy.md); ``subsample`` and
-    ``split_candidates`` left at their defaults then take the greedy ones (1 and 32).
-    ``tree_builder="dpboost"`` trains DPBoost (docs/dpboost.md; ``ensemble_trees`` = T_e).
+    ``tree_builder`` names any registered mode (``fedsbdt.common.modes.tree_builders()``; docs/plugins.md):
+    keys left at their defaults then take the mode's defaults (greedy trees, docs/greedy.md: ``subsample`` 1
+    and 32 ``split_candidates``; DPBoost, docs/dpboost.md: ``ensemble_trees`` = T_e).
 
     Fitted attributes: ``model_`` (:class:`~fedsbdt.common.model.Ensemble`), ``privacy_`` (the privacy receipt),
     ``schema_``, ``n_features_in_`` (and ``feature_names_in_`` for DataFrames).

@@ -96,8 +96,6 @@ FUNCTION_LEVEL_DEBT = {  # 300 statements in 52 files when written (issue 38, pa
     "protos/fedsbdt/inprocess.py": 1,
     "server/cli.py": 40,
 }
-#: circles the "registry" part of issue 38 removes (the mode packages and common/builders.py import each other);
-#: their test is an expected failure until then: remove the mark when it passes
 
 
 def modules() -> dict[str, Path]:
