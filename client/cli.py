@@ -33,7 +33,7 @@ from fedsbdt.common.files import sha256_file
 from fedsbdt.common.sources import add_source_flags
 from fedsbdt.common.statuspage import add_status_flags
 
-from fedsbdt.common.lifetime import DEFAULT_LIFETIME_DELTA, DEFAULT_LIFETIME_EPSILON, DEFAULT_POPULATION
+from fedsbdt.common.ledger_cli import add_lifetime_flags
 
 from .policy import MAX_EVAL_EPSILON, MAX_FAILED_ATTEMPTS, MIN_COLLUDERS, MIN_SITES, MIN_THRESHOLD
 
@@ -354,14 +354,7 @@ def _add_policy_flags(p) -> None:
                           "in all after this site answered them, counted in the site's ledger (a restart keeps the "
                           "count) (default: a tenth of the plan's trees, rounded up, at least --max-failed-attempts: "
                           "each failed attempt may cost one of the last trees this site's data)")
-    pol.add_argument("--lifetime-epsilon", type=float, default=DEFAULT_LIFETIME_EPSILON, metavar="X",
-                     help="refuse a plan that would bring the lifetime ε of this site's records (one account: every "
-                          "plan, evaluation and central `train/tune --ledger` run from this state directory, whatever "
-                          f"file or query it read, `fedsbdt ledger --state DIR`) above X (default: "
-                          f"{DEFAULT_LIFETIME_EPSILON:g})")
-    pol.add_argument("--lifetime-delta", type=float, default=DEFAULT_LIFETIME_DELTA, metavar="X",
-                     help="the δ at which the lifetime ε is computed (never a plan's own δ) "
-                          f"(default: {DEFAULT_LIFETIME_DELTA:g})")
-    pol.add_argument("--population", default=DEFAULT_POPULATION, metavar="NAME",
-                     help="charge the account of this declared population, disjoint from the site's other records "
-                          f"(default: {DEFAULT_POPULATION}, the site's one account)")
+    add_lifetime_flags(pol, "refuse a plan that would bring the lifetime ε of this site's records (one account: "
+                            "every plan, evaluation and central `train/tune --ledger` run from this state "
+                            "directory, whatever file or query it read, `fedsbdt ledger --state DIR`) above X",
+                       "a plan's")

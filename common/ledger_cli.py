@@ -167,16 +167,22 @@ def add_ledger_flags(t, what: str = "train") -> None:
                         "federated plans, evaluations and other central runs on the same population compose with "
                         "it, whatever file or query they read; `fedsbdt ledger --state DIR`) (default: none: the run "
                         "is not charged to a lifetime ledger)")
-    t.add_argument("--lifetime-epsilon", type=float, default=DEFAULT_LIFETIME_EPSILON, metavar="X",
-                   help="with --ledger: refuse to train if the population's lifetime ε (its worst record) would "
-                        f"exceed X (default: {DEFAULT_LIFETIME_EPSILON:g})")
-    t.add_argument("--lifetime-delta", type=float, default=DEFAULT_LIFETIME_DELTA, metavar="X",
-                   help="with --ledger: the δ at which the lifetime ε is computed (never a release's own δ) "
-                        f"(default: {DEFAULT_LIFETIME_DELTA:g})")
-    t.add_argument("--population", default=DEFAULT_POPULATION, metavar="NAME",
-                   help="with --ledger: charge the account of this declared population, disjoint from the site's "
-                        f"other records (default: {DEFAULT_POPULATION}, the site's one account)")
+    add_lifetime_flags(t, "refuse to train if the population's lifetime ε (its worst record) would exceed X",
+                       "a release's", condition="with --ledger: ")
 
+
+def add_lifetime_flags(g, refuse: str, whose_delta: str, condition: str = "") -> None:
+    """``--lifetime-epsilon`` (``refuse``: what exceeding it stops), ``--lifetime-delta`` (never ``whose_delta``
+    own δ) and ``--population``, for a central run's ledger (``condition``: which flag they need) and the site
+    daemon (client/cli.py)."""
+    g.add_argument("--lifetime-epsilon", type=float, default=DEFAULT_LIFETIME_EPSILON, metavar="X",
+                   help=f"{condition}{refuse} (default: {DEFAULT_LIFETIME_EPSILON:g})")
+    g.add_argument("--lifetime-delta", type=float, default=DEFAULT_LIFETIME_DELTA, metavar="X",
+                   help=f"{condition}the δ at which the lifetime ε is computed (never {whose_delta} own δ) "
+                        f"(default: {DEFAULT_LIFETIME_DELTA:g})")
+    g.add_argument("--population", default=DEFAULT_POPULATION, metavar="NAME",
+                   help=f"{condition}charge the account of this declared population, disjoint from the site's "
+                        f"other records (default: {DEFAULT_POPULATION}, the site's one account)")
 
 def register(sub) -> None:
     g = sub.add_parser("ledger", help="every session that released from a state directory's records, and each "

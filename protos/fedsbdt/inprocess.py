@@ -53,6 +53,15 @@ def catch_up_site(session: Session, machine: SiteMachine) -> None:
             return
 
 
+def site_replies(session: Session, machine: SiteMachine, ev) -> list:
+    """``machine``'s replies to the coordinator's event ``ev``, after catching it up if it is behind."""
+    try:
+        return machine.handle(ev)
+    except NeedCatchUp:
+        catch_up_site(session, machine)
+        return machine.handle(ev)
+
+
 def join_site(session: Session, sid: str, machine: SiteMachine, now: float, deliver: Callable) -> bytes:
     """A site joins as the service lets it: Join, catch up, report progress, subscribe; each step's events go to
     ``deliver``.  Returns the stream token."""
@@ -207,9 +216,6 @@ class InProcessFederation:
         self.queues[sid] = deque()
         join_site(self.session, sid, self.machines[sid], self.clock, self.deliver)
 
-    def catch_up(self, sid: str) -> None:
-        catch_up_site(self.session, self.machines[sid])
-
     def route(self, sid: str, reply) -> None:
         try:
             self.deliver(route_reply(self.session, sid, reply, self.clock, self.refusals))
@@ -225,13 +231,7 @@ class InProcessFederation:
                 continue
             busy = True
             ev = q.popleft()
-            m = self.machines[sid]
-            try:
-                replies = m.handle(ev)
-            except NeedCatchUp:
-                self.catch_up(sid)
-                replies = m.handle(ev)
-            for r in replies:
+            for r in site_replies(self.session, self.machines[sid], ev):
                 self.route(sid, r)
         return busy
 

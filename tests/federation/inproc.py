@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from fedsbdt.client.site import NeedCatchUp, SiteMachine
-from fedsbdt.inprocess import catch_up_site, join_site, route_reply
+from fedsbdt.client.site import SiteMachine
+from fedsbdt.inprocess import join_site, route_reply, site_replies
 from fedsbdt.server.session import Rejected, Session
 
 
@@ -55,9 +55,6 @@ class InProcess:
         self.queues.pop(sid, None)
         self.deliver(self.session.unsubscribed(sid, self.tokens[sid], self.clock.now))
 
-    def catch_up(self, sid: str) -> None:
-        catch_up_site(self.session, self.machines[sid])
-
     def route(self, sid: str, reply) -> None:
         try:
             self.deliver(route_reply(self.session, sid, reply, self.clock.now, self.refusals))
@@ -75,13 +72,7 @@ class InProcess:
             ev = q.popleft()
             if self.intercept is not None and not self.intercept(sid, ev):
                 continue
-            m = self.machines[sid]
-            try:
-                replies = m.handle(ev)
-            except NeedCatchUp:
-                self.catch_up(sid)
-                replies = m.handle(ev)
-            for r in replies:
+            for r in site_replies(self.session, self.machines[sid], ev):
                 self.route(sid, r)
         return busy
 
