@@ -291,16 +291,14 @@ def auto_settings(inp: AutoInputs) -> AutoChoice:
     numeric = "every feature numeric" if inp.numeric_share >= 1 else f"{inp.numeric_share:.0%} of the features numeric"
     reasons = [
         f"{per} = {10 ** b:.4g} (log10 {b:.2f}, {where}); {inp.features} features, {numeric}: profile {profile}. "
-        f"On the suite the setting T={s['trees']}, depth {s['depth']}, γ={s['subsample']:g}, η={s['learning_rate']:g}, "
-        f"{'cyclical' if s['cyclical'] else 'all features per tree'} ({key}) had the smallest mean gap to the best "
-        f"of {len(CANDIDATES)} settings {span} ({FITTED_ON})",
+        f"On the suite the setting {settings_text(candidate(fitted))} ({fitted}) had the smallest mean gap to the "
+        f"best of {len(CANDIDATES)} settings {span} ({FITTED_ON})",
     ]
     if override:
-        reasons[0] = reasons[0].replace(f"({key}) had the smallest", f"({key}, not the fitted {fitted}) had the smallest")
-        reasons.append(f"all {inp.features} features numeric (≥ {WIDE}): not cyclical and one level deeper than the "
-                       f"fitted {fitted} — on the suite's wide all-numeric sets and an outside check's, trees on all "
-                       "features beat cyclical ones (common/auto.py NUMERIC_WIDE, docs/auto.md 'Cyclical trees and "
-                       "numeric data')")
+        reasons.append(f"all {inp.features} features numeric (≥ {WIDE}): {settings_text(s)} ({key}) instead, not "
+                       f"cyclical and one level deeper than {fitted} — on the suite's wide all-numeric sets and an "
+                       "outside check's, trees on all features beat cyclical ones (common/auto.py NUMERIC_WIDE, "
+                       "docs/auto.md 'Cyclical trees and numeric data')")
     if s["cyclical"]:
         reasons.append("cyclical trees fit one feature per tree (an additive model): if your outcome depends on "
                        "features together, pass --no-cyclical or let fedsbdt tune try it (docs/auto.md 'Cyclical "
